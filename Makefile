@@ -1,0 +1,41 @@
+# Set-up and everyday commands. Each target creates .venv on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install -q -c constraints.txt
+
+.PHONY: demo test pytest lint bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) -e '.[dev]'
+	touch $@
+
+## make demo: make the examples' weights, serve them on 127.0.0.1:$FNRT_PORT (8000), invoke each, keep serving
+demo: $(VENV)/.installed
+	$(BIN)/python examples/demo.py
+
+## make test: the whole test suite, then ruff and mypy
+test: pytest lint
+
+pytest: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	mkdir -p .typecheck/fnrt
+	for d in functions loader runtime tracing edge; do ln -sfn ../../$$d .typecheck/fnrt/$$d; done
+	$(BIN)/mypy
+
+## make bench: the invoke benchmark (needs wrk: apt-get install wrk)
+bench: $(VENV)/.installed-dev
+	$(BIN)/python bench/invoke.py
+
+clean:
+	rm -rf $(VENV) .fnrt .pytest_cache .mypy_cache .ruff_cache

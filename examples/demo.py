@@ -1,0 +1,81 @@
+"""``make demo``: build the examples, serve them, deploy and invoke each, keep serving.
+
+Starts ``fnrt serve`` on 127.0.0.1 (port ``FNRT_PORT``, default 8000) over the
+embedded store in ``./.fnrt/store``, deploys ``examples/mlp`` and
+``examples/mlp-onnx``, invokes each once with JSON and prints the result,
+then keeps serving until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PORT = int(os.environ.get("FNRT_PORT", "8000"))
+SERVER = f"http://127.0.0.1:{PORT}"
+
+
+def run(*args: str) -> str:
+    out = subprocess.run(
+        args, check=True, capture_output=True, text=True, env=os.environ | {"FNRT_SERVER": SERVER}
+    )
+    return out.stdout.strip()
+
+
+def wait_ready(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(
+                f"fnrt serve exited with {proc.returncode} (is port {PORT} free? set FNRT_PORT)"
+            )
+        try:
+            with urllib.request.urlopen(f"{SERVER}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    sys.exit(f"fnrt serve did not get ready within {timeout_s:.0f}s")
+
+
+def main() -> None:
+    print("== making example weights")
+    run(str(BIN / "python"), str(ROOT / "examples/mlp/make_weights.py"))
+    run(str(BIN / "python"), str(ROOT / "examples/mlp-onnx/export.py"))
+
+    print(f"== starting fnrt serve on {SERVER}")
+    server = subprocess.Popen([str(BIN / "fnrt"), "serve", "--port", str(PORT)])
+    try:
+        wait_ready(server)
+        x = [[round((i % 7) / 7, 3) for i in range(64)]]
+        for example in ("mlp", "mlp-onnx"):
+            print(f"== fnrt deploy examples/{example}")
+            print(run(str(BIN / "fnrt"), "deploy", str(ROOT / "examples" / example), "--quiet"))
+            print(f"== fnrt invoke {example}")
+            print(run(str(BIN / "fnrt"), "invoke", example, "--json", json.dumps({"x": x})))
+        print(f"\nServing on {SERVER}. Try:\n")
+        print(
+            f"  curl -s -X POST {SERVER}/v1/functions/mlp/invoke \\\n"
+            "       -H 'content-type: application/json' -d @examples/mlp/sample.json\n"
+        )
+        print(f"  {BIN / 'fnrt'} ls --server {SERVER}\n\nCtrl-C stops the server.")
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGINT)
+            server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

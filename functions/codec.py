@@ -1,0 +1,211 @@
+"""The tensor wire codec for ``/v1`` bodies: msgpack and JSON.
+
+msgpack bodies carry arrays the way ``msgpack_numpy`` encodes them (a map with
+the keys ``nd``, ``type``, ``kind``, ``shape``, ``data``), so a client that
+packs with ``msgpack_numpy`` works unchanged; arrays are decoded with
+``numpy.frombuffer`` over the received bytes, without another copy. Object and
+structured dtypes (which ``msgpack_numpy`` would unpickle) are refused.
+
+JSON bodies carry arrays as nested lists. Both decoders return a mapping of
+name to value; :mod:`fnrt.functions.tensors` checks it against the manifest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+import msgpack
+import numpy as np
+import orjson
+from fnrt.functions.errors import BadRequest, UnsupportedMediaType
+
+
+class Format(Enum):
+    """A body format and its media type."""
+
+    JSON = "application/json"
+    MSGPACK = "application/msgpack"
+
+    @property
+    def media_type(self) -> str:
+        return self.value
+
+
+_MEDIA_TYPES = {
+    "application/json": Format.JSON,
+    "application/msgpack": Format.MSGPACK,
+    "application/x-msgpack": Format.MSGPACK,
+    "application/vnd.msgpack": Format.MSGPACK,
+}
+
+
+def format_of(content_type: str | None, *, default: Format = Format.JSON) -> Format:
+    """The format a ``Content-Type`` header names (parameters ignored)."""
+    if not content_type:
+        return default
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in _MEDIA_TYPES:
+        return _MEDIA_TYPES[media]
+    raise UnsupportedMediaType(
+        f"unsupported Content-Type {media!r}: use application/json or application/msgpack"
+    )
+
+
+def negotiate(accept: str | None, request_format: Format) -> Format:
+    """The response format: the first type ``Accept`` names that fnrt speaks.
+
+    No ``Accept``, or ``*/*``, answers in the request's own format.
+    """
+    if not accept:
+        return request_format
+    for part in accept.split(","):
+        media = part.split(";", 1)[0].strip().lower()
+        if media in ("*/*", "application/*", ""):
+            return request_format
+        if media in _MEDIA_TYPES:
+            return _MEDIA_TYPES[media]
+    raise UnsupportedMediaType(
+        f"cannot answer in {accept!r}: use application/json or application/msgpack", accept=accept
+    )
+
+
+# --- msgpack -----------------------------------------------------------------
+
+_ND, _TYPE, _SHAPE, _DATA, _KIND = b"nd", b"type", b"shape", b"data", b"kind"
+
+
+def _field(obj: Mapping[Any, Any], key: bytes) -> Any:
+    if key in obj:
+        return obj[key]
+    return obj.get(key.decode())
+
+
+def _decode_array(obj: Mapping[Any, Any]) -> np.ndarray[Any, Any]:
+    kind = _field(obj, _KIND)
+    if kind not in (None, b"", ""):
+        raise BadRequest("arrays of object or structured dtype are not accepted")
+    descr = _field(obj, _TYPE)
+    if isinstance(descr, bytes):
+        descr = descr.decode("ascii", "replace")
+    try:
+        dtype = np.dtype(descr)
+    except (TypeError, ValueError):
+        raise BadRequest(f"array has an unknown dtype {descr!r}") from None
+    if dtype.kind not in "biuf" or dtype.fields is not None:
+        raise BadRequest(f"array dtype {descr!r} is not a numeric dtype")
+    data = _field(obj, _DATA)
+    shape = _field(obj, _SHAPE)
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise BadRequest("array 'data' must be raw bytes")
+    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise BadRequest("array 'shape' must be a list of non-negative integers")
+    if _field(obj, _ND) is not True:  # a numpy scalar
+        if len(data) != dtype.itemsize:
+            raise BadRequest("scalar data does not match its dtype's size")
+        return np.frombuffer(data, dtype=dtype).reshape(())
+    if math.prod(shape) * dtype.itemsize != len(data):
+        raise BadRequest(
+            f"array of shape {list(shape)} and dtype {dtype.str} needs "
+            f"{math.prod(shape) * dtype.itemsize} bytes, got {len(data)}"
+        )
+    array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if dtype.byteorder == ">":
+        array = array.astype(dtype.newbyteorder("<"))
+    return array
+
+
+def _hook(obj: dict[Any, Any]) -> Any:
+    if _ND in obj or "nd" in obj:
+        return _decode_array(obj)
+    return obj
+
+
+def encode_array(array: np.ndarray[Any, Any]) -> dict[bytes, Any]:
+    """An array in the ``msgpack_numpy`` layout (little-endian, C order)."""
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    array = np.ascontiguousarray(array)
+    return {
+        _ND: True,
+        _TYPE: array.dtype.str,
+        _KIND: b"",
+        _SHAPE: list(array.shape),
+        _DATA: array.data.cast("B") if array.size else b"",
+    }
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return encode_array(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__} as msgpack")
+
+
+def decode_msgpack(body: bytes) -> dict[str, Any]:
+    """A msgpack body as ``{name: value}``; raises BadRequest when malformed."""
+    try:
+        obj = msgpack.unpackb(body, object_hook=_hook, raw=False, strict_map_key=False)
+    except BadRequest:
+        raise
+    except Exception as exc:
+        raise BadRequest(f"body is not valid msgpack: {exc}") from None
+    return _top_level(obj)
+
+
+def encode_msgpack(payload: Mapping[str, Any]) -> bytes:
+    """Encode a mapping whose values may be numpy arrays."""
+    return msgpack.packb(payload, default=_default, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+# --- JSON --------------------------------------------------------------------
+
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray | np.generic):
+        return obj.tolist()
+    raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    """A JSON body as ``{name: nested lists}``; raises BadRequest when malformed."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    return _top_level(obj)
+
+
+def encode_json(payload: Any) -> bytes:
+    """Encode plain data or numpy arrays as compact JSON."""
+    try:
+        return orjson.dumps(payload, default=_json_default, option=_JSON_OPTIONS)
+    except TypeError:
+        # orjson serialises native-endian, C-contiguous arrays itself and refuses
+        # others without asking ``default``: give it plain lists for those.
+        if not isinstance(payload, Mapping):
+            raise
+        plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
+        return orjson.dumps(plain, default=_json_default)
+
+
+def _top_level(obj: Any) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise BadRequest(f"body must be a map of input name to tensor, got {type(obj).__name__}")
+    for key in obj:
+        if not isinstance(key, str):
+            raise BadRequest(f"input names must be strings, got {key!r}")
+    return obj
+
+
+def decode(body: bytes, fmt: Format) -> dict[str, Any]:
+    return decode_json(body) if fmt is Format.JSON else decode_msgpack(body)
+
+
+def encode(payload: Mapping[str, Any], fmt: Format) -> bytes:
+    return encode_json(payload) if fmt is Format.JSON else encode_msgpack(payload)

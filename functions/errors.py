@@ -1,0 +1,145 @@
+"""The one error hierarchy of fnrt.
+
+Every failure a user can see is an :class:`FnrtError` subclass with structured
+fields. Only the HTTP layer (``fnrt.runtime.http.problems``) turns them into
+status codes and bodies; the CLI turns them into messages and exit codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FnrtError(Exception):
+    """Base class of every error fnrt raises on purpose."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as a JSON-able mapping: ``{"error": message, **fields}``."""
+        return {"error": self.message, **self.fields}
+
+
+class ManifestError(FnrtError, ValueError):
+    """A function manifest is invalid; ``field`` names the part at fault.
+
+    Also a ``ValueError``: config dataclasses raise it from ``__post_init__``.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"manifest field '{field}': {message}", field=field)
+        self.field = field
+        self.reason = message
+
+    def under(self, prefix: str) -> ManifestError:
+        """The same error with its field placed under ``prefix`` (``batching.`` + field)."""
+        return ManifestError(f"{prefix}.{self.field}", self.reason)
+
+
+class HandlerError(FnrtError):
+    """The handler code cannot be imported or does not follow the contract."""
+
+
+class NotFound(FnrtError):
+    """Base of the 'no such thing' errors."""
+
+
+class FunctionNotFound(NotFound):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"function '{name}' is not deployed", function=name)
+
+
+class VersionNotFound(NotFound):
+    def __init__(self, name: str, version: str) -> None:
+        super().__init__(
+            f"function '{name}' has no version '{version}'", function=name, version=version
+        )
+
+
+class BlobNotFound(NotFound):
+    def __init__(self, digest: str) -> None:
+        super().__init__(f"blob sha256:{digest} is not in the store", digest=digest)
+
+
+class BadRequest(FnrtError):
+    """The request body cannot be decoded at all (malformed JSON or msgpack)."""
+
+
+class InvalidInput(FnrtError):
+    """A decoded request does not match the function's declared inputs."""
+
+    def __init__(self, message: str, *, input: str | None = None) -> None:
+        if input is None:
+            super().__init__(message)
+        else:
+            super().__init__(message, input=input)
+        self.input = input
+
+
+class PayloadTooLarge(FnrtError):
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(
+            f"request body is larger than the limit of {limit_bytes} bytes", limit_bytes=limit_bytes
+        )
+
+
+class UnsupportedMediaType(FnrtError):
+    """The body's Content-Type or the requested Accept type is not one fnrt speaks."""
+
+
+class Overloaded(FnrtError):
+    """A bounded queue is full; the client should retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.retry_after_s = retry_after_s
+
+
+class Unavailable(FnrtError):
+    """The function cannot serve right now (draining, deleted, store unreachable)."""
+
+
+class Unauthorized(FnrtError):
+    pass
+
+
+class Conflict(FnrtError):
+    """A conditional write lost a race (routing changed since it was read)."""
+
+
+class IntegrityError(FnrtError):
+    """Bytes do not hash to the digest they were stored or announced under."""
+
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(
+            f"content hashes to sha256:{actual}, expected sha256:{expected}",
+            expected=expected,
+            actual=actual,
+        )
+
+
+class StoreError(FnrtError):
+    """The object store failed (not a missing key: that is NotFound)."""
+
+
+class LoadError(FnrtError):
+    """The handler's ``load`` raised; ``error_id`` points at the logged traceback."""
+
+    def __init__(self, function: str, error_id: str, reason: str) -> None:
+        super().__init__(
+            f"function '{function}' failed to load: {reason}", function=function, error_id=error_id
+        )
+        self.error_id = error_id
+
+
+class HandlerFailed(FnrtError):
+    """The handler raised or broke the contract while serving a batch."""
+
+    def __init__(self, function: str, error_id: str, reason: str) -> None:
+        super().__init__(
+            f"function '{function}' failed: {reason}", function=function, error_id=error_id
+        )
+        self.error_id = error_id

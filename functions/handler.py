@@ -1,0 +1,199 @@
+"""The handler contract: what user code provides and what fnrt calls.
+
+A handler is a class::
+
+    class Model:
+        def load(self, artifacts, device):      # once per instance
+            self.net = build(artifacts["weights"].tensors(device))
+
+        def __call__(self, batch):              # list of requests -> list of results
+            return [{"y": self.net(r["x"])} for r in batch]
+
+        def unload(self):                       # optional, when scaled to zero
+            ...
+
+or a plain function ``def handle(batch) -> list`` for handlers with no state,
+or a per-request function wrapped by :func:`per_request`. A request is a mapping
+of input name to a read-only numpy array; a result is a mapping of output name
+to an array-like (numpy array, torch tensor, list). The handler returns exactly
+one result per request, in order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from fnrt.functions.errors import HandlerError
+from fnrt.functions.manifest import Manifest
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Request = Mapping[str, "np.ndarray[Any, Any]"]
+Result = Mapping[str, Any]
+BatchFn = Callable[[list[Request]], Sequence[Result]]
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where an instance runs. Chosen once per process by ``fnrt.loader.device``."""
+
+    kind: Literal["cpu", "cuda"] = "cpu"
+    index: int = 0
+
+    @property
+    def torch(self) -> str:
+        """The torch device string: ``"cpu"`` or ``"cuda:N"``."""
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+    @property
+    def onnx_providers(self) -> list[Any]:
+        """onnxruntime providers this device has (never ones that would fail to load)."""
+        if self.kind == "cuda":
+            return [("CUDAExecutionProvider", {"device_id": self.index}), "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def __str__(self) -> str:
+        return self.torch
+
+
+@runtime_checkable
+class Artifact(Protocol):
+    """A deployed artifact as the handler's ``load`` sees it, already on local disk.
+
+    ``path`` is a file (or a folder, for folder artifacts) that may be opened
+    directly; the helpers map weights from it without reading them into a
+    private buffer.
+    """
+
+    name: str
+    path: Path
+    digest: str
+    size_bytes: int
+
+    def tensors(self, device: Device | str = "cpu") -> dict[str, Any]:
+        """A safetensors file as ``torch`` tensors backed by the mapped file."""
+        ...
+
+    def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
+        """A safetensors file as read-only numpy arrays backed by the mapped file."""
+        ...
+
+    def state_dict(self, device: Device | str = "cpu") -> dict[str, Any]:
+        """A torch checkpoint via ``torch.load(mmap=True, weights_only=True)``."""
+        ...
+
+    def onnx_session(self, device: Device | None = None, **options: Any) -> Any:
+        """An ``onnxruntime.InferenceSession`` opened from the cached path."""
+        ...
+
+
+class Handler:
+    """Optional base class: subclass it and override ``load`` and ``__call__``."""
+
+    def load(self, artifacts: Mapping[str, Artifact], device: Device) -> None:
+        """Called once per instance, off the event loop, before any batch."""
+
+    def __call__(self, batch: list[Request]) -> Sequence[Result]:
+        raise NotImplementedError("a handler must implement __call__(batch)")
+
+    def unload(self) -> None:
+        """Called when the instance is scaled to zero; release what ``load`` took."""
+
+
+def per_request(fn: Callable[[Request], Result]) -> BatchFn:
+    """Turn a function of one request into a batch handler.
+
+    Use it when the model gains nothing from batching::
+
+        @per_request
+        def handle(request):
+            return {"y": request["x"] * 2}
+    """
+
+    def batch_fn(batch: list[Request]) -> list[Result]:
+        return [fn(request) for request in batch]
+
+    batch_fn.__name__ = getattr(fn, "__name__", "handler")
+    batch_fn.__doc__ = fn.__doc__
+    batch_fn.__fnrt_per_request__ = True  # type: ignore[attr-defined]
+    return batch_fn
+
+
+def _defines_call(cls: type) -> bool:
+    return any("__call__" in vars(base) for base in cls.__mro__[:-1])
+
+
+def check_contract(obj: object, where: str) -> None:
+    """Raise HandlerError unless ``obj`` is a handler class or batch function."""
+    if inspect.isclass(obj):
+        if not _defines_call(obj) or obj.__call__ is Handler.__call__:
+            raise HandlerError(f"handler class {where} must define __call__(self, batch)")
+        try:
+            inspect.signature(obj).bind()
+        except TypeError:
+            raise HandlerError(
+                f"handler class {where} must be constructible with no arguments"
+            ) from None
+        try:
+            inspect.signature(obj.__call__).bind(None, [])
+        except TypeError:
+            raise HandlerError(f"{where}.__call__ must take one argument: the batch") from None
+        load = getattr(obj, "load", None)
+        if load is not None:
+            try:
+                inspect.signature(load).bind(None, {}, None)
+            except TypeError:
+                raise HandlerError(f"{where}.load must take (self, artifacts, device)") from None
+        return
+    if callable(obj):
+        try:
+            inspect.signature(obj).bind([])
+        except (TypeError, ValueError):
+            raise HandlerError(
+                f"handler function {where} must take one argument: the batch"
+            ) from None
+        return
+    raise HandlerError(f"{where} is a {type(obj).__name__}, not a handler class or function")
+
+
+def bundle_package(code_digest: str) -> str:
+    """The import package a code bundle is imported under (one per content)."""
+    return f"fnrt_bundle_{code_digest[:16]}"
+
+
+def import_handler(code_dir: Path, manifest: Manifest, package: str) -> object:
+    """Import the manifest's handler from an unpacked bundle and check its contract.
+
+    The bundle is imported as package ``package`` so two functions whose files
+    share a name (``handler.py``) never collide; sibling modules are reached by
+    relative imports (``from .model import Net``).
+    """
+    if package not in sys.modules:
+        spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+        pkg = importlib.util.module_from_spec(spec)
+        pkg.__path__ = [str(code_dir)]
+        sys.modules[package] = pkg
+    qualified = f"{package}.{manifest.module}"
+    try:
+        module = importlib.import_module(qualified)
+    except Exception as exc:
+        sys.modules.pop(qualified, None)
+        raise HandlerError(
+            f"cannot import handler module '{manifest.module}': {type(exc).__name__}: {exc}"
+        ) from exc
+    if not hasattr(module, manifest.attribute):
+        raise HandlerError(
+            f"handler module '{manifest.module}' has no attribute '{manifest.attribute}'"
+        )
+    obj = getattr(module, manifest.attribute)
+    check_contract(obj, manifest.handler)
+    return obj

@@ -1,0 +1,300 @@
+"""The function manifest: what a function is called, what it loads, what it takes.
+
+A manifest is written by the user as ``fnrt.toml`` beside the handler::
+
+    name = "mlp"
+    handler = "handler:MLP"
+
+    [artifacts]
+    weights = "weights.safetensors"
+
+    [inputs]
+    x = { dtype = "float32", shape = [-1, 64] }
+
+    [outputs]
+    y = { dtype = "float32", shape = [-1, 10] }
+
+    [batching]
+    max_batch_size = 16
+    max_wait_ms = 1.0
+
+    [scaling]
+    keep_alive_s = 300
+
+Every field is validated when the manifest is parsed (at deploy time), and an
+error names the field at fault. Unknown keys are errors too, so a typo does not
+silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from fnrt.functions.errors import ManifestError
+
+MANIFEST_FILE = "fnrt.toml"
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_TENSOR_NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
+
+DTYPES = frozenset(
+    {
+        "bool",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+    }
+)
+
+
+def check_name(name: str, field_name: str = "name") -> str:
+    """Return ``name`` if it is a valid function name, else raise ManifestError."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ManifestError(
+            field_name,
+            f"{name!r} is not a valid function name "
+            "(lowercase letters, digits, '-' and '_', at most 63, starting with a letter or digit)",
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One declared input or output: element type and per-request shape.
+
+    ``shape`` includes the leading batch-of-rows dimension a request carries;
+    ``-1`` matches any size in that position.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ManifestError("dtype", f"{self.dtype!r} is not one of {sorted(DTYPES)}")
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in self.shape):
+            raise ManifestError("shape", f"{list(self.shape)!r} must be a list of integers")
+        if any(d < -1 for d in self.shape):
+            raise ManifestError("shape", f"{list(self.shape)!r}: sizes are >= 0, or -1 for any")
+
+    def matches_shape(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(self.shape) and all(
+            want in (-1, got) for want, got in zip(self.shape, shape, strict=True)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How requests are grouped into one handler call.
+
+    A batch leaves when it holds ``max_batch_size`` requests or its oldest
+    request has waited ``max_wait_ms``. With the default wait of 0 a batch is
+    whatever queued while the previous one ran (Triton's default behaviour).
+    """
+
+    max_batch_size: int = 8
+    max_wait_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_batch_size, int) or not 1 <= self.max_batch_size <= 4096:
+            raise ManifestError("max_batch_size", "must be an integer from 1 to 4096")
+        if not isinstance(self.max_wait_ms, int | float) or not 0 <= self.max_wait_ms <= 60_000:
+            raise ManifestError("max_wait_ms", "must be a number from 0 to 60000")
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """Instance lifecycle: when to unload, how much to queue, whether to load early."""
+
+    keep_alive_s: float = 300.0
+    max_queue: int = 256
+    load_at_start: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keep_alive_s, int | float) or self.keep_alive_s < 0:
+            raise ManifestError("keep_alive_s", "must be a number of seconds >= 0")
+        if not isinstance(self.max_queue, int) or not 1 <= self.max_queue <= 1_000_000:
+            raise ManifestError("max_queue", "must be an integer from 1 to 1000000")
+        if not isinstance(self.load_at_start, bool):
+            raise ManifestError("load_at_start", "must be true or false")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated function manifest (see the module docstring for the file form)."""
+
+    name: str
+    handler: str
+    description: str = ""
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+    inputs: Mapping[str, TensorSpec] = field(default_factory=dict)
+    outputs: Mapping[str, TensorSpec] = field(default_factory=dict)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        module, _, attr = self.handler.partition(":")
+        if not _MODULE.match(module) or not _IDENTIFIER.match(attr):
+            raise ManifestError(
+                "handler", f"{self.handler!r} must be 'module:attribute', e.g. 'handler:Model'"
+            )
+        for key, rel in self.artifacts.items():
+            if not _IDENTIFIER.match(key):
+                raise ManifestError(f"artifacts.{key}", "artifact names are Python identifiers")
+            path = PurePosixPath(rel)
+            if not rel or path.is_absolute() or ".." in path.parts:
+                raise ManifestError(
+                    f"artifacts.{key}",
+                    f"{rel!r} must be a relative path inside the function folder",
+                )
+        for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
+            for tensor in specs:
+                if not _TENSOR_NAME.match(tensor):
+                    raise ManifestError(f"{section}.{tensor}", "is not a valid tensor name")
+
+    @property
+    def module(self) -> str:
+        return self.handler.partition(":")[0]
+
+    @property
+    def attribute(self) -> str:
+        return self.handler.partition(":")[2]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as plain data; ``parse_manifest(m.to_dict()) == m``."""
+        return {
+            "name": self.name,
+            "handler": self.handler,
+            "description": self.description,
+            "artifacts": dict(sorted(self.artifacts.items())),
+            "inputs": {k: v.to_dict() for k, v in self.inputs.items()},
+            "outputs": {k: v.to_dict() for k, v in self.outputs.items()},
+            "batching": {
+                "max_batch_size": self.batching.max_batch_size,
+                "max_wait_ms": self.batching.max_wait_ms,
+            },
+            "scaling": {
+                "keep_alive_s": self.scaling.keep_alive_s,
+                "max_queue": self.scaling.max_queue,
+                "load_at_start": self.scaling.load_at_start,
+            },
+            "exclude": list(self.exclude),
+        }
+
+
+_TOP_KEYS = {
+    "name",
+    "handler",
+    "description",
+    "artifacts",
+    "inputs",
+    "outputs",
+    "batching",
+    "scaling",
+    "exclude",
+}
+
+
+def _table(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ManifestError(key, "must be a table")
+    return value
+
+
+def _build(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any:
+    known = set(cls.__dataclass_fields__)
+    for key in data:
+        if key not in known:
+            raise ManifestError(f"{prefix}.{key}", f"unknown key (known: {sorted(known)})")
+    try:
+        return cls(**data)
+    except ManifestError as exc:
+        raise exc.under(prefix) from None
+
+
+def _tensors(data: Mapping[str, Any], section: str) -> dict[str, TensorSpec]:
+    specs: dict[str, TensorSpec] = {}
+    for tensor, spec in _table(data, section).items():
+        where = f"{section}.{tensor}"
+        if not isinstance(spec, Mapping):
+            raise ManifestError(where, "must be a table with 'dtype' and 'shape'")
+        if "dtype" not in spec or "shape" not in spec:
+            raise ManifestError(where, "needs both 'dtype' and 'shape'")
+        shape = spec["shape"]
+        if not isinstance(shape, list | tuple):
+            raise ManifestError(f"{where}.shape", "must be a list of integers")
+        specs[tensor] = _build(TensorSpec, {**spec, "shape": tuple(shape)}, where)
+    return specs
+
+
+def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manifest:
+    """Validate plain data (from TOML or JSON) into a :class:`Manifest`.
+
+    ``name`` overrides the manifest's own name (``fnrt deploy --name``).
+    """
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ManifestError(key, f"unknown key (known: {sorted(_TOP_KEYS)})")
+    chosen = name if name is not None else data.get("name")
+    if chosen is None:
+        raise ManifestError("name", "is required (or pass --name)")
+    if "handler" not in data:
+        raise ManifestError("handler", "is required, e.g. handler = 'handler:Model'")
+    for key in ("handler", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise ManifestError(key, "must be a string")
+    artifacts = _table(data, "artifacts")
+    for key, rel in artifacts.items():
+        if not isinstance(rel, str):
+            raise ManifestError(f"artifacts.{key}", "must be a path string")
+    exclude = data.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
+        raise ManifestError("exclude", "must be a list of glob patterns")
+    return Manifest(
+        name=check_name(chosen),
+        handler=data["handler"],
+        description=data.get("description", ""),
+        artifacts=dict(artifacts),
+        inputs=_tensors(data, "inputs"),
+        outputs=_tensors(data, "outputs"),
+        batching=_build(BatchingConfig, _table(data, "batching"), "batching"),
+        scaling=_build(ScalingConfig, _table(data, "scaling"), "scaling"),
+        exclude=tuple(exclude),
+    )
+
+
+def load_manifest(folder: Path, *, name: str | None = None) -> Manifest:
+    """Read and validate ``folder/fnrt.toml``; artifacts must exist in the folder."""
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        raise ManifestError(MANIFEST_FILE, f"no {MANIFEST_FILE} in {folder}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(MANIFEST_FILE, f"is not valid TOML: {exc}") from None
+    manifest = parse_manifest(data, name=name)
+    for key, rel in manifest.artifacts.items():
+        if not (folder / rel).exists():
+            raise ManifestError(f"artifacts.{key}", f"{rel!r} does not exist in {folder}")
+    return manifest

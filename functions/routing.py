@@ -1,0 +1,72 @@
+"""Which versions of a function get traffic: the content of ``routing.json``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fnrt.functions.errors import FnrtError
+
+#: How many earlier versions a routing file remembers for rollback.
+HISTORY_LIMIT = 20
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Traffic shares by version (percent, summing to 100) and the versions before."""
+
+    traffic: Mapping[str, int]
+    previous: tuple[str, ...] = ()
+    updated_at: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.traffic:
+            raise ValueError("traffic must name at least one version")
+        if any(not 0 <= p <= 100 for p in self.traffic.values()):
+            raise ValueError("traffic shares are percentages from 0 to 100")
+        if sum(self.traffic.values()) != 100:
+            raise ValueError(f"traffic shares must sum to 100, got {dict(self.traffic)}")
+
+    @property
+    def primary(self) -> str:
+        """The version with the largest share (the newest on a tie)."""
+        return max(reversed(list(self.traffic)), key=lambda v: self.traffic[v])
+
+    def cut_over(self, version: str, now_iso: str) -> Routing:
+        """All traffic to ``version``; the versions that had traffic go to history."""
+        before = [v for v in self.traffic if v != version]
+        history = [*before, *(v for v in self.previous if v not in before and v != version)]
+        return replace(
+            self,
+            traffic={version: 100},
+            previous=tuple(history[:HISTORY_LIMIT]),
+            updated_at=now_iso,
+        )
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "traffic": dict(self.traffic),
+                "previous": list(self.previous),
+                "updated_at": self.updated_at,
+            },
+            indent=2,
+        ).encode()
+
+    @staticmethod
+    def first(version: str, now_iso: str) -> Routing:
+        return Routing(traffic={version: 100}, updated_at=now_iso)
+
+    @staticmethod
+    def from_json(data: bytes) -> Routing:
+        try:
+            raw: dict[str, Any] = json.loads(data)
+            return Routing(
+                traffic={str(k): int(v) for k, v in raw["traffic"].items()},
+                previous=tuple(str(v) for v in raw.get("previous", [])),
+                updated_at=str(raw.get("updated_at", "")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise FnrtError(f"routing file is malformed: {exc}") from None

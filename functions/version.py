@@ -1,0 +1,149 @@
+"""Immutable version manifests: a manifest bound to the exact bytes it runs.
+
+A version is the function's manifest plus the content digests of its code
+bundle and of every artifact file. Its id is derived from that content alone,
+so deploying the same folder twice gives the same version id, and a version id
+names exactly one set of bytes on every node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fnrt.functions.errors import FnrtError
+from fnrt.functions.manifest import Manifest, parse_manifest
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+VERSION_PATTERN = re.compile(r"^v-[0-9a-f]{12}$")
+
+
+def check_digest(digest: str) -> str:
+    """Return ``digest`` if it is 64 lowercase hex characters (a sha256)."""
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise FnrtError(f"{digest!r} is not a sha256 hex digest", digest=str(digest))
+    return digest
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """One stored file: where it sits inside its artifact, and its content."""
+
+    rel: str  # "" for an artifact that is a single file
+    digest: str
+    size_bytes: int
+
+    def __post_init__(self) -> None:
+        check_digest(self.digest)
+        if self.size_bytes < 0:
+            raise ValueError("size_bytes must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rel": self.rel, "digest": self.digest, "size_bytes": self.size_bytes}
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """An artifact as deployed: a single file, or a folder of files."""
+
+    path: str  # as written in the manifest, relative to the function folder
+    is_dir: bool
+    files: tuple[FileRef, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+    @property
+    def digest(self) -> str:
+        """The file's sha256; for a folder, the sha256 of its listing of names and digests."""
+        if not self.is_dir:
+            return self.files[0].digest
+        listing = "\n".join(f"{f.rel}\0{f.digest}" for f in self.files)
+        return hashlib.sha256(listing.encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "is_dir": self.is_dir,
+            "files": [f.to_dict() for f in self.files],
+        }
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> ArtifactRef:
+        return ArtifactRef(
+            path=str(data["path"]),
+            is_dir=bool(data["is_dir"]),
+            files=tuple(FileRef(**f) for f in data["files"]),
+        )
+
+
+@dataclass(frozen=True)
+class VersionManifest:
+    """Everything needed to load one version of a function, by content."""
+
+    manifest: Manifest
+    bundle: FileRef
+    artifacts: Mapping[str, ArtifactRef] = field(default_factory=dict)
+    created_at: str = ""  # informational; not part of the version id
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def version(self) -> str:
+        """``v-`` and the first 12 hex digits of the sha256 of the content."""
+        canonical = json.dumps(self._content(), sort_keys=True, separators=(",", ":"))
+        return "v-" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    def blobs(self) -> list[FileRef]:
+        """Every stored file this version needs: the bundle, then each artifact's files."""
+        return [self.bundle, *(f for a in self.artifacts.values() for f in a.files)]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.blobs())
+
+    def _content(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest.to_dict(),
+            "bundle": self.bundle.to_dict(),
+            "artifacts": {k: v.to_dict() for k, v in sorted(self.artifacts.items())},
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "created_at": self.created_at, **self._content()}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True).encode()
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> VersionManifest:
+        """Parse stored or uploaded data; the manifest part is fully validated."""
+        try:
+            vm = VersionManifest(
+                manifest=parse_manifest(data["manifest"]),
+                bundle=FileRef(**data["bundle"]),
+                artifacts={
+                    k: ArtifactRef.from_dict(v) for k, v in dict(data.get("artifacts", {})).items()
+                },
+                created_at=str(data.get("created_at", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, FnrtError):
+                raise
+            raise FnrtError(f"malformed version manifest: {exc!r}") from None
+        missing = set(vm.manifest.artifacts) ^ set(vm.artifacts)
+        if missing:
+            raise FnrtError(
+                f"version manifest artifacts do not match the manifest: {sorted(missing)}"
+            )
+        claimed = data.get("version")
+        if claimed is not None and claimed != vm.version:
+            raise FnrtError(f"version id {claimed!r} does not match its content ({vm.version})")
+        return vm

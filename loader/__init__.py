@@ -1,0 +1,1 @@
+"""Getting a function's bytes to the device: stores, caches, formats, instances."""

@@ -1,0 +1,198 @@
+"""fnrt's state in an object store: blobs, version manifests, routing.
+
+Layout (see DESIGN.md)::
+
+    blobs/sha256/<hex>                    immutable artifacts and code bundles
+    functions/<name>/versions/<v>.json    immutable version manifests
+    functions/<name>/routing.json         which versions get what share of traffic
+
+The store is the source of truth: any number of nodes serve the same functions
+by reading it, and ``routing.json`` only changes by a conditional write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from fnrt.functions.errors import (
+    BlobNotFound,
+    Conflict,
+    FunctionNotFound,
+    IntegrityError,
+    VersionNotFound,
+)
+from fnrt.functions.manifest import check_name
+from fnrt.functions.routing import Routing
+from fnrt.functions.version import VersionManifest, check_digest
+from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed
+
+_CHUNK = 1024 * 1024
+_CAS_ATTEMPTS = 16
+
+
+def blob_key(digest: str) -> str:
+    return f"blobs/sha256/{check_digest(digest)}"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _chunks(source: Path | bytes | Iterable[bytes]) -> Iterable[bytes]:
+    if isinstance(source, bytes):
+        yield source
+    elif isinstance(source, Path):
+        with source.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                yield chunk
+    else:
+        yield from source
+
+
+class _Hashing:
+    """Wraps a chunk stream, hashing and counting what passes through."""
+
+    def __init__(self, chunks: Iterable[bytes], on_chunk: Callable[[int], None] | None) -> None:
+        self._chunks = chunks
+        self._on_chunk = on_chunk
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self.sha.update(chunk)
+            self.size += len(chunk)
+            if self._on_chunk is not None:
+                self._on_chunk(len(chunk))
+            yield chunk
+
+
+class Repository:
+    """Typed access to the fnrt layout in one :class:`ObjectStore`."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    # --- blobs ---------------------------------------------------------------
+
+    def has_blob(self, digest: str) -> bool:
+        return self.store.exists(blob_key(digest))
+
+    def put_blob(
+        self,
+        digest: str,
+        source: Path | bytes | Iterable[bytes],
+        progress: Callable[[int], None] | None = None,
+    ) -> bool:
+        """Store content under its sha256; False if it was already there.
+
+        The content is hashed while it is written, and refused (nothing kept)
+        when it does not hash to ``digest``.
+        """
+        key = blob_key(digest)
+        if self.store.exists(key):
+            return False
+        hashing = _Hashing(_chunks(source), progress)
+
+        def verified() -> Iterable[bytes]:
+            yield from hashing
+            actual = hashing.sha.hexdigest()
+            if actual != digest:
+                raise IntegrityError(digest, actual)
+
+        self.store.put_stream(key, verified())
+        return True
+
+    def read_blob(self, digest: str) -> bytes:
+        try:
+            data, _ = self.store.get(blob_key(digest))
+        except KeyNotFound:
+            raise BlobNotFound(digest) from None
+        return data
+
+    def blob_path(self, digest: str) -> Path | None:
+        """The blob's local file when the store is on this disk, else None."""
+        return self.store.local_path(blob_key(digest))
+
+    # --- versions ------------------------------------------------------------
+
+    def put_version(self, vm: VersionManifest) -> bool:
+        """Store a version manifest once; False if that version already exists.
+
+        Every blob it names must already be in the store.
+        """
+        for ref in vm.blobs():
+            if not self.has_blob(ref.digest):
+                raise BlobNotFound(ref.digest)
+        key = f"functions/{vm.name}/versions/{vm.version}.json"
+        try:
+            self.store.put(key, vm.to_json(), if_absent=True)
+        except PreconditionFailed:
+            return False
+        return True
+
+    def get_version(self, name: str, version: str) -> VersionManifest:
+        try:
+            data, _ = self.store.get(f"functions/{check_name(name)}/versions/{version}.json")
+        except (KeyNotFound, ValueError):
+            raise VersionNotFound(name, version) from None
+        return VersionManifest.from_dict(json.loads(data))
+
+    def list_versions(self, name: str) -> list[str]:
+        prefix = f"functions/{check_name(name)}/versions/"
+        return [
+            k[len(prefix) : -len(".json")] for k in self.store.list(prefix) if k.endswith(".json")
+        ]
+
+    # --- routing -------------------------------------------------------------
+
+    def get_routing(self, name: str) -> tuple[Routing, str]:
+        """The function's routing and its ETag; raises FunctionNotFound."""
+        try:
+            data, etag = self.store.get(f"functions/{check_name(name)}/routing.json")
+        except KeyNotFound:
+            raise FunctionNotFound(name) from None
+        return Routing.from_json(data), etag
+
+    def update_routing(self, name: str, change: Callable[[Routing | None], Routing]) -> Routing:
+        """Apply ``change`` to the current routing with a compare-and-swap loop.
+
+        ``change`` gets None when the function has no routing yet. A lost race
+        re-reads and re-applies, so concurrent deploys never corrupt the file.
+        """
+        key = f"functions/{check_name(name)}/routing.json"
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                data, etag = self.store.get(key)
+                current: Routing | None = Routing.from_json(data)
+            except KeyNotFound:
+                current, etag = None, ""
+            routing = change(current)
+            try:
+                if current is None:
+                    self.store.put(key, routing.to_json(), if_absent=True)
+                else:
+                    self.store.put(key, routing.to_json(), if_match=etag)
+            except PreconditionFailed:
+                continue
+            return routing
+        raise Conflict(f"routing of '{name}' kept changing; gave up after {_CAS_ATTEMPTS} tries")
+
+    def list_functions(self) -> list[str]:
+        suffix = "/routing.json"
+        return sorted(
+            k[len("functions/") : -len(suffix)]
+            for k in self.store.list("functions/")
+            if k.endswith(suffix) and k.count("/") == 2
+        )
+
+    def delete_function(self, name: str) -> None:
+        """Remove the routing and version manifests (blobs stay: they may be shared)."""
+        self.get_routing(name)
+        self.store.delete(f"functions/{check_name(name)}/routing.json")
+        for version in self.list_versions(name):
+            self.store.delete(f"functions/{name}/versions/{version}.json")

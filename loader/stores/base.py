@@ -1,0 +1,78 @@
+"""The object store interface every backend implements.
+
+Keys are ``/``-separated relative paths (``blobs/sha256/<hex>``). Writes are
+atomic: a reader sees the old object or the new one, never a part. Metadata
+writes can be conditional, which is how ``routing.json`` changes safely from
+several nodes at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+from fnrt.functions.errors import FnrtError, NotFound
+
+#: Called with the number of bytes moved since the last call.
+Progress = Callable[[int], None]
+
+
+class KeyNotFound(NotFound):
+    def __init__(self, uri: str, key: str) -> None:
+        super().__init__(f"no object '{key}' in store {uri}", key=key)
+
+
+class PreconditionFailed(FnrtError):
+    """A conditional write found the object changed (or present, or absent)."""
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that could escape the store (absolute, ``..``, empty parts)."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid store key {key!r}")
+    return key
+
+
+class ObjectStore(Protocol):
+    """A place that keeps fnrt's state: blobs, version manifests, routing."""
+
+    uri: str
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and its ETag; raises KeyNotFound."""
+        ...
+
+    def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_absent: bool = False
+    ) -> str:
+        """Write an object atomically; return its new ETag.
+
+        ``if_match`` writes only if the current ETag is that one; ``if_absent``
+        writes only if there is no object yet. Either failing raises
+        PreconditionFailed.
+        """
+        ...
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> None:
+        """Write a (large) object from chunks, atomically."""
+        ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> list[str]:
+        """Keys that start with ``prefix``, sorted."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove an object; a missing one is not an error."""
+        ...
+
+    def local_path(self, key: str) -> Path | None:
+        """A local file holding the object, when the store is on this disk."""
+        ...
+
+    def download(self, key: str, dest: Path, progress: Progress | None = None) -> None:
+        """Copy an object into the local file ``dest`` (written in place)."""
+        ...

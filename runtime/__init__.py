@@ -1,0 +1,1 @@
+"""Serving: the HTTP app, per-function schedulers, scale to zero, and the ``fnrt`` CLI."""

@@ -1,0 +1,1 @@
+"""The ``fnrt`` command line."""

@@ -1,0 +1,381 @@
+"""``fnrt``: serve functions, deploy them, invoke them, list and remove them.
+
+Run ``fnrt COMMAND --help`` for each command's options. Every option that
+names a server, store or token also reads an ``FNRT_*`` variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fnrt.functions.bundle import pack
+from fnrt.functions.codec import Format, decode_json, decode_msgpack
+from fnrt.functions.errors import FnrtError
+from fnrt.functions.manifest import load_manifest
+from fnrt.functions.version import VersionManifest
+from fnrt.runtime.cli.client import Client, RemoteError
+from fnrt.runtime.cli.upload import upload_bundle
+from fnrt.runtime.settings import (
+    DEFAULT_SERVER,
+    ClientSettings,
+    ServerSettings,
+    default_cache_dir,
+    env_client_settings,
+    env_server_settings,
+)
+
+EPILOG = "Docs: README.md and docs/ in the fnrt repository."
+
+
+def _client(args: argparse.Namespace) -> Client:
+    found = env_client_settings()
+    if args.server:
+        found["server"] = args.server
+    if args.token:
+        found["token"] = args.token
+    return Client(ClientSettings(**found))  # type: ignore[arg-type]
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", help=f"server URL (FNRT_SERVER; default {DEFAULT_SERVER})")
+    p.add_argument("--token", help="admin bearer token (FNRT_ADMIN_TOKEN)")
+
+
+# --- serve ---------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from fnrt.runtime.http.app import build_app
+    from fnrt.tracing.logs import configure_logging
+
+    found = env_server_settings()
+    for flag, key in [
+        ("host", "host"),
+        ("port", "port"),
+        ("store", "store"),
+        ("cache_dir", "cache_dir"),
+        ("admin_token", "admin_token"),
+        ("max_body_bytes", "max_body_bytes"),
+        ("device", "device"),
+        ("log_level", "log_level"),
+    ]:
+        value = getattr(args, flag)
+        if value is not None:
+            found[key] = value
+    if args.preload:
+        found["preload"] = True
+    if args.log_json:
+        found["log_json"] = True
+    settings = ServerSettings(**found)  # type: ignore[arg-type]
+    configure_logging(settings.log_level, json_lines=settings.log_json)
+    if settings.admin_open and not _is_loopback(settings.host):
+        print(
+            f"warning: admin routes are open to anyone who reaches {settings.host}; "
+            "set --admin-token or FNRT_ADMIN_TOKEN",
+            file=sys.stderr,
+        )
+    app = build_app(settings)
+    print(
+        f"fnrt: serving store {settings.store} on http://{settings.host}:{settings.port}",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# --- deploy --------------------------------------------------------------------
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    folder = Path(args.path)
+    if not folder.is_dir():
+        raise FnrtError(f"{folder} is not a folder")
+    manifest = load_manifest(folder, name=args.name)
+    bundle = pack(folder, manifest)
+    vm = VersionManifest(manifest, bundle.code_ref, bundle.artifacts)
+    show = not args.quiet and sys.stderr.isatty()
+    if args.store:
+        result = _deploy_to_store(args.store, bundle, vm, show)
+    else:
+        with _client(args) as client:
+            count, size = upload_bundle(client, bundle, show_progress=show)
+            result = client.deploy(vm)
+            result["uploaded_blobs"], result["uploaded_bytes"] = count, size
+    if args.json:
+        print(json.dumps(result))
+    else:
+        what = "deployed" if result["created"] else "already deployed"
+        print(f"{result['name']} {result['version']} {what}")
+    return 0
+
+
+def _deploy_to_store(store: str, bundle: Any, vm: VersionManifest, show: bool) -> dict[str, Any]:
+    from fnrt.loader.device import detect_device
+    from fnrt.loader.instance import InstanceLoader
+    from fnrt.loader.repository import Repository
+    from fnrt.loader.stores import open_store
+    from fnrt.runtime.deployment import publish_version
+
+    repository = Repository(open_store(store))
+    count, size = upload_bundle(repository, bundle, show_progress=show)
+    with tempfile.TemporaryDirectory(prefix="fnrt-deploy-") as scratch:
+        loader = InstanceLoader(repository, Path(scratch), detect_device("cpu"))
+        deployed = publish_version(repository, loader, vm)
+    return {
+        "name": deployed.name,
+        "version": deployed.version,
+        "created": deployed.created,
+        "uploaded_blobs": count,
+        "uploaded_bytes": size,
+    }
+
+
+# --- invoke --------------------------------------------------------------------
+
+
+def _read_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    if args.json is not None:
+        inputs.update(decode_json(args.json.encode()))
+    for item in args.input or []:
+        name, sep, path_text = item.rpartition("=")
+        path = Path(path_text)
+        if not path.is_file():
+            raise FnrtError(f"input file {path} does not exist")
+        suffix = path.suffix.lower()
+        if suffix == ".npy":
+            if not sep:
+                raise FnrtError(f"name the input of {path}: --input NAME={path}")
+            inputs[name] = np.load(path, allow_pickle=False)
+        elif suffix == ".npz":
+            with np.load(path, allow_pickle=False) as npz:
+                inputs.update({k: npz[k] for k in npz.files})
+        elif suffix == ".json":
+            inputs.update(decode_json(path.read_bytes()))
+        elif suffix in (".msgpack", ".mpk"):
+            inputs.update(decode_msgpack(path.read_bytes()))
+        else:
+            raise FnrtError(f"{path}: use a .json, .msgpack, .npz or NAME=.npy file")
+    if not inputs:
+        raise FnrtError("give the inputs with --json '{...}' or --input FILE")
+    return inputs
+
+
+def cmd_invoke(args: argparse.Namespace) -> int:
+    inputs = _read_inputs(args)
+    fmt = Format.MSGPACK if args.format == "msgpack" else Format.JSON
+    with _client(args) as client:
+        outputs, headers = client.invoke(args.name, inputs, fmt)
+    if args.output:
+        save: Any = np.savez  # numpy's stub types **kwds as bool
+        save(args.output, **{k: np.asarray(v) for k, v in outputs.items()})
+        print(f"wrote {', '.join(outputs)} to {args.output}", file=sys.stderr)
+    else:
+        plain = {k: np.asarray(v).tolist() for k, v in outputs.items()}
+        print(json.dumps(plain))
+    if args.verbose:
+        print(f"served by {headers.get('x-fnrt-version')}", file=sys.stderr)
+    return 0
+
+
+# --- ls / describe / rm ----------------------------------------------------------
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        functions = client.list()
+    if args.json:
+        print(json.dumps(functions, indent=2))
+        return 0
+    rows = [("NAME", "VERSION", "STATE", "DESCRIPTION")] + [
+        (f["name"], f["version"], f["state"], f["description"]) for f in functions
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True))
+            + "  "
+            + row[3]
+        )
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        print(json.dumps(client.describe(args.name), indent=2))
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete(args.name)
+    print(f"removed {args.name}")
+    return 0
+
+
+# --- parser --------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fnrt",
+        description="fnrt: deploy a model handler, get an HTTP endpoint.",
+        epilog=EPILOG,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "serve",
+        help="run the server",
+        description="Run the fnrt server (Starlette on uvicorn with uvloop). "
+        "Nothing is loaded until the first invoke.",
+    )
+    p.add_argument("--host", help="address to bind (FNRT_HOST; default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (FNRT_PORT; default 8000)")
+    p.add_argument(
+        "--store", help="object store: a folder or file:// URI (FNRT_STORE; default ./.fnrt/store)"
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help=f"local cache folder (FNRT_CACHE_DIR; e.g. {default_cache_dir()})",
+    )
+    p.add_argument(
+        "--admin-token", help="require this bearer token on admin routes (FNRT_ADMIN_TOKEN)"
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help="largest invoke body, else 413 (FNRT_MAX_BODY_BYTES; default 64 MiB)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        help="where instances run (FNRT_DEVICE; default auto)",
+    )
+    p.add_argument(
+        "--preload",
+        action="store_true",
+        help="load every function at start instead of at first invoke",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (FNRT_LOG_LEVEL; default info)",
+    )
+    p.add_argument("--log-json", action="store_true", help="log JSON lines (FNRT_LOG_JSON=1)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "deploy",
+        help="deploy a function folder",
+        description="Pack a folder holding fnrt.toml and its handler, upload the blobs the "
+        "destination lacks, and route all traffic to the new version. Prints the version id; "
+        "the same content always gets the same id.",
+    )
+    p.add_argument("path", help="folder with fnrt.toml")
+    p.add_argument("--name", help="function name (overrides the manifest's)")
+    p.add_argument("--store", help="deploy straight into this store instead of through a server")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    _add_client_options(p)
+    p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser(
+        "invoke",
+        help="call a function",
+        description="Invoke a function once and print its outputs as JSON "
+        "(or save them with --output).",
+    )
+    p.add_argument("name")
+    p.add_argument("--json", help="inputs as a JSON object, e.g. '{\"x\": [[1, 2]]}'")
+    p.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        metavar="FILE",
+        help="inputs from a .json, .msgpack or .npz file, or NAME=FILE.npy; repeatable",
+    )
+    p.add_argument(
+        "--format",
+        choices=["msgpack", "json"],
+        default="msgpack",
+        help="wire format (default msgpack)",
+    )
+    p.add_argument("--output", "-o", help="save outputs to this .npz file")
+    p.add_argument("--verbose", "-v", action="store_true", help="print which version served")
+    _add_client_options(p)
+    p.set_defaults(func=cmd_invoke)
+
+    p = sub.add_parser(
+        "ls",
+        help="list functions",
+        description="List deployed functions with their version and state (cold, loading, warm).",
+    )
+    p.add_argument("--json", action="store_true")
+    _add_client_options(p)
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser(
+        "describe",
+        help="show one function",
+        description="Show a function's manifest, versions, traffic and instance statistics.",
+    )
+    p.add_argument("name")
+    _add_client_options(p)
+    p.set_defaults(func=cmd_describe)
+
+    p = sub.add_parser(
+        "rm",
+        help="remove a function",
+        description="Remove a function's routing and version manifests (blobs stay in the store).",
+    )
+    p.add_argument("name")
+    _add_client_options(p)
+    p.set_defaults(func=cmd_rm)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except RemoteError as exc:
+        print(f"fnrt: error {exc.status}: {exc.message}", file=sys.stderr)
+        return 1
+    except FnrtError as exc:
+        print(f"fnrt: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

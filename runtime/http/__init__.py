@@ -1,0 +1,1 @@
+"""The HTTP surface: routes, content negotiation, error responses."""

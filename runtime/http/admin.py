@@ -1,0 +1,147 @@
+"""Admin API: upload blobs, deploy, list, describe, warm and delete functions.
+
+Guarded by a bearer token when the server has one (``--admin-token``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import orjson
+from fnrt.functions.errors import BadRequest, FnrtError, Unauthorized
+from fnrt.functions.version import VersionManifest, check_digest
+from fnrt.runtime.http.body import read_body
+from fnrt.runtime.http.state import node_of
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+_SPOOL_BYTES = 8 * 1024 * 1024
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+
+
+def admin(endpoint: Endpoint) -> Endpoint:
+    """Require ``Authorization: Bearer <token>`` when the server has a token."""
+
+    async def guarded(request: Request) -> Response:
+        token = node_of(request).settings.admin_token
+        if token is not None:
+            given = request.headers.get("authorization", "")
+            scheme, _, value = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
+                raise Unauthorized("admin routes need 'Authorization: Bearer <token>'")
+        return await endpoint(request)
+
+    guarded.__name__ = endpoint.__name__
+    guarded.__doc__ = endpoint.__doc__
+    return guarded
+
+
+def _digest(request: Request) -> str:
+    try:
+        return check_digest(request.path_params["digest"])
+    except FnrtError:
+        raise BadRequest(f"{request.path_params['digest']!r} is not a sha256 hex digest") from None
+
+
+@admin
+async def head_blob(request: Request) -> Response:
+    """200 if the store has the blob, 404 if not (clients upload only what is missing)."""
+    registry = node_of(request).registry
+    found = await asyncio.to_thread(registry.repository.has_blob, _digest(request))
+    return Response(status_code=200 if found else 404)
+
+
+@admin
+async def put_blob(request: Request) -> Response:
+    """Stream a blob into the store; refused unless it hashes to its digest."""
+    node = node_of(request)
+    digest = _digest(request)
+    repository = node.registry.repository
+    if await asyncio.to_thread(repository.has_blob, digest):
+        return JSONResponse({"digest": digest, "created": False})
+    spool_dir = node.settings.cache_dir / "uploads"
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=spool_dir, prefix=f"{digest[:16]}.")
+    spool = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pending: list[bytes] = []
+            held = 0
+            async for chunk in request.stream():
+                pending.append(chunk)
+                held += len(chunk)
+                if held >= _SPOOL_BYTES:
+                    await asyncio.to_thread(f.writelines, pending)
+                    pending, held = [], 0
+            await asyncio.to_thread(f.writelines, pending)
+        created = await asyncio.to_thread(repository.put_blob, digest, spool)
+    finally:
+        spool.unlink(missing_ok=True)
+    return JSONResponse({"digest": digest, "created": created}, status_code=201 if created else 200)
+
+
+@admin
+async def deploy(request: Request) -> Response:
+    """Publish a version: the body is a version manifest whose blobs are uploaded."""
+    body = await read_body(request, MAX_MANIFEST_BYTES)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"deploy body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("deploy body must be a JSON object")
+    vm = VersionManifest.from_dict(data)
+    deployed = await node_of(request).registry.deploy(vm)
+    return JSONResponse(
+        {"name": deployed.name, "version": deployed.version, "created": deployed.created},
+        status_code=201 if deployed.created else 200,
+    )
+
+
+@admin
+async def list_functions(request: Request) -> Response:
+    return JSONResponse({"functions": await node_of(request).registry.summaries()})
+
+
+@admin
+async def describe(request: Request) -> Response:
+    return JSONResponse(await node_of(request).registry.describe(request.path_params["name"]))
+
+
+@admin
+async def delete(request: Request) -> Response:
+    name = request.path_params["name"]
+    await node_of(request).registry.delete(name)
+    return JSONResponse({"name": name, "deleted": True})
+
+
+@admin
+async def warm(request: Request) -> Response:
+    """Load the function's instance now instead of at the first invoke."""
+    scheduler = await node_of(request).registry.get(request.path_params["name"])
+    await scheduler.warm()
+    return JSONResponse(
+        {
+            "name": scheduler.name,
+            "version": scheduler.version.version,
+            "state": scheduler.state.value,
+        }
+    )
+
+
+routes = [
+    Route("/v1/blobs/{digest}", head_blob, methods=["HEAD"]),
+    Route("/v1/blobs/{digest}", put_blob, methods=["PUT"]),
+    Route("/v1/functions", list_functions, methods=["GET"]),
+    Route("/v1/functions", deploy, methods=["POST"]),
+    Route("/v1/functions/{name}", describe, methods=["GET"]),
+    Route("/v1/functions/{name}", delete, methods=["DELETE"]),
+    Route("/v1/functions/{name}/warm", warm, methods=["POST"]),
+]

@@ -1,0 +1,55 @@
+"""The Starlette application: routes, error handlers, start-up and shut-down."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from fnrt.functions.errors import FnrtError
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import open_store
+from fnrt.runtime.clock import Clock, SystemClock
+from fnrt.runtime.http import admin, health, invoke
+from fnrt.runtime.http.problems import fnrt_error_handler, unexpected_error_handler
+from fnrt.runtime.http.state import Node
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.settings import ServerSettings
+from starlette.applications import Starlette
+
+
+def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Registry:
+    """A registry over the settings' store, cache folder and device."""
+    repository = Repository(open_store(settings.store))
+    device = detect_device(settings.device)
+    loader = InstanceLoader(repository, Path(settings.cache_dir), device)
+    return Registry(
+        repository, loader, clock or SystemClock(), sweep_interval_s=settings.sweep_interval_s
+    )
+
+
+def build_app(settings: ServerSettings, registry: Registry | None = None) -> Starlette:
+    """The fnrt HTTP application. Nothing is loaded until the first invoke
+    (or at start for functions with ``load_at_start`` / ``--preload``)."""
+    registry = registry or build_registry(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await registry.start(preload=settings.preload)
+        app.state.started = True
+        try:
+            yield
+        finally:
+            app.state.started = False
+            await registry.close()
+
+    app = Starlette(
+        routes=[*invoke.routes, *admin.routes, *health.routes],
+        exception_handlers={FnrtError: fnrt_error_handler, Exception: unexpected_error_handler},
+        lifespan=lifespan,
+    )
+    app.state.node = Node(settings, registry)
+    app.state.started = False
+    return app

@@ -1,0 +1,32 @@
+"""``POST /v1/functions/{name}/invoke``: the data path."""
+
+from __future__ import annotations
+
+from fnrt.functions.codec import decode, encode, format_of, negotiate
+from fnrt.functions.tensors import coerce_request
+from fnrt.runtime.http.body import read_body
+from fnrt.runtime.http.state import node_of
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+VERSION_HEADER = "x-fnrt-version"
+FUNCTION_HEADER = "x-fnrt-function"
+
+
+async def invoke(request: Request) -> Response:
+    node = node_of(request)
+    fmt = format_of(request.headers.get("content-type"))
+    reply = negotiate(request.headers.get("accept"), fmt)
+    scheduler = await node.registry.get(request.path_params["name"])
+    body = await read_body(request, node.settings.max_body_bytes)
+    inputs = coerce_request(scheduler.version.manifest.inputs, decode(body, fmt))
+    outputs = await scheduler.submit(inputs)
+    return Response(
+        encode(outputs, reply),
+        media_type=reply.media_type,
+        headers={FUNCTION_HEADER: scheduler.name, VERSION_HEADER: scheduler.version.version},
+    )
+
+
+routes = [Route("/v1/functions/{name}/invoke", invoke, methods=["POST"])]

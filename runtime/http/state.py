@@ -1,0 +1,20 @@
+"""What the routes share: the node's settings and registry, on ``app.state``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.settings import ServerSettings
+from starlette.requests import Request
+
+
+@dataclass(frozen=True)
+class Node:
+    settings: ServerSettings
+    registry: Registry
+
+
+def node_of(request: Request) -> Node:
+    node: Node = request.app.state.node
+    return node

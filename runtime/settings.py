@@ -1,0 +1,101 @@
+"""Configuration of the server and the CLI. The one module that reads the environment.
+
+Every setting has a flag and an ``FNRT_*`` variable; a flag wins over the
+variable, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_STORE = "./.fnrt/store"
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def default_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fnrt"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """``fnrt serve`` settings."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    store: str = DEFAULT_STORE
+    cache_dir: Path = Path(".fnrt/cache")
+    admin_token: str | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    sweep_interval_s: float = 1.0
+    preload: bool = False
+    device: str = "auto"
+    log_level: str = "info"
+    log_json: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: {self.port} is not a TCP port")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes: must be at least 1024")
+        if self.sweep_interval_s <= 0:
+            raise ValueError("sweep_interval_s: must be > 0")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
+        if self.admin_token == "":
+            raise ValueError("admin_token: must not be empty (leave it unset for no token)")
+
+    @property
+    def admin_open(self) -> bool:
+        return self.admin_token is None
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Where the CLI sends requests, and with which token."""
+
+    server: str = DEFAULT_SERVER
+    token: str | None = None
+    timeout_s: float = 300.0
+
+
+def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object]:
+    """Server settings found in ``FNRT_*`` variables, as keyword arguments."""
+    found: dict[str, object] = {}
+    if "FNRT_HOST" in env:
+        found["host"] = env["FNRT_HOST"]
+    if "FNRT_PORT" in env:
+        found["port"] = int(env["FNRT_PORT"])
+    if "FNRT_STORE" in env:
+        found["store"] = env["FNRT_STORE"]
+    if "FNRT_CACHE_DIR" in env:
+        found["cache_dir"] = Path(env["FNRT_CACHE_DIR"])
+    if env.get("FNRT_ADMIN_TOKEN"):
+        found["admin_token"] = env["FNRT_ADMIN_TOKEN"]
+    if "FNRT_MAX_BODY_BYTES" in env:
+        found["max_body_bytes"] = int(env["FNRT_MAX_BODY_BYTES"])
+    if "FNRT_DEVICE" in env:
+        found["device"] = env["FNRT_DEVICE"]
+    if "FNRT_LOG_LEVEL" in env:
+        found["log_level"] = env["FNRT_LOG_LEVEL"]
+    if env.get("FNRT_LOG_JSON", "") not in ("", "0", "false"):
+        found["log_json"] = True
+    return found
+
+
+def env_client_settings(env: Mapping[str, str] = os.environ) -> dict[str, object]:
+    found: dict[str, object] = {}
+    if "FNRT_SERVER" in env:
+        found["server"] = env["FNRT_SERVER"]
+    elif "FNRT_PORT" in env:
+        found["server"] = f"http://127.0.0.1:{int(env['FNRT_PORT'])}"
+    if env.get("FNRT_ADMIN_TOKEN"):
+        found["token"] = env["FNRT_ADMIN_TOKEN"]
+    return found
+
+
+def env_store(env: Mapping[str, str] = os.environ) -> str:
+    return env.get("FNRT_STORE", DEFAULT_STORE)

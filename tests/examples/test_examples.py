@@ -1,0 +1,146 @@
+"""The shipped examples, built by their own scripts, served for real, checked against torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import msgpack
+import msgpack_numpy
+import numpy as np
+import pytest
+import torch
+from fnrt.runtime.cli.main import main
+from support import LiveServer, live_server
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Copies of both examples with weights and the ONNX file made by their scripts."""
+    root = tmp_path_factory.mktemp("examples")
+    for name in ("mlp", "mlp-onnx"):
+        shutil.copytree(
+            EXAMPLES / name,
+            root / name,
+            ignore=shutil.ignore_patterns("*.safetensors", "*.onnx", "__pycache__"),
+        )
+    weights = root / "mlp" / "weights.safetensors"
+    subprocess.run(
+        [sys.executable, str(root / "mlp" / "make_weights.py"), "--out", str(weights)], check=True
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "mlp-onnx" / "export.py"),
+            "--weights",
+            str(weights),
+            "--out",
+            str(root / "mlp-onnx" / "mlp.onnx"),
+        ],
+        check=True,
+    )
+    return root
+
+
+@pytest.fixture
+def server(tmp_path: Path, built: Path, capsys: pytest.CaptureFixture[str]):
+    with live_server(tmp_path) as srv:
+        for name in ("mlp", "mlp-onnx"):
+            assert main(["deploy", str(built / name), "--server", srv.url, "--quiet"]) == 0
+        capsys.readouterr()
+        yield srv
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    sys.path.insert(0, str(EXAMPLES / "mlp"))
+    try:
+        from model import seeded_mlp
+    finally:
+        sys.path.remove(str(EXAMPLES / "mlp"))
+    with torch.inference_mode():
+        return seeded_mlp(0)(torch.from_numpy(x)).numpy()
+
+
+def sample() -> np.ndarray:
+    return np.asarray(
+        json.loads((EXAMPLES / "mlp" / "sample.json").read_text())["x"], dtype=np.float32
+    )
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp-onnx"])
+def test_json_post_matches_the_network(server: LiveServer, name: str) -> None:
+    x = sample()
+    r = httpx.post(f"{server.url}/v1/functions/{name}/invoke", json={"x": x.tolist()})
+    assert r.status_code == 200
+    y = np.asarray(r.json()["y"], dtype=np.float32)
+    assert y.shape == (1, 10)
+    np.testing.assert_allclose(y, reference(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp-onnx"])
+def test_msgpack_numpy_post_matches_the_network(server: LiveServer, name: str) -> None:
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+    r = httpx.post(
+        f"{server.url}/v1/functions/{name}/invoke",
+        content=msgpack.packb({"x": x}, default=msgpack_numpy.encode),
+        headers={"content-type": "application/msgpack"},
+    )
+    y = msgpack.unpackb(r.content, object_hook=msgpack_numpy.decode)["y"]
+    assert y.shape == (1, 10) and y.dtype == np.float32
+    np.testing.assert_allclose(y, reference(x), atol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_json_post(server: LiveServer) -> None:
+    out = subprocess.run(
+        [
+            "curl",
+            "-sf",
+            "-X",
+            "POST",
+            f"{server.url}/v1/functions/mlp/invoke",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            f"@{EXAMPLES / 'mlp' / 'sample.json'}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    np.testing.assert_allclose(
+        np.asarray(json.loads(out)["y"], np.float32), reference(sample()), atol=1e-5
+    )
+
+
+def test_batched_rows_match_the_network(server: LiveServer) -> None:
+    x = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float32)
+    with httpx.Client(base_url=server.url) as c:
+        for name in ("mlp", "mlp-onnx"):
+            y = np.asarray(
+                c.post(f"/v1/functions/{name}/invoke", json={"x": x.tolist()}).json()["y"],
+                np.float32,
+            )
+            np.testing.assert_allclose(y, reference(x), atol=1e-5)
+
+
+def test_weights_are_mapped_not_copied(server: LiveServer) -> None:
+    """The mlp instance's parameters are views of the stored safetensors file."""
+    with httpx.Client(base_url=server.url) as c:
+        c.post("/v1/functions/mlp/invoke", json={"x": sample().tolist()})
+    scheduler = server.call(server.registry.get("mlp"))
+    instance = scheduler._instance
+    assert instance is not None
+    weight = instance.call.model[0].weight  # type: ignore[attr-defined]
+    assert (
+        not weight.untyped_storage().resizable()
+    )  # from_numpy over the memmap, not a torch allocation
+    path = server.registry.repository.blob_path(instance.version.artifacts["weights"].digest)
+    maps = Path("/proc/self/maps").read_text()
+    assert str(path) in maps

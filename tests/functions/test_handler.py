@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import pytest
+from fnrt.functions.errors import HandlerError
+from fnrt.functions.handler import Device, Handler, check_contract, per_request
+
+
+def test_per_request_wraps_a_function_of_one_request() -> None:
+    @per_request
+    def double(request):  # type: ignore[no-untyped-def]
+        return {"y": request["x"] * 2}
+
+    check_contract(double, "double")
+    assert double([{"x": 1}, {"x": 2}]) == [{"y": 2}, {"y": 4}]
+    assert double.__name__ == "double"
+
+
+def test_handler_subclass_must_override_call() -> None:
+    class Nothing(Handler):
+        pass
+
+    class Something(Handler):
+        def __call__(self, batch):  # type: ignore[no-untyped-def]
+            return batch
+
+    with pytest.raises(HandlerError, match="must define __call__"):
+        check_contract(Nothing, "Nothing")
+    check_contract(Something, "Something")
+    with pytest.raises(HandlerError, match="not a handler"):
+        check_contract(42, "answer")
+
+
+def test_device_strings() -> None:
+    assert Device().torch == "cpu"
+    assert Device().onnx_providers == ["CPUExecutionProvider"]
+    assert Device("cuda", 1).torch == "cuda:1"
+    assert Device("cuda", 1).onnx_providers[0] == ("CUDAExecutionProvider", {"device_id": 1})

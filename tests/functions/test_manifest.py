@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fnrt.functions.errors import ManifestError
+from fnrt.functions.manifest import BatchingConfig, TensorSpec, load_manifest, parse_manifest
+
+BASE = {"name": "mlp", "handler": "handler:Model"}
+
+
+def test_defaults_and_round_trip() -> None:
+    m = parse_manifest({**BASE, "inputs": {"x": {"dtype": "float32", "shape": [-1, 64]}}})
+    assert m.batching == BatchingConfig(max_batch_size=8, max_wait_ms=0.0)
+    assert m.scaling.keep_alive_s == 300
+    assert m.inputs["x"] == TensorSpec("float32", (-1, 64))
+    assert parse_manifest(m.to_dict()) == m
+    assert (m.module, m.attribute) == ("handler", "Model")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"name": "Bad Name"}, "name"),
+        ({"name": None}, "name"),
+        ({"handler": "handler"}, "handler"),
+        ({"handler": "handler:1x"}, "handler"),
+        ({"handlr": "x"}, "handlr"),
+        ({"artifacts": {"w": "../outside.bin"}}, "artifacts.w"),
+        ({"artifacts": {"w": "/abs.bin"}}, "artifacts.w"),
+        ({"artifacts": {"w": 3}}, "artifacts.w"),
+        ({"inputs": {"x": {"dtype": "float31", "shape": [1]}}}, "inputs.x.dtype"),
+        ({"inputs": {"x": {"dtype": "float32", "shape": [-2]}}}, "inputs.x.shape"),
+        ({"inputs": {"x": {"dtype": "float32", "shape": "1,2"}}}, "inputs.x.shape"),
+        ({"inputs": {"x": {"dtype": "float32"}}}, "inputs.x"),
+        ({"outputs": {"y": 3}}, "outputs.y"),
+        ({"batching": {"max_batch_size": 0}}, "batching.max_batch_size"),
+        ({"batching": {"max_wait_ms": -1}}, "batching.max_wait_ms"),
+        ({"batching": {"max_wait": 1}}, "batching.max_wait"),
+        ({"batching": []}, "batching"),
+        ({"scaling": {"keep_alive_s": -5}}, "scaling.keep_alive_s"),
+        ({"scaling": {"max_queue": 0}}, "scaling.max_queue"),
+        ({"scaling": {"load_at_start": "yes"}}, "scaling.load_at_start"),
+        ({"exclude": "*.txt"}, "exclude"),
+    ],
+)
+def test_errors_name_the_field(change: dict, field: str) -> None:
+    data = {**BASE, **change}
+    data = {k: v for k, v in data.items() if v is not None}
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data)
+    assert info.value.field == field
+    assert f"manifest field '{field}'" in str(info.value)
+
+
+def test_name_override() -> None:
+    assert parse_manifest(BASE, name="other").name == "other"
+    with pytest.raises(ManifestError):
+        parse_manifest(BASE, name="NO")
+
+
+def test_load_manifest_checks_file_and_artifacts(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match=r"no fnrt\.toml"):
+        load_manifest(tmp_path)
+    (tmp_path / "fnrt.toml").write_text('name = "a"\nhandler = "h:H"\n[artifacts]\nw = "w.bin"\n')
+    with pytest.raises(ManifestError, match=r"'w\.bin' does not exist"):
+        load_manifest(tmp_path)
+    (tmp_path / "w.bin").write_bytes(b"1")
+    assert load_manifest(tmp_path).artifacts == {"w": "w.bin"}
+    (tmp_path / "fnrt.toml").write_text("name = \n")
+    with pytest.raises(ManifestError, match="not valid TOML"):
+        load_manifest(tmp_path)
+
+
+def test_shape_matching() -> None:
+    spec = TensorSpec("float32", (-1, 4))
+    assert spec.matches_shape((7, 4))
+    assert not spec.matches_shape((7, 5))
+    assert not spec.matches_shape((4,))

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from fnrt.functions.errors import InvalidInput
+from fnrt.functions.manifest import TensorSpec
+from fnrt.functions.tensors import coerce_request, coerce_result
+
+SPECS = {"x": TensorSpec("float32", (-1, 2)), "ids": TensorSpec("int64", (-1,))}
+
+
+def test_json_lists_take_the_declared_dtype() -> None:
+    out = coerce_request(SPECS, {"x": [[1, 2]], "ids": [3]})
+    assert out["x"].dtype == np.float32 and out["ids"].dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"x": [[1, 2]]}, "missing input 'ids'"),
+        ({"x": [[1, 2]], "ids": [1], "z": 1}, "unexpected input 'z'"),
+        ({"x": [[1, 2, 3]], "ids": [1]}, "input 'x': expected shape [-1, 2], got [1, 3]"),
+        ({"x": [[1, 2]], "ids": [1.5]}, "input 'ids': expected dtype int64"),
+        ({"x": [[1, 2]], "ids": ["a"]}, "input 'ids': elements must be numbers"),
+        ({"x": [[1], [1, 2]], "ids": [1]}, "input 'x': not a rectangular array"),
+        (
+            {"x": np.ones((1, 2), np.float64), "ids": [1]},
+            "input 'x': expected dtype float32, got float64",
+        ),
+    ],
+)
+def test_input_errors_name_the_input(raw: dict, message: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        coerce_request(SPECS, raw)
+    assert message in info.value.message
+
+
+def test_out_of_range_integers_are_refused() -> None:
+    with pytest.raises(InvalidInput, match="out of range for uint8"):
+        coerce_request({"p": TensorSpec("uint8", (-1,))}, {"p": [1, 300]})
+
+
+def test_undeclared_inputs_pass_through() -> None:
+    assert coerce_request({}, {"a": [1.0]})["a"].dtype == np.float64
+    with pytest.raises(InvalidInput, match="no inputs"):
+        coerce_request({}, {})
+
+
+def test_results_convert_torch_and_cast_to_declared() -> None:
+    out = coerce_result(
+        {"y": TensorSpec("float32", (-1,))}, {"y": torch.tensor([1.0, 2.0], dtype=torch.float64)}
+    )
+    assert out["y"].dtype == np.float32
+    with pytest.raises(ValueError, match="do not match the declared outputs"):
+        coerce_result({"y": TensorSpec("float32", (-1,))}, {"z": [1]})
+    with pytest.raises(ValueError, match="has shape"):
+        coerce_result({"y": TensorSpec("float32", (-1,))}, {"y": [[1.0]]})
+    with pytest.raises(ValueError, match="must be a mapping"):
+        coerce_result({}, [1, 2])

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from support import make_registry, publish, write_function
+
+FOLDER_ARTIFACT = """
+class Reader:
+    def load(self, artifacts, device):
+        root = artifacts["data"].path
+        self.text = (root / "a.txt").read_text() + (root / "sub" / "b.txt").read_text()
+        self.digest = artifacts["data"].digest
+
+    def __call__(self, batch):
+        return [{"n": [len(self.text)]} for _ in batch]
+"""
+
+
+def test_folder_artifacts_are_materialised_with_their_names(tmp_path: Path) -> None:
+    folder = write_function(
+        tmp_path / "src",
+        "reader",
+        FOLDER_ARTIFACT,
+        manifest='name = "{name}"\nhandler = "handler:Reader"\n[artifacts]\ndata = "data"\n',
+        files={"data/a.txt": b"abc", "data/sub/b.txt": b"de"},
+    )
+    registry = make_registry(tmp_path)
+    vm = publish(registry.repository, folder)
+    executor = ThreadPoolExecutor(1)
+    instance = registry.loader.load(vm, executor)
+    assert instance.call.text == "abcde"  # type: ignore[attr-defined]
+    assert instance.call.digest == vm.artifacts["data"].digest  # type: ignore[attr-defined]
+    out = instance.run([{"x": np.zeros(1)}, {"x": np.zeros(1)}])
+    assert [o["n"].tolist() for o in out] == [[5], [5]]
+    assert set(instance.timings_s) == {"import_s", "fetch_s", "load_s", "total_s"}
+    instance.close()
+
+
+CONSTANT = """
+from .helper import K
+
+def Echo(batch):
+    return [{"y": r["x"] * 0 + K} for r in batch]
+"""
+
+
+def test_two_functions_with_the_same_module_names_do_not_collide(tmp_path: Path) -> None:
+    registry = make_registry(tmp_path)
+    one = write_function(
+        tmp_path / "a",
+        "one",
+        files={"helper.py": b"K = 1\n"},
+        handler=CONSTANT,
+    )
+    two = write_function(
+        tmp_path / "b",
+        "two",
+        files={"helper.py": b"K = 2\n"},
+        handler=CONSTANT,
+    )
+    results = []
+    for folder in (one, two):
+        instance = registry.loader.load(publish(registry.repository, folder), ThreadPoolExecutor(1))
+        results.append(instance.run([{"x": np.zeros((1, 4), np.float32)}])[0]["y"][0, 0])
+    assert results == [1.0, 2.0]

@@ -1,0 +1,162 @@
+"""Admin routes: blob upload, deploy with validation, list, describe, warm, delete, auth."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from fnrt.runtime.cli.client import Client, RemoteError
+from fnrt.runtime.cli.upload import upload_bundle
+from fnrt.runtime.settings import ClientSettings
+from support import live_server, packed, write_function
+
+
+def deploy_folder(client: Client, folder: Path) -> dict:
+    vm, bundle = packed(folder)
+    upload_bundle(client, bundle, show_progress=False)
+    return client.deploy(vm)
+
+
+def test_deploy_list_describe_warm_delete(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "echo")
+    with live_server(tmp_path) as srv, Client(ClientSettings(server=srv.url)) as client:
+        result = deploy_folder(client, folder)
+        assert result["created"] is True
+        again = deploy_folder(client, folder)
+        assert again == {**result, "created": False}  # same content, same version id
+
+        assert [(f["name"], f["state"]) for f in client.list()] == [("echo", "cold")]
+        described = client.describe("echo")
+        assert described["version"] == result["version"]
+        assert described["traffic"] == {result["version"]: 100}
+        assert described["manifest"]["inputs"] == {"x": {"dtype": "float32", "shape": [-1, 4]}}
+
+        with srv.client() as c:
+            assert c.post("/v1/functions/echo/warm").json()["state"] == "warm"
+        assert client.describe("echo")["instance"]["loads"] == 1
+
+        client.delete("echo")
+        assert client.list() == []
+        with pytest.raises(RemoteError) as info:
+            client.describe("echo")
+        assert info.value.status == 404
+        with srv.client() as c:
+            assert (
+                c.post("/v1/functions/echo/invoke", json={"x": [[1, 2, 3, 4]]}).status_code == 404
+            )
+
+
+def test_upload_only_sends_missing_blobs(tmp_path: Path) -> None:
+    weights = b"\x01" * 300_000
+    folder = write_function(tmp_path / "src", "echo", files={"w.bin": weights})
+    toml = folder / "fnrt.toml"
+    toml.write_text(
+        toml.read_text().replace(
+            'handler = "handler:Echo"', 'handler = "handler:Echo"\n\n[artifacts]\nw = "w.bin"'
+        )
+    )
+    with live_server(tmp_path) as srv, Client(ClientSettings(server=srv.url)) as client:
+        vm, bundle = packed(folder)
+        assert upload_bundle(client, bundle, show_progress=False) == (2, vm.size_bytes)
+        assert upload_bundle(client, bundle, show_progress=False) == (0, 0)
+        client.deploy(vm)
+        path = srv.registry.repository.blob_path(hashlib.sha256(weights).hexdigest())
+        assert path is not None and path.read_bytes() == weights
+
+
+def test_blob_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        digest = hashlib.sha256(b"good").hexdigest()
+        r = c.put(f"/v1/blobs/{digest}", content=b"evil")
+        assert r.status_code == 400
+        assert "expected sha256:" + digest in r.json()["error"]
+        assert c.head(f"/v1/blobs/{digest}").status_code == 404
+        assert not srv.registry.repository.has_blob(digest)
+        assert c.put("/v1/blobs/not-a-digest", content=b"x").status_code == 400
+        r = c.put(f"/v1/blobs/{digest}", content=b"good")
+        assert r.status_code == 201
+        assert c.head(f"/v1/blobs/{digest}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("handler", "manifest_edit", "status", "words"),
+    [
+        (
+            "import nonexistent_module\n",
+            None,
+            422,
+            "cannot import handler module 'handler': ModuleNotFoundError",
+        ),
+        ("x = 1\n", None, 422, "has no attribute 'Echo'"),
+        ("class Echo:\n    pass\n", None, 422, "must define __call__(self, batch)"),
+        (
+            "class Echo:\n    def __init__(self, a): pass\n    def __call__(self, b): return b\n",
+            None,
+            422,
+            "constructible with no arguments",
+        ),
+        (
+            "class Echo:\n    def load(self): pass\n    def __call__(self, b): return b\n",
+            None,
+            422,
+            "load must take (self, artifacts, device)",
+        ),
+        ("def Echo(): return []\n", None, 422, "must take one argument: the batch"),
+    ],
+)
+def test_deploy_reports_handler_errors_and_routes_nothing(
+    tmp_path: Path, handler: str, manifest_edit: str | None, status: int, words: str
+) -> None:
+    folder = write_function(tmp_path / "src", "echo", handler)
+    with live_server(tmp_path) as srv, Client(ClientSettings(server=srv.url)) as client:
+        with pytest.raises(RemoteError) as info:
+            deploy_folder(client, folder)
+        assert info.value.status == status
+        assert words in info.value.message
+        assert client.list() == []
+
+
+def test_deploy_body_with_a_bad_manifest_names_the_field(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "echo")
+    with live_server(tmp_path) as srv, Client(ClientSettings(server=srv.url)) as client:
+        vm, bundle = packed(folder)
+        upload_bundle(client, bundle, show_progress=False)
+        body = vm.to_dict()
+        body.pop("version")
+        body["manifest"]["batching"]["max_batch_size"] = 0
+        with srv.client() as c:
+            r = c.post("/v1/functions", json=body)
+            assert r.status_code == 422
+            assert r.json()["field"] == "batching.max_batch_size"
+            body["manifest"]["batching"]["max_batch_size"] = 4
+            body["bundle"]["digest"] = "0" * 64
+            r = c.post("/v1/functions", json=body)
+            assert r.status_code == 404
+            assert "0" * 64 in r.json()["error"]
+            assert c.post("/v1/functions", content=b"{not json").status_code == 400
+
+
+def test_admin_token_guards_admin_routes_but_not_invoke(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "echo")
+    with live_server(tmp_path, admin_token="s3cret") as srv:
+        with (
+            Client(ClientSettings(server=srv.url)) as anonymous,
+            pytest.raises(RemoteError) as info,
+        ):
+            deploy_folder(anonymous, folder)
+        assert info.value.status == 401
+        with (
+            Client(ClientSettings(server=srv.url, token="wrong")) as wrong,
+            pytest.raises(RemoteError),
+        ):
+            wrong.list()
+        with Client(ClientSettings(server=srv.url, token="s3cret")) as admin:
+            deploy_folder(admin, folder)
+            assert [f["name"] for f in admin.list()] == ["echo"]
+        with srv.client() as c:
+            assert c.get("/v1/functions").status_code == 401
+            assert c.get("/v1/functions").headers["www-authenticate"] == "Bearer"
+            assert (
+                c.post("/v1/functions/echo/invoke", json={"x": [[1, 2, 3, 4]]}).status_code == 200
+            )

@@ -1,0 +1,259 @@
+"""The invoke route over a real socket: formats, errors, and a server that keeps serving."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import msgpack
+import msgpack_numpy
+import numpy as np
+import pytest
+from support import LiveServer, error_of, gate, live_server, publish, wait_until, write_function
+
+X = [[1.0, 2.0, 3.0, 4.0]]
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    with live_server(tmp_path, max_body_bytes=4096) as srv:
+        srv.call(
+            srv.registry.deploy(
+                publish(srv.registry.repository, write_function(tmp_path / "src", "echo"))
+            )
+        )
+        yield srv
+
+
+def test_json_in_json_out(server: LiveServer) -> None:
+    with server.client() as c:
+        r = c.post("/v1/functions/echo/invoke", json={"x": X})
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == {"y": [[2.0, 4.0, 6.0, 8.0]]}
+    assert r.headers["x-fnrt-version"].startswith("v-")
+    assert r.headers["x-fnrt-function"] == "echo"
+
+
+def test_msgpack_numpy_client_round_trip(server: LiveServer) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
+    with server.client() as c:
+        r = c.post(
+            "/v1/functions/echo/invoke",
+            content=body,
+            headers={"content-type": "application/msgpack"},
+        )
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/msgpack"
+    out = msgpack.unpackb(r.content, object_hook=msgpack_numpy.decode)
+    np.testing.assert_array_equal(out["y"], x * 2)
+    assert out["y"].dtype == np.float32
+
+
+def test_accept_overrides_request_format(server: LiveServer) -> None:
+    with server.client() as c:
+        r = c.post(
+            "/v1/functions/echo/invoke", json={"x": X}, headers={"accept": "application/msgpack"}
+        )
+    out = msgpack.unpackb(r.content, object_hook=msgpack_numpy.decode)
+    np.testing.assert_array_equal(out["y"], np.array(X, dtype=np.float32) * 2)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "words"),
+    [
+        (b'{"x": [[1, 2', {"content-type": "application/json"}, 400, "not valid JSON"),
+        (b"\xc1\xc1\xc1", {"content-type": "application/msgpack"}, 400, "not valid msgpack"),
+        (b"[1, 2]", {"content-type": "application/json"}, 400, "must be a map"),
+        (b'{"z": [[1,2,3,4]]}', {"content-type": "application/json"}, 422, "missing input 'x'"),
+        (
+            b'{"x": [[1,2,3,4]], "w": 1}',
+            {"content-type": "application/json"},
+            422,
+            "unexpected input 'w'",
+        ),
+        (
+            b'{"x": [[1,2,3]]}',
+            {"content-type": "application/json"},
+            422,
+            "input 'x': expected shape [-1, 4]",
+        ),
+        (
+            b'{"x": [[1,2],[3]]}',
+            {"content-type": "application/json"},
+            422,
+            "input 'x': not a rectangular",
+        ),
+        (b'{"x": [["a","b","c","d"]]}', {"content-type": "application/json"}, 422, "input 'x'"),
+        (b'{"x": [[1,2,3,4]]}', {"content-type": "text/plain"}, 415, "unsupported Content-Type"),
+        (
+            b'{"x": [[1,2,3,4]]}',
+            {"content-type": "application/json", "accept": "image/png"},
+            415,
+            "cannot answer",
+        ),
+    ],
+)
+def test_bad_requests(
+    server: LiveServer, body: bytes, headers: dict[str, str], status: int, words: str
+) -> None:
+    with server.client() as c:
+        r = c.post("/v1/functions/echo/invoke", content=body, headers=headers)
+        assert r.status_code == status, r.text
+        assert words in error_of(r)["error"]
+        assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200
+
+
+def test_wrong_dtype_over_msgpack_names_the_input(server: LiveServer) -> None:
+    body = msgpack.packb({"x": np.ones((1, 4), dtype=np.float64)}, default=msgpack_numpy.encode)
+    with server.client() as c:
+        r = c.post(
+            "/v1/functions/echo/invoke",
+            content=body,
+            headers={"content-type": "application/msgpack"},
+        )
+    assert r.status_code == 422
+    # the error comes back in the request's own format
+    error = msgpack.unpackb(r.content)
+    assert error == {"error": "input 'x': expected dtype float32, got float64", "input": "x"}
+
+
+def test_object_arrays_are_refused_not_unpickled(server: LiveServer) -> None:
+    body = msgpack.packb({"x": np.array([object()], dtype=object)}, default=msgpack_numpy.encode)
+    with server.client() as c:
+        r = c.post(
+            "/v1/functions/echo/invoke",
+            content=body,
+            headers={"content-type": "application/msgpack"},
+        )
+    assert r.status_code == 400
+    assert "object" in msgpack.unpackb(r.content)["error"]
+
+
+def test_unknown_function_is_404(server: LiveServer) -> None:
+    with server.client() as c:
+        for name in ("nope", "Bad Name!"):
+            r = c.post(f"/v1/functions/{name}/invoke", json={"x": X})
+            assert r.status_code == 404
+            assert "is not deployed" in r.json()["error"]
+
+
+def test_body_over_the_limit_is_413(server: LiveServer) -> None:
+    big = {"x": [[0.5, 0.5, 0.5, 0.5]] * 2000}
+    with server.client() as c:
+        r = c.post("/v1/functions/echo/invoke", json=big)
+        assert r.status_code == 413
+        assert r.json()["limit_bytes"] == 4096
+        # chunked bodies (no Content-Length) are cut off too
+        chunks = iter([b'{"x": [' + b"[1,2,3,4]," * 600, b"[1,2,3,4]]}"])
+        r = c.post(
+            "/v1/functions/echo/invoke",
+            content=chunks,
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 413
+        assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200
+
+
+FAILING = """
+class Flaky:
+    def __call__(self, batch):
+        if any(float(r["x"].sum()) < 0 for r in batch):
+            raise RuntimeError("negative input")
+        return [{"y": r["x"]} for r in batch]
+"""
+
+WRONG_COUNT = """
+def handle(batch):
+    return [{"y": batch[0]["x"]}] * (len(batch) + 1)
+"""
+
+
+def test_handler_exception_is_500_with_error_id_and_server_keeps_serving(
+    tmp_path: Path, server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = write_function(
+        tmp_path / "src", "flaky", FAILING, manifest=_manifest("flaky", "handler:Flaky")
+    )
+    server.call(server.registry.deploy(publish(server.registry.repository, folder)))
+    with server.client() as c:
+        r = c.post("/v1/functions/flaky/invoke", json={"x": [[-1, -1, -1, -1]]})
+        assert r.status_code == 500
+        body = r.json()
+        assert "negative input" in body["error"]
+        assert len(body["error_id"]) == 16
+        assert any(body["error_id"] in rec.getMessage() and rec.exc_info for rec in caplog.records)
+        assert c.post("/v1/functions/flaky/invoke", json={"x": X}).status_code == 200
+        assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200
+        assert c.get("/healthz").status_code == 200
+
+
+def test_wrong_result_count_fails_the_batch_not_the_server(
+    tmp_path: Path, server: LiveServer
+) -> None:
+    folder = write_function(
+        tmp_path / "src", "miscount", WRONG_COUNT, manifest=_manifest("miscount", "handler:handle")
+    )
+    server.call(server.registry.deploy(publish(server.registry.repository, folder)))
+    with server.client() as c:
+        r = c.post("/v1/functions/miscount/invoke", json={"x": X})
+        assert r.status_code == 500
+        assert "returned 2 results for a batch of 1" in r.json()["error"]
+        assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200
+
+
+SLOW = """
+import fnrt_test_gates
+
+def handle(batch):
+    fnrt_test_gates.gate("release").wait(30)
+    return [{"y": r["x"]} for r in batch]
+"""
+
+
+def test_slow_handler_stalls_neither_health_nor_other_functions(
+    tmp_path: Path, server: LiveServer
+) -> None:
+    folder = write_function(
+        tmp_path / "src",
+        "slow",
+        SLOW,
+        manifest=_manifest("slow", "handler:handle", max_queue=2, max_batch_size=1),
+    )
+    server.call(server.registry.deploy(publish(server.registry.repository, folder)))
+    release = gate("release")
+    with server.client() as c, ThreadPoolExecutor(4) as pool:
+        first = pool.submit(c.post, "/v1/functions/slow/invoke", json={"x": X})
+        scheduler = server.call(server.registry.get("slow"))
+        wait_until(lambda: scheduler.activity().busy and scheduler.queued == 0)
+        # the handler is blocked: health checks and other functions still answer
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/readyz").status_code == 200
+        assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200
+        # fill the queue (2), then the next request is refused with 429 + Retry-After
+        queued = [pool.submit(c.post, "/v1/functions/slow/invoke", json={"x": X}) for _ in range(2)]
+        wait_until(lambda: scheduler.queued == 2)
+        r = c.post("/v1/functions/slow/invoke", json={"x": X})
+        assert r.status_code == 429
+        assert int(r.headers["retry-after"]) >= 1
+        assert "queued" in r.json()["error"]
+        release.set()
+        assert first.result().status_code == 200
+        assert [f.result().status_code for f in queued] == [200, 200]
+
+
+def _manifest(name: str, handler: str, max_queue: int = 64, max_batch_size: int = 8) -> str:
+    return f"""
+name = "{name}"
+handler = "{handler}"
+
+[inputs]
+x = {{{{ dtype = "float32", shape = [-1, 4] }}}}
+
+[batching]
+max_batch_size = {max_batch_size}
+
+[scaling]
+max_queue = {max_queue}
+"""

@@ -1,0 +1,180 @@
+"""Lifecycle end to end: deploy -> invoke -> scale to zero (injected clock) -> invoke again."""
+
+from __future__ import annotations
+
+import gc
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fnrt.runtime.clock import ManualClock
+from support import gate, gates, live_server, make_registry, publish, wait_until, write_function
+
+X = [[1.0, 2.0, 3.0, 4.0]]
+
+TRACKED = """
+import fnrt_test_gates
+
+class Tracked:
+    def load(self, artifacts, device):
+        fnrt_test_gates.loads.append(1)
+        fnrt_test_gates.track(self)
+        self.weights = bytearray(8 * 1024 * 1024)   # memory the instance holds
+        fnrt_test_gates.gate("load-started").set()
+        fnrt_test_gates.gate("load").wait(30)
+
+    def __call__(self, batch):
+        return [{"y": r["x"] + 1} for r in batch]
+
+    def unload(self):
+        fnrt_test_gates.gate("unloaded").set()
+"""
+
+TRACKED_MANIFEST = """
+name = "{name}"
+handler = "handler:Tracked"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[scaling]
+keep_alive_s = {keep_alive_s}
+"""
+
+
+def test_deploy_invoke_scale_to_zero_invoke_again(tmp_path: Path) -> None:
+    clock = ManualClock()
+    folder = write_function(
+        tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300
+    )
+    gate("load").set()
+    with live_server(tmp_path, clock=clock) as srv:
+        registry = srv.registry
+        srv.call(registry.deploy(publish(registry.repository, folder)))
+        scheduler = srv.call(registry.get("tracked"))
+        assert scheduler.state.value == "cold"  # nothing loads at deploy
+        assert gates.loads == []
+
+        with srv.client() as c:
+            assert c.post("/v1/functions/tracked/invoke", json={"x": X}).json() == {
+                "y": [[2, 3, 4, 5]]
+            }
+            assert c.get("/v1/functions/tracked").json()["instance"]["state"] == "warm"
+
+            clock.advance(299)
+            assert srv.call(registry.sweep()) == []
+            assert scheduler.state.value == "warm"
+
+            clock.advance(1)
+            assert srv.call(registry.sweep()) == ["tracked"]
+            assert gate("unloaded").is_set()
+            described = c.get("/v1/functions/tracked").json()["instance"]
+            assert described["state"] == "cold"
+            assert described["unloads"] == 1
+            gc.collect()
+            assert [ref() for ref in gates.instances] == [None]  # the instance's memory is freed
+
+            assert c.post("/v1/functions/tracked/invoke", json={"x": X}).status_code == 200
+            assert len(gates.loads) == 2
+            assert c.get("/v1/functions/tracked").json()["instance"]["loads"] == 2
+
+
+def test_keep_alive_counts_from_the_last_request(tmp_path: Path) -> None:
+    clock = ManualClock()
+    folder = write_function(tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=60)
+    gate("load").set()
+    with live_server(tmp_path, clock=clock) as srv, srv.client() as c:
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        c.post("/v1/functions/tracked/invoke", json={"x": X})
+        clock.advance(50)
+        c.post("/v1/functions/tracked/invoke", json={"x": X})
+        clock.advance(50)
+        assert srv.call(srv.registry.sweep()) == []
+        clock.advance(10)
+        assert srv.call(srv.registry.sweep()) == ["tracked"]
+
+
+def test_concurrent_first_invokes_share_one_load(tmp_path: Path) -> None:
+    folder = write_function(
+        tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300
+    )
+    with live_server(tmp_path) as srv:
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        scheduler = srv.call(srv.registry.get("tracked"))
+        with srv.client() as c, ThreadPoolExecutor(16) as pool:
+            futures = [
+                pool.submit(c.post, "/v1/functions/tracked/invoke", json={"x": [[i, 0, 0, 0]]})
+                for i in range(16)
+            ]
+            assert gate("load-started").wait(30)
+            wait_until(lambda: scheduler.queued == 16)  # all 16 arrived while loading
+            assert scheduler.state.value == "loading"
+            gate("load").set()
+            results = [f.result() for f in futures]
+        assert [r.status_code for r in results] == [200] * 16
+        assert sorted(r.json()["y"][0][0] for r in results) == [float(i + 1) for i in range(16)]
+        assert len(gates.loads) == 1
+        assert scheduler.stats.loads == 1
+
+
+BROKEN_LOAD = """
+class Broken:
+    def load(self, artifacts, device):
+        raise OSError("weights are corrupt")
+
+    def __call__(self, batch):
+        return [{"y": r["x"]} for r in batch]
+"""
+
+
+def test_a_load_failure_answers_500_and_the_next_request_tries_again(tmp_path: Path) -> None:
+    manifest = TRACKED_MANIFEST.replace("Tracked", "Broken")
+    folder = write_function(tmp_path / "src", "broken", BROKEN_LOAD, manifest, keep_alive_s=300)
+    with live_server(tmp_path) as srv, srv.client() as c:
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        for _ in range(2):
+            r = c.post("/v1/functions/broken/invoke", json={"x": X})
+            assert r.status_code == 500
+            assert "failed to load: OSError: weights are corrupt" in r.json()["error"]
+            assert r.json()["error_id"]
+        assert c.get("/v1/functions/broken").json()["instance"]["load_failures"] == 2
+        assert c.get("/healthz").status_code == 200
+
+
+def test_redeploy_swaps_version_and_old_one_unloads(tmp_path: Path) -> None:
+    gate("load").set()
+    registry = make_registry(tmp_path)
+    v1 = write_function(tmp_path / "v1", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300)
+    v2 = write_function(
+        tmp_path / "v2",
+        "tracked",
+        TRACKED.replace("+ 1", "+ 2"),
+        TRACKED_MANIFEST,
+        keep_alive_s=300,
+    )
+    with live_server(tmp_path, registry=registry) as srv, srv.client() as c:
+        first = srv.call(registry.deploy(publish(registry.repository, v1)))
+        assert c.post("/v1/functions/tracked/invoke", json={"x": X}).json()["y"] == [[2, 3, 4, 5]]
+        second = srv.call(registry.deploy(publish(registry.repository, v2)))
+        assert second.version != first.version
+        r = c.post("/v1/functions/tracked/invoke", json={"x": X})
+        assert r.json()["y"] == [[3, 4, 5, 6]]
+        assert r.headers["x-fnrt-version"] == second.version
+        assert gate("unloaded").wait(10)
+        routing, _ = registry.repository.get_routing("tracked")
+        assert routing.traffic == {second.version: 100}
+        assert routing.previous == (first.version,)
+
+
+def test_a_second_node_serves_what_the_first_deployed(tmp_path: Path) -> None:
+    gate("load").set()
+    folder = write_function(
+        tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300
+    )
+    with live_server(tmp_path) as first:
+        first.call(first.registry.deploy(publish(first.registry.repository, folder)))
+        with (
+            live_server(tmp_path, registry=make_registry(tmp_path)) as second,
+            second.client() as c,
+        ):
+            assert c.post("/v1/functions/tracked/invoke", json={"x": X}).status_code == 200
+            assert [f["name"] for f in c.get("/v1/functions").json()["functions"]] == ["tracked"]

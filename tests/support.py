@@ -1,0 +1,228 @@
+"""Test helpers: function folders written inline, a live server on a free port, gates."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import textwrap
+import threading
+import time
+import types
+import weakref
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import uvicorn
+from fnrt.functions.bundle import pack
+from fnrt.functions.manifest import load_manifest
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import FileStore
+from fnrt.runtime.clock import Clock
+from fnrt.runtime.http.app import build_app
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.settings import ServerSettings
+from starlette.applications import Starlette
+
+T = TypeVar("T")
+
+# Handlers written by tests reach the test through this module: `import fnrt_test_gates`.
+gates = types.ModuleType("fnrt_test_gates")
+gates.events = {}  # type: ignore[attr-defined]
+gates.instances = []  # type: ignore[attr-defined]
+gates.loads = []  # type: ignore[attr-defined]
+
+
+def gate(name: str) -> threading.Event:
+    """A threading.Event shared with handler code as ``fnrt_test_gates.events[name]``."""
+    event: threading.Event = gates.events.setdefault(name, threading.Event())  # type: ignore[attr-defined]
+    return event
+
+
+gates.gate = gate  # type: ignore[attr-defined]
+gates.track = lambda obj: gates.instances.append(weakref.ref(obj))  # type: ignore[attr-defined]
+sys.modules["fnrt_test_gates"] = gates
+
+
+def reset_gates() -> None:
+    gates.events.clear()  # type: ignore[attr-defined]
+    gates.instances.clear()  # type: ignore[attr-defined]
+    gates.loads.clear()  # type: ignore[attr-defined]
+
+
+ECHO_HANDLER = """
+import numpy as np
+
+class Echo:
+    def load(self, artifacts, device):
+        self.scale = 2.0
+
+    def __call__(self, batch):
+        return [{"y": r["x"] * self.scale} for r in batch]
+"""
+
+ECHO_MANIFEST = """
+name = "{name}"
+handler = "handler:Echo"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+
+[batching]
+max_batch_size = {max_batch_size}
+
+[scaling]
+keep_alive_s = {keep_alive_s}
+max_queue = {max_queue}
+"""
+
+
+def write_function(
+    root: Path,
+    name: str,
+    handler: str = ECHO_HANDLER,
+    manifest: str | None = None,
+    files: dict[str, bytes] | None = None,
+    **fields: Any,
+) -> Path:
+    """A function folder ``root/name`` with ``handler.py``, ``fnrt.toml`` and extra files."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "handler.py").write_text(textwrap.dedent(handler))
+    values = {"name": name, "max_batch_size": 8, "keep_alive_s": 300, "max_queue": 64, **fields}
+    (folder / "fnrt.toml").write_text(textwrap.dedent(manifest or ECHO_MANIFEST).format(**values))
+    for rel, data in (files or {}).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    return folder
+
+
+def packed(folder: Path, name: str | None = None) -> tuple[VersionManifest, Any]:
+    manifest = load_manifest(folder, name=name)
+    bundle = pack(folder, manifest)
+    return VersionManifest(manifest, bundle.code_ref, bundle.artifacts), bundle
+
+
+def publish(repository: Repository, folder: Path) -> VersionManifest:
+    """Put a folder's blobs in the store and return its version manifest."""
+    vm, bundle = packed(folder)
+    for ref, source in bundle.blob_sources():
+        repository.put_blob(ref.digest, source)
+    return vm
+
+
+def make_registry(tmp: Path, clock: Clock | None = None) -> Registry:
+    from fnrt.runtime.clock import SystemClock
+
+    repository = Repository(FileStore(tmp / "store"))
+    loader = InstanceLoader(repository, tmp / "cache", detect_device("cpu"))
+    return Registry(repository, loader, clock or SystemClock(), sweep_interval_s=3600)
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.ready.set()
+
+
+class LiveServer:
+    """A real uvicorn server (uvloop, httptools) on 127.0.0.1 and a free port, in a thread."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            app,
+            loop="uvloop",
+            http="httptools",
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+        )
+        self._server = _Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import uvloop
+
+        self.loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+
+    def start(self) -> LiveServer:
+        self._thread.start()
+        if not self._server.ready.wait(30):
+            raise RuntimeError("server did not start")
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+        self._sock.close()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 30) -> T:
+        """Run a coroutine on the server's event loop and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    @property
+    def registry(self) -> Registry:
+        registry: Registry = self.app.state.node.registry
+        return registry
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+
+@contextmanager
+def live_server(
+    tmp: Path, clock: Clock | None = None, registry: Registry | None = None, **settings: Any
+) -> Iterator[LiveServer]:
+    """Serve the store in ``tmp/store`` (registry built with ``clock``) until the block ends."""
+    registry = registry or make_registry(tmp, clock)
+    config = ServerSettings(
+        store=str(tmp / "store"), cache_dir=tmp / "cache", sweep_interval_s=3600, **settings
+    )
+    server = LiveServer(build_app(config, registry)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait for a condition another thread makes true (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    """An error body in whichever format the server chose for it."""
+    if "msgpack" in response.headers.get("content-type", ""):
+        import msgpack
+
+        body: dict[str, Any] = msgpack.unpackb(response.content)
+        return body
+    body = response.json()
+    return body

@@ -1,0 +1,1 @@
+"""Observability: logging set-up now; OpenTelemetry spans and Prometheus metrics join here."""
