@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import orjson
+
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 
 

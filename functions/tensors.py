@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
 from fnrt.functions.errors import InvalidInput
 from fnrt.functions.manifest import TensorSpec
 

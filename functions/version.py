@@ -8,6 +8,7 @@ names exactly one set of bytes on every node.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -95,7 +96,7 @@ class VersionManifest:
     def name(self) -> str:
         return self.manifest.name
 
-    @property
+    @functools.cached_property
     def version(self) -> str:
         """``v-`` and the first 12 hex digits of the sha256 of the content."""
         canonical = json.dumps(self._content(), sort_keys=True, separators=(",", ":"))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from fnrt.functions.handler import Device
 from fnrt.loader.formats import onnx as onnx_format
 from fnrt.loader.formats import safetensors as safetensors_format

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+
 from fnrt.functions.bundle import unpack_code
 from fnrt.functions.errors import BlobNotFound
 from fnrt.functions.handler import Device, Request, bundle_package, import_handler

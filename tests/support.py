@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import httpx
 import uvicorn
+from starlette.applications import Starlette
+
 from fnrt.functions.bundle import pack
 from fnrt.functions.manifest import load_manifest
 from fnrt.functions.version import VersionManifest
@@ -28,7 +30,6 @@ from fnrt.runtime.clock import Clock
 from fnrt.runtime.http.app import build_app
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.settings import ServerSettings
-from starlette.applications import Starlette
 
 T = TypeVar("T")
 

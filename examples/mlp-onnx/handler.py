@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
 from fnrt.functions import Artifact, Device, Handler, Request, Result
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from fnrt.functions import Artifact, Device, Handler, Request, Result
 
 from .model import MLP

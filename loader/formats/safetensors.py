@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from fnrt.functions.errors import FnrtError
 
 _NUMPY_DTYPES = {

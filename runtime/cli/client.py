@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from fnrt.functions.codec import Format, decode, encode
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.version import VersionManifest

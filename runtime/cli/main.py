@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from fnrt.functions.bundle import pack
 from fnrt.functions.codec import Format, decode_json, decode_msgpack
 from fnrt.functions.errors import FnrtError
@@ -53,6 +54,7 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
+
     from fnrt.runtime.http.app import build_app
     from fnrt.tracing.logs import configure_logging
 

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from fnrt.functions.bundle import Bundle
 from tqdm import tqdm
+
+from fnrt.functions.bundle import Bundle
 
 
 class BlobSink(Protocol):

@@ -13,13 +13,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
 from fnrt.functions.errors import BadRequest, FnrtError, Unauthorized
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.state import node_of
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 _SPOOL_BYTES = 8 * 1024 * 1024

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
+
+from starlette.applications import Starlette
 
 from fnrt.functions.errors import FnrtError
 from fnrt.loader.device import detect_device
@@ -17,7 +20,6 @@ from fnrt.runtime.http.problems import fnrt_error_handler, unexpected_error_hand
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.settings import ServerSettings
-from starlette.applications import Starlette
 
 
 def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Registry:
@@ -38,6 +40,7 @@ def build_app(settings: ServerSettings, registry: Registry | None = None) -> Sta
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await registry.start(preload=settings.preload)
+        gc.freeze()  # start-up objects never need collecting (see Scheduler._load)
         app.state.started = True
         try:
             yield

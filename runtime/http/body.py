@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fnrt.functions.errors import BadRequest, PayloadTooLarge
 from starlette.requests import Request
+
+from fnrt.functions.errors import BadRequest, PayloadTooLarge
 
 
 async def read_body(request: Request, limit_bytes: int) -> bytes:

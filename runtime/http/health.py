@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from fnrt.runtime.http.state import node_of
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from fnrt.runtime.http.state import node_of
 
 
 async def healthz(request: Request) -> JSONResponse:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from fnrt.functions.codec import decode, encode, format_of, negotiate
 from fnrt.functions.tensors import coerce_request
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.state import node_of
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 VERSION_HEADER = "x-fnrt-version"
 FUNCTION_HEADER = "x-fnrt-function"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import math
 
+from starlette.requests import Request
+from starlette.responses import Response
+
 from fnrt.functions import errors as e
 from fnrt.functions.codec import Format, encode, format_of, negotiate
 from fnrt.runtime.scheduler import new_error_id
-from starlette.requests import Request
-from starlette.responses import Response
 
 log = logging.getLogger("fnrt.http")
 

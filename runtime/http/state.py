@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from starlette.requests import Request
+
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.settings import ServerSettings
-from starlette.requests import Request
 
 
 @dataclass(frozen=True)

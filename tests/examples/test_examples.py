@@ -14,6 +14,7 @@ import msgpack_numpy
 import numpy as np
 import pytest
 import torch
+
 from fnrt.runtime.cli.main import main
 from support import LiveServer, live_server
 

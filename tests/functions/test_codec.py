@@ -4,6 +4,7 @@ import msgpack
 import msgpack_numpy
 import numpy as np
 import pytest
+
 from fnrt.functions.codec import (
     Format,
     decode_json,

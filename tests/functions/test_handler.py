@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fnrt.functions.errors import HandlerError
 from fnrt.functions.handler import Device, Handler, check_contract, per_request
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from fnrt.functions.errors import ManifestError
 from fnrt.functions.manifest import BatchingConfig, TensorSpec, load_manifest, parse_manifest
 

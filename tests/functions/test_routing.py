@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.routing import HISTORY_LIMIT, Routing
 

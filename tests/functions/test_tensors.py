@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from fnrt.functions.errors import InvalidInput
 from fnrt.functions.manifest import TensorSpec
 from fnrt.functions.tensors import coerce_request, coerce_result

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fnrt.loader.device import cuda_device_count, detect_device
 
 

@@ -5,11 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import load_file
+from safetensors.torch import save_file
+
 from fnrt.functions.errors import FnrtError
 from fnrt.loader.formats import safetensors as st
 from fnrt.loader.formats.torch import state_dict
-from safetensors.numpy import load_file
-from safetensors.torch import save_file
 
 
 def test_save_arrays_is_readable_by_the_safetensors_package(tmp_path: Path) -> None:

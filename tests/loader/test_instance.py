@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
 from support import make_registry, publish, write_function
 
 FOLDER_ARTIFACT = """

@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from fnrt.functions.errors import BlobNotFound, FunctionNotFound, IntegrityError, VersionNotFound
 from fnrt.functions.routing import Routing
 from fnrt.loader.repository import Repository

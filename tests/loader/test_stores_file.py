@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from fnrt.loader.stores import FileStore, KeyNotFound, PreconditionFailed, open_store
 
 

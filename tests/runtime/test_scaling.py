@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fnrt.runtime.scaling import Activity, should_unload
 
 IDLE = Activity(loaded=True, busy=False, queued=0, last_active_s=100.0)

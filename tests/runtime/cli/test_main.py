@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from fnrt.runtime.cli.main import build_parser, main
 from support import live_server, write_function
 

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+
 from fnrt.runtime.cli.client import Client, RemoteError
 from fnrt.runtime.cli.upload import upload_bundle
 from fnrt.runtime.settings import ClientSettings

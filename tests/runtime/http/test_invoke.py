@@ -9,6 +9,7 @@ import msgpack
 import msgpack_numpy
 import numpy as np
 import pytest
+
 from support import LiveServer, error_of, gate, live_server, publish, wait_until, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]

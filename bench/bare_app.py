@@ -1,0 +1,64 @@
+"""The baseline for ``bench/invoke.py``: a bare Starlette endpoint calling the same model.
+
+What a user writes by hand without fnrt: parse the body, run the model inline,
+answer. No queue, no thread hop, no validation. Run as
+``python bench/bare_app.py WEIGHTS PORT``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import msgpack
+import msgpack_numpy
+import numpy as np
+import torch
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fnrt.loader.formats.safetensors import tensors
+
+MLP_DIR = Path(__file__).resolve().parent.parent / "examples" / "mlp"
+
+
+def build(weights: Path) -> Starlette:
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    sys.path.insert(0, str(MLP_DIR))
+    from model import MLP
+
+    model = MLP().eval()
+    model.load_state_dict(tensors(weights))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return model(torch.from_numpy(x)).numpy()
+
+    async def invoke(request: Request) -> Response:
+        if request.headers.get("content-type") == "application/msgpack":
+            data = msgpack.unpackb(await request.body(), object_hook=msgpack_numpy.decode)
+            y = run(np.asarray(data["x"], dtype=np.float32))
+            body = msgpack.packb({"y": y}, default=msgpack_numpy.encode)
+            return Response(body, media_type="application/msgpack")
+        data = await request.json()
+        y = run(np.asarray(data["x"], dtype=np.float32))
+        return JSONResponse({"y": y.tolist()})
+
+    return Starlette(routes=[Route("/v1/functions/mlp/invoke", invoke, methods=["POST"])])
+
+
+if __name__ == "__main__":
+    app = build(Path(sys.argv[1]))
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[2]),
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+    )
