@@ -6,8 +6,8 @@ calls it on the instance's own executor thread, never on the event loop.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
+import logging
 import os
 import shutil
 import tempfile
@@ -24,9 +24,12 @@ from fnrt.functions.bundle import unpack_code
 from fnrt.functions.errors import BlobNotFound
 from fnrt.functions.handler import Device, Request, bundle_package, import_handler
 from fnrt.functions.tensors import coerce_result
-from fnrt.functions.version import ArtifactRef, VersionManifest
+from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest
 from fnrt.loader.artifact import LocalArtifact
+from fnrt.loader.cache import BlobCache
 from fnrt.loader.repository import Repository
+
+log = logging.getLogger("fnrt.loader")
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Instance:
     unload: Callable[[], None] | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
     size_bytes: int = 0
+    tier: str = "l2"  # where its bytes came from: "l2" local disk, "l3" the object store
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
@@ -62,8 +66,10 @@ class Instance:
     def close(self) -> None:
         """Run the handler's ``unload`` (if any) on its thread and stop the thread."""
         if self.unload is not None:
-            with contextlib.suppress(Exception):
+            try:
                 self.executor.submit(self.unload).result()
+            except Exception:
+                log.exception("unload of %s %s failed", self.version.name, self.version.version)
         self.executor.shutdown(wait=False)
         self.call = _closed
         self.unload = None
@@ -73,21 +79,61 @@ def _closed(batch: list[Request]) -> Sequence[Any]:
     raise RuntimeError("instance is closed")
 
 
-class InstanceLoader:
-    """Materialises versions from a :class:`Repository` and loads their handlers."""
+class _Fetches:
+    """What materialising one version took: which blobs came from the store."""
 
-    def __init__(self, repository: Repository, cache_dir: Path, device: Device) -> None:
+    def __init__(self) -> None:
+        self.fetched = 0
+        self.fetch_s = 0.0
+        self.verify_s = 0.0
+        self.pinned: list[str] = []
+
+
+class InstanceLoader:
+    """Materialises versions from a :class:`Repository` and loads their handlers.
+
+    Blobs of a store on this disk are used where they lie; blobs of a remote
+    store go through the L2 :class:`BlobCache` (fetched once, verified, pinned
+    while an instance uses them).
+    """
+
+    def __init__(
+        self,
+        repository: Repository,
+        cache_dir: Path,
+        device: Device,
+        blob_cache: BlobCache | None = None,
+    ) -> None:
         self.repository = repository
         self.cache_dir = cache_dir
         self.device = device
+        self.blob_cache = blob_cache
 
-    def _blob_path(self, digest: str) -> Path:
-        path = self.repository.blob_path(digest)
-        if path is None:
-            raise BlobNotFound(digest)
-        return path
+    def _blob_path(self, ref: FileRef, fetches: _Fetches | None = None) -> Path:
+        local = self.repository.blob_path(ref.digest)
+        if local is not None:
+            return local
+        if self.blob_cache is None:
+            raise BlobNotFound(ref.digest)
+        result = self.blob_cache.get(
+            ref.digest,
+            lambda tmp: self.repository.download_blob(ref.digest, tmp),
+            size_hint=ref.size_bytes,
+        )
+        if fetches is not None:
+            fetches.fetched += result.fetched
+            fetches.fetch_s += result.fetch_s
+            fetches.verify_s += result.verify_s
+            self.blob_cache.pin(ref.digest)
+            fetches.pinned.append(ref.digest)
+        return result.path
 
-    def code_dir(self, vm: VersionManifest) -> Path:
+    def unpin(self, digests: list[str]) -> None:
+        if self.blob_cache is not None:
+            for digest in digests:
+                self.blob_cache.unpin(digest)
+
+    def code_dir(self, vm: VersionManifest, fetches: _Fetches | None = None) -> Path:
         """The version's code, unpacked once per bundle digest (atomically)."""
         dest = self.cache_dir / "code" / vm.bundle.digest
         if dest.is_dir():
@@ -95,7 +141,7 @@ class InstanceLoader:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".unpack-"))
         try:
-            unpack_code(self.repository.read_blob(vm.bundle.digest), tmp)
+            unpack_code(self._blob_path(vm.bundle, fetches).read_bytes(), tmp)
             os.replace(tmp, dest)
         except OSError:
             if not dest.is_dir():  # another process won the race only if dest exists
@@ -104,20 +150,21 @@ class InstanceLoader:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
 
-    def artifact_path(self, ref: ArtifactRef) -> Path:
+    def artifact_path(self, ref: ArtifactRef, fetches: _Fetches | None = None) -> Path:
         """A local path for an artifact: the blob itself, or a folder of links to blobs."""
         if not ref.is_dir:
-            return self._blob_path(ref.files[0].digest)
+            return self._blob_path(ref.files[0], fetches)
+        targets = [(f.rel, self._blob_path(f, fetches)) for f in ref.files]
         dest = self.cache_dir / "trees" / ref.digest
         if dest.is_dir():
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tree-"))
         try:
-            for f in ref.files:
-                link = tmp / f.rel
+            for rel, target in targets:
+                link = tmp / rel
                 link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(self._blob_path(f.digest))
+                link.symlink_to(target)
             os.replace(tmp, dest)
         except OSError:
             if not dest.is_dir():
@@ -126,35 +173,87 @@ class InstanceLoader:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
 
-    def handler_object(self, vm: VersionManifest) -> object:
+    def handler_object(self, vm: VersionManifest, fetches: _Fetches | None = None) -> object:
         """Import the version's handler and check its contract (deploy-time validation)."""
-        return import_handler(self.code_dir(vm), vm.manifest, bundle_package(vm.bundle.digest))
+        code = self.code_dir(vm, fetches)
+        return import_handler(code, vm.manifest, bundle_package(vm.bundle.digest))
 
     def load(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
-        """Build an instance; call this on ``executor``'s thread."""
-        timings: dict[str, float] = {}
+        """Build an instance; call this on ``executor``'s thread.
+
+        ``timings_s`` gets fetch_s (L3 downloads), verify_s (hashing), import_s,
+        load_s (the handler's ``load``, mapping weights included) and total_s.
+        """
+        fetches = _Fetches()
         start = time.perf_counter()
-        obj = self.handler_object(vm)
-        timings["import_s"] = time.perf_counter() - start
+        try:
+            artifacts = {
+                key: LocalArtifact(
+                    key, self.artifact_path(ref, fetches), ref.digest, ref.size_bytes, self.device
+                )
+                for key, ref in vm.artifacts.items()
+            }
+            mark = time.perf_counter()
+            obj = self.handler_object(vm, fetches)
+            import_s = time.perf_counter() - mark
 
-        mark = time.perf_counter()
-        artifacts = {
-            key: LocalArtifact(
-                key, self.artifact_path(ref), ref.digest, ref.size_bytes, self.device
-            )
-            for key, ref in vm.artifacts.items()
+            mark = time.perf_counter()
+            unload: Callable[[], None] | None = None
+            handler = obj() if inspect.isclass(obj) else obj  # a class is instantiated once
+            if handler is not obj:
+                load = getattr(handler, "load", None)
+                if load is not None:
+                    load(artifacts, self.device)
+                unload = getattr(handler, "unload", None)
+        except BaseException:
+            self.unpin(fetches.pinned)
+            raise
+        timings = {
+            "fetch_s": fetches.fetch_s,
+            "verify_s": fetches.verify_s,
+            "import_s": import_s,
+            "load_s": time.perf_counter() - mark,
+            "total_s": time.perf_counter() - start,
         }
-        timings["fetch_s"] = time.perf_counter() - mark
-
-        mark = time.perf_counter()
-        unload: Callable[[], None] | None = None
-        handler = obj() if inspect.isclass(obj) else obj  # a class is instantiated once
-        if handler is not obj:
-            load = getattr(handler, "load", None)
-            if load is not None:
-                load(artifacts, self.device)
-            unload = getattr(handler, "unload", None)
         call = cast(Callable[[list[Request]], Sequence[Any]], handler)
-        timings["load_s"] = time.perf_counter() - mark
-        timings["total_s"] = time.perf_counter() - start
-        return Instance(vm, call, executor, unload, timings, vm.size_bytes)
+        pinned = fetches.pinned
+
+        def release() -> None:
+            if unload is not None:
+                unload()
+            self.unpin(pinned)
+
+        tier = "l3" if fetches.fetched else "l2"
+        size = held_bytes(handler) or vm.size_bytes  # an onnxruntime session hides its tensors
+        return Instance(vm, call, executor, release, timings, size, tier)
+
+
+def held_bytes(root: object, max_objects: int = 200_000) -> int:
+    """Bytes of the numpy arrays and torch tensors reachable from ``root``'s attributes.
+
+    Each buffer counts once however many views share it (numpy bases, torch
+    storages). Mapped weights count too: they are what the instance keeps resident.
+    """
+    seen: set[int] = set()
+    buffers: dict[int, int] = {}
+    stack: list[object] = [root]
+    while stack and len(seen) < max_objects:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, str | bytes | int | float | bool | type(None)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            buffers[id(base)] = max(buffers.get(id(base), 0), base.nbytes)
+        elif hasattr(obj, "untyped_storage") and type(obj).__module__.startswith("torch"):
+            storage = obj.untyped_storage()
+            buffers[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple | set | frozenset):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            stack.extend(vars(obj).values())
+    return sum(buffers.values())

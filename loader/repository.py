@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from fnrt.functions.bundle import file_digest
 from fnrt.functions.errors import (
     BlobNotFound,
     Conflict,
@@ -30,7 +31,6 @@ from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed
 
-_CHUNK = 1024 * 1024
 _CAS_ATTEMPTS = 16
 
 
@@ -42,13 +42,9 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _chunks(source: Path | bytes | Iterable[bytes]) -> Iterable[bytes]:
+def _chunks(source: bytes | Iterable[bytes]) -> Iterable[bytes]:
     if isinstance(source, bytes):
         yield source
-    elif isinstance(source, Path):
-        with source.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                yield chunk
     else:
         yield from source
 
@@ -90,12 +86,19 @@ class Repository:
     ) -> bool:
         """Store content under its sha256; False if it was already there.
 
-        The content is hashed while it is written, and refused (nothing kept)
-        when it does not hash to ``digest``.
+        Content that does not hash to ``digest`` is refused and nothing is kept.
+        A file is hashed before it is sent (so S3 gets a multipart upload); a
+        stream is hashed as it is written.
         """
         key = blob_key(digest)
         if self.store.exists(key):
             return False
+        if isinstance(source, Path):
+            actual = file_digest(source)
+            if actual != digest:
+                raise IntegrityError(digest, actual)
+            self.store.put_file(key, source, progress)
+            return True
         hashing = _Hashing(_chunks(source), progress)
 
         def verified() -> Iterable[bytes]:
@@ -113,6 +116,13 @@ class Repository:
         except KeyNotFound:
             raise BlobNotFound(digest) from None
         return data
+
+    def download_blob(self, digest: str, dest: Path) -> None:
+        """Copy a blob into the local file ``dest`` (parallel ranged GETs on S3)."""
+        try:
+            self.store.download(blob_key(digest), dest)
+        except KeyNotFound:
+            raise BlobNotFound(digest) from None
 
     def blob_path(self, digest: str) -> Path | None:
         """The blob's local file when the store is on this disk, else None."""

@@ -17,6 +17,7 @@ from typing import Any
 from fnrt.functions.errors import FunctionNotFound
 from fnrt.functions.manifest import NAME_PATTERN
 from fnrt.functions.version import VersionManifest
+from fnrt.loader.cache import choose_evictions
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.runtime.clock import Clock
@@ -36,7 +37,9 @@ class Registry:
         clock: Clock,
         *,
         sweep_interval_s: float = 1.0,
+        memory_budget_bytes: int | None = None,
     ) -> None:
+        self.memory_budget_bytes = memory_budget_bytes
         self.repository = repository
         self.loader = loader
         self.clock = clock
@@ -92,7 +95,7 @@ class Registry:
         old = self._schedulers.get(vm.name)
         if old is not None and old.version.version == vm.version:
             return old
-        scheduler = Scheduler(vm, self.loader, self.clock)
+        scheduler = Scheduler(vm, self.loader, self.clock, self.make_room)
         self._schedulers[vm.name] = scheduler
         if old is not None:
             self._background(old.close())
@@ -148,6 +151,29 @@ class Registry:
 
     def loaded(self) -> list[Scheduler]:
         return list(self._schedulers.values())
+
+    async def make_room(self, loading: Scheduler, needed_bytes: int) -> None:
+        """Unload least-recently-used idle instances so ``needed_bytes`` fits the budget.
+
+        Busy instances (running, loading or with a queue) are never evicted; if
+        they alone fill the budget the load goes ahead over it.
+        """
+        if self.memory_budget_bytes is None:
+            return
+        others = [s for s in self._schedulers.values() if s is not loading and s.instance_bytes]
+        others.sort(key=lambda s: s.activity().last_active_s)
+        busy = {s.name for s in others if s.activity().busy or s.activity().queued}
+        victims = choose_evictions(
+            self.memory_budget_bytes,
+            needed_bytes,
+            [(s.name, s.instance_bytes) for s in others],
+            busy,
+        )
+        now = self.clock.now()
+        for scheduler in others:
+            if scheduler.name in victims:
+                log.info("evicting %s to make room for %s", scheduler.name, loading.name)
+                await scheduler.scale_to_zero(now, force=True)
 
     async def sweep(self) -> list[str]:
         """Scale every idle instance past its keep-alive to zero; names unloaded."""

@@ -18,6 +18,7 @@ import logging
 import math
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -55,11 +56,24 @@ def new_error_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+@dataclass(frozen=True)
+class Served:
+    """A request's outputs, and the tier its instance was loaded from if it waited for a load."""
+
+    outputs: Outputs
+    cold_tier: str | None = None
+
+
 @dataclass
 class _Pending:
     inputs: Request
     future: asyncio.Future[Outputs]
     enqueued_at: float
+    cold: bool  # no instance was loaded when it arrived
+
+
+#: Called before a load with (the scheduler, bytes it expects to need); frees memory.
+MakeRoom = Callable[["Scheduler", int], Awaitable[None]]
 
 
 @dataclass
@@ -74,6 +88,9 @@ class Stats:
     load_failures: int = 0
     unloads: int = 0
     last_load_timings_s: dict[str, float] = field(default_factory=dict)
+    last_load_tier: str | None = None
+    last_load_bytes: int = 0
+    cold_starts: dict[str, int] = field(default_factory=dict)  # by tier
     batch_s_ewma: float = 0.0
 
     def observe_batch(self, seconds: float) -> None:
@@ -84,8 +101,15 @@ class Stats:
 class Scheduler:
     """Queue, batcher and instance of one function version."""
 
-    def __init__(self, version: VersionManifest, loader: InstanceLoader, clock: Clock) -> None:
+    def __init__(
+        self,
+        version: VersionManifest,
+        loader: InstanceLoader,
+        clock: Clock,
+        make_room: MakeRoom | None = None,
+    ) -> None:
         self.version = version
+        self._make_room = make_room
         self._manifest = version.manifest
         self._loader = loader
         self._clock = clock
@@ -115,7 +139,12 @@ class Scheduler:
     def queued(self) -> int:
         return len(self._queue)
 
-    async def submit(self, inputs: Request) -> Outputs:
+    @property
+    def instance_bytes(self) -> int:
+        """Memory the loaded instance holds (0 when cold)."""
+        return self._instance.size_bytes if self._instance is not None else 0
+
+    async def submit(self, inputs: Request) -> Served:
         """Queue one request and wait for its outputs."""
         if self._closing:
             raise Unavailable(
@@ -129,9 +158,11 @@ class Scheduler:
             )
         self.stats.requests += 1
         future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(inputs, future, self._clock.now()))
+        cold = self._instance is None
+        self._queue.append(_Pending(inputs, future, self._clock.now(), cold))
         self._wake.set()
-        return await future
+        outputs = await future
+        return Served(outputs, self.stats.last_load_tier if cold else None)
 
     async def warm(self) -> None:
         """Load an instance now if there is none (shares a load already under way)."""
@@ -186,7 +217,10 @@ class Scheduler:
             "loads": s.loads,
             "load_failures": s.load_failures,
             "unloads": s.unloads,
+            "instance_bytes": self.instance_bytes,
+            "last_load_tier": s.last_load_tier,
             "last_load_timings_s": {k: round(v, 6) for k, v in s.last_load_timings_s.items()},
+            "cold_starts": dict(s.cold_starts),
         }
 
     # --- internals -----------------------------------------------------------
@@ -207,6 +241,8 @@ class Scheduler:
         executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self.name}")
         loop = asyncio.get_running_loop()
         try:
+            if self._make_room is not None:
+                await self._make_room(self, self.stats.last_load_bytes or self.version.size_bytes)
             instance = await loop.run_in_executor(
                 executor, self._loader.load, self.version, executor
             )
@@ -234,6 +270,9 @@ class Scheduler:
         self._last_active = self._clock.now()
         self.stats.loads += 1
         self.stats.last_load_timings_s = dict(instance.timings_s)
+        self.stats.last_load_tier = instance.tier
+        self.stats.last_load_bytes = instance.size_bytes
+        self.stats.cold_starts[instance.tier] = self.stats.cold_starts.get(instance.tier, 0) + 1
         log.info(
             "loaded %s %s in %.3fs", self.name, self.version.version, instance.timings_s["total_s"]
         )

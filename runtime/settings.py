@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from fnrt.loader.stores.s3 import S3Config
 
 DEFAULT_STORE = "./.fnrt/store"
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -27,7 +29,13 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     store: str = DEFAULT_STORE
-    cache_dir: Path = Path(".fnrt/cache")
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    disk_cache_bytes: int = 20 * 1024**3
+    memory_budget_bytes: int | None = None  # None: 60% of physical memory
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_part_size_bytes: int = 16 * 1024 * 1024
+    s3_concurrency: int = 8
     admin_token: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     sweep_interval_s: float = 1.0
@@ -47,6 +55,22 @@ class ServerSettings:
             raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
         if self.admin_token == "":
             raise ValueError("admin_token: must not be empty (leave it unset for no token)")
+        if self.disk_cache_bytes <= 0:
+            raise ValueError("disk_cache_bytes: must be > 0")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
+            raise ValueError("memory_budget_bytes: must be > 0")
+
+    @property
+    def memory_budget(self) -> int:
+        """The L1 budget in bytes: as set, else 60% of this machine's memory."""
+        if self.memory_budget_bytes is not None:
+            return self.memory_budget_bytes
+        return int(0.6 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+    def s3_config(self) -> S3Config:
+        return s3_config(
+            self.s3_endpoint, self.s3_region, self.s3_part_size_bytes, self.s3_concurrency
+        )
 
     @property
     def admin_open(self) -> bool:
@@ -73,6 +97,12 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         found["store"] = env["FNRT_STORE"]
     if "FNRT_CACHE_DIR" in env:
         found["cache_dir"] = Path(env["FNRT_CACHE_DIR"])
+    if "FNRT_DISK_CACHE_BYTES" in env:
+        found["disk_cache_bytes"] = int(env["FNRT_DISK_CACHE_BYTES"])
+    if "FNRT_MEMORY_BUDGET_BYTES" in env:
+        found["memory_budget_bytes"] = int(env["FNRT_MEMORY_BUDGET_BYTES"])
+    if env.get("FNRT_S3_ENDPOINT"):
+        found["s3_endpoint"] = env["FNRT_S3_ENDPOINT"]
     if env.get("FNRT_ADMIN_TOKEN"):
         found["admin_token"] = env["FNRT_ADMIN_TOKEN"]
     if "FNRT_MAX_BODY_BYTES" in env:
@@ -97,5 +127,20 @@ def env_client_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
     return found
 
 
-def env_store(env: Mapping[str, str] = os.environ) -> str:
-    return env.get("FNRT_STORE", DEFAULT_STORE)
+def env_s3_endpoint(env: Mapping[str, str] = os.environ) -> str | None:
+    return env.get("FNRT_S3_ENDPOINT") or None
+
+
+def s3_config(
+    endpoint: str | None,
+    region: str | None = None,
+    part_size_bytes: int = 16 * 1024 * 1024,
+    concurrency: int = 8,
+) -> S3Config:
+    """S3 transfer settings; region and credentials otherwise come the standard AWS ways."""
+    return S3Config(
+        endpoint_url=endpoint,
+        region=region,
+        part_size_bytes=part_size_bytes,
+        concurrency=concurrency,
+    )

@@ -28,3 +28,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A moto S3 server on 127.0.0.1 with bucket ``fnrt`` (credentials set for boto3)."""
+    from s3support import CREDENTIALS, moto_endpoint
+
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    with moto_endpoint() as endpoint:
+        endpoint.make_bucket("fnrt")
+        yield endpoint
+
+
+@pytest.fixture
+def proxy(s3):  # type: ignore[no-untyped-def]
+    """A fault-injecting proxy in front of the ``s3`` endpoint."""
+    from s3support import FaultProxy
+
+    port = int(s3.url.rsplit(":", 1)[1])
+    fault_proxy = FaultProxy(port)
+    yield fault_proxy
+    fault_proxy.close()

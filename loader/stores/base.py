@@ -59,6 +59,10 @@ class ObjectStore(Protocol):
         """Write a (large) object from chunks, atomically."""
         ...
 
+    def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
+        """Write a local file as an object, atomically (multipart where the store has it)."""
+        ...
+
     def exists(self, key: str) -> bool: ...
 
     def list(self, prefix: str) -> list[str]:

@@ -92,6 +92,16 @@ class FileStore:
     def put_stream(self, key: str, chunks: Iterable[bytes]) -> None:
         self._write_atomic(self._path(key), chunks)
 
+    def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
+        def chunks() -> Iterator[bytes]:
+            with path.open("rb") as f:
+                while chunk := f.read(_CHUNK):
+                    if progress is not None:
+                        progress(len(chunk))
+                    yield chunk
+
+        self._write_atomic(self._path(key), chunks())
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

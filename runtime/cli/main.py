@@ -29,7 +29,9 @@ from fnrt.runtime.settings import (
     ServerSettings,
     default_cache_dir,
     env_client_settings,
+    env_s3_endpoint,
     env_server_settings,
+    s3_config,
 )
 
 EPILOG = "Docs: README.md and docs/ in the fnrt repository."
@@ -64,6 +66,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("port", "port"),
         ("store", "store"),
         ("cache_dir", "cache_dir"),
+        ("s3_endpoint", "s3_endpoint"),
+        ("disk_cache_bytes", "disk_cache_bytes"),
+        ("memory_budget_bytes", "memory_budget_bytes"),
         ("admin_token", "admin_token"),
         ("max_body_bytes", "max_body_bytes"),
         ("device", "device"),
@@ -123,7 +128,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     vm = VersionManifest(manifest, bundle.code_ref, bundle.artifacts)
     show = not args.quiet and sys.stderr.isatty()
     if args.store:
-        result = _deploy_to_store(args.store, bundle, vm, show)
+        result = _deploy_to_store(
+            args.store, args.s3_endpoint or env_s3_endpoint(), bundle, vm, show
+        )
     else:
         with _client(args) as client:
             count, size = upload_bundle(client, bundle, show_progress=show)
@@ -137,17 +144,21 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _deploy_to_store(store: str, bundle: Any, vm: VersionManifest, show: bool) -> dict[str, Any]:
+def _deploy_to_store(
+    store: str, s3_endpoint: str | None, bundle: Any, vm: VersionManifest, show: bool
+) -> dict[str, Any]:
+    from fnrt.loader.cache import BlobCache, CacheConfig
     from fnrt.loader.device import detect_device
     from fnrt.loader.instance import InstanceLoader
     from fnrt.loader.repository import Repository
     from fnrt.loader.stores import open_store
     from fnrt.runtime.deployment import publish_version
 
-    repository = Repository(open_store(store))
+    repository = Repository(open_store(store, s3_config(s3_endpoint)))
     count, size = upload_bundle(repository, bundle, show_progress=show)
     with tempfile.TemporaryDirectory(prefix="fnrt-deploy-") as scratch:
-        loader = InstanceLoader(repository, Path(scratch), detect_device("cpu"))
+        cache = BlobCache(CacheConfig(Path(scratch)))  # the handler is imported to validate it
+        loader = InstanceLoader(repository, Path(scratch), detect_device("cpu"), cache)
         deployed = publish_version(repository, loader, vm)
     return {
         "name": deployed.name,
@@ -261,7 +272,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (FNRT_HOST; default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (FNRT_PORT; default 8000)")
     p.add_argument(
-        "--store", help="object store: a folder or file:// URI (FNRT_STORE; default ./.fnrt/store)"
+        "--store",
+        help="object store: a folder, file://PATH or s3://bucket/prefix "
+        "(FNRT_STORE; default ./.fnrt/store)",
+    )
+    p.add_argument(
+        "--s3-endpoint", help="S3-compatible endpoint URL, e.g. MinIO (FNRT_S3_ENDPOINT)"
+    )
+    p.add_argument(
+        "--disk-cache-bytes", type=int, help="L2 disk cache budget (FNRT_DISK_CACHE_BYTES; 20 GiB)"
+    )
+    p.add_argument(
+        "--memory-budget-bytes",
+        type=int,
+        help="memory for loaded instances, least recently used evicted beyond it "
+        "(FNRT_MEMORY_BUDGET_BYTES; default 60%% of RAM)",
     )
     p.add_argument(
         "--cache-dir",
@@ -303,7 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("path", help="folder with fnrt.toml")
     p.add_argument("--name", help="function name (overrides the manifest's)")
-    p.add_argument("--store", help="deploy straight into this store instead of through a server")
+    p.add_argument(
+        "--store", help="deploy straight into this store (folder or s3://bucket/prefix), no server"
+    )
+    p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (FNRT_S3_ENDPOINT)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_client_options(p)

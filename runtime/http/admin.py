@@ -137,6 +137,16 @@ async def warm(request: Request) -> Response:
     )
 
 
+@admin
+async def unload(request: Request) -> Response:
+    """Scale the function to zero now (when it is idle; its files stay in the disk cache)."""
+    registry = node_of(request).registry
+    scheduler = await registry.get(request.path_params["name"])
+    unloaded = await scheduler.scale_to_zero(registry.clock.now(), force=True)
+    body = {"name": scheduler.name, "unloaded": unloaded, "state": scheduler.state.value}
+    return JSONResponse(body)
+
+
 routes = [
     Route("/v1/blobs/{digest}", head_blob, methods=["HEAD"]),
     Route("/v1/blobs/{digest}", put_blob, methods=["PUT"]),
@@ -145,4 +155,5 @@ routes = [
     Route("/v1/functions/{name}", describe, methods=["GET"]),
     Route("/v1/functions/{name}", delete, methods=["DELETE"]),
     Route("/v1/functions/{name}/warm", warm, methods=["POST"]),
+    Route("/v1/functions/{name}/unload", unload, methods=["POST"]),
 ]

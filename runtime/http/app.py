@@ -10,6 +10,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 
 from fnrt.functions.errors import FnrtError
+from fnrt.loader.cache import BlobCache, CacheConfig
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
@@ -24,11 +25,17 @@ from fnrt.runtime.settings import ServerSettings
 
 def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Registry:
     """A registry over the settings' store, cache folder and device."""
-    repository = Repository(open_store(settings.store))
+    repository = Repository(open_store(settings.store, settings.s3_config()))
     device = detect_device(settings.device)
-    loader = InstanceLoader(repository, Path(settings.cache_dir), device)
+    cache_dir = Path(settings.cache_dir)
+    blobs = BlobCache(CacheConfig(cache_dir, settings.disk_cache_bytes))
+    loader = InstanceLoader(repository, cache_dir, device, blobs)
     return Registry(
-        repository, loader, clock or SystemClock(), sweep_interval_s=settings.sweep_interval_s
+        repository,
+        loader,
+        clock or SystemClock(),
+        sweep_interval_s=settings.sweep_interval_s,
+        memory_budget_bytes=settings.memory_budget,
     )
 
 

@@ -13,6 +13,8 @@ from fnrt.runtime.http.state import node_of
 
 VERSION_HEADER = "x-fnrt-version"
 FUNCTION_HEADER = "x-fnrt-function"
+#: On a request that waited for a load: the tier the load came from (l2 disk, l3 store).
+COLD_START_HEADER = "x-fnrt-cold-start"
 
 
 async def invoke(request: Request) -> Response:
@@ -22,12 +24,11 @@ async def invoke(request: Request) -> Response:
     scheduler = await node.registry.get(request.path_params["name"])
     body = await read_body(request, node.settings.max_body_bytes)
     inputs = coerce_request(scheduler.version.manifest.inputs, decode(body, fmt))
-    outputs = await scheduler.submit(inputs)
-    return Response(
-        encode(outputs, reply),
-        media_type=reply.media_type,
-        headers={FUNCTION_HEADER: scheduler.name, VERSION_HEADER: scheduler.version.version},
-    )
+    served = await scheduler.submit(inputs)
+    headers = {FUNCTION_HEADER: scheduler.name, VERSION_HEADER: scheduler.version.version}
+    if served.cold_tier is not None:
+        headers[COLD_START_HEADER] = served.cold_tier
+    return Response(encode(served.outputs, reply), media_type=reply.media_type, headers=headers)
 
 
 routes = [Route("/v1/functions/{name}/invoke", invoke, methods=["POST"])]

@@ -36,6 +36,13 @@ def test_deploy_list_describe_warm_delete(tmp_path: Path) -> None:
         with srv.client() as c:
             assert c.post("/v1/functions/echo/warm").json()["state"] == "warm"
         assert client.describe("echo")["instance"]["loads"] == 1
+        with srv.client() as c:
+            assert c.post("/v1/functions/echo/unload").json() == {
+                "name": "echo",
+                "unloaded": True,
+                "state": "cold",
+            }
+            assert c.post("/v1/functions/echo/unload").json()["unloaded"] is False
 
         client.delete("echo")
         assert client.list() == []

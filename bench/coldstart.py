@@ -1,0 +1,323 @@
+"""Cold starts from each tier, against the plain ways of loading the same bytes, in one run.
+
+    python bench/coldstart.py [--rounds 3] [--layers 16] [--plot FILE.png]
+
+A wide MLP with 256 MiB of float32 weights (safetensors) and an ONNX model
+are deployed to two fnrt servers: one on a local store, one on an S3 endpoint
+(moto's server in its own process on 127.0.0.1). Measured, median of rounds:
+
+- L2 wake (file in the page cache) -> first response, versus the baseline
+  ``torch.load`` (no mmap) + ``load_state_dict`` + one forward, on a model
+  built before the clock starts;
+- L3 wake (empty disk cache) and its fetch, versus boto3's ``download_file``
+  with default settings of the same object from the same endpoint;
+- the raw read throughput of the cached file (what the L2 path approaches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MODEL = ROOT / "bench" / "coldstart_model"
+MiB = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} not ready")
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def build_models(work: Path, layers: int) -> tuple[Path, Path, Path]:
+    """The safetensors function folder, a torch checkpoint of the same weights, the ONNX folder."""
+    import torch
+
+    sys.path.insert(0, str(MODEL))
+    from net import WIDTH, build
+
+    from fnrt.loader.formats.safetensors import save_arrays
+
+    wide = work / "wide"
+    shutil.copytree(MODEL, wide, ignore=shutil.ignore_patterns("onnx_handler.py", "__pycache__"))
+    (wide / "net.py").write_text(
+        (MODEL / "net.py").read_text().replace("LAYERS = 16", f"LAYERS = {layers}")
+    )
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for i in range(layers):
+        arrays[f"{2 * i}.weight"] = rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) * 0.02
+        arrays[f"{2 * i}.bias"] = np.zeros(WIDTH, np.float32)
+    save_arrays(arrays, wide / "weights.safetensors")
+    checkpoint = work / "weights.pt"
+    torch.save({k: torch.from_numpy(v) for k, v in arrays.items()}, checkpoint)
+
+    onnx_dir = work / "wide-onnx"
+    onnx_dir.mkdir()
+    (onnx_dir / "handler.py").write_text((MODEL / "onnx_handler.py").read_text())
+    (onnx_dir / "fnrt.toml").write_text(
+        'name = "wide-onnx"\nhandler = "handler:WideOnnx"\n\n[artifacts]\nmodel = "model.onnx"\n'
+        '\n[inputs]\nx = { dtype = "float32", shape = [1, 2048] }\n'
+    )
+    net = build(WIDTH, max(layers // 4, 1)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            net,
+            (torch.zeros(1, WIDTH),),
+            str(onnx_dir / "model.onnx"),
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+        )
+    return wide, checkpoint, onnx_dir
+
+
+class Server:
+    def __init__(
+        self, work: Path, name: str, store: str, env: dict[str, str], s3_endpoint: str | None
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cache = work / f"cache-{name}"
+        argv = [
+            str(BIN / "fnrt"),
+            "serve",
+            "--port",
+            str(self.port),
+            "--store",
+            store,
+            "--cache-dir",
+            str(self.cache),
+            "--log-level",
+            "warning",
+        ]
+        if s3_endpoint:
+            argv += ["--s3-endpoint", s3_endpoint]
+        self.proc = subprocess.Popen(argv, env=env)
+        wait_http(f"{self.url}/healthz", self.proc)
+        self.http = httpx.Client(base_url=self.url, timeout=600)
+
+    def deploy(self, folder: Path) -> None:
+        subprocess.run(
+            [str(BIN / "fnrt"), "deploy", str(folder), "--server", self.url, "-q"],
+            check=True,
+            capture_output=True,
+        )
+
+    def cold_invoke(self, name: str, x: np.ndarray) -> tuple[float, dict[str, float], str]:
+        assert self.http.post(f"/v1/functions/{name}/unload").status_code == 200
+        start = time.perf_counter()
+        r = self.http.post(f"/v1/functions/{name}/invoke", json={"x": x.tolist()})
+        elapsed = time.perf_counter() - start
+        r.raise_for_status()
+        timings = self.http.get(f"/v1/functions/{name}").json()["instance"]["last_load_timings_s"]
+        return elapsed, timings, r.headers.get("x-fnrt-cold-start", "")
+
+    def drop_blobs(self) -> None:
+        for path in (self.cache / "blobs").iterdir():
+            path.unlink()
+
+    def stop(self) -> None:
+        self.http.close()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=16, help="16 layers = 256 MiB")
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+
+    import boto3
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="fnrt-coldstart-"))
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    os.environ.update(
+        {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    )
+    torch.set_num_threads(1)
+    procs: list[subprocess.Popen[bytes]] = []
+    servers: list[Server] = []
+    try:
+        print("building models ...", flush=True)
+        wide, checkpoint, onnx_dir = build_models(work, args.layers)
+        weights = wide / "weights.safetensors"
+        size = weights.stat().st_size
+        onnx_mib = (onnx_dir / "model.onnx").stat().st_size / MiB
+        print(f"safetensors {size / MiB:.0f} MiB, onnx {onnx_mib:.0f} MiB")
+
+        moto_port = free_port()
+        moto = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(moto)
+        endpoint = f"http://127.0.0.1:{moto_port}"
+        wait_http(f"{endpoint}/moto-api/", moto)
+        s3 = boto3.client("s3", endpoint_url=endpoint)
+        s3.create_bucket(Bucket="bench")
+
+        local = Server(work, "file", str(work / "store"), env, None)
+        remote = Server(work, "s3", "s3://bench/fns", env, endpoint)
+        servers += [local, remote]
+        for server in servers:
+            server.deploy(wide)
+            server.deploy(onnx_dir)
+        x = np.random.default_rng(1).standard_normal((1, 2048)).astype(np.float32)
+        for server in servers:  # first loads: imports, page cache
+            for name in ("wide", "wide-onnx"):
+                server.cold_invoke(name, x)
+
+        from fnrt.loader.repository import blob_key
+
+        sys.path.insert(0, str(MODEL))
+        from net import WIDTH, build
+
+        model = build(WIDTH, args.layers).eval()
+        key = "fns/" + blob_key(_digest_of(weights))
+
+        rows: dict[str, list[float]] = {}
+
+        def add(label: str, seconds: float) -> None:
+            rows.setdefault(label, []).append(seconds)
+
+        buf = bytearray(16 * MiB)
+        for r in range(args.rounds):
+            print(f"round {r + 1}/{args.rounds}", flush=True)
+            # L2: the file is on local disk (and in the page cache)
+            elapsed, t, tier = local.cold_invoke("wide", x)
+            assert tier == "l2", tier
+            add("fnrt L2 wake -> first response", elapsed)
+            add("fnrt L2 wake: handler load (map)", t["load_s"])
+
+            def baseline() -> None:
+                sd = torch.load(checkpoint, mmap=False, weights_only=True)
+                model.load_state_dict(sd)
+                with torch.inference_mode():
+                    model(torch.from_numpy(x))
+
+            add("baseline torch.load + load_state_dict + forward", timed(baseline))
+
+            # L3: an empty disk cache, fetched from the S3 endpoint
+            remote.drop_blobs()
+            elapsed, t, tier = remote.cold_invoke("wide", x)
+            assert tier == "l3", tier
+            add("fnrt L3 wake -> first response", elapsed)
+            add("fnrt L3 fetch (parallel ranged GETs)", t["fetch_s"])
+            add("fnrt L3 verify (sha256)", t["verify_s"])
+            dest = str(work / "download_file.bin")
+            add(
+                "baseline boto3 download_file",
+                timed(lambda dest=dest: s3.download_file("bench", key, dest)),
+            )
+            os.unlink(dest)
+
+            def raw_read() -> None:
+                with weights.open("rb", buffering=0) as f:
+                    while f.readinto(buf):
+                        pass
+
+            add("raw read of the cached file", timed(raw_read))
+
+            elapsed, _, tier = local.cold_invoke("wide-onnx", x)
+            add("onnx: fnrt L2 wake -> first response", elapsed)
+            remote.drop_blobs()
+            elapsed, _, tier = remote.cold_invoke("wide-onnx", x)
+            add("onnx: fnrt L3 wake -> first response", elapsed)
+
+        med = {label: statistics.median(v) for label, v in rows.items()}
+        print(f"\n{'':<52} {'median s':>9}  (rounds: {args.rounds}, weights {size / MiB:.0f} MiB)")
+        for label, value in med.items():
+            print(f"{label:<52} {value:>9.3f}")
+        print()
+        l2 = med["fnrt L2 wake -> first response"]
+        base = med["baseline torch.load + load_state_dict + forward"]
+        fetch = med["fnrt L3 fetch (parallel ranged GETs)"]
+        download = med["baseline boto3 download_file"]
+        read = med["raw read of the cached file"]
+        print(f"L2 wake speed-up over torch.load baseline:  {base / l2:.1f}x")
+        print(f"L3 fetch speed vs boto3 download_file:      {download / fetch:.2f}x")
+        print(f"raw read throughput of the cached file:     {size / read / 1e9:.2f} GB/s")
+        print(f"L2 wake effective throughput:               {size / l2 / 1e9:.2f} GB/s")
+        if args.plot:
+            plot(med, args.plot)
+    finally:
+        for server in servers:
+            server.stop()
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _digest_of(path: Path) -> str:
+    from fnrt.functions.bundle import file_digest
+
+    return file_digest(path)
+
+
+def plot(med: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [k for k in med if not k.startswith("onnx")]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.barh(labels, [med[k] for k in labels])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (median)")
+    ax.set_title("cold start by tier, 256 MiB model")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""An object store in S3 or any S3-compatible service (MinIO, Ceph, moto), via boto3.
+
+Credentials and region come the standard AWS ways (environment, config files,
+instance roles). A custom endpoint (``--s3-endpoint`` / ``FNRT_S3_ENDPOINT``)
+uses path-style addressing. Large objects download as parallel ranged GETs
+and upload as multipart; transient errors are retried with backoff and
+jitter, and a final failure is a StoreError naming the object.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fnrt.functions.errors import StoreError
+from fnrt.loader.retry import RetryPolicy, retrying
+from fnrt.loader.stores.base import KeyNotFound, PreconditionFailed, Progress, check_key
+
+T = TypeVar("T")
+_STREAM_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """Transfer settings for an S3 store."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    part_size_bytes: int = 16 * 1024 * 1024
+    concurrency: int = 8
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        if self.part_size_bytes < 5 * 1024 * 1024:
+            raise ValueError("part_size_bytes: S3 parts are at least 5 MiB")
+        if not 1 <= self.concurrency <= 64:
+            raise ValueError("concurrency: must be from 1 to 64")
+
+
+def _transient(exc: BaseException) -> bool:
+    from botocore.exceptions import (
+        ClientError,
+        HTTPClientError,
+        IncompleteReadError,
+        ResponseStreamingError,
+    )
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError,
+    )
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        code = exc.response.get("Error", {}).get("Code", "")
+        return int(status) >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout")
+    return isinstance(
+        exc,
+        BotoConnectionError
+        | HTTPClientError
+        | IncompleteReadError
+        | ResponseStreamingError
+        | Urllib3Error
+        | ConnectionError
+        | TimeoutError,
+    )
+
+
+def _code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+class S3Store:
+    """Objects under ``s3://bucket/prefix``."""
+
+    def __init__(self, bucket: str, prefix: str = "", config: S3Config | None = None) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.config = config or S3Config()
+        self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        boto_config = Config(
+            retries={"max_attempts": 1, "mode": "standard"},  # retries are ours (retry.py)
+            s3={"addressing_style": "path" if self.config.endpoint_url else "auto"},
+            max_pool_connections=self.config.concurrency * 2,
+            connect_timeout=self.config.connect_timeout_s,
+            read_timeout=self.config.read_timeout_s,
+        )
+        self.client: Any = boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.config.endpoint_url,
+            region_name=self.config.region,
+            config=boto_config,
+        )
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, what: str, key: str, op: Callable[[], T]) -> T:
+        try:
+            return retrying(op, policy=self.config.retry, transient=_transient)
+        except (KeyNotFound, PreconditionFailed):
+            raise
+        except Exception as exc:
+            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+                raise KeyNotFound(self.uri, key) from None
+            if _code(exc) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise PreconditionFailed(
+                    f"object '{key}' changed since it was read", key=key
+                ) from None
+            raise StoreError(
+                f"{what} of {self.uri}/{key} failed after retries: {type(exc).__name__}: {exc}",
+                key=key,
+            ) from exc
+
+    # --- ObjectStore -----------------------------------------------------------
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        def op() -> tuple[bytes, str]:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return response["Body"].read(), str(response["ETag"]).strip('"')
+
+        return self._call("GET", key, op)
+
+    def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_absent: bool = False
+    ) -> str:
+        extra: dict[str, str] = {}
+        if if_match is not None:
+            extra["IfMatch"] = f'"{if_match}"'
+        if if_absent:
+            extra["IfNoneMatch"] = "*"
+
+        def op() -> str:
+            response = self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=data, **extra
+            )
+            return str(response["ETag"]).strip('"')
+
+        return self._call("PUT", key, op)
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> None:
+        with tempfile.NamedTemporaryFile(prefix="fnrt-s3-") as spool:
+            for chunk in chunks:
+                spool.write(chunk)
+            spool.flush()
+            self.put_file(key, Path(spool.name))
+
+    def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
+        """Upload a file, multipart above one part size, parts in parallel."""
+        from boto3.s3.transfer import TransferConfig
+
+        transfer = TransferConfig(
+            multipart_threshold=self.config.part_size_bytes,
+            multipart_chunksize=self.config.part_size_bytes,
+            max_concurrency=self.config.concurrency,
+            use_threads=True,
+        )
+
+        def op() -> None:
+            self.client.upload_file(
+                str(path), self.bucket, self._key(key), Config=transfer, Callback=progress
+            )
+
+        self._call("upload", key, op)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except KeyNotFound:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        def op() -> int:
+            return int(
+                self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
+            )
+
+        return self._call("HEAD", key, op)
+
+    def list(self, prefix: str) -> list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        full, strip = base + prefix, len(base)
+
+        def op() -> list[str]:
+            keys: list[str] = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+            return sorted(keys)
+
+        return self._call("LIST", prefix, op)
+
+    def delete(self, key: str) -> None:
+        self._call(
+            "DELETE", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        )
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+    def download(self, key: str, dest: Path, progress: Progress | None = None) -> None:
+        """Ranged GETs of ``part_size_bytes``, ``concurrency`` at a time, written in place."""
+        size = self.size(key)
+        part = self.config.part_size_bytes
+        ranges = [(start, min(start + part, size) - 1) for start in range(0, size, part)] or [
+            (0, -1)
+        ]
+        lock = threading.Lock()
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+
+            def fetch(span: tuple[int, int]) -> None:
+                start, end = span
+
+                def op() -> None:
+                    extra = {"Range": f"bytes={start}-{end}"} if end >= start else {}
+                    body = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)[
+                        "Body"
+                    ]
+                    offset = start
+                    while chunk := body.read(_STREAM_CHUNK):
+                        os.pwrite(fd, chunk, offset)
+                        offset += len(chunk)
+                        if progress is not None:
+                            with lock:
+                                progress(len(chunk))
+                    if end >= start and offset != end + 1:
+                        raise ConnectionError(f"range {start}-{end} ended at {offset}")
+
+                self._call("GET", key, op)
+
+            if len(ranges) == 1:
+                fetch(ranges[0])
+            else:
+                with ThreadPoolExecutor(min(self.config.concurrency, len(ranges))) as pool:
+                    list(pool.map(fetch, ranges))
+        finally:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.uri})"

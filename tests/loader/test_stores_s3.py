@@ -1,0 +1,100 @@
+"""S3Store against a real S3 endpoint (moto's server) over HTTP, with faults injected."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from s3support import FaultProxy, MotoEndpoint
+
+from fnrt.functions.errors import StoreError
+from fnrt.functions.routing import Routing
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import KeyNotFound, PreconditionFailed, S3Store, open_store
+
+MiB = 1024 * 1024
+
+
+def test_objects_and_conditional_writes(s3: MotoEndpoint) -> None:
+    store = s3.store("fnrt", "team/a")
+    etag = store.put("functions/f/routing.json", b"1", if_absent=True)
+    assert store.get("functions/f/routing.json") == (b"1", etag)
+    with pytest.raises(PreconditionFailed):
+        store.put("functions/f/routing.json", b"2", if_absent=True)
+    store.put("functions/f/routing.json", b"2", if_match=etag)
+    with pytest.raises(PreconditionFailed):
+        store.put("functions/f/routing.json", b"3", if_match=etag)
+    store.put("blobs/sha256/x", b"blob")
+    assert store.list("functions/") == ["functions/f/routing.json"]
+    assert store.list("") == ["blobs/sha256/x", "functions/f/routing.json"]
+    assert store.exists("blobs/sha256/x") and not store.exists("blobs/sha256/y")
+    store.delete("blobs/sha256/x")
+    with pytest.raises(KeyNotFound):
+        store.get("blobs/sha256/x")
+    assert store.local_path("functions/f/routing.json") is None
+
+
+def test_multipart_upload_and_parallel_ranged_download(
+    s3: MotoEndpoint, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = os.urandom(12 * MiB + 123)
+    (tmp_path / "big").write_bytes(data)
+    store = s3.store("fnrt", url=proxy.url)
+    moved: list[int] = []
+    store.put_file("big", tmp_path / "big", moved.append)
+    assert sum(moved) == len(data)
+    assert sum(1 for r in proxy.requests if r.startswith(b"PUT ") and b"partNumber" in r) == 3
+    moved.clear()
+    store.download("big", tmp_path / "copy", moved.append)
+    assert (tmp_path / "copy").read_bytes() == data
+    assert sum(moved) == len(data)
+    assert proxy.gets(b"/fnrt/big") == 3  # three 5 MiB ranges
+
+
+def test_transient_failures_are_retried(
+    s3: MotoEndpoint, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = os.urandom(7 * MiB)
+    s3.store("fnrt").put("obj", data)
+    store = s3.store("fnrt", url=proxy.url)
+    proxy.set("cut", cut_after_bytes=1 * MiB, faults=1)  # the first response dies halfway
+    store.download("obj", tmp_path / "copy")
+    assert (tmp_path / "copy").read_bytes() == data
+    proxy.set("refuse", faults=2)
+    assert store.get("obj")[0] == data
+
+
+def test_a_final_failure_names_the_object(s3: MotoEndpoint, proxy: FaultProxy) -> None:
+    store = s3.store("fnrt", url=proxy.url)
+    proxy.set("refuse")
+    with pytest.raises(StoreError, match=r"GET of s3://fnrt/blobs/sha256/abc failed after retries"):
+        store.get("blobs/sha256/abc")
+    assert proxy.connections >= 3
+
+
+def test_repository_over_s3(s3: MotoEndpoint) -> None:
+    repo = Repository(s3.store("fnrt", "prefix"))
+    digest = hashlib.sha256(b"payload").hexdigest()
+    assert repo.put_blob(digest, b"payload")
+    assert not repo.put_blob(digest, b"payload")
+    repo.update_routing("f", lambda _: Routing.first("v-1", "t"))
+    repo.update_routing("f", lambda cur: cur.cut_over("v-2", "t"))  # type: ignore[union-attr]
+    routing, _ = repo.get_routing("f")
+    assert (routing.traffic, routing.previous) == ({"v-2": 100}, ("v-1",))
+    assert repo.list_functions() == ["f"]
+
+
+def test_open_store_reads_s3_uris(s3: MotoEndpoint) -> None:
+    from fnrt.loader.stores import S3Config
+
+    store = open_store("s3://fnrt/some/prefix", S3Config(endpoint_url=s3.url))
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.prefix, store.uri) == (
+        "fnrt",
+        "some/prefix",
+        "s3://fnrt/some/prefix",
+    )
+    with pytest.raises(ValueError, match="names no bucket"):
+        open_store("s3:///x")

@@ -1,0 +1,161 @@
+"""L3 -> L2 -> L1 end to end over a real S3 endpoint, faults, and the L1 memory budget."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from s3support import FaultProxy, MotoEndpoint
+
+from fnrt.loader.cache import BlobCache, CacheConfig
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.repository import Repository
+from fnrt.runtime.cli.main import main
+from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.registry import Registry
+from support import LiveServer, gates, live_server, write_function
+
+X = {"x": [[1.0, 2.0, 3.0, 4.0]]}
+
+WEIGHTED = """
+import numpy as np
+import fnrt_test_gates
+
+class Weighted:
+    def load(self, artifacts, device):
+        self.w = np.fromfile(artifacts["w"].path, dtype=np.uint8)
+        fnrt_test_gates.loads.append(len(self.w))
+
+    def __call__(self, batch):
+        return [{"y": r["x"] + float(self.w[0])} for r in batch]
+"""
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:Weighted"
+
+[artifacts]
+w = "w.bin"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+"""
+
+
+def deploy_to_s3(tmp: Path, s3: MotoEndpoint, name: str, size: int) -> None:
+    weights = bytes([7]) + os.urandom(size - 1)
+    folder = write_function(tmp / "src", name, WEIGHTED, MANIFEST, files={"w.bin": weights})
+    argv = ["deploy", str(folder), "--store", "s3://fnrt/fns", "--s3-endpoint", s3.url, "-q"]
+    assert main(argv) == 0
+
+
+def s3_registry(
+    tmp: Path, url: str, clock: ManualClock, memory_budget_bytes: int | None = None
+) -> Registry:
+    from s3support import FAST_RETRY
+
+    from fnrt.loader.stores.s3 import S3Config, S3Store
+
+    store = S3Store(
+        "fnrt", "fns", S3Config(endpoint_url=url, retry=FAST_RETRY, part_size_bytes=5 * 2**20)
+    )
+    repository = Repository(store)
+    cache = BlobCache(CacheConfig(tmp / "cache"))
+    loader = InstanceLoader(repository, tmp / "cache", detect_device("cpu"), cache)
+    return Registry(
+        repository, loader, clock, sweep_interval_s=3600, memory_budget_bytes=memory_budget_bytes
+    )
+
+
+def invoke(srv: LiveServer, name: str) -> tuple[int, str | None]:
+    with srv.client() as c:
+        r = c.post(f"/v1/functions/{name}/invoke", json=X)
+    return r.status_code, r.headers.get("x-fnrt-cold-start")
+
+
+def test_l3_then_l2_then_l1(
+    tmp_path: Path, s3: MotoEndpoint, proxy: FaultProxy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deploy_to_s3(tmp_path, s3, "weighted", 6 * 2**20)
+    capsys.readouterr()
+    clock = ManualClock()
+    registry = s3_registry(tmp_path / "node", proxy.url, clock)
+    with live_server(tmp_path / "node", registry=registry) as srv:
+        assert invoke(srv, "weighted") == (200, "l3")  # empty cache: fetched from the store
+        assert invoke(srv, "weighted") == (200, None)  # warm: L1
+        clock.advance(301)
+        assert srv.call(registry.sweep()) == ["weighted"]
+        gets = proxy.gets(b"/blobs/sha256/")
+        assert invoke(srv, "weighted") == (200, "l2")  # scaled to zero: mapped from disk
+        assert proxy.gets(b"/blobs/sha256/") == gets  # nothing downloaded again
+        with srv.client() as c:
+            instance = c.get("/v1/functions/weighted").json()["instance"]
+        assert instance["cold_starts"] == {"l3": 1, "l2": 1}
+        assert instance["last_load_tier"] == "l2"
+        assert set(instance["last_load_timings_s"]) == {
+            "fetch_s",
+            "verify_s",
+            "import_s",
+            "load_s",
+            "total_s",
+        }
+
+
+def test_store_down_503_for_what_is_not_cached_while_l2_keeps_serving(
+    tmp_path: Path, s3: MotoEndpoint, proxy: FaultProxy
+) -> None:
+    deploy_to_s3(tmp_path, s3, "cached", 1000)
+    deploy_to_s3(tmp_path, s3, "remote", 1000)
+    clock = ManualClock()
+    registry = s3_registry(tmp_path / "node", proxy.url, clock)
+    with live_server(tmp_path / "node", registry=registry) as srv:
+        assert invoke(srv, "cached") == (200, "l3")
+        srv.call(registry.get("remote"))  # known to this node, never loaded
+        clock.advance(301)
+        assert srv.call(registry.sweep()) == ["cached"]
+        proxy.set("refuse")  # the store goes away
+        with srv.client() as c:
+            r = c.post("/v1/functions/remote/invoke", json=X)
+            assert r.status_code == 503
+            assert "failed after retries" in r.json()["error"]
+            assert "s3://fnrt/fns/blobs/sha256/" in r.json()["error"]
+        assert invoke(srv, "cached") == (200, "l2")
+        proxy.set("pass")
+        assert invoke(srv, "remote") == (200, "l3")  # and it recovers
+
+
+def test_memory_budget_evicts_the_least_recently_used_idle_instance(
+    tmp_path: Path, s3: MotoEndpoint
+) -> None:
+    for name in ("a", "b", "c"):
+        deploy_to_s3(tmp_path, s3, name, 400_000)
+    registry = s3_registry(tmp_path / "node", s3.url, ManualClock(), memory_budget_bytes=900_000)
+    with live_server(tmp_path / "node", registry=registry) as srv:
+        assert invoke(srv, "a")[0] == 200
+        assert invoke(srv, "b")[0] == 200
+        states = lambda: {s.name: s.state.value for s in registry.loaded()}  # noqa: E731
+        assert states() == {"a": "warm", "b": "warm", "c": "cold"}
+        assert invoke(srv, "c")[0] == 200  # 3 x 400 kB > 900 kB: "a" goes
+        assert states() == {"a": "cold", "b": "warm", "c": "warm"}
+        assert invoke(srv, "a") == (200, "l2")  # its file stayed on disk: a map, not a download
+        assert states() == {"a": "warm", "b": "cold", "c": "warm"}
+        assert len(gates.loads) == 4
+
+
+def test_deploy_to_s3_uploads_only_missing_blobs(
+    tmp_path: Path, s3: MotoEndpoint, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_function(
+        tmp_path / "src", "f", WEIGHTED, MANIFEST, files={"w.bin": os.urandom(1000)}
+    )
+    argv = ["deploy", str(folder), "--store", "s3://fnrt/fns", "--s3-endpoint", s3.url, "--json"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    import json
+
+    assert json.loads(first)["uploaded_blobs"] == 2
+    assert json.loads(second)["uploaded_blobs"] == 0 and json.loads(second)["created"] is False
