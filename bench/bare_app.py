@@ -1,8 +1,9 @@
-"""The baseline for ``bench/invoke.py``: a bare Starlette endpoint calling the same model.
+"""The baseline for the serving benchmarks: a bare Starlette endpoint calling the model.
 
 What a user writes by hand without fnrt: parse the body, run the model inline,
-answer. No queue, no thread hop, no validation. Run as
-``python bench/bare_app.py WEIGHTS PORT``.
+answer. No queue, no batching, no thread hop, no validation. Run as
+``python bench/bare_app.py EXAMPLE_DIR WEIGHTS PORT``; EXAMPLE_DIR's
+``model.py`` has ``build()``.
 """
 
 from __future__ import annotations
@@ -23,15 +24,13 @@ from starlette.routing import Route
 
 from fnrt.loader.formats.safetensors import tensors
 
-MLP_DIR = Path(__file__).resolve().parent.parent / "examples" / "mlp"
 
-
-def build(weights: Path) -> Starlette:
+def build(example: Path, weights: Path) -> Starlette:
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-    sys.path.insert(0, str(MLP_DIR))
-    from model import MLP
+    sys.path.insert(0, str(example))
+    from model import build as build_model
 
-    model = MLP().eval()
+    model = build_model().eval()
     model.load_state_dict(tensors(weights))
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -48,15 +47,15 @@ def build(weights: Path) -> Starlette:
         y = run(np.asarray(data["x"], dtype=np.float32))
         return JSONResponse({"y": y.tolist()})
 
-    return Starlette(routes=[Route("/v1/functions/mlp/invoke", invoke, methods=["POST"])])
+    return Starlette(routes=[Route("/invoke", invoke, methods=["POST"])])
 
 
 if __name__ == "__main__":
-    app = build(Path(sys.argv[1]))
+    app = build(Path(sys.argv[1]), Path(sys.argv[2]))
     uvicorn.run(
         app,
         host="127.0.0.1",
-        port=int(sys.argv[2]),
+        port=int(sys.argv[3]),
         loop="uvloop",
         http="httptools",
         log_level="warning",

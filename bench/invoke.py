@@ -14,78 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 import msgpack_numpy
 import numpy as np
+from loadgen import Result, free_port, median, require_wrk, wait_ready, write_script, wrk
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-
-LUA = """
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "{content_type}"
-local f = io.open("{body}", "rb")
-wrk.body = f:read("*all")
-f:close()
-"""
-
-
-@dataclass(frozen=True)
-class Result:
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    errors: int
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} not ready in {timeout_s}s")
-
-
-def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
-    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
-
-
-def wrk(url: str, script: Path, connections: int, duration_s: int) -> Result:
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(script), url],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return Result(rps, p50, p99, int(errors.group(1)) if errors else 0)
 
 
 def main() -> None:
@@ -95,8 +37,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plot", type=Path, help="write a bar chart of requests/s to this PNG")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is not installed: apt-get install wrk")
+    require_wrk()
 
     work = Path(tempfile.mkdtemp(prefix="fnrt-bench-"))
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -135,7 +76,13 @@ def main() -> None:
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(ROOT / "bench" / "bare_app.py"), str(weights), str(bare_port)],
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "bare_app.py"),
+                    str(example),
+                    str(weights),
+                    str(bare_port),
+                ],
                 env=env,
             )
         )
@@ -161,14 +108,12 @@ def main() -> None:
                 msgpack.packb({"x": x}, default=msgpack_numpy.encode),
             ),
         }
-        scripts = {}
-        for fmt, (ctype, body) in bodies.items():
-            (work / f"{fmt}.body").write_bytes(body)
-            scripts[fmt] = work / f"{fmt}.lua"
-            scripts[fmt].write_text(LUA.format(content_type=ctype, body=work / f"{fmt}.body"))
+        scripts = {
+            fmt: write_script(work, fmt, ctype, body) for fmt, (ctype, body) in bodies.items()
+        }
         urls = {
             "fnrt": f"http://127.0.0.1:{fnrt_port}/v1/functions/mlp/invoke",
-            "bare": f"http://127.0.0.1:{bare_port}/v1/functions/mlp/invoke",
+            "bare": f"http://127.0.0.1:{bare_port}/invoke",
         }
         for url in urls.values():  # warm up both (first invoke loads fnrt's instance)
             for fmt in bodies:
@@ -182,10 +127,6 @@ def main() -> None:
                         wrk(url, scripts[fmt], args.connections, args.duration_s)
                     )
 
-        def median(key: tuple[str, str]) -> Result:
-            rounds = sorted(results[key], key=lambda r: r.rps)
-            return rounds[len(rounds) // 2]
-
         print(
             f"\nmlp example, {args.connections} connections, "
             f"{args.duration_s}s x {args.rounds} rounds (median round)\n"
@@ -195,21 +136,21 @@ def main() -> None:
         )
         for fmt in bodies:
             for name in urls:
-                r = median((name, fmt))
+                r = median(results[(name, fmt)])
                 print(
                     f"{name:<6} {fmt:<8} {r.rps:>9.0f} "
                     f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>8}"
                 )
         print()
         for fmt in bodies:
-            ratio = median(("fnrt", fmt)).rps / median(("bare", fmt)).rps
+            ratio = median(results[("fnrt", fmt)]).rps / median(results[("bare", fmt)]).rps
             spread = [
                 round(a.rps / b.rps, 2)
                 for a, b in zip(results[("fnrt", fmt)], results[("bare", fmt)], strict=True)
             ]
             print(f"fnrt / bare requests/s ({fmt}): {ratio:.2f}x   per round: {spread}")
         if args.plot:
-            plot(results, median, args.plot)
+            plot(results, args.plot)
     finally:
         for p in procs:
             p.terminate()
@@ -218,7 +159,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def plot(results: dict[tuple[str, str], list[Result]], median: object, path: Path) -> None:
+def plot(results: dict[tuple[str, str], list[Result]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -98,6 +98,10 @@ class Overloaded(FnrtError):
         self.retry_after_s = retry_after_s
 
 
+class DeadlineExceeded(FnrtError):
+    """A request's deadline passed while it waited in the queue; it was never computed."""
+
+
 class Unavailable(FnrtError):
     """The function cannot serve right now (draining, deleted, store unreachable)."""
 

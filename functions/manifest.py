@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -105,28 +105,55 @@ class TensorSpec:
 class BatchingConfig:
     """How requests are grouped into one handler call.
 
-    A batch leaves when it holds ``max_batch_size`` requests or its oldest
-    request has waited ``max_wait_ms``. With the default wait of 0 a batch is
-    whatever queued while the previous one ran (Triton's default behaviour).
+    ``mode = "fixed"``: a batch leaves when it holds ``max_batch_size``
+    requests or its oldest request has waited ``max_wait_ms``. With the default
+    wait of 0 a batch is whatever queued while the previous one ran (Triton's
+    default behaviour).
+
+    ``mode = "adaptive"``: the batch size and wait are chosen from the
+    handler's measured cost (per item and fixed) so that queue wait + compute
+    stays under ``target_p99_ms``; requests that can no longer make it are
+    refused early (503). ``max_batch_size`` stays the upper bound, and
+    ``max_wait_ms`` (when > 0) caps the wait.
     """
 
     max_batch_size: int = 8
     max_wait_ms: float = 0.0
+    mode: str = "fixed"
+    target_p99_ms: float = 100.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch_size, int) or not 1 <= self.max_batch_size <= 4096:
             raise ManifestError("max_batch_size", "must be an integer from 1 to 4096")
         if not isinstance(self.max_wait_ms, int | float) or not 0 <= self.max_wait_ms <= 60_000:
             raise ManifestError("max_wait_ms", "must be a number from 0 to 60000")
+        if self.mode not in ("fixed", "adaptive"):
+            raise ManifestError("mode", f"{self.mode!r} is not 'fixed' or 'adaptive'")
+        if not isinstance(self.target_p99_ms, int | float) or not 0 < self.target_p99_ms <= 600_000:
+            raise ManifestError("target_p99_ms", "must be a number of milliseconds > 0")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.mode == "adaptive"
 
 
 @dataclass(frozen=True)
 class ScalingConfig:
-    """Instance lifecycle: when to unload, how much to queue, whether to load early."""
+    """Instance lifecycle: how many, when to add and drop them, how much to queue.
+
+    The first instance is dropped after ``keep_alive_s`` idle (scale to zero,
+    unless ``min_instances`` keeps it); more start, up to ``max_instances``,
+    when the queue holds a full batch for ``scale_up_after_ms``, and each extra
+    one stops after ``scale_down_after_s`` idle.
+    """
 
     keep_alive_s: float = 300.0
     max_queue: int = 256
     load_at_start: bool = False
+    min_instances: int = 0
+    max_instances: int = 1
+    scale_up_after_ms: float = 200.0
+    scale_down_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep_alive_s, int | float) or self.keep_alive_s < 0:
@@ -135,6 +162,56 @@ class ScalingConfig:
             raise ManifestError("max_queue", "must be an integer from 1 to 1000000")
         if not isinstance(self.load_at_start, bool):
             raise ManifestError("load_at_start", "must be true or false")
+        if not isinstance(self.max_instances, int) or not 1 <= self.max_instances <= 256:
+            raise ManifestError("max_instances", "must be an integer from 1 to 256")
+        if (
+            not isinstance(self.min_instances, int)
+            or not 0 <= self.min_instances <= self.max_instances
+        ):
+            raise ManifestError("min_instances", "must be an integer from 0 to max_instances")
+        for name in ("scale_up_after_ms", "scale_down_after_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value < 0:
+                raise ManifestError(name, "must be a number >= 0")
+
+
+PRIORITIES = ("high", "normal", "low")
+
+
+@dataclass(frozen=True)
+class RequestsConfig:
+    """Per-request defaults: priority (``X-Fnrt-Priority`` overrides), timeout
+    (``X-Fnrt-Timeout-Ms`` overrides; 0 for none) and how fast waiting requests
+    climb a priority class so none starves."""
+
+    default_priority: str = "normal"
+    timeout_ms: float = 0.0
+    aging_ms: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if self.default_priority not in PRIORITIES:
+            raise ManifestError("default_priority", f"must be one of {list(PRIORITIES)}")
+        if not isinstance(self.timeout_ms, int | float) or self.timeout_ms < 0:
+            raise ManifestError("timeout_ms", "must be a number of milliseconds >= 0")
+        if not isinstance(self.aging_ms, int | float) or self.aging_ms <= 0:
+            raise ManifestError("aging_ms", "must be a number of milliseconds > 0")
+
+
+@dataclass(frozen=True)
+class ResultCacheConfig:
+    """Opt-in cache of outputs by a hash of the inputs, for deterministic handlers."""
+
+    enabled: bool = False
+    max_bytes: int = 64 * 1024 * 1024
+    ttl_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ManifestError("enabled", "must be true or false")
+        if not isinstance(self.max_bytes, int) or self.max_bytes < 1:
+            raise ManifestError("max_bytes", "must be a positive integer")
+        if not isinstance(self.ttl_s, int | float) or self.ttl_s <= 0:
+            raise ManifestError("ttl_s", "must be a number of seconds > 0")
 
 
 @dataclass(frozen=True)
@@ -149,6 +226,8 @@ class Manifest:
     outputs: Mapping[str, TensorSpec] = field(default_factory=dict)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    requests: RequestsConfig = field(default_factory=RequestsConfig)
+    result_cache: ResultCacheConfig = field(default_factory=ResultCacheConfig)
     exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -189,15 +268,10 @@ class Manifest:
             "artifacts": dict(sorted(self.artifacts.items())),
             "inputs": {k: v.to_dict() for k, v in self.inputs.items()},
             "outputs": {k: v.to_dict() for k, v in self.outputs.items()},
-            "batching": {
-                "max_batch_size": self.batching.max_batch_size,
-                "max_wait_ms": self.batching.max_wait_ms,
-            },
-            "scaling": {
-                "keep_alive_s": self.scaling.keep_alive_s,
-                "max_queue": self.scaling.max_queue,
-                "load_at_start": self.scaling.load_at_start,
-            },
+            "batching": asdict(self.batching),
+            "scaling": asdict(self.scaling),
+            "requests": asdict(self.requests),
+            "result_cache": asdict(self.result_cache),
             "exclude": list(self.exclude),
         }
 
@@ -211,6 +285,8 @@ _TOP_KEYS = {
     "outputs",
     "batching",
     "scaling",
+    "requests",
+    "result_cache",
     "exclude",
 }
 
@@ -280,6 +356,8 @@ def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manif
         outputs=_tensors(data, "outputs"),
         batching=_build(BatchingConfig, _table(data, "batching"), "batching"),
         scaling=_build(ScalingConfig, _table(data, "scaling"), "scaling"),
+        requests=_build(RequestsConfig, _table(data, "requests"), "requests"),
+        result_cache=_build(ResultCacheConfig, _table(data, "result_cache"), "result_cache"),
         exclude=tuple(exclude),
     )
 

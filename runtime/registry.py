@@ -22,7 +22,7 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.deployment import Deployed, publish_version
-from fnrt.runtime.scheduler import Scheduler
+from fnrt.runtime.scheduler import Admission, Scheduler
 
 log = logging.getLogger("fnrt.registry")
 
@@ -38,8 +38,10 @@ class Registry:
         *,
         sweep_interval_s: float = 1.0,
         memory_budget_bytes: int | None = None,
+        max_queued_total: int = 10_000,
     ) -> None:
         self.memory_budget_bytes = memory_budget_bytes
+        self.admission = Admission(max_queued_total)
         self.repository = repository
         self.loader = loader
         self.clock = clock
@@ -95,7 +97,9 @@ class Registry:
         old = self._schedulers.get(vm.name)
         if old is not None and old.version.version == vm.version:
             return old
-        scheduler = Scheduler(vm, self.loader, self.clock, self.make_room)
+        scheduler = Scheduler(vm, self.loader, self.clock, self.make_room, self.admission)
+        if vm.manifest.scaling.min_instances > 0:
+            self._background(_warm_logged(scheduler))
         self._schedulers[vm.name] = scheduler
         if old is not None:
             self._background(old.close())

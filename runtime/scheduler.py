@@ -1,12 +1,13 @@
-"""One scheduler per deployed function version: admission, batching, instance lifecycle.
+"""One scheduler per deployed function version: admission, batching, instances.
 
-Requests are admitted into a bounded queue (a full queue answers Overloaded,
-which the HTTP layer turns into 429 with ``Retry-After``). A single worker
-task takes batches off the queue as :func:`fnrt.runtime.batching.flush_delay_s`
-decides, makes sure an instance is loaded (concurrent first requests share one
-load), and runs the handler on the instance's own thread so the event loop
-never runs model code. :meth:`Scheduler.scale_to_zero` drops an idle instance
-when :func:`fnrt.runtime.scaling.should_unload` says so.
+Requests are admitted into a bounded :class:`RequestQueue` (per function and,
+through :class:`Admission`, per node; beyond either, Overloaded -> 429 with
+``Retry-After``). Each instance has a worker task that takes batches off the
+shared queue as the batching decision says (fixed or adaptive), runs the
+handler on the instance's own thread (the event loop never runs model code)
+and answers each request. The first instance loads at the first request;
+concurrent first requests share that one load. More instances start while the
+queue stays deep, up to ``max_instances``; idle ones stop, down to zero.
 """
 
 from __future__ import annotations
@@ -17,18 +18,15 @@ import gc
 import logging
 import math
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import numpy as np
-
 from fnrt.functions.errors import (
+    DeadlineExceeded,
     FnrtError,
-    HandlerError,
     HandlerFailed,
     LoadError,
     Overloaded,
@@ -37,13 +35,21 @@ from fnrt.functions.errors import (
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Instance, InstanceLoader
-from fnrt.runtime.batching import flush_delay_s
+from fnrt.runtime.batching import (
+    CostModel,
+    Plan,
+    RateEstimator,
+    adaptive_plan,
+    flush_delay_s,
+    predicted_finish_s,
+)
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.scaling import Activity, should_unload
+from fnrt.runtime.queue import Outputs, Pending, Priority, RequestQueue
+from fnrt.runtime.result_cache import ResultCache
+from fnrt.runtime.scaling import Activity, should_add_instance, should_unload
+from fnrt.runtime.stats import Stats
 
 log = logging.getLogger("fnrt.scheduler")
-
-Outputs = dict[str, np.ndarray[Any, Any]]
 
 
 class InstanceState(Enum):
@@ -64,42 +70,37 @@ class Served:
     cold_tier: str | None = None
 
 
-@dataclass
-class _Pending:
-    inputs: Request
-    future: asyncio.Future[Outputs]
-    enqueued_at: float
-    cold: bool  # no instance was loaded when it arrived
+class Admission:
+    """The node-wide bound on queued requests, shared by every scheduler."""
+
+    def __init__(self, max_queued: int) -> None:
+        self.max_queued = max_queued
+        self.queued = 0
 
 
 #: Called before a load with (the scheduler, bytes it expects to need); frees memory.
 MakeRoom = Callable[["Scheduler", int], Awaitable[None]]
 
 
-@dataclass
-class Stats:
-    """Counters shown by ``GET /v1/functions/{name}``."""
+@dataclass(eq=False)
+class _Slot:
+    """One instance (or the place for one) and its worker."""
 
-    requests: int = 0
-    errors: int = 0
-    rejected: int = 0
-    batches: int = 0
-    loads: int = 0
-    load_failures: int = 0
-    unloads: int = 0
-    last_load_timings_s: dict[str, float] = field(default_factory=dict)
-    last_load_tier: str | None = None
-    last_load_bytes: int = 0
-    cold_starts: dict[str, int] = field(default_factory=dict)  # by tier
-    batch_s_ewma: float = 0.0
+    index: int
+    instance: Instance | None = None
+    loading: asyncio.Future[Instance] | None = None
+    running: bool = False
+    last_active: float = 0.0
+    retired: bool = False
+    worker: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    def observe_batch(self, seconds: float) -> None:
-        self.batch_s_ewma = seconds if not self.batches else 0.8 * self.batch_s_ewma + 0.2 * seconds
-        self.batches += 1
+    @property
+    def primary(self) -> bool:
+        return self.index == 0
 
 
 class Scheduler:
-    """Queue, batcher and instance of one function version."""
+    """Queue, batcher and instances of one function version."""
 
     def __init__(
         self,
@@ -107,23 +108,32 @@ class Scheduler:
         loader: InstanceLoader,
         clock: Clock,
         make_room: MakeRoom | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.version = version
-        self._make_room = make_room
         self._manifest = version.manifest
         self._loader = loader
         self._clock = clock
-        self._queue: deque[_Pending] = deque()
+        self._make_room = make_room
+        self._admission = admission or Admission(1 << 62)
+        requests = self._manifest.requests
+        self.default_priority = Priority.parse(requests.default_priority)
+        self._queue = RequestQueue(requests.aging_ms / 1000.0)
         self._wake = asyncio.Event()
-        self._instance: Instance | None = None
-        self._loading: asyncio.Future[Instance] | None = None
-        self._running = False
         self._closing = False
-        self._last_active = clock.now()
+        self._deep_since: float | None = None
+        self._next_slot = 0
+        self._slots: list[_Slot] = []
+        self.cost = CostModel()
+        self.arrivals = RateEstimator()
         self.stats = Stats()
-        self._worker = asyncio.ensure_future(self._work())
+        caching = self._manifest.result_cache
+        self.result_cache = (
+            ResultCache(caching.max_bytes, caching.ttl_s, clock) if caching.enabled else None
+        )
+        self._add_slot()
 
-    # --- public --------------------------------------------------------------
+    # --- public ----------------------------------------------------------------------
 
     @property
     def name(self) -> str:
@@ -131,114 +141,204 @@ class Scheduler:
 
     @property
     def state(self) -> InstanceState:
-        if self._instance is not None:
+        if any(s.instance is not None for s in self._slots):
             return InstanceState.WARM
-        return InstanceState.LOADING if self._loading is not None else InstanceState.COLD
+        if any(s.loading is not None for s in self._slots):
+            return InstanceState.LOADING
+        return InstanceState.COLD
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
     @property
-    def instance_bytes(self) -> int:
-        """Memory the loaded instance holds (0 when cold)."""
-        return self._instance.size_bytes if self._instance is not None else 0
+    def instances(self) -> int:
+        return sum(1 for s in self._slots if s.instance is not None)
 
-    async def submit(self, inputs: Request) -> Served:
-        """Queue one request and wait for its outputs."""
-        if self._closing:
-            raise Unavailable(
-                f"function '{self.name}' version {self.version.version} is shutting down"
-            )
-        if len(self._queue) >= self._manifest.scaling.max_queue:
-            self.stats.rejected += 1
-            raise Overloaded(
-                f"function '{self.name}' has {len(self._queue)} requests queued (the limit)",
-                retry_after_s=self._retry_after_s(),
-            )
+    def loaded_instances(self) -> list[Instance]:
+        return [s.instance for s in self._slots if s.instance is not None]
+
+    @property
+    def instance_bytes(self) -> int:
+        """Memory the loaded instances hold (0 when cold)."""
+        return sum(s.instance.size_bytes for s in self._slots if s.instance is not None)
+
+    async def submit(
+        self,
+        inputs: Request,
+        *,
+        priority: Priority | None = None,
+        timeout_s: float | None = None,
+    ) -> Served:
+        """Queue one request and wait for its outputs.
+
+        Raises Overloaded (queue full), Unavailable (closing, or in adaptive
+        mode a request that cannot finish within the target), DeadlineExceeded
+        (``timeout_s`` passed before it was computed).
+        """
+        now = self._clock.now()
+        self._admit(now, timeout_s)
         self.stats.requests += 1
+        self.arrivals.arrive(now)
         future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
-        cold = self._instance is None
-        self._queue.append(_Pending(inputs, future, self._clock.now(), cold))
+        cold = self.instances == 0
+        if timeout_s is None and self._manifest.requests.timeout_ms > 0:
+            timeout_s = self._manifest.requests.timeout_ms / 1000.0
+        deadline = now + timeout_s if timeout_s is not None else None
+        chosen = self.default_priority if priority is None else priority  # HIGH is 0: falsy
+        pending = Pending(inputs, future, now, chosen, deadline, cold)
+        self._queue.push(pending)
+        self._admission.queued += 1
         self._wake.set()
+        if deadline is not None:
+            await self._await_or_expire(pending, deadline - now)
         outputs = await future
         return Served(outputs, self.stats.last_load_tier if cold else None)
 
     async def warm(self) -> None:
-        """Load an instance now if there is none (shares a load already under way)."""
-        await self._ensure_instance()
+        """Load the first instance now if there is none (shares a load under way)."""
+        await self._ensure_instance(self._slots[0])
 
     def activity(self) -> Activity:
+        """The function as a whole (any instance loaded, any busy)."""
         return Activity(
-            loaded=self._instance is not None,
-            busy=self._running or self._loading is not None,
+            loaded=self.instances > 0,
+            busy=any(s.running or s.loading is not None for s in self._slots),
             queued=len(self._queue),
-            last_active_s=self._last_active,
+            last_active_s=max((s.last_active for s in self._slots), default=0.0),
         )
 
     async def scale_to_zero(self, now: float, *, force: bool = False) -> bool:
-        """Unload the instance if it has been idle for keep-alive (or ``force``); True if so."""
-        activity = self.activity()
-        if force:
-            if not activity.loaded or activity.busy or activity.queued:
-                return False
-        elif not should_unload(self._manifest.scaling.keep_alive_s, activity, now):
-            return False
-        instance, self._instance = self._instance, None
-        assert instance is not None
-        self.stats.unloads += 1
-        log.info("scaled %s %s to zero", self.name, self.version.version)
-        await asyncio.to_thread(_release, instance)
-        return True
+        """Drop idle instances: extra ones after ``scale_down_after_s``, the last after
+        ``keep_alive_s`` (never below ``min_instances``); ``force`` drops every idle
+        one now. True if any was dropped."""
+        scaling = self._manifest.scaling
+        dropped = False
+        for slot in sorted(self._slots, key=lambda s: -s.index):
+            if slot.instance is None:
+                continue
+            if not force and self.instances <= scaling.min_instances:
+                break
+            keep = scaling.keep_alive_s if slot.primary else scaling.scale_down_after_s
+            activity = Activity(True, slot.running, len(self._queue), slot.last_active)
+            idle = not activity.busy and not activity.queued
+            if (force and idle) or should_unload(keep, activity, now):
+                await self._drop(slot)
+                dropped = True
+        return dropped
 
     async def close(self) -> None:
         """Stop taking requests, finish the queued ones, then unload."""
         self._closing = True
         self._wake.set()
-        await asyncio.shield(self._worker)
-        if self._loading is not None:
-            with contextlib.suppress(Exception):
-                await self._loading
-        if self._instance is not None:
-            instance, self._instance = self._instance, None
-            await asyncio.to_thread(_release, instance)
+        workers = [s.worker for s in self._slots if s.worker is not None]
+        await asyncio.gather(*(asyncio.shield(w) for w in workers), return_exceptions=True)
+        for slot in list(self._slots):
+            if slot.loading is not None:
+                with contextlib.suppress(Exception):
+                    await slot.loading
+            if slot.instance is not None:
+                await self._drop(slot)
 
     def describe(self) -> dict[str, Any]:
-        s = self.stats
+        per_item, fixed = self.cost.coefficients()
+        now = self._clock.now()
+        last_active = self.activity().last_active_s
         return {
             "version": self.version.version,
             "state": self.state.value,
+            "instances": self.instances,
             "queued": len(self._queue),
-            "idle_s": round(max(self._clock.now() - self._last_active, 0.0), 3),
-            "requests": s.requests,
-            "errors": s.errors,
-            "rejected": s.rejected,
-            "batches": s.batches,
-            "loads": s.loads,
-            "load_failures": s.load_failures,
-            "unloads": s.unloads,
+            "queued_by_priority": self._queue.depth_by_priority(),
+            "idle_s": round(max(now - last_active, 0.0), 3),
             "instance_bytes": self.instance_bytes,
-            "last_load_tier": s.last_load_tier,
-            "last_load_timings_s": {k: round(v, 6) for k, v in s.last_load_timings_s.items()},
-            "cold_starts": dict(s.cold_starts),
+            "cost_model": {
+                "per_item_ms": round(per_item * 1000, 4),
+                "fixed_ms": round(fixed * 1000, 4),
+            },
+            "arrival_rate_per_s": round(self.arrivals.rate_per_s(now), 3),
+            **self.stats.describe(),
+            "result_cache": self.result_cache.describe() if self.result_cache else None,
         }
 
-    # --- internals -----------------------------------------------------------
+    # --- admission ---------------------------------------------------------------------
+
+    def _admit(self, now: float, timeout_s: float | None) -> None:
+        if self._closing:
+            raise Unavailable(
+                f"function '{self.name}' version {self.version.version} is shutting down"
+            )
+        limit = self._manifest.scaling.max_queue
+        if len(self._queue) >= limit:
+            self.stats.rejected += 1
+            raise Overloaded(
+                f"function '{self.name}' has {len(self._queue)} requests queued (its limit)",
+                retry_after_s=self._retry_after_s(),
+            )
+        if self._admission.queued >= self._admission.max_queued:
+            self.stats.rejected += 1
+            raise Overloaded(
+                f"the server has {self._admission.queued} requests queued (its limit)",
+                retry_after_s=self._retry_after_s(),
+            )
+        batching = self._manifest.batching
+        if batching.adaptive:
+            budget = batching.target_p99_ms / 1000.0
+            if timeout_s is not None:
+                budget = min(budget, timeout_s)
+            expected = predicted_finish_s(
+                batching, self.cost, len(self._queue), max(self.instances, 1)
+            )
+            if expected > budget:
+                self.stats.rejected += 1
+                raise Unavailable(
+                    f"function '{self.name}' cannot answer within {budget * 1000:.0f} ms: "
+                    f"about {expected * 1000:.0f} ms of work is queued ahead",
+                    expected_ms=round(expected * 1000, 1),
+                )
 
     def _retry_after_s(self) -> float:
-        per_batch = self.stats.batch_s_ewma or 0.1
-        batches_ahead = len(self._queue) / self._manifest.batching.max_batch_size
-        return float(min(max(math.ceil(batches_ahead * per_batch), 1), 60))
+        size = self._manifest.batching.max_batch_size
+        per_batch = self.cost.predict(size) if self.cost.fitted else 0.1
+        rounds = len(self._queue) / size / max(self.instances, 1)
+        return float(min(max(math.ceil(rounds * per_batch), 1), 60))
 
-    async def _ensure_instance(self) -> Instance:
-        if self._instance is not None:
-            return self._instance
-        if self._loading is None:
-            self._loading = asyncio.ensure_future(self._load())
-        return await asyncio.shield(self._loading)
+    async def _await_or_expire(self, pending: Pending, timeout_s: float) -> None:
+        done = asyncio.Event()
+        pending.future.add_done_callback(lambda _: done.set())
+        if await self._clock.wait(done, timeout_s) or pending.started:
+            return
+        self._expire(pending)
 
-    async def _load(self) -> Instance:
-        executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self.name}")
+    def _expire(self, pending: Pending) -> None:
+        if not pending.future.done():
+            self.stats.expired += 1
+            waited = self._clock.now() - pending.enqueued_at
+            pending.future.set_exception(
+                DeadlineExceeded(
+                    f"function '{self.name}': the deadline passed after "
+                    f"{waited * 1000:.0f} ms in the queue"
+                )
+            )
+
+    # --- instances ---------------------------------------------------------------------
+
+    def _add_slot(self) -> _Slot:
+        slot = _Slot(self._next_slot, last_active=self._clock.now())
+        self._next_slot += 1
+        self._slots.append(slot)
+        slot.worker = asyncio.ensure_future(self._work(slot))
+        return slot
+
+    async def _ensure_instance(self, slot: _Slot) -> Instance:
+        if slot.instance is not None:
+            return slot.instance
+        if slot.loading is None:
+            slot.loading = asyncio.ensure_future(self._load(slot))
+        return await asyncio.shield(slot.loading)
+
+    async def _load(self, slot: _Slot) -> Instance:
+        executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self.name}-{slot.index}")
         loop = asyncio.get_running_loop()
         try:
             if self._make_room is not None:
@@ -249,7 +349,7 @@ class Scheduler:
         except BaseException as exc:
             executor.shutdown(wait=False)
             self.stats.load_failures += 1
-            if isinstance(exc, HandlerError | FnrtError):
+            if isinstance(exc, FnrtError):
                 raise
             error_id = new_error_id()
             log.error(
@@ -261,32 +361,88 @@ class Scheduler:
             )
             raise LoadError(self.name, error_id, f"{type(exc).__name__}: {exc}") from exc
         finally:
-            self._loading = None
-        self._instance = instance
+            slot.loading = None
+        slot.instance = instance
         # A full collection walks every object torch and the model made (~100 ms
         # with torch loaded): freeze them out of the collector so per-request
         # garbage never triggers such a pause (the p99 of a busy function).
         gc.freeze()
-        self._last_active = self._clock.now()
-        self.stats.loads += 1
-        self.stats.last_load_timings_s = dict(instance.timings_s)
-        self.stats.last_load_tier = instance.tier
-        self.stats.last_load_bytes = instance.size_bytes
-        self.stats.cold_starts[instance.tier] = self.stats.cold_starts.get(instance.tier, 0) + 1
+        slot.last_active = self._clock.now()
+        stats = self.stats
+        stats.loads += 1
+        stats.last_load_timings_s = dict(instance.timings_s)
+        stats.last_load_tier = instance.tier
+        stats.last_load_bytes = instance.size_bytes
+        stats.cold_starts[instance.tier] += 1
         log.info(
-            "loaded %s %s in %.3fs", self.name, self.version.version, instance.timings_s["total_s"]
+            "loaded %s %s (instance %d, %s) in %.3fs",
+            self.name,
+            self.version.version,
+            slot.index,
+            instance.tier,
+            instance.timings_s["total_s"],
         )
         return instance
 
+    async def _drop(self, slot: _Slot) -> None:
+        instance, slot.instance = slot.instance, None
+        if instance is None:
+            return
+        self.stats.unloads += 1
+        if not slot.primary:
+            slot.retired = True
+            self._slots.remove(slot)
+            self._wake.set()
+        log.info("unloaded %s %s (instance %d)", self.name, self.version.version, slot.index)
+        await asyncio.to_thread(_release, instance)
+
+    def _maybe_scale_up(self, now: float) -> None:
+        scaling = self._manifest.scaling
+        size = self._manifest.batching.max_batch_size
+        if len(self._queue) >= size:
+            self._deep_since = self._deep_since if self._deep_since is not None else now
+        else:
+            self._deep_since = None
+        if should_add_instance(
+            scaling,
+            instances=len(self._slots),
+            loading=any(s.loading is not None for s in self._slots),
+            queued=len(self._queue),
+            batch_size=size,
+            deep_since_s=self._deep_since,
+            now=now,
+        ):
+            slot = self._add_slot()
+            log.info("scaling %s up to %d instances", self.name, len(self._slots))
+            slot.loading = asyncio.ensure_future(self._load(slot))
+            slot.loading.add_done_callback(_quiet)
+
+    # --- batches -----------------------------------------------------------------------
+
+    def _plan(self, now: float) -> Plan:
+        """The batching decision for the queue as it is now (fixed or adaptive)."""
+        batching = self._manifest.batching
+        oldest = self._queue.oldest_enqueued_at()
+        waited = now - oldest if oldest is not None else 0.0
+        if batching.adaptive:
+            return adaptive_plan(
+                batching, self.cost, self.arrivals.rate_per_s(now), len(self._queue), waited
+            )
+        return Plan(
+            batching.max_batch_size, flush_delay_s(batching, len(self._queue), waited) or 0.0
+        )
+
     def _fail_queued(self, error: BaseException) -> None:
-        while self._queue:
-            pending = self._queue.popleft()
+        for pending in self._queue.drain():
+            self._admission.queued -= 1
             if not pending.future.done():
                 self.stats.errors += 1
                 pending.future.set_exception(error)
 
-    async def _work(self) -> None:
-        while True:
+    async def _work(self, slot: _Slot) -> None:
+        while not slot.retired:
+            now = self._clock.now()
+            self._maybe_scale_up(now)
             if not self._queue:
                 if self._closing:
                     return
@@ -294,29 +450,35 @@ class Scheduler:
                 await self._wake.wait()
                 continue
             try:
-                instance = await self._ensure_instance()
+                instance = await self._ensure_instance(slot)
             except FnrtError as exc:
-                self._fail_queued(exc)
-                continue
-            delay = flush_delay_s(
-                self._manifest.batching,
-                len(self._queue),
-                self._clock.now() - self._queue[0].enqueued_at,
-            )
-            if delay:
+                if slot.primary:
+                    if self.instances == 0:  # nobody else can serve them
+                        self._fail_queued(exc)
+                    else:  # the other instances serve; try again at the next arrival
+                        self._wake.clear()
+                        await self._wake.wait()
+                    continue
+                slot.retired = True
+                self._slots.remove(slot)
+                return
+            plan = self._plan(self._clock.now())
+            if plan.wait_s > 1e-6:  # below a microsecond a timer is not worth it
                 self._wake.clear()
-                await self._clock.wait(self._wake, delay)
+                await self._clock.wait(self._wake, plan.wait_s)
                 continue
-            await self._run_batch(instance)
+            taken = self._queue.take(plan.size, self._clock.now())
+            self._admission.queued -= taken.removed
+            for pending in taken.expired:
+                self._expire(pending)
+            if taken.batch:
+                await self._run_batch(slot, instance, taken.batch)
 
-    async def _run_batch(self, instance: Instance) -> None:
-        size = min(len(self._queue), self._manifest.batching.max_batch_size)
-        batch = [self._queue.popleft() for _ in range(size)]
-        batch = [p for p in batch if not p.future.done()]  # the client went away
-        if not batch:
-            return
-        self._running = True
+    async def _run_batch(self, slot: _Slot, instance: Instance, batch: list[Pending]) -> None:
+        slot.running = True
         started = self._clock.now()
+        for p in batch:
+            self.stats.queue_wait.add(started - p.enqueued_at)
         loop = asyncio.get_running_loop()
         try:
             results = await loop.run_in_executor(
@@ -342,9 +504,19 @@ class Scheduler:
                 if not p.future.done():
                     p.future.set_result(result)
         finally:
-            self._running = False
-            self._last_active = self._clock.now()
-            self.stats.observe_batch(self._last_active - started)
+            slot.running = False
+            slot.last_active = self._clock.now()
+            elapsed = slot.last_active - started
+            self.cost.observe(len(batch), elapsed)
+            self.stats.compute.add(elapsed)
+            self.stats.batches += 1
+            self.stats.batch_sizes[len(batch)] += 1
+
+
+def _quiet(future: asyncio.Future[Instance]) -> None:
+    """Retrieve a background load's error (it is logged where it happened)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _release(instance: Instance) -> None:

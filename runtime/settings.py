@@ -38,6 +38,7 @@ class ServerSettings:
     s3_concurrency: int = 8
     admin_token: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
+    max_queued: int = 10_000
     sweep_interval_s: float = 1.0
     preload: bool = False
     device: str = "auto"
@@ -55,6 +56,8 @@ class ServerSettings:
             raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
         if self.admin_token == "":
             raise ValueError("admin_token: must not be empty (leave it unset for no token)")
+        if self.max_queued < 1:
+            raise ValueError("max_queued: must be at least 1")
         if self.disk_cache_bytes <= 0:
             raise ValueError("disk_cache_bytes: must be > 0")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
@@ -105,6 +108,8 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         found["s3_endpoint"] = env["FNRT_S3_ENDPOINT"]
     if env.get("FNRT_ADMIN_TOKEN"):
         found["admin_token"] = env["FNRT_ADMIN_TOKEN"]
+    if "FNRT_MAX_QUEUED" in env:
+        found["max_queued"] = int(env["FNRT_MAX_QUEUED"])
     if "FNRT_MAX_BODY_BYTES" in env:
         found["max_body_bytes"] = int(env["FNRT_MAX_BODY_BYTES"])
     if "FNRT_DEVICE" in env:

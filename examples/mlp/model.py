@@ -21,6 +21,10 @@ class MLP(nn.Sequential):
         )
 
 
+def build() -> MLP:
+    return MLP()
+
+
 def seeded_mlp(seed: int = 0) -> MLP:
     """The example's network with deterministic weights."""
     torch.manual_seed(seed)

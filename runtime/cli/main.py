@@ -71,6 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("memory_budget_bytes", "memory_budget_bytes"),
         ("admin_token", "admin_token"),
         ("max_body_bytes", "max_body_bytes"),
+        ("max_queued", "max_queued"),
         ("device", "device"),
         ("log_level", "log_level"),
     ]:
@@ -295,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--admin-token", help="require this bearer token on admin routes (FNRT_ADMIN_TOKEN)"
+    )
+    p.add_argument(
+        "--max-queued",
+        type=int,
+        help="requests queued across all functions before 429 (FNRT_MAX_QUEUED; default 10000)",
     )
     p.add_argument(
         "--max-body-bytes",

@@ -36,6 +36,7 @@ def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Regi
         clock or SystemClock(),
         sweep_interval_s=settings.sweep_interval_s,
         memory_budget_bytes=settings.memory_budget,
+        max_queued_total=settings.max_queued,
     )
 
 

@@ -30,6 +30,7 @@ _STATUS: list[tuple[type[e.FnrtError], int]] = [
     (e.HandlerFailed, 500),
     (e.Unavailable, 503),
     (e.StoreError, 503),
+    (e.DeadlineExceeded, 504),
 ]
 
 

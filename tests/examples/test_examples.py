@@ -136,8 +136,7 @@ def test_weights_are_mapped_not_copied(server: LiveServer) -> None:
     with httpx.Client(base_url=server.url) as c:
         c.post("/v1/functions/mlp/invoke", json={"x": sample().tolist()})
     scheduler = server.call(server.registry.get("mlp"))
-    instance = scheduler._instance
-    assert instance is not None
+    (instance,) = scheduler.loaded_instances()
     weight = instance.call.model[0].weight  # type: ignore[attr-defined]
     assert (
         not weight.untyped_storage().resizable()

@@ -1,0 +1,98 @@
+"""Shared pieces of the serving benchmarks: servers on free ports, and wrk as the load."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "{content_type}"
+local f = io.open("{body}", "rb")
+wrk.body = f:read("*all")
+f:close()
+"""
+
+
+@dataclass(frozen=True)
+class Result:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def require_wrk() -> None:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install wrk")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    """Poll ``url`` until it answers (any status) or the process dies."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} not ready in {timeout_s}s")
+
+
+def write_script(work: Path, name: str, content_type: str, body: bytes) -> Path:
+    """A wrk Lua script that POSTs ``body`` with ``content_type``."""
+    (work / f"{name}.body").write_bytes(body)
+    script = work / f"{name}.lua"
+    script.write_text(LUA.format(content_type=content_type, body=work / f"{name}.body"))
+    return script
+
+
+def _ms(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    assert match is not None, text
+    value, unit = match.groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def wrk(url: str, script: Path, connections: int, duration_s: int) -> Result:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(script), url],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+    def find(pattern: str) -> str:
+        match = re.search(pattern, out)
+        assert match is not None, out
+        return match.group(1)
+
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return Result(
+        float(find(r"Requests/sec:\s+([\d.]+)")),
+        _ms(find(r"\s50%\s+(\S+)")),
+        _ms(find(r"\s99%\s+(\S+)")),
+        int(errors.group(1)) if errors else 0,
+    )
+
+
+def median(results: list[Result]) -> Result:
+    """The round with the median requests/s."""
+    ordered = sorted(results, key=lambda r: r.rps)
+    return ordered[len(ordered) // 2]

@@ -1,0 +1,69 @@
+"""Counters and recent-latency summaries shown by ``GET /v1/functions/{name}``."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Window:
+    """The last ``size`` samples of a duration, summarised as mean, p50, p99 (milliseconds)."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self._samples: deque[float] = deque(maxlen=size)
+
+    def add(self, seconds: float) -> None:
+        self._samples.append(seconds)
+
+    def summary(self) -> dict[str, float]:
+        if not self._samples:
+            return {"count": 0}
+        ordered = sorted(self._samples)
+
+        def q(p: float) -> float:
+            return round(ordered[min(int(p * len(ordered)), len(ordered) - 1)] * 1000, 3)
+
+        return {
+            "count": len(ordered),
+            "mean_ms": round(sum(ordered) / len(ordered) * 1000, 3),
+            "p50_ms": q(0.50),
+            "p99_ms": q(0.99),
+        }
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    errors: int = 0
+    rejected: int = 0  # 429 / 503 at admission
+    expired: int = 0  # 504: deadline passed while queued
+    batches: int = 0
+    loads: int = 0
+    load_failures: int = 0
+    unloads: int = 0
+    last_load_timings_s: dict[str, float] = field(default_factory=dict)
+    last_load_tier: str | None = None
+    last_load_bytes: int = 0
+    cold_starts: Counter[str] = field(default_factory=Counter)
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    queue_wait: Window = field(default_factory=Window)
+    compute: Window = field(default_factory=Window)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "rejected": self.rejected,
+            "expired": self.expired,
+            "batches": self.batches,
+            "loads": self.loads,
+            "load_failures": self.load_failures,
+            "unloads": self.unloads,
+            "last_load_tier": self.last_load_tier,
+            "last_load_timings_s": {k: round(v, 6) for k, v in self.last_load_timings_s.items()},
+            "cold_starts": dict(self.cold_starts),
+            "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+            "queue_wait": self.queue_wait.summary(),
+            "compute": self.compute.summary(),
+        }

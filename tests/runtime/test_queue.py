@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import asyncio
+
+from fnrt.runtime.queue import Pending, Priority, RequestQueue
+
+
+def pending(
+    loop: asyncio.AbstractEventLoop,
+    name: str,
+    at: float,
+    priority: Priority,
+    deadline: float | None = None,
+) -> Pending:
+    return Pending({"name": name}, loop.create_future(), at, priority, deadline)  # type: ignore[dict-item]
+
+
+def names(batch: list[Pending]) -> list[str]:
+    return [p.inputs["name"] for p in batch]  # type: ignore[misc]
+
+
+def test_high_first_then_normal_then_low_fifo_within_class() -> None:
+    loop = asyncio.new_event_loop()
+    q = RequestQueue(aging_s=10)
+    for i, prio in enumerate(
+        [Priority.LOW, Priority.NORMAL, Priority.LOW, Priority.HIGH, Priority.NORMAL]
+    ):
+        q.push(pending(loop, f"{prio.name.lower()}{i}", i * 0.001, prio))
+    assert names(q.take(10, now=0.01).batch) == ["high3", "normal1", "normal4", "low0", "low2"]
+    loop.close()
+
+
+def test_high_never_waits_behind_a_backlog_of_low() -> None:
+    loop = asyncio.new_event_loop()
+    q = RequestQueue(aging_s=1.0)
+    for i in range(100):
+        q.push(pending(loop, f"low{i}", 0.0, Priority.LOW))
+    q.push(pending(loop, "high", 0.5, Priority.HIGH))
+    assert names(q.take(1, now=0.5).batch) == ["high"]
+    loop.close()
+
+
+def test_waiting_low_requests_age_into_higher_classes() -> None:
+    loop = asyncio.new_event_loop()
+    q = RequestQueue(aging_s=1.0)
+    q.push(pending(loop, "old-low", 0.0, Priority.LOW))
+    q.push(pending(loop, "new-normal", 1.5, Priority.NORMAL))
+    q.push(pending(loop, "new-high", 2.05, Priority.HIGH))
+    # at 2.1 s the low one has waited two aging periods: it counts as high and is older
+    assert names(q.take(3, now=2.1).batch) == ["old-low", "new-high", "new-normal"]
+    loop.close()
+
+
+def test_take_drops_gone_clients_and_returns_expired() -> None:
+    loop = asyncio.new_event_loop()
+    q = RequestQueue(aging_s=1.0)
+    gone = pending(loop, "gone", 0.0, Priority.NORMAL)
+    gone.future.cancel()
+    q.push(gone)
+    q.push(pending(loop, "late", 0.0, Priority.NORMAL, deadline=0.05))
+    q.push(pending(loop, "ok", 0.0, Priority.NORMAL, deadline=1.0))
+    taken = q.take(10, now=0.1)
+    assert names(taken.batch) == ["ok"] and names(taken.expired) == ["late"]
+    assert taken.batch[0].started and len(q) == 0 and taken.removed == 3
+    loop.close()

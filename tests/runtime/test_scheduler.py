@@ -1,0 +1,312 @@
+"""Batching, priorities, deadlines, overload, result cache and instances over a real server."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fnrt.runtime.clock import ManualClock
+from support import (
+    LiveServer,
+    gate,
+    gates,
+    live_server,
+    make_registry,
+    publish,
+    wait_until,
+    write_function,
+)
+
+RECORDING = """
+import threading
+import fnrt_test_gates
+
+fnrt_test_gates.calls = getattr(fnrt_test_gates, "calls", [])
+fnrt_test_gates.active = getattr(fnrt_test_gates, "active", [0, 0])  # now, most at once
+lock = threading.Lock()
+
+class Recording:
+    def load(self, artifacts, device):
+        fnrt_test_gates.loads.append(1)
+
+    def __call__(self, batch):
+        with lock:
+            fnrt_test_gates.active[0] += 1
+            fnrt_test_gates.active[1] = max(fnrt_test_gates.active)
+        fnrt_test_gates.calls.append([float(r["x"][0, 0]) for r in batch])
+        fnrt_test_gates.gate("entered").set()
+        fnrt_test_gates.gate("release").wait(30)
+        with lock:
+            fnrt_test_gates.active[0] -= 1
+        return [{"y": r["x"]} for r in batch]
+"""
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:Recording"
+
+[inputs]
+x = {{ dtype = "float32", shape = [1, 4] }}
+
+[batching]
+max_batch_size = {max_batch_size}
+max_wait_ms = {max_wait_ms}
+
+[scaling]
+max_queue = {max_queue}
+max_instances = {max_instances}
+scale_up_after_ms = 0
+scale_down_after_s = 30
+keep_alive_s = 300
+
+[requests]
+aging_ms = 60000
+
+[result_cache]
+enabled = {cache}
+ttl_s = 10
+"""
+
+
+def deploy(srv: LiveServer, tmp: Path, name: str = "rec", **fields: object) -> None:
+    values = {
+        "max_batch_size": 4,
+        "max_wait_ms": 0,
+        "max_queue": 64,
+        "max_instances": 1,
+        "cache": "false",
+        **fields,
+    }
+    folder = write_function(tmp / "src", name, RECORDING, MANIFEST, **values)
+    srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+
+
+def body(v: float) -> dict[str, list[list[float]]]:
+    return {"x": [[v, 0, 0, 0]]}
+
+
+def calls() -> list[list[float]]:
+    return list(getattr(gates, "calls", []))
+
+
+def reset_calls() -> None:
+    gates.calls = []  # type: ignore[attr-defined]
+    gates.active = [0, 0]  # type: ignore[attr-defined]
+
+
+def test_flush_by_size_and_by_time(tmp_path: Path) -> None:
+    reset_calls()
+    gate("release").set()
+    clock = ManualClock()
+    with (
+        live_server(tmp_path, clock=clock) as srv,
+        srv.client() as c,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        deploy(srv, tmp_path, max_batch_size=4, max_wait_ms=50)
+        scheduler = srv.call(srv.registry.get("rec"))
+        srv.call(scheduler.warm())
+        # two requests: not full, so they wait for max_wait_ms of clock time
+        first = [pool.submit(c.post, "/v1/functions/rec/invoke", json=body(i)) for i in (1, 2)]
+        wait_until(lambda: scheduler.queued == 2)
+        assert calls() == []
+        clock.advance(0.049)
+        assert calls() == [] and scheduler.queued == 2
+        clock.advance(0.002)
+        assert [f.result().status_code for f in first] == [200, 200]
+        assert sorted(calls()[0]) == [1.0, 2.0]
+        # a full batch leaves at once, without the clock moving
+        full = [
+            pool.submit(c.post, "/v1/functions/rec/invoke", json=body(i)) for i in range(10, 14)
+        ]
+        assert [f.result().status_code for f in full] == [200] * 4
+        assert sorted(calls()[1]) == [10.0, 11.0, 12.0, 13.0]
+        assert c.get("/v1/functions/rec").json()["instance"]["batch_sizes"] == {"2": 1, "4": 1}
+
+
+def test_priority_ordering_under_a_backlog(tmp_path: Path) -> None:
+    reset_calls()
+    with live_server(tmp_path) as srv, srv.client() as c, ThreadPoolExecutor(8) as pool:
+        deploy(srv, tmp_path, max_batch_size=1)
+        scheduler = srv.call(srv.registry.get("rec"))
+        blocker = pool.submit(c.post, "/v1/functions/rec/invoke", json=body(0))
+        assert gate("entered").wait(10)
+        futures = []
+        for i, prio in enumerate(["low", "low", "normal", "low", "high", "normal"], start=1):
+            futures.append(
+                pool.submit(
+                    c.post,
+                    "/v1/functions/rec/invoke",
+                    json=body(i),
+                    headers={"x-fnrt-priority": prio},
+                )
+            )
+            wait_until(lambda n=i: scheduler.queued == n)
+        assert c.get("/v1/functions/rec").json()["instance"]["queued_by_priority"] == {
+            "high": 1,
+            "normal": 2,
+            "low": 3,
+        }
+        gate("release").set()
+        assert blocker.result().status_code == 200
+        assert [f.result().status_code for f in futures] == [200] * 6
+        assert [batch[0] for batch in calls()] == [0, 5, 3, 6, 1, 2, 4]
+        r = c.post("/v1/functions/rec/invoke", json=body(0), headers={"x-fnrt-priority": "urgent"})
+        assert r.status_code == 400 and "not high, normal or low" in r.json()["error"]
+
+
+def test_deadline_expiry_drops_before_compute_with_504(tmp_path: Path) -> None:
+    reset_calls()
+    clock = ManualClock()
+    with (
+        live_server(tmp_path, clock=clock) as srv,
+        srv.client() as c,
+        ThreadPoolExecutor(4) as pool,
+    ):
+        deploy(srv, tmp_path, max_batch_size=1)
+        scheduler = srv.call(srv.registry.get("rec"))
+        blocker = pool.submit(c.post, "/v1/functions/rec/invoke", json=body(0))
+        assert gate("entered").wait(10)
+        late = pool.submit(
+            c.post, "/v1/functions/rec/invoke", json=body(7), headers={"x-fnrt-timeout-ms": "50"}
+        )
+        patient = pool.submit(
+            c.post, "/v1/functions/rec/invoke", json=body(8), headers={"x-fnrt-timeout-ms": "5000"}
+        )
+        wait_until(lambda: scheduler.queued == 2)
+        clock.advance(0.05)
+        r = late.result()
+        assert r.status_code == 504 and "deadline passed" in r.json()["error"]
+        gate("release").set()
+        assert blocker.result().status_code == 200 and patient.result().status_code == 200
+        assert [b[0] for b in calls()] == [0, 8]  # 7 was never computed
+        assert c.get("/v1/functions/rec").json()["instance"]["expired"] == 1
+        assert srv.registry.admission.queued == 0  # the expired request left the count too
+        assert (
+            c.post(
+                "/v1/functions/rec/invoke", json=body(0), headers={"x-fnrt-timeout-ms": "soon"}
+            ).status_code
+            == 400
+        )
+
+
+def test_429_under_overload_while_health_answers(tmp_path: Path) -> None:
+    reset_calls()
+    registry = make_registry(tmp_path)
+    registry.admission.max_queued = 5  # the node-wide bound
+    with (
+        live_server(tmp_path, registry=registry) as srv,
+        srv.client() as c,
+        ThreadPoolExecutor(16) as pool,
+    ):
+        deploy(srv, tmp_path, "a", max_batch_size=1, max_queue=3)
+        deploy(srv, tmp_path, "b", max_batch_size=1, max_queue=10)
+        a = srv.call(registry.get("a"))
+        b = srv.call(registry.get("b"))
+        held = [pool.submit(c.post, "/v1/functions/a/invoke", json=body(0))]
+        assert gate("entered").wait(10)
+        held += [pool.submit(c.post, "/v1/functions/a/invoke", json=body(i)) for i in range(3)]
+        wait_until(lambda: a.queued == 3)
+        r = c.post("/v1/functions/a/invoke", json=body(9))
+        assert r.status_code == 429 and "a' has 3 requests queued" in r.json()["error"]
+        assert int(r.headers["retry-after"]) >= 1
+        held.append(pool.submit(c.post, "/v1/functions/b/invoke", json=body(0)))
+        wait_until(lambda: b.queued == 0 and b.activity().busy)  # loaded, running, held
+        held += [pool.submit(c.post, "/v1/functions/b/invoke", json=body(i)) for i in (1, 2)]
+        wait_until(lambda: b.queued == 2)
+        assert registry.admission.queued == 5  # 3 for a, 2 for b
+        r = c.post("/v1/functions/b/invoke", json=body(9))
+        assert r.status_code == 429 and "the server has 5 requests queued" in r.json()["error"]
+        assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
+        gate("release").set()
+        assert all(f.result().status_code == 200 for f in held)
+        assert registry.admission.queued == 0
+
+
+def test_result_cache_hit_and_ttl(tmp_path: Path) -> None:
+    reset_calls()
+    gate("release").set()
+    clock = ManualClock()
+    with live_server(tmp_path, clock=clock) as srv, srv.client() as c:
+        deploy(srv, tmp_path, cache="true")
+        first = c.post("/v1/functions/rec/invoke", json=body(3))
+        second = c.post("/v1/functions/rec/invoke", json=body(3))
+        assert first.json() == second.json()
+        assert "x-fnrt-cache" not in first.headers and second.headers["x-fnrt-cache"] == "hit"
+        assert len(calls()) == 1  # the hit never reached the queue
+        assert c.post("/v1/functions/rec/invoke", json=body(4)).headers.get("x-fnrt-cache") is None
+        clock.advance(10)
+        assert "x-fnrt-cache" not in c.post("/v1/functions/rec/invoke", json=body(3)).headers
+        assert len(calls()) == 3
+        cache = c.get("/v1/functions/rec").json()["instance"]["result_cache"]
+        assert cache["hits"] == 1 and cache["entries"] == 2
+
+
+def test_scale_up_to_max_instances_and_back_down(tmp_path: Path) -> None:
+    reset_calls()
+    clock = ManualClock()
+    with (
+        live_server(tmp_path, clock=clock) as srv,
+        srv.client() as c,
+        ThreadPoolExecutor(8) as pool,
+    ):
+        deploy(srv, tmp_path, max_batch_size=1, max_instances=2)
+        scheduler = srv.call(srv.registry.get("rec"))
+        futures = [pool.submit(c.post, "/v1/functions/rec/invoke", json=body(i)) for i in range(4)]
+        wait_until(lambda: scheduler.instances == 2)  # the queue stayed deep: a second instance
+        wait_until(lambda: gates.active[1] == 2)  # type: ignore[attr-defined]  # both ran at once
+        gate("release").set()
+        assert [f.result().status_code for f in futures] == [200] * 4
+        assert len(gates.loads) == 2
+        assert c.get("/v1/functions/rec").json()["instance"]["instances"] == 2
+        clock.advance(30)  # the extra instance idles out first
+        srv.call(srv.registry.sweep())
+        assert scheduler.instances == 1
+        clock.advance(270)  # then the last one, after keep_alive_s
+        srv.call(srv.registry.sweep())
+        assert scheduler.instances == 0 and scheduler.state.value == "cold"
+
+
+ADAPTIVE = """
+name = "adaptive"
+handler = "handler:Recording"
+
+[inputs]
+x = {{ dtype = "float32", shape = [1, 4] }}
+
+[batching]
+mode = "adaptive"
+target_p99_ms = 100
+max_batch_size = 16
+"""
+
+
+def test_adaptive_refuses_what_cannot_finish_in_time(tmp_path: Path) -> None:
+    reset_calls()
+    with live_server(tmp_path) as srv, srv.client() as c, ThreadPoolExecutor(16) as pool:
+        folder = write_function(tmp_path / "src", "adaptive", RECORDING, ADAPTIVE)
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        scheduler = srv.call(srv.registry.get("adaptive"))
+        for n in (1, 2, 4, 8):  # what the handler has been measured to cost: 10 ms an item
+            scheduler.cost.observe(n, 0.010 * n)
+        blocker = pool.submit(c.post, "/v1/functions/adaptive/invoke", json=body(0))
+        assert gate("entered").wait(10)
+        queued = [
+            pool.submit(c.post, "/v1/functions/adaptive/invoke", json=body(i)) for i in range(5)
+        ]
+        wait_until(lambda: scheduler.queued == 5)
+        # batches of 5 (50 ms) fit half the target; 5 ahead + this one = 2 batches = 100 ms: fits
+        assert (
+            c.get("/v1/functions/adaptive").json()["instance"]["cost_model"]["per_item_ms"] == 10.0
+        )
+        more = [
+            pool.submit(c.post, "/v1/functions/adaptive/invoke", json=body(i)) for i in range(5)
+        ]
+        wait_until(lambda: scheduler.queued == 10)
+        r = c.post("/v1/functions/adaptive/invoke", json=body(99))  # 3 batches = 150 ms > 100
+        assert r.status_code == 503
+        assert (
+            "cannot answer within 100 ms" in r.json()["error"] and r.json()["expected_ms"] == 150.0
+        )
+        gate("release").set()
+        assert all(f.result().status_code == 200 for f in [blocker, *queued, *more])
