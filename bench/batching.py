@@ -18,22 +18,34 @@ ratios; the median of the rounds, rounds interleaved.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import Result, free_port, median, require_wrk, wait_ready, write_script, wrk
+from loadgen import (
+    Result,
+    deploy,
+    free_port,
+    median,
+    require_wrk,
+    start_fnrt,
+    wait_ready,
+    write_script,
+    wrk,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 EXAMPLE = ROOT / "examples" / "wide-mlp"
 PEERS = ROOT / "bench" / ".venv-peers"
 
@@ -106,34 +118,12 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
-        fnrt_port = free_port()
-        fnrt = f"http://127.0.0.1:{fnrt_port}"
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(BIN / "fnrt"),
-                    "serve",
-                    "--port",
-                    str(fnrt_port),
-                    "--store",
-                    str(work / "store"),
-                    "--cache-dir",
-                    str(work / "cache"),
-                    "--log-level",
-                    "warning",
-                ],
-                env=env,
-            )
-        )
-        wait_ready(f"{fnrt}/healthz", procs[-1])
+        fnrt, proc = start_fnrt(str(work / "store"), work / "cache", env)
+        procs.append(proc)
         urls: dict[str, str] = {}
         for name, batching in VARIANTS.items():
             folder = variant(work, name, batching, weights)
-            subprocess.run(
-                [str(BIN / "fnrt"), "deploy", str(folder), "--server", fnrt, "-q"],
-                check=True,
-                capture_output=True,
-            )
+            deploy(fnrt, folder)
             urls[name] = f"{fnrt}/v1/functions/{name}/invoke"
 
         bare_port = free_port()
@@ -152,32 +142,6 @@ def main() -> None:
         urls["bare"] = f"http://127.0.0.1:{bare_port}/invoke"
         wait_ready(f"http://127.0.0.1:{bare_port}/", procs[-1])
 
-        json_only: set[str] = set()
-        python = None if args.no_peers else peers_python()
-        if python is not None:
-            for name, script in (("litserve", "litserve_app.py"), ("ray-serve", "ray_app.py")):
-                port = free_port()
-                proc = subprocess.Popen(
-                    [
-                        str(python),
-                        str(ROOT / "bench" / "peers" / script),
-                        str(EXAMPLE),
-                        str(weights),
-                        str(port),
-                    ],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                procs.append(proc)
-                try:
-                    wait_ready(f"http://127.0.0.1:{port}/invoke", proc, timeout_s=180)
-                except SystemExit as exc:
-                    print(f"{name} did not start ({exc}); skipping it")
-                    continue
-                urls[name] = f"http://127.0.0.1:{port}/invoke"
-                json_only.add(name)
-
         x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
         scripts = {
             "json": write_script(
@@ -190,12 +154,7 @@ def main() -> None:
                 msgpack.packb({"x": x}, default=msgpack_numpy.encode),
             ),
         }
-        runs = [
-            (name, fmt)
-            for fmt in scripts
-            for name in urls
-            if fmt == "json" or name not in json_only
-        ]
+        runs = [(name, fmt) for fmt in scripts for name in urls]
         print("warming up ...", flush=True)
         for name, fmt in runs:
             wrk(urls[name], scripts[fmt], args.connections, 2)
@@ -214,6 +173,23 @@ def main() -> None:
                     compute_ms.append(described["compute"]["mean_ms"])
                     model = described["cost_model"]
                     full_ms.append(model["per_item_ms"] * FULL_BATCH + model["fixed_ms"])
+        # Peers one at a time, each paired with fnrt-on in the same rounds: a peer's
+        # background processes (Ray's above all) must not slow the other runs.
+        python = None if args.no_peers else peers_python()
+        for peer, script in (("litserve", "litserve_app.py"), ("ray-serve", "ray_app.py")):
+            if python is None:
+                break
+            with peer_server(python, script, weights, env) as url:
+                if url is None:
+                    print(f"{peer} did not start; skipping it")
+                    continue
+                print(f"{peer} ...", flush=True)
+                wrk(url, scripts["json"], args.connections, 2)
+                for _ in range(args.rounds):
+                    for name, target in ((peer, url), (f"fnrt-on vs {peer}", urls["fnrt-on"])):
+                        results.setdefault((name, "json"), []).append(
+                            wrk(target, scripts["json"], args.connections, args.duration_s)
+                        )
         report(results, runs, compute_ms, full_ms, fnrt, args)
     finally:
         for p in procs:
@@ -224,6 +200,42 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def peer_server(
+    python: Path, script: str, weights: Path, env: dict[str, str]
+) -> Iterator[str | None]:
+    """A peer serving the example from the peer venv; its URL, or None if it failed to start."""
+    port = free_port()
+    argv = [
+        str(python),
+        str(ROOT / "bench" / "peers" / script),
+        str(EXAMPLE),
+        str(weights),
+        str(port),
+    ]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        try:
+            wait_ready(f"http://127.0.0.1:{port}/invoke", proc, timeout_s=180)
+        except SystemExit:
+            yield None
+            return
+        yield f"http://127.0.0.1:{port}/invoke"
+    finally:
+        # the peer's own workers too (LitServe spawns processes that outlive its parent)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if script.startswith("ray"):  # the driver leaves Ray's daemons behind
+            ray = python.parent / "ray"
+            subprocess.run([str(ray), "stop", "--force"], capture_output=True, check=False)
 
 
 def report(
@@ -263,8 +275,13 @@ def report(
             )
     for peer in ("litserve", "ray-serve"):
         if (peer, "json") in results:
-            ratio = median(results[("fnrt-on", "json")]).rps / median(results[(peer, "json")]).rps
-            print(f"fnrt-on / {peer} requests/s (json): {ratio:.2f}x")
+            theirs = median(results[(peer, "json")])
+            ours = median(results[(f"fnrt-on vs {peer}", "json")])
+            print(
+                f"{peer:<10} json {theirs.rps:>8.0f} req/s, p50 {theirs.p50_ms:.1f} ms, "
+                f"p99 {theirs.p99_ms:.1f} ms; fnrt-on in the same rounds {ours.rps:.0f} req/s: "
+                f"fnrt-on / {peer} = {ours.rps / theirs.rps:.2f}x"
+            )
     sizes = httpx.get(f"{fnrt}/v1/functions/fnrt-on").json()["instance"]["batch_sizes"]
     print(f"fnrt-on batch sizes (count by size): {sizes}")
 

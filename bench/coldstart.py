@@ -19,43 +19,22 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
+from loadgen import deploy, free_port, start_fnrt, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 MODEL = ROOT / "bench" / "coldstart_model"
 MiB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} not ready")
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -112,33 +91,13 @@ class Server:
     def __init__(
         self, work: Path, name: str, store: str, env: dict[str, str], s3_endpoint: str | None
     ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.cache = work / f"cache-{name}"
-        argv = [
-            str(BIN / "fnrt"),
-            "serve",
-            "--port",
-            str(self.port),
-            "--store",
-            store,
-            "--cache-dir",
-            str(self.cache),
-            "--log-level",
-            "warning",
-        ]
-        if s3_endpoint:
-            argv += ["--s3-endpoint", s3_endpoint]
-        self.proc = subprocess.Popen(argv, env=env)
-        wait_http(f"{self.url}/healthz", self.proc)
+        extra = ("--s3-endpoint", s3_endpoint) if s3_endpoint else ()
+        self.url, self.proc = start_fnrt(store, self.cache, env, *extra)
         self.http = httpx.Client(base_url=self.url, timeout=600)
 
     def deploy(self, folder: Path) -> None:
-        subprocess.run(
-            [str(BIN / "fnrt"), "deploy", str(folder), "--server", self.url, "-q"],
-            check=True,
-            capture_output=True,
-        )
+        deploy(self.url, folder)
 
     def cold_invoke(self, name: str, x: np.ndarray) -> tuple[float, dict[str, float], str]:
         assert self.http.post(f"/v1/functions/{name}/unload").status_code == 200
@@ -199,7 +158,7 @@ def main() -> None:
         )
         procs.append(moto)
         endpoint = f"http://127.0.0.1:{moto_port}"
-        wait_http(f"{endpoint}/moto-api/", moto)
+        wait_ready(f"{endpoint}/moto-api/", moto)
         s3 = boto3.client("s3", endpoint_url=endpoint)
         s3.create_bucket(Bucket="bench")
 

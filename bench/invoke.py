@@ -24,10 +24,9 @@ from pathlib import Path
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import Result, free_port, median, require_wrk, wait_ready, write_script, wrk
+from loadgen import Result, deploy, free_port, median, require_wrk, start_fnrt, write_script, wrk
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 
 
 def main() -> None:
@@ -56,24 +55,9 @@ def main() -> None:
             capture_output=True,
         )
 
-        fnrt_port, bare_port = free_port(), free_port()
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(BIN / "fnrt"),
-                    "serve",
-                    "--port",
-                    str(fnrt_port),
-                    "--store",
-                    str(work / "store"),
-                    "--cache-dir",
-                    str(work / "cache"),
-                    "--log-level",
-                    "warning",
-                ],
-                env=env,
-            )
-        )
+        fnrt, proc = start_fnrt(str(work / "store"), work / "cache", env)
+        procs.append(proc)
+        bare_port = free_port()
         procs.append(
             subprocess.Popen(
                 [
@@ -86,19 +70,7 @@ def main() -> None:
                 env=env,
             )
         )
-        wait_ready(f"http://127.0.0.1:{fnrt_port}/healthz", procs[0])
-        subprocess.run(
-            [
-                str(BIN / "fnrt"),
-                "deploy",
-                str(example),
-                "--server",
-                f"http://127.0.0.1:{fnrt_port}",
-                "--quiet",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        deploy(fnrt, example)
 
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
         bodies = {
@@ -112,7 +84,7 @@ def main() -> None:
             fmt: write_script(work, fmt, ctype, body) for fmt, (ctype, body) in bodies.items()
         }
         urls = {
-            "fnrt": f"http://127.0.0.1:{fnrt_port}/v1/functions/mlp/invoke",
+            "fnrt": f"{fnrt}/v1/functions/mlp/invoke",
             "bare": f"http://127.0.0.1:{bare_port}/invoke",
         }
         for url in urls.values():  # warm up both (first invoke loads fnrt's instance)

@@ -6,10 +6,13 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+BIN = Path(sys.executable).parent
 
 LUA = """
 wrk.method = "POST"
@@ -96,3 +99,21 @@ def median(results: list[Result]) -> Result:
     """The round with the median requests/s."""
     ordered = sorted(results, key=lambda r: r.rps)
     return ordered[len(ordered) // 2]
+
+
+def start_fnrt(
+    store: str, cache_dir: Path, env: dict[str, str], *extra: str
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """``fnrt serve`` on a free port; its URL and process, once it answers."""
+    port = free_port()
+    argv = [str(BIN / "fnrt"), "serve", "--port", str(port), "--store", store]
+    argv += ["--cache-dir", str(cache_dir), "--log-level", "warning", *extra]
+    proc = subprocess.Popen(argv, env=env)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(f"{url}/healthz", proc)
+    return url, proc
+
+
+def deploy(server: str, folder: Path) -> None:
+    argv = [str(BIN / "fnrt"), "deploy", str(folder), "--server", server, "-q"]
+    subprocess.run(argv, check=True, capture_output=True)
