@@ -39,6 +39,7 @@ from loadgen import (
     free_port,
     median,
     require_wrk,
+    start_bare,
     start_fnrt,
     wait_ready,
     write_script,
@@ -126,21 +127,8 @@ def main() -> None:
             deploy(fnrt, folder)
             urls[name] = f"{fnrt}/v1/functions/{name}/invoke"
 
-        bare_port = free_port()
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(ROOT / "bench" / "bare_app.py"),
-                    str(EXAMPLE),
-                    str(weights),
-                    str(bare_port),
-                ],
-                env=env,
-            )
-        )
-        urls["bare"] = f"http://127.0.0.1:{bare_port}/invoke"
-        wait_ready(f"http://127.0.0.1:{bare_port}/", procs[-1])
+        urls["bare"], proc = start_bare(EXAMPLE, weights, env)
+        procs.append(proc)
 
         x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
         scripts = {

@@ -24,7 +24,7 @@ from pathlib import Path
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import Result, deploy, free_port, median, require_wrk, start_fnrt, write_script, wrk
+from loadgen import Result, deploy, median, require_wrk, start_bare, start_fnrt, write_script, wrk
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,19 +57,8 @@ def main() -> None:
 
         fnrt, proc = start_fnrt(str(work / "store"), work / "cache", env)
         procs.append(proc)
-        bare_port = free_port()
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(ROOT / "bench" / "bare_app.py"),
-                    str(example),
-                    str(weights),
-                    str(bare_port),
-                ],
-                env=env,
-            )
-        )
+        bare, proc = start_bare(example, weights, env)
+        procs.append(proc)
         deploy(fnrt, example)
 
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
@@ -85,7 +74,7 @@ def main() -> None:
         }
         urls = {
             "fnrt": f"{fnrt}/v1/functions/mlp/invoke",
-            "bare": f"http://127.0.0.1:{bare_port}/invoke",
+            "bare": bare,
         }
         for url in urls.values():  # warm up both (first invoke loads fnrt's instance)
             for fmt in bodies:

@@ -117,3 +117,14 @@ def start_fnrt(
 def deploy(server: str, folder: Path) -> None:
     argv = [str(BIN / "fnrt"), "deploy", str(folder), "--server", server, "-q"]
     subprocess.run(argv, check=True, capture_output=True)
+
+
+def start_bare(
+    example: Path, weights: Path, env: dict[str, str]
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """The bare Starlette baseline (``bare_app.py``) for ``example``; its invoke URL and process."""
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).parent / "bare_app.py"), str(example), str(weights)]
+    proc = subprocess.Popen([*argv, str(port)], env=env)
+    wait_ready(f"http://127.0.0.1:{port}/", proc)
+    return f"http://127.0.0.1:{port}/invoke", proc
