@@ -1,0 +1,59 @@
+"""``fnrt serve`` as a user runs it: a separate process, flags and FNRT_* variables."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fnrt.runtime.cli.main import main
+from support import write_function
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_process_with_flags_and_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    env = os.environ | {
+        "FNRT_STORE": str(tmp_path / "store"),
+        "FNRT_ADMIN_TOKEN": "s3cret",
+        "FNRT_MAX_BODY_BYTES": "2048",
+    }
+    argv = [sys.executable, "-m", "fnrt.runtime.cli.main", "serve", "--port", str(port)]
+    argv += ["--cache-dir", str(tmp_path / "cache"), "--log-level", "info"]
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # wait for the server to say it listens
+            if "Uvicorn running" in line:
+                break
+        else:
+            raise AssertionError(f"fnrt serve exited with {proc.wait()}")
+        # keep reading its log, so a full pipe never blocks the server
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        url = f"http://127.0.0.1:{port}"
+        folder = write_function(tmp_path / "src", "echo")
+        assert main(["deploy", str(folder), "--server", url]) == 1  # no token: refused
+        assert "error 401" in capsys.readouterr().err
+        assert main(["deploy", str(folder), "--server", url, "--token", "s3cret"]) == 0
+        assert (tmp_path / "store" / "functions" / "echo" / "routing.json").is_file()
+        r = httpx.post(f"{url}/v1/functions/echo/invoke", json={"x": [[1, 2, 3, 4]]})
+        assert r.json() == {"y": [[2, 4, 6, 8]]}
+        big = httpx.post(f"{url}/v1/functions/echo/invoke", json={"x": [[1.5, 2, 3, 4]] * 200})
+        assert big.status_code == 413 and big.json()["limit_bytes"] == 2048
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
