@@ -4,7 +4,7 @@
 
 Same run, same load (wrk, 64 connections), JSON and msgpack:
 
-- fnrt with batching off (``max_batch_size = 1``), on (32, ``max_wait_ms = 2``)
+- fnrt with batching off (``max_batch_size = 1``), on (64, ``max_wait_ms = 2``)
   and adaptive (``target_p99_ms = 60``);
 - a bare Starlette endpoint calling the model inline (no batching): the baseline;
 - LitServe (``max_batch_size=16, batch_timeout=0.005``) and Ray Serve
@@ -52,11 +52,11 @@ PEERS = ROOT / "bench" / ".venv-peers"
 
 VARIANTS = {
     "fnrt-off": "[batching]\nmax_batch_size = 1\n",
-    "fnrt-on": "[batching]\nmax_batch_size = 32\nmax_wait_ms = 2\n",
-    "fnrt-adaptive": '[batching]\nmode = "adaptive"\ntarget_p99_ms = 60\nmax_batch_size = 32\n',
+    "fnrt-on": "[batching]\nmax_batch_size = 64\nmax_wait_ms = 2\n",
+    "fnrt-adaptive": '[batching]\nmode = "adaptive"\ntarget_p99_ms = 60\nmax_batch_size = 64\n',
 }
 MAX_WAIT_MS = 2.0
-FULL_BATCH = 32
+FULL_BATCH = 64
 
 
 def variant(work: Path, name: str, batching: str, weights: Path) -> Path:

@@ -91,7 +91,7 @@ async def put_blob(request: Request) -> Response:
 @admin
 async def deploy(request: Request) -> Response:
     """Publish a version: the body is a version manifest whose blobs are uploaded."""
-    body = await read_body(request, MAX_MANIFEST_BYTES)
+    body = await read_body(request.headers, request.receive, MAX_MANIFEST_BYTES)
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -16,7 +16,9 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import open_store
 from fnrt.runtime.clock import Clock, SystemClock
-from fnrt.runtime.http import admin, health, invoke
+from fnrt.runtime.http import admin, health
+from fnrt.runtime.http.body import Receive
+from fnrt.runtime.http.invoke import INVOKE_PATH, Scope, Send, serve_invoke
 from fnrt.runtime.http.problems import fnrt_error_handler, unexpected_error_handler
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.registry import Registry
@@ -40,6 +42,18 @@ def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Regi
     )
 
 
+class FnrtApp(Starlette):
+    """Starlette, with invokes (the hot path) answered before its middleware and router."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = INVOKE_PATH.fullmatch(scope["path"])
+            if match is not None:
+                await serve_invoke(self.state.node, match.group(1), scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def build_app(settings: ServerSettings, registry: Registry | None = None) -> Starlette:
     """The fnrt HTTP application. Nothing is loaded until the first invoke
     (or at start for functions with ``load_at_start`` / ``--preload``)."""
@@ -56,8 +70,8 @@ def build_app(settings: ServerSettings, registry: Registry | None = None) -> Sta
             app.state.started = False
             await registry.close()
 
-    app = Starlette(
-        routes=[*invoke.routes, *admin.routes, *health.routes],
+    app = FnrtApp(
+        routes=[*admin.routes, *health.routes],
         exception_handlers={FnrtError: fnrt_error_handler, Exception: unexpected_error_handler},
         lifespan=lifespan,
     )

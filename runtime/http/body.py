@@ -1,28 +1,38 @@
-"""Reading request bodies within a size limit."""
+"""Reading request bodies within a size limit, on the raw ASGI interface."""
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
 
 from fnrt.functions.errors import BadRequest, PayloadTooLarge
 
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
-async def read_body(request: Request, limit_bytes: int) -> bytes:
+
+class ClientGone(Exception):
+    """The client disconnected before its body arrived."""
+
+
+async def read_body(headers: Mapping[str, str], receive: Receive, limit_bytes: int) -> bytes:
     """The whole body, refused with PayloadTooLarge as soon as it passes the limit."""
-    declared = request.headers.get("content-length")
+    declared = headers.get("content-length")
     if declared is not None:
         try:
-            size = int(declared)
+            if int(declared) > limit_bytes:
+                raise PayloadTooLarge(limit_bytes)
         except ValueError:
             raise BadRequest(f"Content-Length {declared!r} is not a number") from None
-        if size > limit_bytes:
-            raise PayloadTooLarge(limit_bytes)
-        return await request.body()
-    chunks = []
+    chunks: list[bytes] = []
     received = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
         received += len(chunk)
         if received > limit_bytes:
             raise PayloadTooLarge(limit_bytes)
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -41,45 +43,52 @@ def status_of(error: e.FnrtError) -> int:
     return 400
 
 
-def _reply_format(request: Request) -> Format:
+@dataclass(frozen=True)
+class Problem:
+    """An error response: status, encoded body, media type and extra headers."""
+
+    status: int
+    body: bytes
+    media_type: str
+    headers: dict[str, str]
+
+    def response(self) -> Response:
+        return Response(self.body, self.status, self.headers, self.media_type)
+
+
+def reply_format(headers: Mapping[str, str]) -> Format:
     """Answer errors in the format the client speaks; JSON when that is unclear."""
     try:
-        return negotiate(
-            request.headers.get("accept"), format_of(request.headers.get("content-type"))
-        )
+        return negotiate(headers.get("accept"), format_of(headers.get("content-type")))
     except e.FnrtError:
         return Format.JSON
 
 
-def error_response(request: Request, error: e.FnrtError) -> Response:
-    fmt = _reply_format(request)
+def problem(error: e.FnrtError, request_headers: Mapping[str, str]) -> Problem:
+    fmt = reply_format(request_headers)
     headers = {}
     if isinstance(error, e.Overloaded):
-        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+        headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
     if isinstance(error, e.Unauthorized):
-        headers["WWW-Authenticate"] = "Bearer"
-    return Response(
-        encode(error.to_dict(), fmt),
-        status_code=status_of(error),
-        media_type=fmt.media_type,
-        headers=headers,
-    )
+        headers["www-authenticate"] = "Bearer"
+    return Problem(status_of(error), encode(error.to_dict(), fmt), fmt.media_type, headers)
+
+
+def unexpected(
+    method: str, path: str, exc: BaseException, request_headers: Mapping[str, str]
+) -> Problem:
+    """A 500 for a bug: the traceback is logged under an error id the client gets."""
+    error_id = new_error_id()
+    log.error("unhandled error on %s %s (error id %s)", method, path, error_id, exc_info=exc)
+    fmt = reply_format(request_headers)
+    body = encode({"error": "internal server error", "error_id": error_id}, fmt)
+    return Problem(500, body, fmt.media_type, {})
 
 
 async def fnrt_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, e.FnrtError)
-    return error_response(request, exc)
+    return problem(exc, request.headers).response()
 
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
-    error_id = new_error_id()
-    log.error(
-        "unhandled error on %s %s (error id %s)",
-        request.method,
-        request.url.path,
-        error_id,
-        exc_info=exc,
-    )
-    fmt = _reply_format(request)
-    body = encode({"error": "internal server error", "error_id": error_id}, fmt)
-    return Response(body, status_code=500, media_type=fmt.media_type)
+    return unexpected(request.method, request.url.path, exc, request.headers).response()
