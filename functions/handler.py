@@ -124,7 +124,6 @@ def per_request(fn: Callable[[Request], Result]) -> BatchFn:
 
     batch_fn.__name__ = getattr(fn, "__name__", "handler")
     batch_fn.__doc__ = fn.__doc__
-    batch_fn.__fnrt_per_request__ = True  # type: ignore[attr-defined]
     return batch_fn
 
 

@@ -20,7 +20,6 @@ from fnrt.functions.errors import FnrtError
 from fnrt.functions.manifest import Manifest, parse_manifest
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
-VERSION_PATTERN = re.compile(r"^v-[0-9a-f]{12}$")
 
 
 def check_digest(digest: str) -> str:

@@ -135,43 +135,24 @@ class InstanceLoader:
 
     def code_dir(self, vm: VersionManifest, fetches: _Fetches | None = None) -> Path:
         """The version's code, unpacked once per bundle digest (atomically)."""
-        dest = self.cache_dir / "code" / vm.bundle.digest
-        if dest.is_dir():
-            return dest
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".unpack-"))
-        try:
-            unpack_code(self._blob_path(vm.bundle, fetches).read_bytes(), tmp)
-            os.replace(tmp, dest)
-        except OSError:
-            if not dest.is_dir():  # another process won the race only if dest exists
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return dest
+        return _materialise(
+            self.cache_dir / "code" / vm.bundle.digest,
+            lambda tmp: unpack_code(self._blob_path(vm.bundle, fetches).read_bytes(), tmp),
+        )
 
     def artifact_path(self, ref: ArtifactRef, fetches: _Fetches | None = None) -> Path:
         """A local path for an artifact: the blob itself, or a folder of links to blobs."""
         if not ref.is_dir:
             return self._blob_path(ref.files[0], fetches)
         targets = [(f.rel, self._blob_path(f, fetches)) for f in ref.files]
-        dest = self.cache_dir / "trees" / ref.digest
-        if dest.is_dir():
-            return dest
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tree-"))
-        try:
+
+        def link_all(tmp: Path) -> None:
             for rel, target in targets:
                 link = tmp / rel
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(target)
-            os.replace(tmp, dest)
-        except OSError:
-            if not dest.is_dir():
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return dest
+
+        return _materialise(self.cache_dir / "trees" / ref.digest, link_all)
 
     def handler_object(self, vm: VersionManifest, fetches: _Fetches | None = None) -> object:
         """Import the version's handler and check its contract (deploy-time validation)."""
@@ -226,6 +207,27 @@ class InstanceLoader:
         tier = "l3" if fetches.fetched else "l2"
         size = held_bytes(handler) or vm.size_bytes  # an onnxruntime session hides its tensors
         return Instance(vm, call, executor, release, timings, size, tier)
+
+
+def _materialise(dest: Path, fill: Callable[[Path], None]) -> Path:
+    """``dest``, a folder made once: filled under a temporary name, then renamed into place.
+
+    Concurrent makers (threads or processes) each fill their own temporary
+    folder; the first rename wins and the others find ``dest`` there.
+    """
+    if dest.is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".fill-"))
+    try:
+        fill(tmp)
+        os.replace(tmp, dest)
+    except OSError:
+        if not dest.is_dir():  # another maker won the race only if dest exists
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
 
 
 def held_bytes(root: object, max_objects: int = 200_000) -> int:

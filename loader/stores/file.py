@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -122,10 +121,6 @@ class FileStore:
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
-
-    def delete_prefix(self, prefix: str) -> None:
-        """Remove every object under ``prefix`` (a folder here)."""
-        shutil.rmtree(self.root / check_key(prefix.rstrip("/")), ignore_errors=True)
 
     def local_path(self, key: str) -> Path | None:
         path = self._path(key)
