@@ -21,6 +21,7 @@ import msgpack
 import numpy as np
 import orjson
 
+from fnrt.functions.dtypes import BFLOAT16, OBJECT, is_numeric
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 
 
@@ -95,7 +96,7 @@ def _decode_array(obj: Mapping[Any, Any]) -> np.ndarray[Any, Any]:
         dtype = np.dtype(descr)
     except (TypeError, ValueError):
         raise BadRequest(f"array has an unknown dtype {descr!r}") from None
-    if dtype.kind not in "biuf" or dtype.fields is not None:
+    if not is_numeric(dtype) or dtype.fields is not None:
         raise BadRequest(f"array dtype {descr!r} is not a numeric dtype")
     data = _field(obj, _DATA)
     shape = _field(obj, _SHAPE)
@@ -125,13 +126,20 @@ def _hook(obj: dict[Any, Any]) -> Any:
 
 
 def encode_array(array: np.ndarray[Any, Any]) -> dict[bytes, Any]:
-    """An array in the ``msgpack_numpy`` layout (little-endian, C order)."""
+    """An array in the ``msgpack_numpy`` layout (little-endian, C order).
+
+    bfloat16 goes as type ``"bfloat16"`` (numpy has no type string for it;
+    ``numpy.dtype("bfloat16")`` reads it once ``ml_dtypes`` is imported).
+    """
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     array = np.ascontiguousarray(array)
+    type_name = array.dtype.str
+    if array.dtype == BFLOAT16:
+        type_name, array = "bfloat16", array.view(np.uint16)
     return {
         _ND: True,
-        _TYPE: array.dtype.str,
+        _TYPE: type_name,
         _KIND: b"",
         _SHAPE: list(array.shape),
         _DATA: array.data.cast("B") if array.size else b"",
@@ -140,6 +148,8 @@ def encode_array(array: np.ndarray[Any, Any]) -> dict[bytes, Any]:
 
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
+        if obj.dtype == OBJECT:  # bytes elements: nested lists of msgpack bin
+            return obj.tolist()
         return encode_array(obj)
     if isinstance(obj, np.generic):
         return obj.item()
@@ -170,7 +180,22 @@ _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray | np.generic):
         return obj.tolist()
+    if isinstance(obj, bytes):  # elements of a bytes tensor
+        try:
+            return obj.decode("utf-8")
+        except UnicodeDecodeError:
+            raise NotJsonText(obj) from None
     raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
+
+
+class NotJsonText(BadRequest):
+    """A bytes element that is not UTF-8 text cannot travel in JSON."""
+
+    def __init__(self, value: bytes) -> None:
+        super().__init__(
+            f"an output holds bytes that are not UTF-8 text ({value[:16]!r}...); "
+            "ask for msgpack (or binary data on /v2)"
+        )
 
 
 def decode_json(body: bytes) -> dict[str, Any]:
@@ -185,14 +210,19 @@ def decode_json(body: bytes) -> dict[str, Any]:
 def encode_json(payload: Any) -> bytes:
     """Encode plain data or numpy arrays as compact JSON."""
     try:
-        return orjson.dumps(payload, default=_json_default, option=_JSON_OPTIONS)
-    except TypeError:
-        # orjson serialises native-endian, C-contiguous arrays itself and refuses
-        # others without asking ``default``: give it plain lists for those.
-        if not isinstance(payload, Mapping):
-            raise
-        plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
-        return orjson.dumps(plain, default=_json_default)
+        try:
+            return orjson.dumps(payload, default=_json_default, option=_JSON_OPTIONS)
+        except TypeError as exc:
+            if isinstance(exc.__cause__, NotJsonText) or not isinstance(payload, Mapping):
+                raise
+            # orjson serialises native-endian, C-contiguous arrays itself and refuses
+            # others without asking ``default``: give it plain lists for those.
+            plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
+            return orjson.dumps(plain, default=_json_default)
+    except TypeError as exc:
+        if isinstance(exc.__cause__, NotJsonText):
+            raise exc.__cause__ from None
+        raise
 
 
 def _top_level(obj: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from fnrt.functions.dtypes import DTYPES
 from fnrt.functions.errors import ManifestError
 
 MANIFEST_FILE = "fnrt.toml"
@@ -43,23 +44,6 @@ NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _TENSOR_NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
-
-DTYPES = frozenset(
-    {
-        "bool",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "float16",
-        "float32",
-        "float64",
-    }
-)
 
 
 def check_name(name: str, field_name: str = "name") -> str:
@@ -329,6 +313,8 @@ def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manif
 
     ``name`` overrides the manifest's own name (``fnrt deploy --name``).
     """
+    if not isinstance(data, Mapping):
+        raise ManifestError("manifest", f"must be a table, got {type(data).__name__}")
     for key in data:
         if key not in _TOP_KEYS:
             raise ManifestError(key, f"unknown key (known: {sorted(_TOP_KEYS)})")

@@ -12,24 +12,42 @@ from typing import Any
 
 import numpy as np
 
+from fnrt.functions.dtypes import BFLOAT16, bytes_array, is_numeric, name_of, numpy_dtype
 from fnrt.functions.errors import InvalidInput
 from fnrt.functions.manifest import TensorSpec
 
 Array = np.ndarray[Any, Any]
 
 
-def _as_array(name: str, value: Any, spec: TensorSpec | None) -> Array:
+def as_array(name: str, value: Any, spec: TensorSpec | None) -> Array:
+    """One decoded value as an array of the declared dtype; raises InvalidInput naming it."""
+    if spec is not None and spec.dtype == "bytes":
+        try:
+            return bytes_array(value)
+        except ValueError as exc:
+            raise InvalidInput(f"input '{name}': {exc}", input=name) from None
     if isinstance(value, np.ndarray):
-        if spec is not None and value.dtype != np.dtype(spec.dtype):
+        if spec is not None and value.dtype != numpy_dtype(spec.dtype):
+            got = name_of(value.dtype) or value.dtype
             raise InvalidInput(
-                f"input '{name}': expected dtype {spec.dtype}, got {value.dtype.name}", input=name
+                f"input '{name}': expected dtype {spec.dtype}, got {got}", input=name
             )
         return value
-    # JSON: nested lists (or a scalar) take the declared dtype when no value is lost.
     try:
         inferred = np.asarray(value)
     except (ValueError, TypeError):
         raise InvalidInput(f"input '{name}': not a rectangular array", input=name) from None
+    return from_plain(name, inferred, spec)
+
+
+def from_plain(name: str, inferred: Array, spec: TensorSpec | None) -> Array:
+    """Values parsed from JSON (numpy's own guess of their dtype) in the declared dtype,
+    when no value is lost; raises InvalidInput naming the input."""
+    if spec is not None and spec.dtype == "bytes":
+        try:
+            return bytes_array(inferred)
+        except ValueError as exc:
+            raise InvalidInput(f"input '{name}': {exc}", input=name) from None
     if inferred.dtype.kind not in "biuf":
         raise InvalidInput(
             f"input '{name}': elements must be numbers or booleans, got {_describe(inferred)}",
@@ -37,9 +55,12 @@ def _as_array(name: str, value: Any, spec: TensorSpec | None) -> Array:
         )
     if spec is None:
         return inferred
-    target = np.dtype(spec.dtype)
+    target = numpy_dtype(spec.dtype)
     integral = inferred.dtype.kind in "iu" and target.kind in "iu"  # range-checked below
-    if inferred.size and not (integral or np.can_cast(inferred.dtype, target, casting="same_kind")):
+    floating = target == BFLOAT16 and inferred.dtype.kind in "biuf"
+    if inferred.size and not (
+        integral or floating or np.can_cast(inferred.dtype, target, casting="same_kind")
+    ):
         raise InvalidInput(
             f"input '{name}': expected dtype {spec.dtype}, got {inferred.dtype.kind}-kind values",
             input=name,
@@ -74,7 +95,7 @@ def coerce_request(specs: Mapping[str, TensorSpec], raw: Mapping[str, Any]) -> d
     arrays: dict[str, Array] = {}
     for name, value in raw.items():
         spec = specs.get(name)
-        array = _as_array(name, value, spec)
+        array = as_array(name, value, spec)
         if spec is not None and not spec.matches_shape(array.shape):
             raise InvalidInput(
                 f"input '{name}': expected shape {list(spec.shape)}, got {list(array.shape)}",
@@ -90,8 +111,32 @@ def to_numpy(value: Any) -> Array:
         return value
     detach = getattr(value, "detach", None)
     if detach is not None:  # a torch tensor, possibly on a GPU
-        return np.asarray(detach().cpu().numpy())
+        tensor = detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":  # numpy has no bfloat16 of its own
+            return np.asarray(tensor.view(dtype=_torch_int16()).numpy()).view(BFLOAT16)
+        return np.asarray(tensor.numpy())
     return np.asarray(value)
+
+
+def _torch_int16() -> Any:
+    import torch  # only reached with a torch tensor in hand
+
+    return torch.int16
+
+
+def _as_declared(name: str, array: Array, dtype: str) -> Array:
+    """A result array in its declared dtype (strings become UTF-8 bytes for ``bytes``)."""
+    if dtype == "bytes":
+        try:
+            return bytes_array(array)
+        except ValueError as exc:
+            raise ValueError(f"output '{name}': {exc}") from None
+    target = numpy_dtype(dtype)
+    if array.dtype == target:
+        return array
+    if not is_numeric(array.dtype):
+        raise ValueError(f"output '{name}' holds {array.dtype} values, declared {dtype}")
+    return array.astype(target)
 
 
 def coerce_result(specs: Mapping[str, TensorSpec], result: Any) -> dict[str, Array]:
@@ -115,8 +160,7 @@ def coerce_result(specs: Mapping[str, TensorSpec], result: Any) -> dict[str, Arr
         array = to_numpy(value)
         spec = specs.get(name)
         if spec is not None:
-            if array.dtype != np.dtype(spec.dtype):
-                array = array.astype(spec.dtype)
+            array = _as_declared(name, array, spec.dtype)
             if not spec.matches_shape(array.shape):
                 raise ValueError(
                     f"output '{name}' has shape {list(array.shape)}, declared {list(spec.shape)}"

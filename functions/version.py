@@ -125,16 +125,20 @@ class VersionManifest:
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> VersionManifest:
         """Parse stored or uploaded data; the manifest part is fully validated."""
+        for key in ("manifest", "bundle", "artifacts"):
+            if not isinstance(data.get(key, {}), Mapping):
+                raise FnrtError(f"malformed version manifest: '{key}' must be an object")
         try:
             vm = VersionManifest(
                 manifest=parse_manifest(data["manifest"]),
                 bundle=FileRef(**data["bundle"]),
                 artifacts={
-                    k: ArtifactRef.from_dict(v) for k, v in dict(data.get("artifacts", {})).items()
+                    str(k): ArtifactRef.from_dict(v)
+                    for k, v in dict(data.get("artifacts", {})).items()
                 },
                 created_at=str(data.get("created_at", "")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, FnrtError):
                 raise
             raise FnrtError(f"malformed version manifest: {exc!r}") from None
