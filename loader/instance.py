@@ -32,6 +32,15 @@ from fnrt.loader.repository import Repository
 log = logging.getLogger("fnrt.loader")
 
 
+@dataclass(frozen=True)
+class Ran:
+    """One batch's checked results, with the handler's time and the result checks' time."""
+
+    results: list[dict[str, np.ndarray[Any, Any]]]
+    infer_s: float
+    output_s: float
+
+
 @dataclass
 class Instance:
     """A loaded handler with the thread it runs on.
@@ -50,7 +59,13 @@ class Instance:
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
+        return self.run_timed(batch).results
+
+    def run_timed(self, batch: list[Request]) -> Ran:
+        """:meth:`run`, also timing the handler and the checking of its results."""
+        start = time.perf_counter()
         results = self.call(batch)
+        called = time.perf_counter()
         if isinstance(results, dict | str | bytes) or not isinstance(results, Sequence):
             raise ValueError(
                 "handler must return a list with one result per request, "
@@ -61,7 +76,8 @@ class Instance:
                 f"handler returned {len(results)} results for a batch of {len(batch)} requests"
             )
         outputs = self.version.manifest.outputs
-        return [coerce_result(outputs, r) for r in results]
+        checked = [coerce_result(outputs, r) for r in results]
+        return Ran(checked, called - start, time.perf_counter() - called)
 
     def close(self) -> None:
         """Run the handler's ``unload`` (if any) on its thread and stop the thread."""

@@ -26,7 +26,7 @@ from fnrt.functions.errors import (
     IntegrityError,
     VersionNotFound,
 )
-from fnrt.functions.manifest import check_name
+from fnrt.functions.manifest import NAME_PATTERN, check_name
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed
@@ -36,6 +36,14 @@ _CAS_ATTEMPTS = 16
 
 def blob_key(digest: str) -> str:
     return f"blobs/sha256/{check_digest(digest)}"
+
+
+def function_prefix(name: str) -> str:
+    """``functions/<name>/`` for a name read from a request; FunctionNotFound if no
+    function could have that name."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise FunctionNotFound(str(name))
+    return f"functions/{name}/"
 
 
 def now_iso() -> str:
@@ -153,7 +161,7 @@ class Repository:
         return VersionManifest.from_dict(json.loads(data))
 
     def list_versions(self, name: str) -> list[str]:
-        prefix = f"functions/{check_name(name)}/versions/"
+        prefix = function_prefix(name) + "versions/"
         return [
             k[len(prefix) : -len(".json")] for k in self.store.list(prefix) if k.endswith(".json")
         ]
@@ -163,7 +171,7 @@ class Repository:
     def get_routing(self, name: str) -> tuple[Routing, str]:
         """The function's routing and its ETag; raises FunctionNotFound."""
         try:
-            data, etag = self.store.get(f"functions/{check_name(name)}/routing.json")
+            data, etag = self.store.get(function_prefix(name) + "routing.json")
         except KeyNotFound:
             raise FunctionNotFound(name) from None
         return Routing.from_json(data), etag
@@ -203,6 +211,6 @@ class Repository:
     def delete_function(self, name: str) -> None:
         """Remove the routing and version manifests (blobs stay: they may be shared)."""
         self.get_routing(name)
-        self.store.delete(f"functions/{check_name(name)}/routing.json")
+        self.store.delete(function_prefix(name) + "routing.json")
         for version in self.list_versions(name):
             self.store.delete(f"functions/{name}/versions/{version}.json")

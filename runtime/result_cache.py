@@ -24,7 +24,12 @@ def inputs_key(inputs: Mapping[str, np.ndarray[Any, Any]]) -> str:
     for name in sorted(inputs):
         array = np.ascontiguousarray(inputs[name])
         h.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
-        h.update(array.data.cast("B") if array.size else b"")
+        if array.dtype == object:  # a bytes tensor: each element, length first
+            for item in array.reshape(-1):
+                h.update(len(item).to_bytes(8, "little"))
+                h.update(item)
+        else:
+            h.update(array.data.cast("B") if array.size else b"")
     return h.hexdigest()
 
 

@@ -17,6 +17,7 @@ import contextlib
 import gc
 import logging
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,7 @@ from fnrt.functions.errors import (
 )
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.instance import Instance, InstanceLoader
+from fnrt.loader.instance import Instance, InstanceLoader, Ran
 from fnrt.runtime.batching import (
     CostModel,
     Plan,
@@ -45,7 +46,7 @@ from fnrt.runtime.batching import (
 )
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.queue import Outputs, Pending, Priority, RequestQueue
-from fnrt.runtime.result_cache import ResultCache
+from fnrt.runtime.result_cache import ResultCache, inputs_key
 from fnrt.runtime.scaling import Activity, should_add_instance, should_unload
 from fnrt.runtime.stats import Stats
 
@@ -64,10 +65,11 @@ def new_error_id() -> str:
 
 @dataclass(frozen=True)
 class Served:
-    """A request's outputs, and the tier its instance was loaded from if it waited for a load."""
+    """A request's outputs; the tier its instance was loaded from if it waited for a load."""
 
     outputs: Outputs
     cold_tier: str | None = None
+    cached: bool = False  # answered from the result cache
 
 
 class Admission:
@@ -170,13 +172,25 @@ class Scheduler:
         priority: Priority | None = None,
         timeout_s: float | None = None,
     ) -> Served:
-        """Queue one request and wait for its outputs.
+        """Answer one request: from the result cache, or queued and computed.
 
         Raises Overloaded (queue full), Unavailable (closing, or in adaptive
         mode a request that cannot finish within the target), DeadlineExceeded
         (``timeout_s`` passed before it was computed).
         """
         now = self._clock.now()
+        totals = self.stats.totals
+        cache, key = self.result_cache, ""
+        if cache is not None:
+            key = inputs_key(inputs)
+            hit = cache.get(key)
+            looked_up = self._clock.now() - now
+            if hit is not None:
+                totals.cache_hit.add(looked_up)
+                totals.success.add(looked_up)
+                totals.last_request_unix_s = time.time()
+                return Served(hit, cached=True)
+            totals.cache_miss.add(looked_up)
         self._admit(now, timeout_s)
         self.stats.requests += 1
         self.arrivals.arrive(now)
@@ -190,9 +204,17 @@ class Scheduler:
         self._queue.push(pending)
         self._admission.queued += 1
         self._wake.set()
-        if deadline is not None:
-            await self._await_or_expire(pending, deadline - now)
-        outputs = await future
+        try:
+            if deadline is not None:
+                await self._await_or_expire(pending, deadline - now)
+            outputs = await future
+        except FnrtError:
+            totals.fail.add(self._clock.now() - now)
+            raise
+        totals.success.add(self._clock.now() - now)
+        totals.last_request_unix_s = time.time()
+        if cache is not None:
+            cache.put(key, outputs)
         return Served(outputs, self.stats.last_load_tier if cold else None)
 
     async def warm(self) -> None:
@@ -350,6 +372,7 @@ class Scheduler:
             executor.shutdown(wait=False)
             self.stats.load_failures += 1
             if isinstance(exc, FnrtError):
+                self.stats.last_load_error = exc.message
                 raise
             error_id = new_error_id()
             log.error(
@@ -359,10 +382,13 @@ class Scheduler:
                 error_id,
                 exc_info=exc,
             )
-            raise LoadError(self.name, error_id, f"{type(exc).__name__}: {exc}") from exc
+            error = LoadError(self.name, error_id, f"{type(exc).__name__}: {exc}")
+            self.stats.last_load_error = error.message
+            raise error from exc
         finally:
             slot.loading = None
         slot.instance = instance
+        self.stats.last_load_error = None
         # A full collection walks every object torch and the model made (~100 ms
         # with torch loaded): freeze them out of the collector so per-request
         # garbage never triggers such a pause (the p99 of a busy function).
@@ -477,12 +503,15 @@ class Scheduler:
     async def _run_batch(self, slot: _Slot, instance: Instance, batch: list[Pending]) -> None:
         slot.running = True
         started = self._clock.now()
+        totals = self.stats.totals
         for p in batch:
             self.stats.queue_wait.add(started - p.enqueued_at)
+            totals.queue.add(started - p.enqueued_at)
         loop = asyncio.get_running_loop()
+        ran: Ran | None = None
         try:
-            results = await loop.run_in_executor(
-                instance.executor, instance.run, [p.inputs for p in batch]
+            ran = await loop.run_in_executor(
+                instance.executor, instance.run_timed, [p.inputs for p in batch]
             )
         except Exception as exc:
             error_id = new_error_id()
@@ -500,7 +529,7 @@ class Scheduler:
                 if not p.future.done():
                     p.future.set_exception(error)
         else:
-            for p, result in zip(batch, results, strict=True):
+            for p, result in zip(batch, ran.results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
         finally:
@@ -511,6 +540,9 @@ class Scheduler:
             self.stats.compute.add(elapsed)
             self.stats.batches += 1
             self.stats.batch_sizes[len(batch)] += 1
+            if ran is not None:  # handing inputs over: the rest of the batch's time
+                handed_s = max(elapsed - ran.infer_s - ran.output_s, 0.0)
+                totals.batch(len(batch), handed_s, ran.infer_s, ran.output_s)
 
 
 def _quiet(future: asyncio.Future[Instance]) -> None:

@@ -1,4 +1,8 @@
-"""Counters and recent-latency summaries shown by ``GET /v1/functions/{name}``."""
+"""Counters, cumulative durations and recent-latency summaries of one function version.
+
+``GET /v1/functions/{name}`` shows the summaries; ``GET /v2/models/{m}/stats``
+shows the cumulative totals in Triton's shape.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,56 @@ class Window:
 
 
 @dataclass
+class Total:
+    """How many times something happened and how long it took in all."""
+
+    count: int = 0
+    seconds: float = 0.0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.seconds += seconds
+
+    def to_triton(self) -> dict[str, int]:
+        return {"count": self.count, "ns": int(self.seconds * 1e9)}
+
+
+@dataclass
+class BatchTotals:
+    """Per batch size: the time to hand inputs over, run the handler, check outputs."""
+
+    compute_input: Total = field(default_factory=Total)
+    compute_infer: Total = field(default_factory=Total)
+    compute_output: Total = field(default_factory=Total)
+
+
+@dataclass
+class Totals:
+    """Cumulative durations since the version was first served (Triton's statistics)."""
+
+    success: Total = field(default_factory=Total)  # end to end, request admitted -> answered
+    fail: Total = field(default_factory=Total)
+    queue: Total = field(default_factory=Total)
+    compute_input: Total = field(default_factory=Total)  # per request, its batch's time
+    compute_infer: Total = field(default_factory=Total)
+    compute_output: Total = field(default_factory=Total)
+    cache_hit: Total = field(default_factory=Total)
+    cache_miss: Total = field(default_factory=Total)
+    by_batch_size: dict[int, BatchTotals] = field(default_factory=dict)
+    last_request_unix_s: float = 0.0
+
+    def batch(self, size: int, input_s: float, infer_s: float, output_s: float) -> None:
+        """Record one batch of ``size`` requests."""
+        self.compute_input.add(input_s * size, size)
+        self.compute_infer.add(infer_s * size, size)
+        self.compute_output.add(output_s * size, size)
+        per_size = self.by_batch_size.setdefault(size, BatchTotals())
+        per_size.compute_input.add(input_s)
+        per_size.compute_infer.add(infer_s)
+        per_size.compute_output.add(output_s)
+
+
+@dataclass
 class Stats:
     requests: int = 0
     errors: int = 0
@@ -45,10 +99,12 @@ class Stats:
     last_load_timings_s: dict[str, float] = field(default_factory=dict)
     last_load_tier: str | None = None
     last_load_bytes: int = 0
+    last_load_error: str | None = None  # the last load's failure, until a load succeeds
     cold_starts: Counter[str] = field(default_factory=Counter)
     batch_sizes: Counter[int] = field(default_factory=Counter)
     queue_wait: Window = field(default_factory=Window)
     compute: Window = field(default_factory=Window)
+    totals: Totals = field(default_factory=Totals)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -61,6 +117,7 @@ class Stats:
             "load_failures": self.load_failures,
             "unloads": self.unloads,
             "last_load_tier": self.last_load_tier,
+            "last_load_error": self.last_load_error,
             "last_load_timings_s": {k: round(v, 6) for k, v in self.last_load_timings_s.items()},
             "cold_starts": dict(self.cold_starts),
             "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},

@@ -9,20 +9,18 @@ import asyncio
 import hmac
 import os
 import tempfile
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from fnrt.functions.errors import BadRequest, FnrtError, Unauthorized
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.runtime.http.body import read_body
+from fnrt.runtime.http.resource import Endpoint, resource
 from fnrt.runtime.http.state import node_of
 
-Endpoint = Callable[[Request], Awaitable[Response]]
 _SPOOL_BYTES = 8 * 1024 * 1024
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 
@@ -148,12 +146,9 @@ async def unload(request: Request) -> Response:
 
 
 routes = [
-    Route("/v1/blobs/{digest}", head_blob, methods=["HEAD"]),
-    Route("/v1/blobs/{digest}", put_blob, methods=["PUT"]),
-    Route("/v1/functions", list_functions, methods=["GET"]),
-    Route("/v1/functions", deploy, methods=["POST"]),
-    Route("/v1/functions/{name}", describe, methods=["GET"]),
-    Route("/v1/functions/{name}", delete, methods=["DELETE"]),
-    Route("/v1/functions/{name}/warm", warm, methods=["POST"]),
-    Route("/v1/functions/{name}/unload", unload, methods=["POST"]),
+    resource("/v1/blobs/{digest}", head=head_blob, put=put_blob),
+    resource("/v1/functions", get=list_functions, post=deploy),
+    resource("/v1/functions/{name}", get=describe, delete=delete),
+    resource("/v1/functions/{name}/warm", post=warm),
+    resource("/v1/functions/{name}/unload", post=unload),
 ]

@@ -15,14 +15,25 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-async def readyz(request: Request) -> JSONResponse:
-    node = node_of(request)
+async def not_ready(request: Request) -> str | None:
+    """Why the node cannot serve yet ("starting", or the store's error), or None when it can."""
     if not request.app.state.started:
-        return JSONResponse({"status": "starting"}, status_code=503)
+        return "starting"
     try:
-        await asyncio.wait_for(asyncio.to_thread(node.registry.repository.list_functions), 5)
+        await asyncio.wait_for(
+            asyncio.to_thread(node_of(request).registry.repository.list_functions), 5
+        )
     except Exception as exc:
-        return JSONResponse({"status": "unavailable", "error": f"store: {exc}"}, status_code=503)
+        return f"store: {exc}"
+    return None
+
+
+async def readyz(request: Request) -> JSONResponse:
+    reason = await not_ready(request)
+    if reason == "starting":
+        return JSONResponse({"status": "starting"}, status_code=503)
+    if reason is not None:
+        return JSONResponse({"status": "unavailable", "error": reason}, status_code=503)
     return JSONResponse({"status": "ready"})
 
 

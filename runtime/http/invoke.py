@@ -20,10 +20,12 @@ from fnrt.runtime.http.body import ClientGone, Receive, read_body
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.queue import Priority
-from fnrt.runtime.result_cache import inputs_key
+from fnrt.runtime.scheduler import Scheduler, Served
 
 Scope = MutableMapping[str, Any]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+Answer = tuple[bytes, str, dict[str, str]]  # body, media type, extra headers
 
 INVOKE_PATH = re.compile(r"/v1/functions/([^/]+)/invoke")
 VERSION_HEADER = "x-fnrt-version"
@@ -58,56 +60,66 @@ def request_options(headers: Mapping[str, str]) -> tuple[Priority | None, float 
     return priority, timeout_s
 
 
-async def _answer(
-    node: Node, name: str, headers: Mapping[str, str], receive: Receive
-) -> tuple[bytes, str, dict[str, str]]:
+async def _answer(node: Node, name: str, headers: Mapping[str, str], receive: Receive) -> Answer:
     fmt = format_of(headers.get("content-type"))
     reply = negotiate(headers.get("accept"), fmt)
     priority, timeout_s = request_options(headers)
     scheduler = await node.registry.get(name)
     body = await read_body(headers, receive, node.settings.max_body_bytes)
     inputs = coerce_request(scheduler.version.manifest.inputs, decode(body, fmt))
-    out = {FUNCTION_HEADER: scheduler.name, VERSION_HEADER: scheduler.version.version}
-    cache = scheduler.result_cache
-    if cache is not None:
-        key = inputs_key(inputs)
-        hit = cache.get(key)
-        if hit is not None:
-            out[CACHE_HEADER] = "hit"
-            return encode(hit, reply), reply.media_type, out
     served = await scheduler.submit(inputs, priority=priority, timeout_s=timeout_s)
-    if cache is not None:
-        cache.put(key, served.outputs)
+    return encode(served.outputs, reply), reply.media_type, served_headers(scheduler, served)
+
+
+def served_headers(scheduler: Scheduler, served: Served) -> dict[str, str]:
+    """The ``x-fnrt-*`` headers of an answered request: who served it, and how."""
+    out = {FUNCTION_HEADER: scheduler.name, VERSION_HEADER: scheduler.version.version}
+    if served.cached:
+        out[CACHE_HEADER] = "hit"
     if served.cold_tier is not None:
         out[COLD_START_HEADER] = served.cold_tier
-    return encode(served.outputs, reply), reply.media_type, out
+    return out
 
 
-async def serve_invoke(node: Node, name: str, scope: Scope, receive: Receive, send: Send) -> None:
-    """Answer one invoke on the raw ASGI interface."""
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+async def serve_raw(
+    answer: Awaitable[Answer],
+    scope: Scope,
+    send: Send,
+    error_headers: Mapping[str, str],
+) -> None:
+    """Send ``answer``'s response, or the error it raised (formatted for ``error_headers``)."""
     try:
-        body, media_type, extra = await _answer(node, name, headers, receive)
+        body, media_type, extra = await answer
         status = 200
     except ClientGone:
         return
     except FnrtError as exc:
-        answer = problem(exc, headers)
+        failed = problem(exc, error_headers)
         status, body, media_type, extra = (
-            answer.status,
-            answer.body,
-            answer.media_type,
-            answer.headers,
+            failed.status,
+            failed.body,
+            failed.media_type,
+            failed.headers,
         )
     except Exception as exc:
-        answer = unexpected("POST", scope["path"], exc, headers)
+        failed = unexpected(scope["method"], scope["path"], exc, error_headers)
         status, body, media_type, extra = (
-            answer.status,
-            answer.body,
-            answer.media_type,
-            answer.headers,
+            failed.status,
+            failed.body,
+            failed.media_type,
+            failed.headers,
         )
     raw = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def serve_invoke(node: Node, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer one invoke on the raw ASGI interface."""
+    headers = header_map(scope)
+    await serve_raw(_answer(node, name, headers, receive), scope, send, headers)

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -88,6 +89,15 @@ def unexpected(
 async def fnrt_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, e.FnrtError)
     return problem(exc, request.headers).response()
+
+
+async def http_error_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (no such route: 404; a method the route lacks: 405 with
+    ``Allow``) in fnrt's error shape."""
+    assert isinstance(exc, HTTPException)
+    fmt = reply_format(request.headers)
+    body = {"error": f"{exc.detail}: {request.method} {request.url.path}"}
+    return Response(encode(body, fmt), exc.status_code, exc.headers, fmt.media_type)
 
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import metadata
 
 from starlette.requests import Request
 
@@ -19,3 +20,11 @@ class Node:
 def node_of(request: Request) -> Node:
     node: Node = request.app.state.node
     return node
+
+
+def server_version() -> str:
+    """fnrt's installed version (``GET /v2``, ``/openapi.json``)."""
+    try:
+        return metadata.version("fnrt")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"

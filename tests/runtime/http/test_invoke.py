@@ -258,3 +258,69 @@ max_batch_size = {max_batch_size}
 [scaling]
 max_queue = {max_queue}
 """
+
+
+TEXT_HANDLER = """
+import numpy as np
+
+class Text:
+    def __call__(self, batch):
+        return [
+            {"upper": np.array([s.upper() for s in r["s"]], dtype=object), "half": r["b"] / 2}
+            for r in batch
+        ]
+"""
+
+TEXT_MANIFEST = """
+name = "{name}"
+handler = "handler:Text"
+
+[inputs]
+s = {{ dtype = "bytes", shape = [-1] }}
+b = {{ dtype = "bfloat16", shape = [-1, 2] }}
+
+[outputs]
+upper = {{ dtype = "bytes", shape = [-1] }}
+half = {{ dtype = "bfloat16", shape = [-1, 2] }}
+"""
+
+
+def test_bytes_and_bfloat16_tensors_over_json_and_msgpack(tmp_path: Path) -> None:
+    import ml_dtypes
+
+    from fnrt.functions.codec import decode_msgpack, encode_msgpack
+
+    folder = write_function(tmp_path / "src", "text", TEXT_HANDLER, TEXT_MANIFEST)
+    with live_server(tmp_path) as srv:
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        with srv.client() as c:
+            r = c.post(
+                "/v1/functions/text/invoke", json={"s": ["ab", "\u00e9t\u00e9"], "b": [[1, 3]]}
+            )
+            assert r.status_code == 200, r.text
+            assert r.json() == {"upper": ["AB", "\u00e9T\u00e9"], "half": [[0.5, 1.5]]}
+            b = np.array([[2, 5]], dtype=ml_dtypes.bfloat16)
+            body = encode_msgpack({"s": [b"\xffx"], "b": b})
+            r = c.post(
+                "/v1/functions/text/invoke",
+                content=body,
+                headers={"content-type": "application/msgpack"},
+            )
+            assert r.status_code == 200, r.text
+            out = decode_msgpack(r.content)
+            assert out["upper"] == [b"\xffX"]  # bytes stay bytes in msgpack
+            assert out["half"].dtype == ml_dtypes.bfloat16
+            np.testing.assert_array_equal(out["half"], b / 2)
+            r = c.post(
+                "/v1/functions/text/invoke",
+                content=body,
+                headers={"content-type": "application/msgpack", "accept": "application/json"},
+            )
+            assert r.status_code == 400  # not UTF-8: JSON cannot carry it
+            assert "not UTF-8" in error_of(r)["error"]
+            r = c.post("/v1/functions/text/invoke", json={"s": [1, 2], "b": [[1, 3]]})
+            assert r.status_code == 422
+            assert error_of(r) == {
+                "error": "input 's': expected strings or bytes, got int",
+                "input": "s",
+            }
