@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,3 +53,32 @@ def proxy(s3):  # type: ignore[no-untyped-def]
     fault_proxy = FaultProxy(port)
     yield fault_proxy
     fault_proxy.close()
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Copies of both examples with weights and the ONNX file made by their scripts."""
+    root = tmp_path_factory.mktemp("examples")
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    for name in ("mlp", "mlp-onnx"):
+        shutil.copytree(
+            examples / name,
+            root / name,
+            ignore=shutil.ignore_patterns("*.safetensors", "*.onnx", "__pycache__"),
+        )
+    weights = root / "mlp" / "weights.safetensors"
+    subprocess.run(
+        [sys.executable, str(root / "mlp" / "make_weights.py"), "--out", str(weights)], check=True
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "mlp-onnx" / "export.py"),
+            "--weights",
+            str(weights),
+            "--out",
+            str(root / "mlp-onnx" / "mlp.onnx"),
+        ],
+        check=True,
+    )
+    return root

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
 
 from fnrt.functions.errors import FnrtError
 from fnrt.loader.cache import BlobCache, CacheConfig
@@ -16,10 +18,16 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import open_store
 from fnrt.runtime.clock import Clock, SystemClock
-from fnrt.runtime.http import admin, health
+from fnrt.runtime.http import admin, health, openapi
 from fnrt.runtime.http.body import Receive
 from fnrt.runtime.http.invoke import INVOKE_PATH, Scope, Send, serve_invoke
-from fnrt.runtime.http.problems import fnrt_error_handler, unexpected_error_handler
+from fnrt.runtime.http.oip import routes as oip_routes
+from fnrt.runtime.http.oip.infer import INFER_PATH, serve_infer
+from fnrt.runtime.http.problems import (
+    fnrt_error_handler,
+    http_error_handler,
+    unexpected_error_handler,
+)
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.settings import ServerSettings
@@ -42,14 +50,41 @@ def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Regi
     )
 
 
+async def _invoke_route(scope: Scope, receive: Receive, send: Send) -> None:
+    node = scope["app"].state.node
+    await serve_invoke(node, scope["path_params"]["name"], scope, receive, send)
+
+
+async def _infer_route(scope: Scope, receive: Receive, send: Send) -> None:
+    params = scope["path_params"]
+    node = scope["app"].state.node
+    await serve_infer(node, params["name"], params.get("version"), scope, receive, send)
+
+
+#: The hot paths as ordinary routes too: FnrtApp answers them before the router, so
+#: these serve only when that is bypassed, and give other methods a 405 with ``Allow``.
+_RAW_ROUTES = [
+    Route("/v1/functions/{name}/invoke", _invoke_route, methods=["POST"]),
+    Route("/v2/models/{name}/infer", _infer_route, methods=["POST"]),
+    Route("/v2/models/{name}/versions/{version}/infer", _infer_route, methods=["POST"]),
+]
+
+
 class FnrtApp(Starlette):
-    """Starlette, with invokes (the hot path) answered before its middleware and router."""
+    """Starlette, with invokes and infers (the hot path) answered before its middleware
+    and router."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = INVOKE_PATH.fullmatch(scope["path"])
+            path = scope["path"]
+            match = INVOKE_PATH.fullmatch(path)
             if match is not None:
                 await serve_invoke(self.state.node, match.group(1), scope, receive, send)
+                return
+            match = INFER_PATH.fullmatch(path)
+            if match is not None:
+                name, version = match.groups()
+                await serve_infer(self.state.node, name, version, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -71,8 +106,18 @@ def build_app(settings: ServerSettings, registry: Registry | None = None) -> Sta
             await registry.close()
 
     app = FnrtApp(
-        routes=[*admin.routes, *health.routes],
-        exception_handlers={FnrtError: fnrt_error_handler, Exception: unexpected_error_handler},
+        routes=[
+            *_RAW_ROUTES,
+            *admin.routes,
+            *health.routes,
+            *oip_routes.routes,
+            *openapi.routes,
+        ],
+        exception_handlers={
+            FnrtError: fnrt_error_handler,
+            HTTPException: http_error_handler,
+            Exception: unexpected_error_handler,
+        },
         lifespan=lifespan,
     )
     app.state.node = Node(settings, registry)

@@ -21,34 +21,6 @@ from support import LiveServer, live_server
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Copies of both examples with weights and the ONNX file made by their scripts."""
-    root = tmp_path_factory.mktemp("examples")
-    for name in ("mlp", "mlp-onnx"):
-        shutil.copytree(
-            EXAMPLES / name,
-            root / name,
-            ignore=shutil.ignore_patterns("*.safetensors", "*.onnx", "__pycache__"),
-        )
-    weights = root / "mlp" / "weights.safetensors"
-    subprocess.run(
-        [sys.executable, str(root / "mlp" / "make_weights.py"), "--out", str(weights)], check=True
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            str(root / "mlp-onnx" / "export.py"),
-            "--weights",
-            str(weights),
-            "--out",
-            str(root / "mlp-onnx" / "mlp.onnx"),
-        ],
-        check=True,
-    )
-    return root
-
-
 @pytest.fixture
 def server(tmp_path: Path, built: Path, capsys: pytest.CaptureFixture[str]):
     with live_server(tmp_path) as srv:

@@ -1,0 +1,81 @@
+"""``POST /v2/models/{m}[/versions/{v}]/infer``, served as raw ASGI like ``/v1`` invokes.
+
+The request goes through the same scheduler (admission, priority, batching,
+result cache) as a ``/v1`` invoke; only the body format differs. tritonclient
+sends no Content-Type, so the body's shape is told by
+``Inference-Header-Content-Length`` alone. Errors are ``{"error": ...}`` JSON.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from fnrt.functions.tensors import coerce_request
+from fnrt.runtime.http.body import Receive, read_body
+from fnrt.runtime.http.invoke import (
+    Answer,
+    Scope,
+    Send,
+    header_map,
+    request_options,
+    serve_raw,
+    served_headers,
+)
+from fnrt.runtime.http.oip.wire import (
+    HEADER_LENGTH,
+    compress,
+    decode_request,
+    decompress,
+    encode_response,
+    parse_header_length,
+    response_encoding,
+)
+from fnrt.runtime.http.state import Node
+
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+_JSON_ERRORS: Mapping[str, str] = {}  # errors on /v2 are always JSON
+
+
+async def _answer(
+    node: Node, name: str, version: str | None, headers: Mapping[str, str], receive: Receive
+) -> Answer:
+    priority, timeout_s = request_options(headers)
+    registry = node.registry
+    scheduler = await (
+        registry.get(name) if version is None else registry.get_version(name, version)
+    )
+    limit = node.settings.max_body_bytes
+    body = decompress(
+        await read_body(headers, receive, limit), headers.get("content-encoding"), limit
+    )
+    manifest = scheduler.version.manifest
+    request = decode_request(
+        body, parse_header_length(headers.get(HEADER_LENGTH), len(body)), manifest.inputs
+    )
+    served = await scheduler.submit(
+        coerce_request(manifest.inputs, request.inputs),
+        priority=priority if priority is not None else request.priority,
+        timeout_s=timeout_s if timeout_s is not None else request.timeout_s,
+    )
+    out, json_length = encode_response(
+        name, scheduler.version.version, request, served.outputs, manifest.outputs
+    )
+    extra = served_headers(scheduler, served)
+    media_type = "application/json"
+    if json_length is not None:
+        extra[HEADER_LENGTH] = str(json_length)
+        media_type = "application/octet-stream"
+    coding = response_encoding(headers.get("accept-encoding"))
+    if coding is not None:
+        out = compress(out, coding)
+        extra["content-encoding"] = coding
+    return out, media_type, extra
+
+
+async def serve_infer(
+    node: Node, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Answer one infer request on the raw ASGI interface."""
+    headers = header_map(scope)
+    await serve_raw(_answer(node, name, version, headers, receive), scope, send, _JSON_ERRORS)
