@@ -17,14 +17,23 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import Result, deploy, median, require_wrk, start_bare, start_fnrt, write_script, wrk
+from loadgen import (
+    Result,
+    copy_mlp,
+    deploy,
+    median,
+    require_wrk,
+    start_bare,
+    start_fnrt,
+    write_script,
+    wrk,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,18 +51,7 @@ def main() -> None:
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        example = work / "mlp"
-        shutil.copytree(
-            ROOT / "examples" / "mlp",
-            example,
-            ignore=shutil.ignore_patterns("*.safetensors", "__pycache__"),
-        )
-        weights = example / "weights.safetensors"
-        subprocess.run(
-            [sys.executable, str(example / "make_weights.py"), "--out", str(weights)],
-            check=True,
-            capture_output=True,
-        )
+        example, weights = copy_mlp(work)
 
         fnrt, proc = start_fnrt(str(work / "store"), work / "cache", env)
         procs.append(proc)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent
 
 LUA = """
 wrk.method = "POST"
-wrk.headers["Content-Type"] = "{content_type}"
+{headers}
 local f = io.open("{body}", "rb")
 wrk.body = f:read("*all")
 f:close()
@@ -58,11 +59,22 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120) 
     raise SystemExit(f"{url} not ready in {timeout_s}s")
 
 
-def write_script(work: Path, name: str, content_type: str, body: bytes) -> Path:
-    """A wrk Lua script that POSTs ``body`` with ``content_type``."""
+def write_script(
+    work: Path,
+    name: str,
+    content_type: str | None,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+) -> Path:
+    """A wrk Lua script that POSTs ``body`` with ``content_type`` (None: no Content-Type,
+    as tritonclient sends) and any other ``headers``."""
     (work / f"{name}.body").write_bytes(body)
+    wanted = dict(headers or {})
+    if content_type is not None:
+        wanted["Content-Type"] = content_type
+    lines = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in wanted.items())
     script = work / f"{name}.lua"
-    script.write_text(LUA.format(content_type=content_type, body=work / f"{name}.body"))
+    script.write_text(LUA.format(headers=lines, body=work / f"{name}.body"))
     return script
 
 
@@ -128,3 +140,20 @@ def start_bare(
     proc = subprocess.Popen([*argv, str(port)], env=env)
     wait_ready(f"http://127.0.0.1:{port}/", proc)
     return f"http://127.0.0.1:{port}/invoke", proc
+
+
+def copy_mlp(work: Path) -> tuple[Path, Path]:
+    """A copy of ``examples/mlp`` in ``work`` with its weights made by its own script."""
+    example = work / "mlp"
+    shutil.copytree(
+        ROOT / "examples" / "mlp",
+        example,
+        ignore=shutil.ignore_patterns("*.safetensors", "__pycache__"),
+    )
+    weights = example / "weights.safetensors"
+    subprocess.run(
+        [sys.executable, str(example / "make_weights.py"), "--out", str(weights)],
+        check=True,
+        capture_output=True,
+    )
+    return example, weights
