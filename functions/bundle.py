@@ -77,10 +77,12 @@ def _excluded(rel: Path, patterns: tuple[str, ...]) -> bool:
 def _code_files(folder: Path, manifest: Manifest) -> list[Path]:
     artifact_paths = [Path(rel) for rel in manifest.artifacts.values()]
     patterns = DEFAULT_EXCLUDE + manifest.exclude
+    rollout = manifest.rollout
+    kept = {Path(rel) for rel in (rollout.warmup_file, rollout.probe_file) if rel}
     found: list[Path] = []
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder)
-        if not path.is_file() or _excluded(rel, patterns):
+        if not path.is_file() or (_excluded(rel, patterns) and rel not in kept):
             continue
         if any(rel == a or a in rel.parents for a in artifact_paths):
             continue

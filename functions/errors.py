@@ -147,3 +147,31 @@ class HandlerFailed(FnrtError):
             f"function '{function}' failed: {reason}", function=function, error_id=error_id
         )
         self.error_id = error_id
+
+
+class DeployRejected(FnrtError):
+    """A new version failed to load, warm up or pass its probe: it got no traffic."""
+
+    def __init__(self, function: str, version: str, reason: str) -> None:
+        super().__init__(
+            f"version {version} of '{function}' was not rolled out: {reason}",
+            function=function,
+            version=version,
+            reason=reason,
+        )
+
+
+class CircuitOpen(Unavailable):
+    """The version's circuit breaker is open and the function has no fallback."""
+
+    def __init__(self, function: str, version: str, retry_after_s: float) -> None:
+        super().__init__(
+            f"function '{function}' version {version} is failing: its circuit breaker is open",
+            function=function,
+            version=version,
+        )
+        self.retry_after_s = retry_after_s
+
+
+class VersionRetired(Unavailable):
+    """The version stopped taking requests (it left the routing); route the request again."""

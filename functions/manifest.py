@@ -198,6 +198,130 @@ class ResultCacheConfig:
             raise ManifestError("ttl_s", "must be a number of seconds > 0")
 
 
+ROLLOUT_POLICIES = ("immediate", "canary")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How a new version takes over from the one serving (blue/green, then a policy).
+
+    Before any traffic, the new version is loaded, ``warmup_file``'s requests
+    are run through it, and ``probe_file``'s requests must give their expected
+    outputs within ``probe_atol`` + ``probe_rtol`` * |expected|. Then
+    ``immediate`` moves all traffic at once; ``canary`` walks ``steps_percent``,
+    dwelling ``dwell_s`` at each, and rolls back on its own when the new
+    version's error rate exceeds the old one's by ``max_error_rate`` or its p99
+    passes ``max_p99_ratio`` times the old one's (plus ``p99_slack_ms``), once
+    it has served ``min_requests``. The version cut over from stays loaded for
+    ``rollback_window_s``. ``sticky_header`` names a request header whose value
+    always maps to the same version during a split.
+    """
+
+    policy: str = "immediate"
+    steps_percent: tuple[int, ...] = (10, 50, 100)
+    dwell_s: float = 30.0
+    min_requests: int = 20
+    max_error_rate: float = 0.05
+    max_p99_ratio: float = 2.0
+    p99_slack_ms: float = 5.0
+    rollback_window_s: float = 600.0
+    sticky_header: str = ""
+    warmup_file: str = ""
+    probe_file: str = ""
+    probe_atol: float = 1e-5
+    probe_rtol: float = 1e-4
+
+    def __post_init__(self) -> None:
+        if self.policy not in ROLLOUT_POLICIES:
+            raise ManifestError("policy", f"must be one of {list(ROLLOUT_POLICIES)}")
+        steps = self.steps_percent
+        if (
+            not isinstance(steps, tuple | list)
+            or not steps
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in steps)
+            or list(steps) != sorted(set(steps))
+            or steps[0] < 1
+            or steps[-1] != 100
+        ):
+            raise ManifestError(
+                "steps_percent", "must be increasing integer percentages ending at 100"
+            )
+        object.__setattr__(self, "steps_percent", tuple(steps))
+        for name in ("dwell_s", "p99_slack_ms", "rollback_window_s", "probe_atol", "probe_rtol"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ManifestError(name, "must be a number >= 0")
+        if not isinstance(self.min_requests, int) or self.min_requests < 1:
+            raise ManifestError("min_requests", "must be an integer >= 1")
+        if not isinstance(self.max_error_rate, int | float) or not 0 <= self.max_error_rate <= 1:
+            raise ManifestError("max_error_rate", "must be a fraction from 0 to 1")
+        if not isinstance(self.max_p99_ratio, int | float) or self.max_p99_ratio < 1:
+            raise ManifestError("max_p99_ratio", "must be a number >= 1")
+        for name in ("sticky_header", "warmup_file", "probe_file"):
+            if not isinstance(getattr(self, name), str):
+                raise ManifestError(name, "must be a string")
+        for name in ("warmup_file", "probe_file"):
+            path = PurePosixPath(getattr(self, name))
+            if getattr(self, name) and (path.is_absolute() or ".." in path.parts):
+                raise ManifestError(name, "must be a relative path inside the function folder")
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    """The circuit breaker of each version.
+
+    It opens when, over the last ``window_s`` (and at least ``min_requests``),
+    more than ``open_error_rate`` of requests failed on the server's side;
+    while open, requests get the ``fallback`` at once: ``"cache"`` (the last
+    result computed for the same inputs), ``"function:NAME"`` (another
+    function, e.g. a smaller model), or ``""`` (a fast 503). After ``open_s``
+    it lets ``half_open_probes`` requests through; it closes when fewer than
+    ``close_error_rate`` of them failed, else opens again. The inputs of the
+    newest ``failed_inputs_kept`` failed requests are kept for the admin API.
+    """
+
+    enabled: bool = True
+    window_s: float = 30.0
+    min_requests: int = 20
+    open_error_rate: float = 0.05
+    close_error_rate: float = 0.01
+    open_s: float = 5.0
+    half_open_probes: int = 20
+    fallback: str = ""
+    failed_inputs_kept: int = 32
+    cache_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ManifestError("enabled", "must be true or false")
+        for name in ("window_s", "open_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ManifestError(name, "must be a number of seconds > 0")
+        for name in ("open_error_rate", "close_error_rate"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 < value <= 1:
+                raise ManifestError(name, "must be a fraction above 0, at most 1")
+        for name in ("min_requests", "half_open_probes", "cache_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ManifestError(name, "must be an integer >= 1")
+        if not isinstance(self.failed_inputs_kept, int) or self.failed_inputs_kept < 0:
+            raise ManifestError("failed_inputs_kept", "must be an integer >= 0")
+        if not isinstance(self.fallback, str) or not (
+            self.fallback in ("", "cache")
+            or (
+                self.fallback.startswith("function:")
+                and NAME_PATTERN.match(self.fallback[len("function:") :])
+            )
+        ):
+            raise ManifestError("fallback", "must be '', 'cache' or 'function:NAME'")
+
+    @property
+    def fallback_function(self) -> str | None:
+        return self.fallback[len("function:") :] if self.fallback.startswith("function:") else None
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A validated function manifest (see the module docstring for the file form)."""
@@ -212,6 +336,8 @@ class Manifest:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     requests: RequestsConfig = field(default_factory=RequestsConfig)
     result_cache: ResultCacheConfig = field(default_factory=ResultCacheConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
     exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -256,6 +382,8 @@ class Manifest:
             "scaling": asdict(self.scaling),
             "requests": asdict(self.requests),
             "result_cache": asdict(self.result_cache),
+            "rollout": {**asdict(self.rollout), "steps_percent": list(self.rollout.steps_percent)},
+            "breaker": asdict(self.breaker),
             "exclude": list(self.exclude),
         }
 
@@ -271,6 +399,8 @@ _TOP_KEYS = {
     "scaling",
     "requests",
     "result_cache",
+    "rollout",
+    "breaker",
     "exclude",
 }
 
@@ -344,6 +474,8 @@ def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manif
         scaling=_build(ScalingConfig, _table(data, "scaling"), "scaling"),
         requests=_build(RequestsConfig, _table(data, "requests"), "requests"),
         result_cache=_build(ResultCacheConfig, _table(data, "result_cache"), "result_cache"),
+        rollout=_build(RolloutConfig, _table(data, "rollout"), "rollout"),
+        breaker=_build(BreakerConfig, _table(data, "breaker"), "breaker"),
         exclude=tuple(exclude),
     )
 
@@ -361,4 +493,8 @@ def load_manifest(folder: Path, *, name: str | None = None) -> Manifest:
     for key, rel in manifest.artifacts.items():
         if not (folder / rel).exists():
             raise ManifestError(f"artifacts.{key}", f"{rel!r} does not exist in {folder}")
+    for key in ("warmup_file", "probe_file"):
+        rel = getattr(manifest.rollout, key)
+        if rel and not (folder / rel).is_file():
+            raise ManifestError(f"rollout.{key}", f"{rel!r} does not exist in {folder}")
     return manifest

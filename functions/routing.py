@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fnrt.functions.errors import FnrtError
+from fnrt.functions.errors import Conflict, FnrtError
 
 #: How many earlier versions a routing file remembers for rollback.
 HISTORY_LIMIT = 20
@@ -44,6 +44,19 @@ class Routing:
             previous=tuple(history[:HISTORY_LIMIT]),
             updated_at=now_iso,
         )
+
+    def with_traffic(self, traffic: Mapping[str, int], now_iso: str) -> Routing:
+        """A hand-set (or canary) split; versions that lose all traffic go to history."""
+        shares = {v: p for v, p in traffic.items() if p > 0}
+        gone = [v for v in self.traffic if v not in shares]
+        history = [*gone, *(v for v in self.previous if v not in gone and v not in shares)]
+        return Routing(traffic=shares, previous=tuple(history[:HISTORY_LIMIT]), updated_at=now_iso)
+
+    def rolled_back(self, now_iso: str) -> Routing:
+        """All traffic back to the newest version in history; FnrtError if there is none."""
+        if not self.previous:
+            raise Conflict("there is no earlier version to roll back to")
+        return self.cut_over(self.previous[0], now_iso)
 
     def to_json(self) -> bytes:
         return json.dumps(

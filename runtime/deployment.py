@@ -1,12 +1,15 @@
 """Publishing a version: validate it, record it, and route traffic to it.
 
 Shared by the server's deploy route and ``fnrt deploy --store`` (no server),
-so both check the same things and write the store the same way.
+so both check the same things and write the store the same way. The server
+goes further (blue/green, canary: see :mod:`fnrt.runtime.rollout`); without a
+server, a deploy moves all traffic at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fnrt.functions.errors import BlobNotFound
 from fnrt.functions.routing import Routing
@@ -21,23 +24,27 @@ class Deployed:
     version: str
     created: bool  # False when this exact content was deployed before
     routing: Routing
+    rollout: str = "immediate"  # "immediate", "canary" (under way) or "unchanged"
+    checks: dict[str, Any] = field(default_factory=dict)  # what the blue/green step ran
 
 
-def publish_version(
-    repository: Repository, loader: InstanceLoader, vm: VersionManifest
-) -> Deployed:
-    """Validate ``vm`` (blobs present, handler importable and to contract), store it,
-    and give it all of the function's traffic. Blocking; nothing is loaded.
+def store_version(repository: Repository, loader: InstanceLoader, vm: VersionManifest) -> bool:
+    """Validate ``vm`` (blobs present, handler importable and to contract) and store it.
 
+    Blocking; nothing is loaded and no traffic moves. True when it was new.
     Raises HandlerError, BlobNotFound or ManifestError before anything is written.
     """
     for ref in vm.blobs():
         if not repository.has_blob(ref.digest):
             raise BlobNotFound(ref.digest)
     loader.handler_object(vm)
-    created = repository.put_version(vm)
+    return repository.put_version(vm)
+
+
+def cut_over(repository: Repository, vm: VersionManifest) -> Routing:
+    """Give ``vm`` all of its function's traffic (a conditional write)."""
     stamp = now_iso()
-    routing = repository.update_routing(
+    return repository.update_routing(
         vm.name,
         lambda current: (
             Routing.first(vm.version, stamp)
@@ -45,4 +52,11 @@ def publish_version(
             else current.cut_over(vm.version, stamp)
         ),
     )
-    return Deployed(vm.name, vm.version, created, routing)
+
+
+def publish_version(
+    repository: Repository, loader: InstanceLoader, vm: VersionManifest
+) -> Deployed:
+    """Store ``vm`` and give it all of the function's traffic at once (no server)."""
+    created = store_version(repository, loader, vm)
+    return Deployed(vm.name, vm.version, created, cut_over(repository, vm))

@@ -1,10 +1,15 @@
-"""The functions a node serves: one scheduler per function, kept in step with the store.
+"""The functions a node serves: their routing, and a scheduler per version in use.
 
 A function is found in the store the first time it is asked for, so a node
 serves whatever the store holds without being told; any stored version can
-also be served by its id. Deploys through this node
-publish to the store and swap the scheduler at once; the old version finishes
-what it had queued and unloads. A background sweep scales idle instances to zero.
+also be served by its id. Each request goes to a version chosen by the
+function's traffic split (random, or by a sticky header's hash). A deploy
+through this node prepares the new version (blue/green: load, warm-up, probe)
+before it gets traffic, then moves traffic at once or as a canary. Routing
+written by other nodes is noticed by polling the store. A version that leaves
+the routing keeps its instance for the rollback window, finishing what it
+accepted; a background sweep scales idle instances to zero and closes
+versions whose window has passed.
 """
 
 from __future__ import annotations
@@ -12,30 +17,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from fnrt.functions.errors import FunctionNotFound
+from fnrt.functions.errors import (
+    CircuitOpen,
+    Conflict,
+    FunctionNotFound,
+    VersionRetired,
+)
+from fnrt.functions.handler import Request
 from fnrt.functions.manifest import NAME_PATTERN
+from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.cache import choose_evictions
 from fnrt.loader.instance import InstanceLoader
-from fnrt.loader.repository import Repository
+from fnrt.loader.repository import Repository, now_iso
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.deployment import Deployed, publish_version
-from fnrt.runtime.scheduler import Admission, Scheduler
+from fnrt.runtime.deployment import Deployed, cut_over, store_version
+from fnrt.runtime.queue import Priority
+from fnrt.runtime.result_cache import inputs_key
+from fnrt.runtime.rollout import Canary, prepare
+from fnrt.runtime.scheduler import Admission, Scheduler, Served
+from fnrt.runtime.traffic import bucket_of, choose_version
 
 log = logging.getLogger("fnrt.registry")
 
 
-class Registry:
-    """Maps function names to the schedulers of their versions.
+@dataclass(eq=False)
+class _Function:
+    """What a node holds for one function."""
 
-    Each function has the version its routing sends traffic to (``get``) and
-    any other stored version asked for by id (``get_version``, for
-    ``/v2/models/{m}/versions/{v}``), each with its own scheduler, created on
-    first use and loaded lazily like any other.
-    """
+    name: str
+    routing: Routing
+    etag: str
+    schedulers: dict[str, Scheduler] = field(default_factory=dict)  # by version id
+    left_at: dict[str, float] = field(default_factory=dict)  # version -> lost its traffic
+    canary: Canary | None = None
+    last_rollout: dict[str, Any] | None = None
+
+    @property
+    def primary(self) -> Scheduler:
+        return self.schedulers[self.routing.primary]
+
+
+class Registry:
+    """Maps function names to their routing and the schedulers of their versions."""
 
     def __init__(
         self,
@@ -44,6 +72,7 @@ class Registry:
         clock: Clock,
         *,
         sweep_interval_s: float = 1.0,
+        watch_interval_s: float = 1.0,
         memory_budget_bytes: int | None = None,
         max_queued_total: int = 10_000,
     ) -> None:
@@ -53,10 +82,10 @@ class Registry:
         self.loader = loader
         self.clock = clock
         self._sweep_interval_s = sweep_interval_s
-        self._routed: dict[str, Scheduler] = {}  # name -> the version routing serves
-        self._pinned: dict[tuple[str, str], Scheduler] = {}  # (name, version) asked by id
+        self._watch_interval_s = watch_interval_s
+        self._functions: dict[str, _Function] = {}
         self._lock = asyncio.Lock()
-        self._sweeper: asyncio.Task[None] | None = None
+        self._loops: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
@@ -76,63 +105,93 @@ class Registry:
                 continue
             if preload or scheduler.version.manifest.scaling.load_at_start:
                 self._background(_warm_logged(scheduler))
-        self._sweeper = asyncio.ensure_future(self._sweep_forever())
+        self._loops = [
+            asyncio.ensure_future(self._every(self._sweep_interval_s, self.sweep)),
+            asyncio.ensure_future(self._every(self._watch_interval_s, self.watch)),
+        ]
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for loop in self._loops:
+            loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+                await loop
+        for entry in self._functions.values():
+            if entry.canary is not None:
+                await entry.canary.cancel("the server is stopping")
         schedulers = self.loaded()
-        self._routed, self._pinned = {}, {}
+        self._functions = {}
         await asyncio.gather(*(s.close() for s in schedulers), *self._tasks, return_exceptions=True)
 
-    async def get(self, name: str) -> Scheduler:
-        """The scheduler serving ``name``; reads the store if this node has none yet."""
-        scheduler = self._routed.get(name)
-        if scheduler is not None:
-            return scheduler
+    # --- finding versions --------------------------------------------------------------
+
+    async def _entry(self, name: str) -> _Function:
+        entry = self._functions.get(name)
+        if entry is not None:
+            return entry
         if not NAME_PATTERN.match(name):
             raise FunctionNotFound(name)
         async with self._lock:
-            scheduler = self._routed.get(name)
-            if scheduler is not None:
-                return scheduler
-            routing, _ = await asyncio.to_thread(self.repository.get_routing, name)
-            vm = await asyncio.to_thread(self.repository.get_version, name, routing.primary)
-            return self._activate(vm)
+            entry = self._functions.get(name)
+            if entry is not None:
+                return entry
+            routing, etag = await asyncio.to_thread(self.repository.get_routing, name)
+            schedulers = {}
+            for version in routing.traffic:
+                vm = await asyncio.to_thread(self.repository.get_version, name, version)
+                schedulers[version] = self._scheduler(vm)
+            entry = self._functions[name] = _Function(name, routing, etag, schedulers)
+            return entry
+
+    async def get(self, name: str) -> Scheduler:
+        """The scheduler of the version with the largest share of ``name``'s traffic."""
+        return (await self._entry(name)).primary
+
+    async def route(self, name: str, headers: Mapping[str, str] | None = None) -> Scheduler:
+        """The scheduler that answers this request, chosen by the traffic split.
+
+        With a ``sticky_header`` in the primary version's manifest, the header's
+        value picks the version (one user, one version); otherwise a random draw.
+        """
+        entry = await self._entry(name)
+        traffic = entry.routing.traffic
+        if len(traffic) == 1:
+            return entry.primary
+        sticky = entry.primary.version.manifest.rollout.sticky_header
+        key = headers.get(sticky.lower()) if sticky and headers is not None else None
+        return entry.schedulers[choose_version(traffic, bucket_of(key))]
 
     async def get_version(self, name: str, version: str) -> Scheduler:
         """The scheduler of one stored version of ``name``, whatever the routing says.
 
         Raises FunctionNotFound or VersionNotFound.
         """
-        routed = await self.get(name)
-        if routed.version.version == version:
-            return routed
-        scheduler = self._pinned.get((name, version))
-        if scheduler is not None:
+        entry = await self._entry(name)
+        scheduler = entry.schedulers.get(version)
+        if scheduler is not None and not scheduler.closing:
             return scheduler
         vm = await asyncio.to_thread(self.repository.get_version, name, version)
-        async with self._lock:
-            scheduler = self._pinned.get((name, version))
-            if scheduler is None:
-                scheduler = self._pinned[(name, version)] = self._scheduler(vm)
-            return scheduler
+        return self._held(entry, vm)
+
+    def _held(self, entry: _Function, vm: VersionManifest) -> Scheduler:
+        """The open scheduler ``entry`` holds for ``vm``, made if there is none."""
+        scheduler = entry.schedulers.get(vm.version)
+        if scheduler is None or scheduler.closing:
+            scheduler = entry.schedulers[vm.version] = self._scheduler(vm)
+        return scheduler
 
     async def version_manifest(self, name: str, version: str | None = None) -> VersionManifest:
         """The routed version of ``name``, or the stored version ``version``; nothing loads."""
-        routed = await self.get(name)
-        if version is None or routed.version.version == version:
-            return routed.version
-        pinned = self._pinned.get((name, version))
-        if pinned is not None:
-            return pinned.version
+        entry = await self._entry(name)
+        if version is None:
+            return entry.primary.version
+        held = entry.schedulers.get(version)
+        if held is not None:
+            return held.version
         return await asyncio.to_thread(self.repository.get_version, name, version)
 
     async def stored_versions(self, name: str) -> list[str]:
         """Every version id of ``name`` in the store; FunctionNotFound if it has none."""
-        await self.get(name)
+        await self._entry(name)
         return await asyncio.to_thread(self.repository.list_versions, name)
 
     def _scheduler(self, vm: VersionManifest) -> Scheduler:
@@ -141,34 +200,224 @@ class Registry:
             self._background(_warm_logged(scheduler))
         return scheduler
 
-    def _activate(self, vm: VersionManifest) -> Scheduler:
-        old = self._routed.get(vm.name)
-        if old is not None and old.version.version == vm.version:
-            return old
-        # A version served by id so far becomes the routed one, instances and all.
-        scheduler = self._pinned.pop((vm.name, vm.version), None) or self._scheduler(vm)
-        self._routed[vm.name] = scheduler
-        if old is not None:
-            self._background(old.close())
-        return scheduler
+    # --- serving -------------------------------------------------------------------------
 
-    async def deploy(self, vm: VersionManifest) -> Deployed:
-        """Validate, publish and switch to ``vm`` (see :func:`publish_version`)."""
-        deployed = await asyncio.to_thread(publish_version, self.repository, self.loader, vm)
+    async def submit(
+        self,
+        scheduler: Scheduler,
+        inputs: Request,
+        *,
+        priority: Priority | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[Scheduler, Served]:
+        """Answer ``inputs`` on ``scheduler``, or on its fallback while its breaker is open.
+
+        Returns the scheduler that answered (the fallback function's, when that
+        answered) and the result. A version that stopped taking requests
+        between routing and submitting (it left the routing) hands the request
+        to the function's current primary.
+        """
+        if not scheduler.breaker.allow(self.clock.now()):
+            return await self._fallback(scheduler, inputs, priority, timeout_s)
+        try:
+            return scheduler, await scheduler.submit(inputs, priority=priority, timeout_s=timeout_s)
+        except VersionRetired:
+            successor = await self.get(scheduler.name)
+            if successor is scheduler:
+                raise
+            return successor, await successor.submit(inputs, priority=priority, timeout_s=timeout_s)
+
+    async def _fallback(
+        self,
+        scheduler: Scheduler,
+        inputs: Request,
+        priority: Priority | None,
+        timeout_s: float | None,
+    ) -> tuple[Scheduler, Served]:
+        config = scheduler.version.manifest.breaker
+        if scheduler.last_results is not None:
+            hit = scheduler.last_results.get(inputs_key(inputs))
+            if hit is not None:
+                return scheduler, Served(hit, cached=True, fallback="cache")
+        target = config.fallback_function
+        if target is not None and target != scheduler.name:
+            other = await self.route(target)
+            if other.breaker.allow(self.clock.now()):
+                served = await other.submit(inputs, priority=priority, timeout_s=timeout_s)
+                return other, Served(served.outputs, served.cold_tier, fallback=config.fallback)
+        breaker = scheduler.breaker
+        wait_s = max(breaker.opened_at + config.open_s - self.clock.now(), 1.0)
+        raise CircuitOpen(scheduler.name, scheduler.version.version, wait_s)
+
+    # --- deploying and moving traffic ----------------------------------------------------
+
+    async def deploy(self, vm: VersionManifest, *, policy: str | None = None) -> Deployed:
+        """Store ``vm``, prepare it (blue/green) and move traffic to it.
+
+        ``policy`` overrides the manifest's ``rollout.policy``. The first version
+        of a function with no warm-up or probe is routed at once and loads on
+        its first request. Raises DeployRejected (routing untouched) when the
+        version fails to load, warm up or pass its probe.
+        """
+        created = await asyncio.to_thread(store_version, self.repository, self.loader, vm)
+        try:
+            entry: _Function | None = await self._entry(vm.name)
+        except FunctionNotFound:
+            entry = None
+        config = vm.manifest.rollout
+        if entry is not None and entry.routing.traffic == {vm.version: 100}:
+            return Deployed(vm.name, vm.version, created, entry.routing, rollout="unchanged")
+        checks: dict[str, Any] = {}
+        if entry is not None or config.warmup_file or config.probe_file:
+            candidate = self._held(entry, vm) if entry is not None else self._scheduler(vm)
+            try:
+                checks = await prepare(candidate, self.loader)
+            except Exception:
+                if entry is None or vm.version not in entry.routing.traffic:
+                    if entry is not None:
+                        entry.schedulers.pop(vm.version, None)
+                    self._background(candidate.close())
+                raise
+            if entry is None:  # first version: routed below, with its instance
+                routing = await asyncio.to_thread(cut_over, self.repository, vm)
+                entry = await self._entry(vm.name)
+                spare = entry.schedulers.get(vm.version)
+                entry.schedulers[vm.version] = candidate
+                if spare is not None and spare is not candidate:
+                    self._background(spare.close())
+                return Deployed(vm.name, vm.version, created, routing, checks=checks)
+        chosen = policy or config.policy
+        if entry is None:
+            routing = await asyncio.to_thread(cut_over, self.repository, vm)
+            await self._entry(vm.name)
+            return Deployed(vm.name, vm.version, created, routing, checks=checks)
+        if entry.canary is not None:
+            await entry.canary.cancel(f"version {vm.version} was deployed")
+        baseline = entry.primary
+        if chosen == "canary" and baseline.version.version != vm.version:
+            canary = Canary(
+                baseline,
+                entry.schedulers[vm.version],
+                config,
+                self.clock,
+                lambda traffic, _: self._canary_step(entry, canary, traffic),
+            )
+            entry.canary = canary
+            canary.start()
+            entry.last_rollout = canary.status
+            return Deployed(
+                vm.name, vm.version, created, entry.routing, rollout="canary", checks=checks
+            )
+        routing = await self._write(entry, lambda r: r.cut_over(vm.version, now_iso()))
+        entry.last_rollout = {"policy": "immediate", "to": vm.version, "state": "done"}
+        return Deployed(vm.name, vm.version, created, routing, checks=checks)
+
+    async def _canary_step(self, entry: _Function, canary: Canary, traffic: dict[str, int]) -> bool:
+        if entry.canary is not canary or self._functions.get(entry.name) is not entry:
+            return False
+        new = canary.candidate.version.version
+        if traffic.get(new, 0) == 0:  # rolled back: the failed version leaves no history
+            await self._write(
+                entry,
+                lambda r: Routing(
+                    traffic=traffic,
+                    previous=tuple(v for v in r.with_traffic(traffic, "").previous if v != new),
+                    updated_at=now_iso(),
+                ),
+            )
+        else:
+            await self._write(entry, lambda r: r.with_traffic(traffic, now_iso()))
+        return True
+
+    async def set_traffic(self, name: str, traffic: Mapping[str, int]) -> Routing:
+        """A split set by hand (``fnrt traffic``); stops a canary under way."""
+        entry = await self._entry(name)
+        for version in traffic:
+            await asyncio.to_thread(self.repository.get_version, name, version)
+        if entry.canary is not None:
+            await entry.canary.cancel("the traffic was set by hand")
+        shares = {str(v): int(p) for v, p in traffic.items()}
+        Routing(shares)  # validates: shares are percentages summing to 100
+        return await self._write(entry, lambda r: r.with_traffic(shares, now_iso()))
+
+    async def rollback(self, name: str) -> Routing:
+        """All traffic back to the version served before the last cut-over.
+
+        Instant while that version is still loaded (within its rollback
+        window); otherwise it loads from the disk cache on its next request.
+        """
+        entry = await self._entry(name)
+        if entry.canary is not None:
+            await entry.canary.cancel("rolled back by hand")
+        if not entry.routing.previous:
+            raise Conflict(f"'{name}' has no earlier version to roll back to")
+        return await self._write(entry, lambda r: r.rolled_back(now_iso()))
+
+    async def _write(self, entry: _Function, change: Any) -> Routing:
+        """Apply ``change`` to the stored routing (a conditional write), then here."""
+        repository = self.repository
+
+        def write() -> Routing:
+            return repository.update_routing(
+                entry.name, lambda current: change(current or entry.routing)
+            )
+
+        await asyncio.to_thread(write)
+        routing, etag = await asyncio.to_thread(repository.get_routing, entry.name)
+        await self._apply(entry, routing, etag)
+        return routing
+
+    async def _apply(self, entry: _Function, routing: Routing, etag: str) -> None:
+        """Serve ``routing`` here: schedulers for versions with traffic, the rest retiring."""
         async with self._lock:
-            self._activate(vm)
-        return deployed
+            for version in routing.traffic:
+                if version not in entry.schedulers or entry.schedulers[version].closing:
+                    vm = await asyncio.to_thread(self.repository.get_version, entry.name, version)
+                    scheduler = self._held(entry, vm)
+                    if routing.traffic[version] and len(entry.routing.traffic) >= 1:
+                        self._background(_warm_logged(scheduler))  # traffic is on its way
+                entry.left_at.pop(version, None)
+            now = self.clock.now()
+            for version in entry.routing.traffic:
+                if version not in routing.traffic:
+                    entry.left_at[version] = now
+            if entry.routing.primary != routing.primary:
+                log.info("%s: %s now serves %s", entry.name, routing.primary, dict(routing.traffic))
+            entry.routing, entry.etag = routing, etag
+
+    async def watch(self) -> list[str]:
+        """Pick up routing that changed in the store (another node's deploy); names changed."""
+        changed = []
+        for entry in list(self._functions.values()):
+            try:
+                routing, etag = await asyncio.to_thread(self.repository.get_routing, entry.name)
+            except FunctionNotFound:
+                await self._forget(entry.name)
+                changed.append(entry.name)
+                continue
+            if etag != entry.etag:
+                await self._apply(entry, routing, etag)
+                changed.append(entry.name)
+        return changed
 
     async def delete(self, name: str) -> None:
         await asyncio.to_thread(self.repository.delete_function, name)
-        schedulers = [self._routed.pop(name, None)]
-        schedulers += [self._pinned.pop(key) for key in list(self._pinned) if key[0] == name]
-        await asyncio.gather(*(s.close() for s in schedulers if s is not None))
+        await self._forget(name)
+
+    async def _forget(self, name: str) -> None:
+        entry = self._functions.pop(name, None)
+        if entry is None:
+            return
+        if entry.canary is not None:
+            await entry.canary.cancel("the function was deleted")
+        await asyncio.gather(*(s.close() for s in entry.schedulers.values()))
+
+    # --- describing ------------------------------------------------------------------
 
     async def describe(self, name: str) -> dict[str, Any]:
-        scheduler = await self.get(name)
+        entry = await self._entry(name)
+        scheduler = entry.primary
         versions = await asyncio.to_thread(self.repository.list_versions, name)
-        routing, _ = await asyncio.to_thread(self.repository.get_routing, name)
         manifest = scheduler.version.manifest
         return {
             "name": name,
@@ -177,9 +426,66 @@ class Registry:
             "size_bytes": scheduler.version.size_bytes,
             "manifest": manifest.to_dict(),
             "instance": scheduler.describe(),
-            "traffic": dict(routing.traffic),
+            "traffic": dict(entry.routing.traffic),
+            "previous": list(entry.routing.previous),
+            "rollout": entry.last_rollout,
             "versions": versions,
         }
+
+    async def versions(self, name: str) -> dict[str, Any]:
+        """Every stored version with its share, state here and breaker; the rollout."""
+        entry = await self._entry(name)
+        stored = await asyncio.to_thread(self.repository.list_versions, name)
+        manifests = {}
+        for version in stored:
+            try:
+                manifests[version] = await self.version_manifest(name, version)
+            except Exception:
+                continue
+        now = self.clock.now()
+        window = entry.primary.version.manifest.rollout.rollback_window_s
+        rows = []
+        for version, vm in sorted(manifests.items(), key=lambda kv: kv[1].created_at):
+            scheduler = entry.schedulers.get(version)
+            row: dict[str, Any] = {
+                "version": version,
+                "created_at": vm.created_at,
+                "share": entry.routing.traffic.get(version, 0),
+                "state": scheduler.state.value if scheduler is not None else "cold",
+                "requests": scheduler.stats.requests if scheduler is not None else 0,
+                "breaker": scheduler.breaker.state.value if scheduler is not None else "closed",
+            }
+            if version in entry.left_at:
+                row["rollback_window_left_s"] = round(
+                    max(window - (now - entry.left_at[version]), 0.0), 1
+                )
+            rows.append(row)
+        return {
+            "name": name,
+            "traffic": dict(entry.routing.traffic),
+            "previous": list(entry.routing.previous),
+            "rollout": entry.last_rollout,
+            "versions": rows,
+        }
+
+    async def failures(self, name: str, version: str | None = None) -> list[dict[str, Any]]:
+        """The kept failed requests of ``name`` (one version, or all), newest first."""
+        entry = await self._entry(name)
+        out = []
+        for scheduler in entry.schedulers.values():
+            if version is not None and scheduler.version.version != version:
+                continue
+            for failure in scheduler.failures:
+                out.append(
+                    {
+                        "version": scheduler.version.version,
+                        "at_unix_s": round(failure.at_unix_s, 3),
+                        "error": failure.error,
+                        "inputs": failure.inputs,
+                    }
+                )
+        out.sort(key=lambda f: float(f["at_unix_s"]), reverse=True)
+        return out
 
     async def summaries(self) -> list[dict[str, Any]]:
         """Name, serving version, state and description of every function."""
@@ -187,28 +493,35 @@ class Registry:
         out = []
         for name in names:
             try:
-                scheduler = await self.get(name)
+                entry = await self._entry(name)
             except FunctionNotFound:
                 continue  # deleted meanwhile
+            scheduler = entry.primary
             out.append(
                 {
                     "name": name,
                     "version": scheduler.version.version,
                     "state": scheduler.state.value,
+                    "traffic": dict(entry.routing.traffic),
                     "description": scheduler.version.manifest.description,
                 }
             )
         return out
 
     def loaded(self) -> list[Scheduler]:
-        """Every scheduler on this node: routed versions, then versions served by id."""
-        return [*self._routed.values(), *self._pinned.values()]
+        """Every scheduler on this node: primary versions first."""
+        primaries = [e.primary for e in self._functions.values()]
+        rest = [
+            s for e in self._functions.values() for s in e.schedulers.values() if s is not e.primary
+        ]
+        return [*primaries, *rest]
 
     def versions_of(self, name: str) -> list[Scheduler]:
-        """The schedulers this node has for ``name`` (routed first)."""
-        routed = self._routed.get(name)
-        pinned = [s for (n, _), s in self._pinned.items() if n == name]
-        return [routed, *pinned] if routed is not None else pinned
+        """The schedulers this node has for ``name`` (the primary first)."""
+        entry = self._functions.get(name)
+        if entry is None:
+            return []
+        return [entry.primary, *(s for s in entry.schedulers.values() if s is not entry.primary)]
 
     async def make_room(self, loading: Scheduler, needed_bytes: int) -> None:
         """Unload least-recently-used idle instances so ``needed_bytes`` fits the budget.
@@ -234,21 +547,34 @@ class Registry:
                 await scheduler.scale_to_zero(now, force=True)
 
     async def sweep(self) -> list[str]:
-        """Scale every idle instance past its keep-alive to zero; names unloaded."""
+        """Scale idle instances past their keep-alive to zero, and close versions whose
+        rollback window passed (they finish what they accepted); names unloaded."""
         now = self.clock.now()
         unloaded = []
-        for scheduler in self.loaded():
-            if await scheduler.scale_to_zero(now):
-                unloaded.append(scheduler.name)
+        for entry in list(self._functions.values()):
+            window = entry.primary.version.manifest.rollout.rollback_window_s
+            for version, left in list(entry.left_at.items()):
+                scheduler = entry.schedulers.get(version)
+                if now - left >= window:
+                    del entry.left_at[version]
+                    if scheduler is not None and version not in entry.routing.traffic:
+                        del entry.schedulers[version]
+                        self._background(scheduler.close())
+                        unloaded.append(entry.name)
+            for version, scheduler in list(entry.schedulers.items()):
+                if version in entry.left_at:
+                    continue  # kept warm for a rollback
+                if await scheduler.scale_to_zero(now):
+                    unloaded.append(scheduler.name)
         return unloaded
 
-    async def _sweep_forever(self) -> None:
+    async def _every(self, interval_s: float, work: Any) -> None:
         while True:
-            await self.clock.sleep(self._sweep_interval_s)
+            await self.clock.sleep(interval_s)
             try:
-                await self.sweep()
+                await work()
             except Exception:
-                log.exception("scale-to-zero sweep failed")
+                log.exception("%s failed", work.__name__)
 
 
 def _key(scheduler: Scheduler) -> str:

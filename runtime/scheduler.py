@@ -19,6 +19,7 @@ import logging
 import math
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from fnrt.functions.errors import (
     LoadError,
     Overloaded,
     Unavailable,
+    VersionRetired,
 )
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
@@ -44,13 +46,17 @@ from fnrt.runtime.batching import (
     flush_delay_s,
     predicted_finish_s,
 )
+from fnrt.runtime.breaker import Breaker
 from fnrt.runtime.clock import Clock
+from fnrt.runtime.outcomes import OutcomeWindow
 from fnrt.runtime.queue import Outputs, Pending, Priority, RequestQueue
 from fnrt.runtime.result_cache import ResultCache, inputs_key
 from fnrt.runtime.scaling import Activity, should_add_instance, should_unload
 from fnrt.runtime.stats import Stats
 
 log = logging.getLogger("fnrt.scheduler")
+
+_LAST_RESULT_TTL_S = 24 * 3600.0
 
 
 class InstanceState(Enum):
@@ -70,6 +76,20 @@ class Served:
     outputs: Outputs
     cold_tier: str | None = None
     cached: bool = False  # answered from the result cache
+    fallback: str | None = None  # "cache" or "function:NAME" when the breaker was open
+
+
+#: Failures on the server's side: they count against a version (breaker, canary).
+SERVER_FAILURES = (HandlerFailed, LoadError, DeadlineExceeded)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed request kept for analysis: when, why, and its inputs."""
+
+    at_unix_s: float
+    error: dict[str, Any]
+    inputs: Request
 
 
 class Admission:
@@ -133,6 +153,16 @@ class Scheduler:
         self.result_cache = (
             ResultCache(caching.max_bytes, caching.ttl_s, clock) if caching.enabled else None
         )
+        breaker = self._manifest.breaker
+        self.breaker = Breaker(breaker)
+        self.outcomes = OutcomeWindow()  # read by the canary judge
+        self.failures: deque[Failure] = deque(maxlen=breaker.failed_inputs_kept)
+        # The last result per input, answered while the breaker is open (fallback "cache").
+        self.last_results = (
+            ResultCache(breaker.cache_bytes, _LAST_RESULT_TTL_S, clock)
+            if breaker.fallback == "cache"
+            else None
+        )
         self._add_slot()
 
     # --- public ----------------------------------------------------------------------
@@ -152,6 +182,10 @@ class Scheduler:
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     @property
     def instances(self) -> int:
@@ -208,14 +242,29 @@ class Scheduler:
             if deadline is not None:
                 await self._await_or_expire(pending, deadline - now)
             outputs = await future
-        except FnrtError:
-            totals.fail.add(self._clock.now() - now)
+        except FnrtError as exc:
+            self._failed(inputs, exc, now)
             raise
-        totals.success.add(self._clock.now() - now)
+        done = self._clock.now()
+        totals.success.add(done - now)
         totals.last_request_unix_s = time.time()
+        self.outcomes.record(done, False, done - now)
+        self.breaker.record(done, False)
         if cache is not None:
             cache.put(key, outputs)
+        if self.last_results is not None:
+            self.last_results.put(key or inputs_key(inputs), outputs)
         return Served(outputs, self.stats.last_load_tier if cold else None)
+
+    def _failed(self, inputs: Request, error: FnrtError, started: float) -> None:
+        now = self._clock.now()
+        self.stats.totals.fail.add(now - started)
+        if not isinstance(error, SERVER_FAILURES):
+            return
+        self.outcomes.record(now, True, now - started)
+        self.breaker.record(now, True)
+        if self.failures.maxlen:
+            self.failures.append(Failure(time.time(), error.to_dict(), inputs))
 
     async def warm(self) -> None:
         """Load the first instance now if there is none (shares a load under way)."""
@@ -281,13 +330,15 @@ class Scheduler:
             "arrival_rate_per_s": round(self.arrivals.rate_per_s(now), 3),
             **self.stats.describe(),
             "result_cache": self.result_cache.describe() if self.result_cache else None,
+            "breaker": self.breaker.describe(now),
+            "failures_kept": len(self.failures),
         }
 
     # --- admission ---------------------------------------------------------------------
 
     def _admit(self, now: float, timeout_s: float | None) -> None:
         if self._closing:
-            raise Unavailable(
+            raise VersionRetired(
                 f"function '{self.name}' version {self.version.version} is shutting down"
             )
         limit = self._manifest.scaling.max_queue

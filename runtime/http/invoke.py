@@ -34,6 +34,8 @@ FUNCTION_HEADER = "x-fnrt-function"
 COLD_START_HEADER = "x-fnrt-cold-start"
 #: "hit" when the answer came from the function's result cache.
 CACHE_HEADER = "x-fnrt-cache"
+#: "cache" or "function:NAME" when the version's circuit breaker was open.
+FALLBACK_HEADER = "x-fnrt-fallback"
 PRIORITY_HEADER = "x-fnrt-priority"
 TIMEOUT_HEADER = "x-fnrt-timeout-ms"
 
@@ -64,11 +66,14 @@ async def _answer(node: Node, name: str, headers: Mapping[str, str], receive: Re
     fmt = format_of(headers.get("content-type"))
     reply = negotiate(headers.get("accept"), fmt)
     priority, timeout_s = request_options(headers)
-    scheduler = await node.registry.get(name)
+    registry = node.registry
+    scheduler = await registry.route(name, headers)
     body = await read_body(headers, receive, node.settings.max_body_bytes)
     inputs = coerce_request(scheduler.version.manifest.inputs, decode(body, fmt))
-    served = await scheduler.submit(inputs, priority=priority, timeout_s=timeout_s)
-    return encode(served.outputs, reply), reply.media_type, served_headers(scheduler, served)
+    answered, served = await registry.submit(
+        scheduler, inputs, priority=priority, timeout_s=timeout_s
+    )
+    return encode(served.outputs, reply), reply.media_type, served_headers(answered, served)
 
 
 def served_headers(scheduler: Scheduler, served: Served) -> dict[str, str]:
@@ -76,6 +81,8 @@ def served_headers(scheduler: Scheduler, served: Served) -> dict[str, str]:
     out = {FUNCTION_HEADER: scheduler.name, VERSION_HEADER: scheduler.version.version}
     if served.cached:
         out[CACHE_HEADER] = "hit"
+    if served.fallback is not None:
+        out[FALLBACK_HEADER] = served.fallback
     if served.cold_tier is not None:
         out[COLD_START_HEADER] = served.cold_tier
     return out

@@ -27,6 +27,7 @@ _STATUS: list[tuple[type[e.FnrtError], int]] = [
     (e.UnsupportedMediaType, 415),
     (e.ManifestError, 422),
     (e.HandlerError, 422),
+    (e.DeployRejected, 422),
     (e.InvalidInput, 422),
     (e.Overloaded, 429),
     (e.LoadError, 500),
@@ -68,7 +69,7 @@ def reply_format(headers: Mapping[str, str]) -> Format:
 def problem(error: e.FnrtError, request_headers: Mapping[str, str]) -> Problem:
     fmt = reply_format(request_headers)
     headers = {}
-    if isinstance(error, e.Overloaded):
+    if isinstance(error, e.Overloaded | e.CircuitOpen):
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
     if isinstance(error, e.Unauthorized):
         headers["www-authenticate"] = "Bearer"

@@ -140,9 +140,12 @@ def test_a_load_failure_answers_500_and_the_next_request_tries_again(tmp_path: P
         assert c.get("/healthz").status_code == 200
 
 
-def test_redeploy_swaps_version_and_old_one_unloads(tmp_path: Path) -> None:
+def test_redeploy_swaps_version_and_old_one_unloads_after_the_rollback_window(
+    tmp_path: Path,
+) -> None:
     gate("load").set()
-    registry = make_registry(tmp_path)
+    clock = ManualClock()
+    registry = make_registry(tmp_path, clock)
     v1 = write_function(tmp_path / "v1", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300)
     v2 = write_function(
         tmp_path / "v2",
@@ -159,6 +162,12 @@ def test_redeploy_swaps_version_and_old_one_unloads(tmp_path: Path) -> None:
         r = c.post("/v1/functions/tracked/invoke", json={"x": X})
         assert r.json()["y"] == [[3, 4, 5, 6]]
         assert r.headers["x-fnrt-version"] == second.version
+        old = srv.call(registry.get_version("tracked", first.version))
+        assert old.state.value == "warm"  # kept for a rollback
+        srv.call(registry.sweep())
+        assert not gate("unloaded").is_set()
+        clock.advance(601)  # past rollback_window_s (600 by default)
+        srv.call(registry.sweep())
         assert gate("unloaded").wait(10)
         routing, _ = registry.repository.get_routing("tracked")
         assert routing.traffic == {second.version: 100}

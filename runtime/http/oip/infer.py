@@ -43,7 +43,7 @@ async def _answer(
     priority, timeout_s = request_options(headers)
     registry = node.registry
     scheduler = await (
-        registry.get(name) if version is None else registry.get_version(name, version)
+        registry.route(name, headers) if version is None else registry.get_version(name, version)
     )
     limit = node.settings.max_body_bytes
     body = decompress(
@@ -53,13 +53,14 @@ async def _answer(
     request = decode_request(
         body, parse_header_length(headers.get(HEADER_LENGTH), len(body)), manifest.inputs
     )
-    served = await scheduler.submit(
+    scheduler, served = await registry.submit(
+        scheduler,
         coerce_request(manifest.inputs, request.inputs),
         priority=priority if priority is not None else request.priority,
         timeout_s=timeout_s if timeout_s is not None else request.timeout_s,
     )
     out, json_length = encode_response(
-        name, scheduler.version.version, request, served.outputs, manifest.outputs
+        scheduler.name, scheduler.version.version, request, served.outputs, manifest.outputs
     )
     extra = served_headers(scheduler, served)
     media_type = "application/json"

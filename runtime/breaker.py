@@ -1,0 +1,163 @@
+"""The circuit breaker of one version: closed, open, or half-open while probing.
+
+``next_state`` is the pure decision; :class:`Breaker` keeps the counts it
+reads and is driven with explicit clock times, so tests step through every
+transition without sleeping. Only failures on the server's side count
+(a handler error, a failed load, a deadline): a malformed request is the
+client's fault and says nothing about the version.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from fnrt.functions.manifest import BreakerConfig
+from fnrt.runtime.outcomes import Summary
+
+
+class BreakerState(Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True)
+class Probing:
+    """Half-open progress: probes let through, and how many of them finished and failed."""
+
+    sent: int = 0
+    finished: int = 0
+    failed: int = 0
+
+
+def next_state(
+    config: BreakerConfig,
+    state: BreakerState,
+    window: Summary,
+    opened_at: float,
+    probing: Probing,
+    now: float,
+) -> BreakerState:
+    """Where the breaker goes from ``state`` given what it has seen.
+
+    Closed opens when the window holds ``min_requests`` and its error rate is
+    over ``open_error_rate``. Open turns half-open ``open_s`` after opening.
+    Half-open opens again once its probes' error rate reaches
+    ``close_error_rate`` (more probes cannot bring it under), and closes when
+    all ``half_open_probes`` finished under it.
+    """
+    if not config.enabled:
+        return BreakerState.CLOSED
+    if state is BreakerState.CLOSED:
+        tripped = (
+            window.requests >= config.min_requests and window.error_rate > config.open_error_rate
+        )
+        return BreakerState.OPEN if tripped else state
+    if state is BreakerState.OPEN:
+        return BreakerState.HALF_OPEN if now - opened_at >= config.open_s else state
+    if probing.failed / config.half_open_probes >= config.close_error_rate:
+        return BreakerState.OPEN
+    if probing.finished >= config.half_open_probes:
+        return BreakerState.CLOSED
+    return state
+
+
+class Rolling:
+    """Requests and failures over the last ``window_s``: amortised O(1) per record."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._items: deque[tuple[float, bool]] = deque()
+        self.requests = 0
+        self.errors = 0
+
+    def add(self, now: float, failed: bool) -> None:
+        self._items.append((now, failed))
+        self.requests += 1
+        self.errors += failed
+        self.trim(now)
+
+    def trim(self, now: float) -> None:
+        while self._items and self._items[0][0] < now - self.window_s:
+            _, failed = self._items.popleft()
+            self.requests -= 1
+            self.errors -= failed
+
+    def summary(self, now: float) -> Summary:
+        self.trim(now)
+        return Summary(self.requests, self.errors, 0.0)
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.requests = self.errors = 0
+
+
+class Breaker:
+    """One version's breaker state and the outcomes it decides on."""
+
+    def __init__(self, config: BreakerConfig) -> None:
+        self.config = config
+        self.state = BreakerState.CLOSED
+        self.opened_at = 0.0
+        self.probing = Probing()
+        self.window = Rolling(config.window_s)
+        self.opened = 0  # times it opened, for describe
+
+    def allow(self, now: float) -> bool:
+        """True: send this request to the version (as a probe when half-open).
+
+        False: answer it with the fallback.
+        """
+        if self.state is BreakerState.CLOSED:  # the hot path: nothing to decide
+            return True
+        self._step(now)
+        if self.state is BreakerState.OPEN:
+            return False
+        if self.state is BreakerState.HALF_OPEN:
+            if self.probing.sent >= self.config.half_open_probes:
+                return False
+            p = self.probing
+            self.probing = Probing(p.sent + 1, p.finished, p.failed)
+        return True
+
+    def record(self, now: float, failed: bool) -> None:
+        """The outcome of a request :meth:`allow` let through."""
+        if not self.config.enabled:
+            return
+        self.window.add(now, failed)
+        if self.state is BreakerState.HALF_OPEN:
+            p = self.probing
+            self.probing = Probing(p.sent, p.finished + 1, p.failed + int(failed))
+        elif not failed:
+            return  # a success never opens a closed breaker
+        self._step(now)
+
+    def _step(self, now: float) -> None:
+        state = next_state(
+            self.config,
+            self.state,
+            self.window.summary(now),
+            self.opened_at,
+            self.probing,
+            now,
+        )
+        if state is self.state:
+            return
+        if state is BreakerState.OPEN:
+            self.opened_at = now
+            self.opened += 1
+        if state is not BreakerState.HALF_OPEN:
+            self.probing = Probing()
+        if state is BreakerState.CLOSED:
+            self.window.clear()  # judge afresh: the failures before it opened are history
+        self.state = state
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "opened": self.opened,
+            "window": self.window.summary(now).to_dict(),
+        }

@@ -1,0 +1,69 @@
+"""What happened to a version's recent requests: a time window of outcomes.
+
+The canary judge and the circuit breaker both read error rates and latency
+percentiles over a recent span. Recording is an append (the hot path); the
+figures are computed only when a decision asks for them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Outcomes over a span: how many, how many failed, and the p99 latency."""
+
+    requests: int
+    errors: int
+    p99_s: float
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "error_rate": round(self.error_rate, 4),
+            "p99_ms": round(self.p99_s * 1000, 3),
+        }
+
+
+EMPTY = Summary(0, 0, 0.0)
+
+
+def p99(latencies_s: list[float]) -> float:
+    """The 99th percentile (nearest rank) of ``latencies_s``; 0 when empty."""
+    if not latencies_s:
+        return 0.0
+    ordered = sorted(latencies_s)
+    return ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
+
+
+class OutcomeWindow:
+    """The newest outcomes (time, failed?, latency), at most ``max_items`` of them."""
+
+    def __init__(self, max_items: int = 8192) -> None:
+        self._items: deque[tuple[float, bool, float]] = deque(maxlen=max_items)
+
+    def record(self, now: float, failed: bool, latency_s: float) -> None:
+        self._items.append((now, failed, latency_s))
+
+    def summary(self, since: float) -> Summary:
+        """Outcomes recorded at or after ``since`` (a clock time)."""
+        chosen = []
+        for item in reversed(self._items):  # newest first; times only grow
+            if item[0] < since:
+                break
+            chosen.append(item)
+        if not chosen:
+            return EMPTY
+        errors = sum(1 for _, failed, _ in chosen if failed)
+        return Summary(len(chosen), errors, p99([latency for _, _, latency in chosen]))
+
+    def clear(self) -> None:
+        self._items.clear()
