@@ -471,7 +471,7 @@ class Registry:
     async def failures(self, name: str, version: str | None = None) -> list[dict[str, Any]]:
         """The kept failed requests of ``name`` (one version, or all), newest first."""
         entry = await self._entry(name)
-        out = []
+        out: list[dict[str, Any]] = []
         for scheduler in entry.schedulers.values():
             if version is not None and scheduler.version.version != version:
                 continue

@@ -40,6 +40,7 @@ class ServerSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     max_queued: int = 10_000
     sweep_interval_s: float = 1.0
+    watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     preload: bool = False
     device: str = "auto"
     log_level: str = "info"
@@ -52,6 +53,8 @@ class ServerSettings:
             raise ValueError("max_body_bytes: must be at least 1024")
         if self.sweep_interval_s <= 0:
             raise ValueError("sweep_interval_s: must be > 0")
+        if self.watch_interval_s <= 0:
+            raise ValueError("watch_interval_s: must be > 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
         if self.admin_token == "":

@@ -73,8 +73,23 @@ class Client:
 
     # --- functions -----------------------------------------------------------
 
-    def deploy(self, vm: VersionManifest) -> dict[str, Any]:
-        return dict(self._send("POST", "/v1/functions", json=vm.to_dict()).json())
+    def deploy(self, vm: VersionManifest, policy: str | None = None) -> dict[str, Any]:
+        params = {"policy": policy} if policy else None
+        return dict(self._send("POST", "/v1/functions", json=vm.to_dict(), params=params).json())
+
+    def versions(self, name: str) -> dict[str, Any]:
+        return dict(self._send("GET", f"/v1/functions/{name}/versions").json())
+
+    def set_traffic(self, name: str, traffic: Mapping[str, int]) -> dict[str, Any]:
+        body = {"traffic": dict(traffic)}
+        return dict(self._send("PUT", f"/v1/functions/{name}/traffic", json=body).json())
+
+    def rollback(self, name: str) -> dict[str, Any]:
+        return dict(self._send("POST", f"/v1/functions/{name}/rollback").json())
+
+    def failures(self, name: str, version: str | None = None) -> dict[str, Any]:
+        params = {"version": version} if version else None
+        return dict(self._send("GET", f"/v1/functions/{name}/failures", params=params).json())
 
     def list(self) -> list[dict[str, Any]]:
         return list(self._send("GET", "/v1/functions").json()["functions"])

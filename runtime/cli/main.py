@@ -21,6 +21,7 @@ from fnrt.functions.codec import Format, decode_json, decode_msgpack
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.manifest import load_manifest
 from fnrt.functions.version import VersionManifest
+from fnrt.runtime.cli import dev, versions
 from fnrt.runtime.cli.client import Client, RemoteError
 from fnrt.runtime.cli.upload import upload_bundle
 from fnrt.runtime.settings import (
@@ -129,19 +130,26 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     vm = VersionManifest(manifest, bundle.code_ref, bundle.artifacts)
     show = not args.quiet and sys.stderr.isatty()
     if args.store:
+        if args.policy == "canary":
+            raise FnrtError("a canary needs a server to watch it: deploy with --server")
         result = _deploy_to_store(
             args.store, args.s3_endpoint or env_s3_endpoint(), bundle, vm, show
         )
     else:
         with _client(args) as client:
             count, size = upload_bundle(client, bundle, show_progress=show)
-            result = client.deploy(vm)
+            result = client.deploy(vm, args.policy)
             result["uploaded_blobs"], result["uploaded_bytes"] = count, size
     if args.json:
         print(json.dumps(result))
     else:
         what = "deployed" if result["created"] else "already deployed"
-        print(f"{result['name']} {result['version']} {what}")
+        rollout = result.get("rollout", "immediate")
+        how = {
+            "canary": " (canary started: see `fnrt versions`)",
+            "unchanged": " (already serving)",
+        }.get(rollout, "")
+        print(f"{result['name']} {result['version']} {what}{how}")
     return 0
 
 
@@ -329,8 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
         "deploy",
         help="deploy a function folder",
         description="Pack a folder holding fnrt.toml and its handler, upload the blobs the "
-        "destination lacks, and route all traffic to the new version. Prints the version id; "
-        "the same content always gets the same id.",
+        "destination lacks, and move traffic to the new version. Through a server, the new "
+        "version is loaded, warmed up and probed first (a failure leaves the old one serving), "
+        "then gets all traffic at once or step by step as a canary that rolls back on its own. "
+        "Prints the version id; the same content always gets the same id.",
     )
     p.add_argument("path", help="folder with fnrt.toml")
     p.add_argument("--name", help="function name (overrides the manifest's)")
@@ -338,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", help="deploy straight into this store (folder or s3://bucket/prefix), no server"
     )
     p.add_argument("--s3-endpoint", help="S3-compatible endpoint URL (FNRT_S3_ENDPOINT)")
+    p.add_argument(
+        "--policy",
+        choices=["immediate", "canary"],
+        help="how traffic moves to the new version (default: the manifest's rollout.policy)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_client_options(p)
@@ -395,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     _add_client_options(p)
     p.set_defaults(func=cmd_rm)
+
+    versions.register(sub, _client, _add_client_options)
+    dev.register(sub)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""Admin API: upload blobs, deploy, list, describe, warm and delete functions.
+"""Admin API: upload blobs, deploy, list, describe, warm and delete functions;
+versions, traffic splits, rollback and the failed requests kept for analysis.
 
 Guarded by a bearer token when the server has one (``--admin-token``).
 """
@@ -15,7 +16,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from fnrt.functions.codec import Format, encode, negotiate
 from fnrt.functions.errors import BadRequest, FnrtError, Unauthorized
+from fnrt.functions.manifest import ROLLOUT_POLICIES
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.resource import Endpoint, resource
@@ -96,12 +99,70 @@ async def deploy(request: Request) -> Response:
         raise BadRequest(f"deploy body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadRequest("deploy body must be a JSON object")
+    policy = request.query_params.get("policy")
+    if policy is not None and policy not in ROLLOUT_POLICIES:
+        raise BadRequest(f"policy must be one of {list(ROLLOUT_POLICIES)}, got {policy!r}")
     vm = VersionManifest.from_dict(data)
-    deployed = await node_of(request).registry.deploy(vm)
+    deployed = await node_of(request).registry.deploy(vm, policy=policy)
     return JSONResponse(
-        {"name": deployed.name, "version": deployed.version, "created": deployed.created},
+        {
+            "name": deployed.name,
+            "version": deployed.version,
+            "created": deployed.created,
+            "rollout": deployed.rollout,
+            "traffic": dict(deployed.routing.traffic),
+            "checks": deployed.checks,
+        },
         status_code=201 if deployed.created else 200,
     )
+
+
+@admin
+async def versions(request: Request) -> Response:
+    """Every stored version with its share of traffic, state and breaker; the rollout."""
+    return JSONResponse(await node_of(request).registry.versions(request.path_params["name"]))
+
+
+@admin
+async def set_traffic(request: Request) -> Response:
+    """Set the split by hand: ``{"traffic": {"v-...": 90, "v-...": 10}}`` (stops a canary)."""
+    body = await read_body(request.headers, request.receive, MAX_MANIFEST_BYTES)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    traffic = data.get("traffic") if isinstance(data, dict) else None
+    if (
+        not isinstance(traffic, dict)
+        or not traffic
+        or not all(isinstance(p, int) and not isinstance(p, bool) for p in traffic.values())
+        or sum(traffic.values()) != 100
+        or any(not 0 <= p <= 100 for p in traffic.values())
+    ):
+        raise BadRequest(
+            'body must be {"traffic": {version: percent, ...}} with integer shares summing to 100'
+        )
+    routing = await node_of(request).registry.set_traffic(request.path_params["name"], traffic)
+    return JSONResponse({"traffic": dict(routing.traffic), "previous": list(routing.previous)})
+
+
+@admin
+async def rollback(request: Request) -> Response:
+    """All traffic back to the version served before the last cut-over."""
+    name = request.path_params["name"]
+    routing = await node_of(request).registry.rollback(name)
+    return JSONResponse(
+        {"name": name, "version": routing.primary, "traffic": dict(routing.traffic)}
+    )
+
+
+@admin
+async def failures(request: Request) -> Response:
+    """The newest failed requests (error and inputs), per version, newest first."""
+    fmt = negotiate(request.headers.get("accept"), Format.JSON)
+    name = request.path_params["name"]
+    kept = await node_of(request).registry.failures(name, request.query_params.get("version"))
+    return Response(encode({"name": name, "failures": kept}, fmt), media_type=fmt.media_type)
 
 
 @admin
@@ -151,4 +212,8 @@ routes = [
     resource("/v1/functions/{name}", get=describe, delete=delete),
     resource("/v1/functions/{name}/warm", post=warm),
     resource("/v1/functions/{name}/unload", post=unload),
+    resource("/v1/functions/{name}/versions", get=versions),
+    resource("/v1/functions/{name}/traffic", put=set_traffic),
+    resource("/v1/functions/{name}/rollback", post=rollback),
+    resource("/v1/functions/{name}/failures", get=failures),
 ]

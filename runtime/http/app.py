@@ -45,6 +45,7 @@ def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Regi
         loader,
         clock or SystemClock(),
         sweep_interval_s=settings.sweep_interval_s,
+        watch_interval_s=settings.watch_interval_s,
         memory_budget_bytes=settings.memory_budget,
         max_queued_total=settings.max_queued,
     )
