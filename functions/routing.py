@@ -48,9 +48,14 @@ class Routing:
     def with_traffic(self, traffic: Mapping[str, int], now_iso: str) -> Routing:
         """A hand-set (or canary) split; versions that lose all traffic go to history."""
         shares = {v: p for v, p in traffic.items() if p > 0}
-        gone = [v for v in self.traffic if v not in shares]
-        history = [*gone, *(v for v in self.previous if v not in gone and v not in shares)]
-        return Routing(traffic=shares, previous=tuple(history[:HISTORY_LIMIT]), updated_at=now_iso)
+        routing = Routing(traffic=shares, updated_at=now_iso)
+        # The version that was primary stays first in history while it is not primary
+        # (a rollback returns to it), then the versions that lost all traffic.
+        head = [self.primary] if self.primary != routing.primary else []
+        gone = [v for v in self.traffic if v not in shares and v not in head]
+        history = [*head, *gone]
+        history += [v for v in self.previous if v not in history and v != routing.primary]
+        return replace(routing, previous=tuple(history[:HISTORY_LIMIT]))
 
     def rolled_back(self, now_iso: str) -> Routing:
         """All traffic back to the newest version in history; FnrtError if there is none."""

@@ -83,6 +83,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
         import uvloop
 
         uvloop.run(main())
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it stopped on: a normal exit
+        pass
     finally:
         scratch.cleanup()
     return 0

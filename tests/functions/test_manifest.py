@@ -43,6 +43,18 @@ def test_defaults_and_round_trip() -> None:
         ({"scaling": {"max_queue": 0}}, "scaling.max_queue"),
         ({"scaling": {"load_at_start": "yes"}}, "scaling.load_at_start"),
         ({"exclude": "*.txt"}, "exclude"),
+        ({"rollout": {"policy": "yolo"}}, "rollout.policy"),
+        ({"rollout": {"steps_percent": [50, 10, 100]}}, "rollout.steps_percent"),
+        ({"rollout": {"steps_percent": [10, 50]}}, "rollout.steps_percent"),
+        ({"rollout": {"max_error_rate": 2}}, "rollout.max_error_rate"),
+        ({"rollout": {"max_p99_ratio": 0.5}}, "rollout.max_p99_ratio"),
+        ({"rollout": {"probe_file": "../probe.json"}}, "rollout.probe_file"),
+        ({"rollout": {"dwell_s": -1}}, "rollout.dwell_s"),
+        ({"breaker": {"fallback": "function:Bad Name"}}, "breaker.fallback"),
+        ({"breaker": {"fallback": "retry"}}, "breaker.fallback"),
+        ({"breaker": {"open_error_rate": 0}}, "breaker.open_error_rate"),
+        ({"breaker": {"half_open_probes": 0}}, "breaker.half_open_probes"),
+        ({"breaker": {"window_s": 0}}, "breaker.window_s"),
     ],
 )
 def test_errors_name_the_field(change: dict, field: str) -> None:
@@ -52,6 +64,30 @@ def test_errors_name_the_field(change: dict, field: str) -> None:
         parse_manifest(data)
     assert info.value.field == field
     assert f"manifest field '{field}'" in str(info.value)
+
+
+def test_rollout_and_breaker_sections_round_trip() -> None:
+    m = parse_manifest(
+        {
+            **BASE,
+            "rollout": {"policy": "canary", "steps_percent": [5, 100], "sticky_header": "x-user"},
+            "breaker": {"fallback": "function:small-model", "open_s": 2},
+        }
+    )
+    assert m.rollout.steps_percent == (5, 100) and m.rollout.rollback_window_s == 600
+    assert m.breaker.fallback_function == "small-model"
+    assert parse_manifest(m.to_dict()) == m
+    assert parse_manifest(BASE).breaker.fallback_function is None
+
+
+def test_probe_and_warmup_files_must_exist(tmp_path: Path) -> None:
+    (tmp_path / "fnrt.toml").write_text(
+        'name = "m"\nhandler = "handler:M"\n[rollout]\nprobe_file = "probe.json"\n'
+    )
+    with pytest.raises(ManifestError, match="rollout.probe_file"):
+        load_manifest(tmp_path)
+    (tmp_path / "probe.json").write_text("[]")
+    assert load_manifest(tmp_path).rollout.probe_file == "probe.json"
 
 
 def test_name_override() -> None:

@@ -28,3 +28,21 @@ def test_invalid_routing_is_refused() -> None:
         Routing(traffic={"a": 50})
     with pytest.raises(FnrtError, match="malformed"):
         Routing.from_json(b'{"traffic": 3}')
+
+
+def test_a_split_keeps_the_old_primary_first_in_history() -> None:
+    r = Routing.first("v-a", "t0").cut_over("v-b", "t1")
+    split = r.with_traffic({"v-a": 10, "v-b": 90}, "t2")
+    assert split.primary == "v-b" and split.previous == ("v-a",)
+    flipped = split.with_traffic({"v-a": 60, "v-b": 40}, "t3")
+    assert flipped.primary == "v-a" and flipped.previous[0] == "v-b"
+    assert flipped.rolled_back("t4").traffic == {"v-b": 100}
+    dropped = split.with_traffic({"v-c": 100, "v-b": 0}, "t5")
+    assert dropped.traffic == {"v-c": 100} and dropped.previous == ("v-b", "v-a")
+
+
+def test_rollback_needs_history() -> None:
+    with pytest.raises(FnrtError, match="no earlier version"):
+        Routing.first("v-a", "t0").rolled_back("t1")
+    r = Routing.first("v-a", "t0").cut_over("v-b", "t1").rolled_back("t2")
+    assert r.traffic == {"v-a": 100} and r.previous == ("v-b",)

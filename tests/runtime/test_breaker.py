@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from fnrt.functions.manifest import BreakerConfig
+from fnrt.runtime.breaker import Breaker, BreakerState, Probing, next_state
+from fnrt.runtime.outcomes import Summary
+
+CONFIG = BreakerConfig(
+    window_s=10, min_requests=10, open_error_rate=0.05, open_s=5, half_open_probes=4
+)
+CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
+
+
+def test_closed_opens_past_the_error_rate_with_enough_requests() -> None:
+    assert next_state(CONFIG, CLOSED, Summary(10, 1, 0), 0, Probing(), 0) is OPEN
+    assert next_state(CONFIG, CLOSED, Summary(20, 1, 0), 0, Probing(), 0) is CLOSED  # 5%
+    assert next_state(CONFIG, CLOSED, Summary(5, 5, 0), 0, Probing(), 0) is CLOSED  # too few
+
+
+def test_open_turns_half_open_after_open_s() -> None:
+    assert next_state(CONFIG, OPEN, Summary(0, 0, 0), 100, Probing(), 104.9) is OPEN
+    assert next_state(CONFIG, OPEN, Summary(0, 0, 0), 100, Probing(), 105) is HALF
+
+
+def test_half_open_closes_on_clean_probes_and_reopens_on_a_failed_one() -> None:
+    assert next_state(CONFIG, HALF, Summary(0, 0, 0), 0, Probing(4, 3, 0), 0) is HALF
+    assert next_state(CONFIG, HALF, Summary(0, 0, 0), 0, Probing(4, 4, 0), 0) is CLOSED
+    assert next_state(CONFIG, HALF, Summary(0, 0, 0), 0, Probing(2, 1, 1), 0) is OPEN
+
+
+def test_disabled_never_opens() -> None:
+    off = BreakerConfig(enabled=False)
+    assert next_state(off, CLOSED, Summary(100, 100, 0), 0, Probing(), 0) is CLOSED
+
+
+def test_a_breaker_walks_through_its_states() -> None:
+    breaker = Breaker(CONFIG)
+    for i in range(9):
+        assert breaker.allow(float(i))
+        breaker.record(float(i), failed=False)
+    assert breaker.allow(9.0)
+    breaker.record(9.0, failed=True)  # 1 of 10 failed: 10% > 5%
+    assert breaker.state is OPEN and breaker.opened == 1
+    assert not breaker.allow(10.0)  # fallback while open
+    assert breaker.allow(14.0)  # half-open: the first probe
+    assert breaker.state is HALF
+    assert [breaker.allow(14.0) for _ in range(4)] == [True, True, True, False]  # 4 probes
+    for _ in range(4):
+        breaker.record(14.5, failed=False)
+    assert breaker.state is CLOSED
+    assert breaker.allow(15.0)
+
+
+def test_a_failed_probe_opens_it_again() -> None:
+    breaker = Breaker(CONFIG)
+    for i in range(10):
+        breaker.record(float(i), failed=True)
+    assert breaker.state is OPEN
+    assert breaker.allow(20.0)
+    breaker.record(20.1, failed=True)
+    assert breaker.state is OPEN and breaker.opened == 2
+    assert not breaker.allow(21.0)
+
+
+def test_old_failures_leave_the_window() -> None:
+    breaker = Breaker(CONFIG)
+    for i in range(5):
+        breaker.record(float(i), failed=True)  # below min_requests: stays closed
+    for i in range(20):
+        breaker.record(100.0 + i / 10, failed=False)
+    breaker.record(103.0, failed=True)  # 1 of 21 in the window: under 5%
+    assert breaker.state is CLOSED

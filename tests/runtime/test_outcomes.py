@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from fnrt.runtime.outcomes import OutcomeWindow, p99
+
+
+def test_p99_is_the_nearest_rank() -> None:
+    assert p99([]) == 0.0
+    assert p99([0.5]) == 0.5
+    assert p99([i / 1000 for i in range(1, 101)]) == 0.099
+    assert p99([i / 1000 for i in range(1, 1001)]) == 0.990
+
+
+def test_summary_counts_only_outcomes_since_a_time() -> None:
+    window = OutcomeWindow(max_items=100)
+    for t in range(10):
+        window.record(float(t), failed=t % 5 == 0, latency_s=t / 100)
+    everything = window.summary(0.0)
+    assert (everything.requests, everything.errors) == (10, 2)
+    recent = window.summary(6.0)
+    assert (recent.requests, recent.errors, recent.p99_s) == (4, 0, 0.09)
+    assert window.summary(100.0).requests == 0
+    assert recent.to_dict()["error_rate"] == 0.0
+
+
+def test_the_window_keeps_the_newest_items() -> None:
+    window = OutcomeWindow(max_items=3)
+    for t in range(10):
+        window.record(float(t), failed=False, latency_s=0.0)
+    assert window.summary(0.0).requests == 3

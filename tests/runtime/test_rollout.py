@@ -1,0 +1,338 @@
+"""Hot swap end to end: blue/green, canary, rollback, breaker, against a real server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fnrt.functions.errors import DeployRejected
+from fnrt.functions.routing import Routing
+from support import (
+    LiveServer,
+    gate,
+    live_server,
+    make_registry,
+    publish,
+    wait_until,
+    write_function,
+)
+
+#: y = x + {add}: every response says by its value which version computed it.
+ADDER = """
+import fnrt_test_gates as gates
+
+class Adder:
+    def load(self, artifacts, device):
+        if gates.gate("{name}-load-fails").is_set():
+            raise RuntimeError("weights are corrupt")
+
+    def __call__(self, batch):
+        if gates.gate("{name}-fails").is_set():
+            raise RuntimeError("out of memory")
+        return [{"y": r["x"] + {add}} for r in batch]
+"""
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:Adder"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+
+[batching]
+max_batch_size = 16
+
+[rollout]
+{rollout}
+
+[breaker]
+{breaker}
+"""
+
+X = [[1.0, 2.0, 3.0, 4.0]]
+
+
+def adder(tmp: Path, name: str, add: int, rollout: str = "", breaker: str = "", files=None) -> Path:  # type: ignore[no-untyped-def]
+    return write_function(
+        tmp / f"{name}-{add}",
+        name,
+        ADDER.replace("{add}", str(add)).replace("{name}", name),
+        MANIFEST,
+        files=files,
+        rollout=rollout,
+        breaker=breaker,
+    )
+
+
+def deploy(srv: LiveServer, folder: Path, policy: str | None = None) -> str:
+    vm = publish(srv.registry.repository, folder)
+    return srv.call(srv.registry.deploy(vm, policy=policy)).version
+
+
+@dataclass(frozen=True)
+class Call:
+    started: float
+    ended: float
+    status: int
+    version: str
+    add: float  # y - x, which says what computed it
+
+
+@contextmanager
+def clients(srv: LiveServer, count: int, name: str) -> Iterator[list[Call]]:
+    """``count`` clients invoking ``name`` in a loop until the block ends."""
+    calls: list[Call] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with srv.client() as c:
+            while not stop.is_set():
+                started = time.monotonic()
+                r = c.post(f"/v1/functions/{name}/invoke", json={"x": X})
+                add = r.json()["y"][0][0] - X[0][0] if r.status_code == 200 else float("nan")
+                calls.append(
+                    Call(
+                        started,
+                        time.monotonic(),
+                        r.status_code,
+                        r.headers.get("x-fnrt-version", ""),
+                        add,
+                    )
+                )
+
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(loop) for _ in range(count)]
+        try:
+            wait_until(lambda: len(calls) >= count, 30)
+            yield calls
+        finally:
+            stop.set()
+            for f in futures:
+                f.result()
+
+
+def rollout_state(srv: LiveServer, name: str) -> str:
+    status = srv.call(srv.registry.versions(name))["rollout"] or {}
+    return str(status.get("state", ""))
+
+
+CANARY = 'policy = "canary"\nsteps_percent = [10, 50, 100]\ndwell_s = 0.4\nmin_requests = 5'
+
+
+def test_canary_cut_over_and_rollback_under_load_lose_no_request(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv:
+        v1 = deploy(srv, adder(tmp_path, "model", 1, CANARY))
+        with clients(srv, 32, "model") as calls:
+            wait_until(lambda: len(calls) > 200, 30)
+            v2 = deploy(srv, adder(tmp_path, "model", 2, CANARY))
+            wait_until(lambda: rollout_state(srv, "model") == "done", 30)
+            cut = time.monotonic()
+            wait_until(lambda: sum(c.started > cut for c in calls) > 200, 30)
+            routing = srv.call(srv.registry.rollback("model"))
+            back = time.monotonic()
+            assert routing.traffic == {v1: 100}
+            wait_until(lambda: sum(c.started > back for c in calls) > 200, 30)
+        done = list(calls)
+    assert done and all(c.status == 200 for c in done), {c.status for c in done}
+    assert {c.version for c in done} == {v1, v2}
+    assert all(c.add == (1 if c.version == v1 else 2) for c in done)  # labels are true
+    assert not [c for c in done if cut < c.started and c.ended < back and c.version == v1]
+    assert not [c for c in done if c.started > back and c.version == v2]
+    during = [c for c in done if c.ended < cut]
+    assert any(c.version == v2 for c in during)  # the canary steps got traffic
+
+
+def test_a_version_that_fails_its_probe_never_gets_traffic(tmp_path: Path) -> None:
+    probe = json.dumps([{"inputs": {"x": X}, "outputs": {"y": [[2.0, 3.0, 4.0, 5.0]]}}])
+    rollout = 'probe_file = "probe.json"\nwarmup_file = "probe.json"'
+    files = {"probe.json": probe.encode()}
+    with live_server(tmp_path) as srv, srv.client() as c:
+        v1 = deploy(srv, adder(tmp_path, "model", 1, rollout, files=files))  # passes its probe
+        with clients(srv, 4, "model") as calls:
+            with pytest.raises(DeployRejected, match=r"probe failed: probe 0: output 'y' is off"):
+                deploy(srv, adder(tmp_path, "model", 2, rollout, files=files))
+            gate("model-load-fails").set()
+            with pytest.raises(DeployRejected, match="failed to load: .*weights are corrupt"):
+                deploy(srv, adder(tmp_path, "model", 3, rollout, files=files))
+            gate("model-load-fails").clear()
+            started = len(calls)
+            wait_until(lambda: len(calls) > started + 50)
+        assert {call.version for call in calls} == {v1}
+        assert all(call.status == 200 for call in calls)
+        routing, _ = srv.registry.repository.get_routing("model")
+        assert routing.traffic == {v1: 100} and routing.previous == ()
+        # over HTTP the rejection is a 422 that says why
+        vm = publish(srv.registry.repository, adder(tmp_path, "model", 4, rollout, files=files))
+        r = c.post("/v1/functions", json=vm.to_dict())
+        assert r.status_code == 422
+        assert r.json()["reason"].startswith("probe failed")
+        assert c.post("/v1/functions/model/invoke", json={"x": X}).headers["x-fnrt-version"] == v1
+
+
+def test_a_canary_that_errors_is_rolled_back_on_its_own(tmp_path: Path) -> None:
+    canary = 'policy = "canary"\nsteps_percent = [50, 100]\ndwell_s = 30\nmin_requests = 10'
+    with live_server(tmp_path) as srv:
+        v1 = deploy(srv, adder(tmp_path, "model", 1, canary))
+        bad = adder(tmp_path, "model", 2, canary)  # no probe: its errors show under traffic
+        handler = bad / "handler.py"
+        handler.write_text(
+            handler.read_text().replace('gates.gate("model-fails").is_set()', "True")
+        )
+        with clients(srv, 8, "model") as calls:
+            v2 = deploy(srv, bad)
+            wait_until(lambda: rollout_state(srv, "model") == "rolled_back", 30)
+            back = time.monotonic()
+            wait_until(lambda: sum(c.started > back for c in calls) > 100, 30)
+        status = srv.call(srv.registry.versions("model"))["rollout"]
+        assert status["to"] == v2 and "error rate" in status["reason"]
+        routing, _ = srv.registry.repository.get_routing("model")
+        assert routing.traffic == {v1: 100}
+        assert v2 not in routing.previous  # a rollback never goes to the failed canary
+        after = [c for c in calls if c.started > back]
+        assert all(c.status == 200 and c.version == v1 for c in after)
+        assert any(c.status != 200 for c in calls)  # the canary's errors were seen
+
+
+def test_concurrent_deploys_on_two_nodes_leave_valid_routing(tmp_path: Path) -> None:
+    folders = [adder(tmp_path, "model", add) for add in range(1, 9)]
+    with (
+        live_server(tmp_path) as a,
+        live_server(tmp_path, registry=make_registry(tmp_path)) as b,
+    ):
+        ids = [deploy(a, folders[0])]
+
+        def one(i: int) -> str:
+            return deploy((a, b)[i % 2], folders[i])
+
+        with ThreadPoolExecutor(7) as pool:
+            ids += list(pool.map(one, range(1, 8)))
+        data, _ = a.registry.repository.store.get("functions/model/routing.json")
+        routing = Routing.from_json(data)  # parses: never a torn or lost write
+        assert len(routing.traffic) == 1 and routing.primary in ids
+        assert set(ids) == {routing.primary, *routing.previous}
+        # each node serves what the store says (the other one notices by polling)
+        for srv in (a, b):
+            with srv.client() as c:
+                wait_until(
+                    lambda c=c: (
+                        c.post("/v1/functions/model/invoke", json={"x": X}).headers[
+                            "x-fnrt-version"
+                        ]
+                        == routing.primary
+                    ),
+                    10,
+                )
+
+
+BREAKER = "min_requests = 4\nopen_s = 0.3\nhalf_open_probes = 3\nfallback = '{fallback}'"
+
+
+def test_the_breaker_opens_serves_the_fallback_function_and_closes(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        backup = deploy(srv, adder(tmp_path, "backup", 100))
+        flaky = deploy(
+            srv, adder(tmp_path, "flaky", 1, breaker=BREAKER.format(fallback="function:backup"))
+        )
+
+        def invoke(x: list[list[float]] = X) -> httpx.Response:
+            return c.post("/v1/functions/flaky/invoke", json={"x": x})
+
+        assert invoke().json()["y"] == [[2, 3, 4, 5]]
+        gate("flaky-fails").set()
+        statuses = [invoke().status_code for _ in range(3)]
+        assert statuses == [500, 500, 500]  # 3 of 4 failed: the breaker opens
+        r = invoke()
+        assert r.status_code == 200 and r.json()["y"] == [[101, 102, 103, 104]]
+        assert r.headers["x-fnrt-fallback"] == "function:backup"
+        assert r.headers["x-fnrt-function"] == "backup"
+        assert r.headers["x-fnrt-version"] == backup
+        versions = c.get("/v1/functions/flaky/versions").json()
+        assert versions["versions"][0]["breaker"] == "open"
+        # the failed requests were kept, inputs and all
+        kept = c.get("/v1/functions/flaky/failures").json()["failures"]
+        assert len(kept) == 3 and kept[0]["inputs"] == {"x": X} and kept[0]["version"] == flaky
+        assert "out of memory" in kept[0]["error"]["error"]
+        gate("flaky-fails").clear()
+        time.sleep(0.35)  # open_s passes: the next requests are probes
+        probes = [invoke() for _ in range(3)]
+        assert all(p.status_code == 200 and "x-fnrt-fallback" not in p.headers for p in probes)
+        assert c.get("/v1/functions/flaky/versions").json()["versions"][0]["breaker"] == "closed"
+        assert invoke().headers["x-fnrt-version"] == flaky
+
+
+def test_the_cache_fallback_answers_known_inputs_and_503s_the_rest(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        deploy(srv, adder(tmp_path, "flaky", 1, breaker=BREAKER.format(fallback="cache")))
+        known = [[0.0, 0.0, 0.0, 1.0]]
+        assert c.post("/v1/functions/flaky/invoke", json={"x": known}).status_code == 200
+        gate("flaky-fails").set()
+        for _ in range(3):  # with the success before: 3 of 4 failed, and it opens
+            assert c.post("/v1/functions/flaky/invoke", json={"x": X}).status_code == 500
+        r = c.post("/v1/functions/flaky/invoke", json={"x": known})
+        assert r.status_code == 200 and r.json()["y"] == [[1, 1, 1, 2]]
+        assert r.headers["x-fnrt-fallback"] == "cache"
+        started = time.monotonic()
+        r = c.post("/v1/functions/flaky/invoke", json={"x": X})
+        assert time.monotonic() - started < 1.0  # fast, never a hang
+        assert r.status_code == 503 and "circuit breaker is open" in r.json()["error"]
+        assert int(r.headers["retry-after"]) >= 1
+
+
+def test_traffic_versions_and_rollback_routes(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        v1 = deploy(srv, adder(tmp_path, "model", 1))
+        r = c.post("/v1/functions/model/rollback")
+        assert r.status_code == 409 and "no earlier version" in r.json()["error"]
+        v2 = deploy(srv, adder(tmp_path, "model", 2))
+        r = c.put("/v1/functions/model/traffic", json={"traffic": {v1: 70, v2: 30}})
+        assert r.status_code == 200 and r.json()["traffic"] == {v1: 70, v2: 30}
+        seen = {
+            c.post("/v1/functions/model/invoke", json={"x": X}).headers["x-fnrt-version"]
+            for _ in range(60)
+        }
+        assert seen == {v1, v2}
+        listing = c.get("/v1/functions/model/versions").json()
+        assert {v["version"]: v["share"] for v in listing["versions"]} == {v1: 70, v2: 30}
+        for bad in (
+            {"traffic": {v1: 60, v2: 30}},
+            {"traffic": {v1: 100.0}},
+            {"traffic": []},
+            [1],
+        ):
+            assert c.put("/v1/functions/model/traffic", json=bad).status_code == 400
+        r = c.put("/v1/functions/model/traffic", json={"traffic": {"v-000000000000": 100}})
+        assert r.status_code == 404
+        assert c.put("/v1/functions/nope/traffic", json={"traffic": {v1: 100}}).status_code == 404
+        r = c.post("/v1/functions/model/rollback")  # back to the version before the split
+        assert r.status_code == 200
+        routing, _ = srv.registry.repository.get_routing("model")
+        assert len(routing.traffic) == 1 and routing.primary in (v1, v2)
+        assert c.post("/v1/functions?policy=sideways", json={}).status_code == 400
+
+
+def test_sticky_header_keeps_a_user_on_one_version(tmp_path: Path) -> None:
+    sticky = 'sticky_header = "x-user"'
+    with live_server(tmp_path) as srv, srv.client() as c:
+        v1 = deploy(srv, adder(tmp_path, "model", 1, sticky))
+        v2 = deploy(srv, adder(tmp_path, "model", 2, sticky))
+        srv.call(srv.registry.set_traffic("model", {v1: 50, v2: 50}))
+        for user in ("ann", "bob", "cy", "dee"):
+            versions = {
+                c.post(
+                    "/v1/functions/model/invoke", json={"x": X}, headers={"x-user": user}
+                ).headers["x-fnrt-version"]
+                for _ in range(10)
+            }
+            assert len(versions) == 1
