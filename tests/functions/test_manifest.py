@@ -84,7 +84,7 @@ def test_probe_and_warmup_files_must_exist(tmp_path: Path) -> None:
     (tmp_path / "fnrt.toml").write_text(
         'name = "m"\nhandler = "handler:M"\n[rollout]\nprobe_file = "probe.json"\n'
     )
-    with pytest.raises(ManifestError, match="rollout.probe_file"):
+    with pytest.raises(ManifestError, match=r"rollout\.probe_file"):
         load_manifest(tmp_path)
     (tmp_path / "probe.json").write_text("[]")
     assert load_manifest(tmp_path).rollout.probe_file == "probe.json"

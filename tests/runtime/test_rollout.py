@@ -164,7 +164,7 @@ def test_a_version_that_fails_its_probe_never_gets_traffic(tmp_path: Path) -> No
             with pytest.raises(DeployRejected, match=r"probe failed: probe 0: output 'y' is off"):
                 deploy(srv, adder(tmp_path, "model", 2, rollout, files=files))
             gate("model-load-fails").set()
-            with pytest.raises(DeployRejected, match="failed to load: .*weights are corrupt"):
+            with pytest.raises(DeployRejected, match=r"failed to load: .*weights are corrupt"):
                 deploy(srv, adder(tmp_path, "model", 3, rollout, files=files))
             gate("model-load-fails").clear()
             started = len(calls)
