@@ -7,144 +7,119 @@ server against it).
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fnrt.functions.dtypes import DTYPE_OF_DATATYPE, DTYPES
+from fnrt.runtime.http.oip.spec import paths as v2_paths
+from fnrt.runtime.http.oip.spec import tensor_metadata
+from fnrt.runtime.http.spec import (
+    DIGEST,
+    FUNCTION_STATE,
+    JSON,
+    NAME,
+    OCTETS,
+    Schema,
+    admin_op,
+    invoke_path,
+    ok,
+    ref,
+)
 from fnrt.runtime.http.state import server_version
 
-JSON = "application/json"
-MSGPACK = "application/msgpack"
-OCTETS = "application/octet-stream"
 
-Schema = dict[str, Any]
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _error(description: str) -> Schema:
-    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
-
-
-_ERRORS = {
-    "400": "malformed body, header or parameter",
-    "401": "admin route without the right bearer token",
-    "404": "no such function, version or blob",
-    "409": "a conditional write lost a race",
-    "413": "body over the server's limit",
-    "415": "unsupported Content-Type, Accept or Content-Encoding",
-    "422": "inputs or manifest that do not match what is declared",
-    "429": "queue full: retry after Retry-After seconds",
-    "500": "the handler raised or broke its contract (error_id is in the server log)",
-    "503": "shutting down, store unreachable, or cannot finish within the target",
-    "504": "the request's deadline passed while it was queued",
-}
-
-
-def _errors(*codes: int) -> dict[str, Schema]:
-    return {str(c): _error(_ERRORS[str(c)]) for c in codes}
-
-
-def _ok(schema: Schema, description: str = "OK", status: str = "200") -> dict[str, Schema]:
-    return {status: {"description": description, "content": {JSON: {"schema": schema}}}}
-
-
-def _path_param(name: str, description: str, schema: Schema, example: str) -> Schema:
-    return {
-        "name": name,
-        "in": "path",
-        "required": True,
-        "description": description,
-        "schema": schema,
-        "example": example,
+def _v1_versions() -> dict[str, Schema]:
+    """Versions, traffic, rollback and failures (docs/rollout.md)."""
+    traffic = {
+        "type": "object",
+        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 100},
+        "description": "version id -> percent of requests, summing to 100",
     }
-
-
-_NAME = _path_param("name", "function (model) name", {"type": "string", "minLength": 1}, "mlp")
-_VERSION = _path_param("version", "version id", {"type": "string"}, "v-3f1c0d2a9b7e")
-_DIGEST = _path_param("digest", "sha256 of the blob, 64 hex digits", {"type": "string"}, "0" * 64)
-
-#: The README's ``mlp`` example: x float32 [n, 64] -> y float32 [n, 10].
-_X = [[round(i / 64, 3) for i in range(64)]]
-_INFER_EXAMPLE = {
-    "id": "42",
-    "inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": _X[0]}],
-    "outputs": [{"name": "y"}],
-}
-_ADMIN: list[dict[str, list[str]]] = [
-    {"bearer": []},
-    {},
-]  # a bearer token when the server has --admin-token
-
-_INVOKE_HEADERS = [
-    {
-        "name": "x-fnrt-priority",
-        "in": "header",
-        "schema": {"type": "string", "enum": ["high", "normal", "low"]},
-        "description": "served before (or after) other requests; aging prevents starvation",
-    },
-    {
-        "name": "x-fnrt-timeout-ms",
-        "in": "header",
-        "schema": {"type": "number", "exclusiveMinimum": 0},
-        "description": "drop the request (504) if it has not started computing in time",
-    },
-]
-
-
-def _invoke() -> Schema:
-    tensors = {"type": "object", "additionalProperties": True}
+    routing = {
+        "type": "object",
+        "required": ["traffic"],
+        "properties": {"traffic": traffic, "previous": {"type": "array"}},
+    }
     return {
-        "post": {
-            "summary": "Invoke a function",
-            "description": "A map of input name to tensor: nested lists in JSON, "
-            "msgpack_numpy arrays in msgpack. Answers in the request's format or Accept's.",
-            "operationId": "invoke",
-            "parameters": [_NAME, *_INVOKE_HEADERS],
-            "requestBody": {
-                "required": True,
-                "content": {
-                    JSON: {"schema": tensors, "example": {"x": _X}},
-                    MSGPACK: {"schema": {}},
+        "/v1/functions/{name}/versions": {
+            "parameters": [NAME],
+            "get": admin_op(
+                "Versions with their share, state and breaker; the rollout",
+                "versions",
+                ok(
+                    {
+                        "type": "object",
+                        "required": ["name", "traffic", "versions"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "traffic": traffic,
+                            "versions": {"type": "array", "items": {"type": "object"}},
+                        },
+                    }
+                ),
+                404,
+            ),
+        },
+        "/v1/functions/{name}/traffic": {
+            "parameters": [NAME],
+            "put": admin_op(
+                "Split traffic by hand (stops a canary)",
+                "setTraffic",
+                ok(routing),
+                400,
+                404,
+                409,
+                413,
+                requestBody={
+                    "required": True,
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "required": ["traffic"],
+                                "properties": {"traffic": traffic},
+                            },
+                            "example": {"traffic": {"v-3f1c0d2a9b7e": 90, "v-0a1b2c3d4e5f": 10}},
+                        }
+                    },
                 },
-            },
-            "responses": {
-                "200": {
-                    "description": "the outputs; x-fnrt-version says which version served",
-                    "content": {JSON: {"schema": tensors}, MSGPACK: {"schema": {}}},
-                },
-                **_errors(400, 404, 413, 415, 422, 429, 500, 503, 504),
-            },
-        }
+            ),
+        },
+        "/v1/functions/{name}/rollback": {
+            "parameters": [NAME],
+            "post": admin_op(
+                "All traffic back to the previous version", "rollback", ok(routing), 404, 409
+            ),
+        },
+        "/v1/functions/{name}/failures": {
+            "parameters": [NAME],
+            "get": admin_op(
+                "Failed requests kept for analysis, newest first",
+                "failures",
+                ok(
+                    {
+                        "type": "object",
+                        "required": ["name", "failures"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "failures": {"type": "array", "items": {"type": "object"}},
+                        },
+                    }
+                ),
+                404,
+                415,
+                parameters=[
+                    {
+                        "name": "version",
+                        "in": "query",
+                        "schema": {"type": "string"},
+                        "description": "only this version's",
+                    }
+                ],
+            ),
+        },
     }
-
-
-def _admin_op(
-    summary: str, operation_id: str, ok: dict[str, Schema], *errors: int, **extra: Any
-) -> Schema:
-    return {
-        "summary": summary,
-        "operationId": operation_id,
-        "security": _ADMIN,
-        "responses": {**ok, **_errors(401, *errors)},
-        **extra,
-    }
-
-
-_FUNCTION_STATE = {
-    "type": "object",
-    "required": ["name", "version", "state"],
-    "properties": {
-        "name": {"type": "string"},
-        "version": {"type": "string"},
-        "state": {"type": "string", "enum": ["cold", "loading", "warm"]},
-    },
-}
 
 
 def _v1() -> dict[str, Schema]:
@@ -162,60 +137,70 @@ def _v1() -> dict[str, Schema]:
         "properties": {"functions": {"type": "array", "items": {"type": "object"}}},
     }
     return {
-        "/v1/functions/{name}/invoke": _invoke(),
+        "/v1/functions/{name}/invoke": invoke_path(),
         "/v1/functions": {
-            "get": _admin_op("List functions", "listFunctions", _ok(summary)),
-            "post": _admin_op(
+            "get": admin_op("List functions", "listFunctions", ok(summary)),
+            "post": admin_op(
                 "Deploy a version (its blobs uploaded first)",
                 "deploy",
                 {
-                    **_ok(deployed, "deployed before: same content, same id"),
-                    **_ok(deployed, "deployed", "201"),
+                    **ok(deployed, "deployed before: same content, same id"),
+                    **ok(deployed, "deployed", "201"),
                 },
                 400,
                 404,
+                409,
                 413,
                 422,
+                parameters=[
+                    {
+                        "name": "policy",
+                        "in": "query",
+                        "schema": {"type": "string", "enum": ["immediate", "canary"]},
+                        "description": "how traffic moves (default: the manifest's rollout.policy)",
+                    }
+                ],
                 requestBody={
                     "required": True,
-                    "content": {JSON: {"schema": _ref("VersionManifest")}},
+                    "content": {JSON: {"schema": ref("VersionManifest")}},
                 },
             ),
         },
         "/v1/functions/{name}": {
-            "parameters": [_NAME],
-            "get": _admin_op("Describe a function", "describe", _ok({"type": "object"}), 404),
-            "delete": _admin_op(
+            "parameters": [NAME],
+            "get": admin_op("Describe a function", "describe", ok({"type": "object"}), 404),
+            "delete": admin_op(
                 "Remove a function (its blobs stay)",
                 "deleteFunction",
-                _ok({"type": "object", "properties": {"deleted": {"type": "boolean"}}}),
+                ok({"type": "object", "properties": {"deleted": {"type": "boolean"}}}),
                 404,
             ),
         },
         "/v1/functions/{name}/warm": {
-            "parameters": [_NAME],
-            "post": _admin_op("Load now", "warm", _ok(_FUNCTION_STATE), 404, 500, 503),
+            "parameters": [NAME],
+            "post": admin_op("Load now", "warm", ok(FUNCTION_STATE), 404, 500, 503),
         },
         "/v1/functions/{name}/unload": {
-            "parameters": [_NAME],
-            "post": _admin_op(
-                "Scale to zero now (when idle)", "unload", _ok({"type": "object"}), 404
+            "parameters": [NAME],
+            "post": admin_op(
+                "Scale to zero now (when idle)", "unload", ok({"type": "object"}), 404
             ),
         },
+        **_v1_versions(),
         "/v1/blobs/{digest}": {
-            "parameters": [_DIGEST],
-            "head": _admin_op(
+            "parameters": [DIGEST],
+            "head": admin_op(
                 "Is the blob in the store?",
                 "hasBlob",
                 {"200": {"description": "present"}, "404": {"description": "absent"}},
                 400,
             ),
-            "put": _admin_op(
+            "put": admin_op(
                 "Upload a blob, verified against its digest",
                 "putBlob",
                 {
-                    **_ok({"type": "object"}, "already present"),
-                    **_ok({"type": "object"}, "stored", "201"),
+                    **ok({"type": "object"}, "already present"),
+                    **ok({"type": "object"}, "stored", "201"),
                 },
                 400,
                 503,
@@ -226,7 +211,7 @@ def _v1() -> dict[str, Schema]:
             "get": {
                 "summary": "Live",
                 "operationId": "healthz",
-                "responses": _ok({"type": "object"}),
+                "responses": ok({"type": "object"}),
             }
         },
         "/readyz": {
@@ -234,7 +219,7 @@ def _v1() -> dict[str, Schema]:
                 "summary": "Ready: started and the store answers",
                 "operationId": "readyz",
                 "responses": {
-                    **_ok({"type": "object"}),
+                    **ok({"type": "object"}),
                     "503": {
                         "description": "not ready",
                         "content": {JSON: {"schema": {"type": "object"}}},
@@ -246,222 +231,8 @@ def _v1() -> dict[str, Schema]:
             "get": {
                 "summary": "This document",
                 "operationId": "openapi",
-                "responses": _ok({"type": "object"}),
+                "responses": ok({"type": "object"}),
             }
-        },
-    }
-
-
-def _tensor_metadata() -> Schema:
-    return {
-        "type": "object",
-        "required": ["name", "datatype", "shape"],
-        "properties": {
-            "name": {"type": "string"},
-            "datatype": {"type": "string", "enum": sorted(DTYPE_OF_DATATYPE)},
-            "shape": {"type": "array", "items": {"type": "integer"}},
-        },
-    }
-
-
-def _v2_model_paths(base: str, params: list[Schema], suffix_id: str) -> dict[str, Schema]:
-    infer_body = {
-        "required": True,
-        "description": "JSON, or (with Inference-Header-Content-Length) JSON then raw tensors",
-        "content": {
-            JSON: {"schema": _ref("InferRequest"), "example": _INFER_EXAMPLE},
-            OCTETS: {"schema": {}},
-        },
-    }
-    infer_headers = [
-        {
-            "name": "inference-header-content-length",
-            "in": "header",
-            "schema": {"type": "integer", "minimum": 0},
-            "description": "length of the JSON header when binary tensors follow it",
-        },
-        {
-            "name": "content-encoding",
-            "in": "header",
-            "schema": {"type": "string", "enum": ["gzip", "deflate", "identity"]},
-        },
-        {
-            "name": "accept-encoding",
-            "in": "header",
-            "schema": {"type": "string"},
-            "description": "gzip or deflate compresses the response; other codings are ignored",
-        },
-        *_INVOKE_HEADERS,
-    ]
-    ready = {
-        "type": "object",
-        "required": ["name", "ready"],
-        "properties": {
-            "name": {"type": "string"},
-            "version": {"type": "string"},
-            "ready": {"type": "boolean"},
-        },
-    }
-    return {
-        base: {
-            "parameters": params,
-            "get": {
-                "summary": "Model metadata",
-                "operationId": f"modelMetadata{suffix_id}",
-                "responses": {**_ok(_ref("ModelMetadata")), **_errors(404)},
-            },
-        },
-        f"{base}/ready": {
-            "parameters": params,
-            "get": {
-                "summary": "Model readiness (deployed, last load did not fail)",
-                "operationId": f"modelReady{suffix_id}",
-                "responses": {
-                    **_ok(ready),
-                    "503": {
-                        "description": "its last load failed",
-                        "content": {JSON: {"schema": ready}},
-                    },
-                    **_errors(404),
-                },
-            },
-        },
-        f"{base}/config": {
-            "parameters": params,
-            "get": {
-                "summary": "Model configuration in Triton's shape",
-                "operationId": f"modelConfig{suffix_id}",
-                "responses": {**_ok({"type": "object"}), **_errors(404)},
-            },
-        },
-        f"{base}/stats": {
-            "parameters": params,
-            "get": {
-                "summary": "Model statistics in Triton's shape (this node's counters)",
-                "operationId": f"modelStats{suffix_id}",
-                "responses": {**_ok(_ref("ModelStats")), **_errors(404)},
-            },
-        },
-        f"{base}/infer": {
-            "parameters": params,
-            "post": {
-                "summary": "Inference (the same scheduler and batching as /v1 invokes)",
-                "operationId": f"infer{suffix_id}",
-                "parameters": infer_headers,
-                "requestBody": infer_body,
-                "responses": {
-                    "200": {
-                        "description": "JSON, or JSON then binary outputs "
-                        "(Inference-Header-Content-Length)",
-                        "content": {
-                            JSON: {"schema": _ref("InferResponse")},
-                            OCTETS: {"schema": {}},
-                        },
-                    },
-                    **_errors(400, 404, 413, 415, 422, 429, 500, 503, 504),
-                },
-            },
-        },
-    }
-
-
-def _v2() -> dict[str, Schema]:
-    control = {
-        "required": False,
-        "content": {JSON: {"schema": {"type": "object"}}},
-    }
-    index_entry = {
-        "type": "object",
-        "required": ["name", "state"],
-        "properties": {
-            "name": {"type": "string"},
-            "version": {"type": "string"},
-            "state": {"type": "string"},
-            "reason": {"type": "string"},
-        },
-    }
-    return {
-        "/v2/health/live": {
-            "get": {
-                "summary": "Server live",
-                "operationId": "serverLive",
-                "responses": _ok({"type": "object", "properties": {"live": {"type": "boolean"}}}),
-            }
-        },
-        "/v2/health/ready": {
-            "get": {
-                "summary": "Server ready",
-                "operationId": "serverReady",
-                "responses": {
-                    **_ok({"type": "object", "properties": {"ready": {"type": "boolean"}}}),
-                    "503": {
-                        "description": "not ready",
-                        "content": {JSON: {"schema": {"type": "object"}}},
-                    },
-                },
-            }
-        },
-        "/v2": {
-            "get": {
-                "summary": "Server metadata",
-                "operationId": "serverMetadata",
-                "responses": _ok(
-                    {
-                        "type": "object",
-                        "required": ["name", "version", "extensions"],
-                        "properties": {
-                            "name": {"type": "string"},
-                            "version": {"type": "string"},
-                            "extensions": {"type": "array", "items": {"type": "string"}},
-                        },
-                    }
-                ),
-            }
-        },
-        "/v2/models/stats": {
-            "get": {
-                "summary": "Statistics of every model version this node serves",
-                "operationId": "allModelStats",
-                "responses": _ok(_ref("ModelStats")),
-            }
-        },
-        **_v2_model_paths("/v2/models/{name}", [_NAME], ""),
-        **_v2_model_paths("/v2/models/{name}/versions/{version}", [_NAME, _VERSION], "Version"),
-        "/v2/repository/index": {
-            "post": _admin_op(
-                "Model repository index",
-                "repositoryIndex",
-                _ok({"type": "array", "items": index_entry}),
-                400,
-                413,
-                requestBody=control,
-            )
-        },
-        "/v2/repository/models/{name}/load": {
-            "parameters": [_NAME],
-            "post": _admin_op(
-                "Load (warm) a model now",
-                "repositoryLoad",
-                _ok(_FUNCTION_STATE),
-                400,
-                404,
-                413,
-                500,
-                503,
-                requestBody=control,
-            ),
-        },
-        "/v2/repository/models/{name}/unload": {
-            "parameters": [_NAME],
-            "post": _admin_op(
-                "Unload (scale to zero) a model now",
-                "repositoryUnload",
-                _ok(_FUNCTION_STATE),
-                400,
-                404,
-                413,
-                requestBody=control,
-            ),
         },
     }
 
@@ -546,8 +317,8 @@ def _components() -> Schema:
                     "name": {"type": "string"},
                     "versions": {"type": "array", "items": {"type": "string"}},
                     "platform": {"type": "string"},
-                    "inputs": {"type": "array", "items": _tensor_metadata()},
-                    "outputs": {"type": "array", "items": _tensor_metadata()},
+                    "inputs": {"type": "array", "items": tensor_metadata()},
+                    "outputs": {"type": "array", "items": tensor_metadata()},
                 },
             },
             "ModelStats": {
@@ -586,7 +357,7 @@ def document() -> Schema:
             "version": server_version(),
             "description": "Invoke functions (/v1), the Open Inference Protocol (/v2), admin.",
         },
-        "paths": {**_v1(), **_v2()},
+        "paths": {**_v1(), **v2_paths()},
         "components": _components(),
     }
 
