@@ -347,8 +347,14 @@ class Registry:
         window); otherwise it loads from the disk cache on its next request.
         """
         entry = await self._entry(name)
-        if entry.canary is not None:
-            await entry.canary.cancel("rolled back by hand")
+        canary = entry.canary
+        if canary is not None and canary.task is not None and not canary.task.done():
+            await canary.cancel("rolled back by hand")  # back to the version it started from
+            base = canary.baseline.version.version
+            await self._canary_step(entry, canary, {base: 100})
+            entry.canary = None
+            canary.status.update(state="rolled_back", reason="rolled back by hand", percent=0)
+            return entry.routing
         if not entry.routing.previous:
             raise Conflict(f"'{name}' has no earlier version to roll back to")
         return await self._write(entry, lambda r: r.rolled_back(now_iso()))
