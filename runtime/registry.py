@@ -380,8 +380,8 @@ class Registry:
                 if version not in entry.schedulers or entry.schedulers[version].closing:
                     vm = await asyncio.to_thread(self.repository.get_version, entry.name, version)
                     scheduler = self._held(entry, vm)
-                    if routing.traffic[version] and len(entry.routing.traffic) >= 1:
-                        self._background(_warm_logged(scheduler))  # traffic is on its way
+                    if routing.traffic[version]:  # traffic is on its way: load it now
+                        self._background(_warm_logged(scheduler))
                 entry.left_at.pop(version, None)
             now = self.clock.now()
             for version in entry.routing.traffic:

@@ -25,7 +25,11 @@ def test_deploy_list_describe_warm_delete(tmp_path: Path) -> None:
         result = deploy_folder(client, folder)
         assert result["created"] is True
         again = deploy_folder(client, folder)
-        assert again == {**result, "created": False}  # same content, same version id
+        assert again == {
+            **result,
+            "created": False,
+            "rollout": "unchanged",
+        }  # same content, same id
 
         assert [(f["name"], f["state"]) for f in client.list()] == [("echo", "cold")]
         described = client.describe("echo")
