@@ -38,8 +38,6 @@ import numpy as np
 from loadgen import BIN, Result, copy_mlp, deploy, require_wrk, start_fnrt, write_script, wrk
 
 CANARY = """
-[rollout]
-warmup_file = "sample.json"
 steps_percent = [10, 50, 100]
 dwell_s = 1.0
 min_requests = 20
@@ -65,7 +63,8 @@ def variant(example: Path, work: Path, seed: int) -> Path:
     manifest = folder / "fnrt.toml"
     text = manifest.read_text()
     if "[rollout]" not in text:
-        manifest.write_text(text + CANARY)
+        text += "\n[rollout]\n"
+    manifest.write_text(text.replace("[rollout]\n", "[rollout]\n" + CANARY.lstrip(), 1))
     return folder
 
 
@@ -84,6 +83,9 @@ def swap(server: str, folder: Path, policy: str, delay_s: float, out: dict[str, 
     done = subprocess.run(argv, check=True, capture_output=True, text=True)
     version = json.loads(done.stdout)["version"]
     while traffic(server) != {version: 100}:
+        if time.monotonic() - started > 120:  # a canary that rolled back never gets there
+            out["to_full_traffic_s"] = float("nan")
+            return
         time.sleep(0.02)
     out["to_full_traffic_s"] = time.monotonic() - started
 

@@ -8,7 +8,7 @@ server, a deploy moves all traffic at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fnrt.functions.errors import BlobNotFound
@@ -28,17 +28,24 @@ class Deployed:
     checks: dict[str, Any] = field(default_factory=dict)  # what the blue/green step ran
 
 
-def store_version(repository: Repository, loader: InstanceLoader, vm: VersionManifest) -> bool:
-    """Validate ``vm`` (blobs present, handler importable and to contract) and store it.
+def store_version(
+    repository: Repository, loader: InstanceLoader, vm: VersionManifest
+) -> tuple[bool, VersionManifest]:
+    """Validate ``vm`` (blobs present, handler importable and to contract) and store it,
+    stamped with its creation time. Blocking; nothing is loaded and no traffic moves.
 
-    Blocking; nothing is loaded and no traffic moves. True when it was new.
-    Raises HandlerError, BlobNotFound or ManifestError before anything is written.
+    Returns whether it was new, and the version as stored. Raises HandlerError,
+    BlobNotFound or ManifestError before anything is written.
     """
     for ref in vm.blobs():
         if not repository.has_blob(ref.digest):
             raise BlobNotFound(ref.digest)
     loader.handler_object(vm)
-    return repository.put_version(vm)
+    if not vm.created_at:
+        vm = replace(vm, created_at=now_iso())
+    if repository.put_version(vm):
+        return True, vm
+    return False, repository.get_version(vm.name, vm.version)
 
 
 def cut_over(repository: Repository, vm: VersionManifest) -> Routing:
@@ -58,5 +65,5 @@ def publish_version(
     repository: Repository, loader: InstanceLoader, vm: VersionManifest
 ) -> Deployed:
     """Store ``vm`` and give it all of the function's traffic at once (no server)."""
-    created = store_version(repository, loader, vm)
+    created, vm = store_version(repository, loader, vm)
     return Deployed(vm.name, vm.version, created, cut_over(repository, vm))

@@ -259,7 +259,7 @@ class Registry:
         its first request. Raises DeployRejected (routing untouched) when the
         version fails to load, warm up or pass its probe.
         """
-        created = await asyncio.to_thread(store_version, self.repository, self.loader, vm)
+        created, vm = await asyncio.to_thread(store_version, self.repository, self.loader, vm)
         try:
             entry: _Function | None = await self._entry(vm.name)
         except FunctionNotFound:
