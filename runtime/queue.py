@@ -48,6 +48,8 @@ class Pending:
     deadline: float | None = None  # clock time after which it is not worth computing
     cold: bool = False  # no instance was loaded when it arrived
     started: bool = field(default=False)  # taken into a batch
+    span: Any = None  # the request's server span, when tracing is on
+    enqueued_ns: int = 0  # wall-clock enqueue time for its queue span (tracing on)
 
 
 @dataclass(frozen=True)

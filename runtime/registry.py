@@ -41,6 +41,8 @@ from fnrt.runtime.result_cache import inputs_key
 from fnrt.runtime.rollout import Canary, prepare
 from fnrt.runtime.scheduler import Admission, Scheduler, Served
 from fnrt.runtime.traffic import bucket_of, choose_version
+from fnrt.tracing.metrics import FunctionState
+from fnrt.tracing.telemetry import Telemetry
 
 log = logging.getLogger("fnrt.registry")
 
@@ -87,6 +89,7 @@ class Registry:
         self._lock = asyncio.Lock()
         self._loops: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.telemetry: Telemetry | None = None  # set by the app before serving
 
     def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` without awaiting it, holding a reference until it ends."""
@@ -195,7 +198,9 @@ class Registry:
         return await asyncio.to_thread(self.repository.list_versions, name)
 
     def _scheduler(self, vm: VersionManifest) -> Scheduler:
-        scheduler = Scheduler(vm, self.loader, self.clock, self.make_room, self.admission)
+        scheduler = Scheduler(
+            vm, self.loader, self.clock, self.make_room, self.admission, self.telemetry
+        )
         if vm.manifest.scaling.min_instances > 0:
             self._background(_warm_logged(scheduler))
         return scheduler
@@ -209,6 +214,7 @@ class Registry:
         *,
         priority: Priority | None = None,
         timeout_s: float | None = None,
+        span: Any = None,
     ) -> tuple[Scheduler, Served]:
         """Answer ``inputs`` on ``scheduler``, or on its fallback while its breaker is open.
 
@@ -218,14 +224,18 @@ class Registry:
         to the function's current primary.
         """
         if not scheduler.breaker.allow(self.clock.now()):
-            return await self._fallback(scheduler, inputs, priority, timeout_s)
+            return await self._fallback(scheduler, inputs, priority, timeout_s, span)
         try:
-            return scheduler, await scheduler.submit(inputs, priority=priority, timeout_s=timeout_s)
+            return scheduler, await scheduler.submit(
+                inputs, priority=priority, timeout_s=timeout_s, span=span
+            )
         except VersionRetired:
             successor = await self.get(scheduler.name)
             if successor is scheduler:
                 raise
-            return successor, await successor.submit(inputs, priority=priority, timeout_s=timeout_s)
+            return successor, await successor.submit(
+                inputs, priority=priority, timeout_s=timeout_s, span=span
+            )
 
     async def _fallback(
         self,
@@ -233,6 +243,7 @@ class Registry:
         inputs: Request,
         priority: Priority | None,
         timeout_s: float | None,
+        span: Any,
     ) -> tuple[Scheduler, Served]:
         config = scheduler.version.manifest.breaker
         if scheduler.last_results is not None:
@@ -243,7 +254,9 @@ class Registry:
         if target is not None and target != scheduler.name:
             other = await self.route(target)
             if other.breaker.allow(self.clock.now()):
-                served = await other.submit(inputs, priority=priority, timeout_s=timeout_s)
+                served = await other.submit(
+                    inputs, priority=priority, timeout_s=timeout_s, span=span
+                )
                 return other, Served(served.outputs, served.cold_tier, fallback=config.fallback)
         breaker = scheduler.breaker
         wait_s = max(breaker.opened_at + config.open_s - self.clock.now(), 1.0)
@@ -521,6 +534,12 @@ class Registry:
             s for e in self._functions.values() for s in e.schedulers.values() if s is not e.primary
         ]
         return [*primaries, *rest]
+
+    def function_states(self) -> list[FunctionState]:
+        """Warm instances and queue depth of every version held here (for /metrics)."""
+        return [
+            FunctionState(s.name, s.version.version, s.instances, s.queued) for s in self.loaded()
+        ]
 
     def versions_of(self, name: str) -> list[Scheduler]:
         """The schedulers this node has for ``name`` (the primary first)."""

@@ -53,6 +53,8 @@ from fnrt.runtime.queue import Outputs, Pending, Priority, RequestQueue
 from fnrt.runtime.result_cache import ResultCache, inputs_key
 from fnrt.runtime.scaling import Activity, should_add_instance, should_unload
 from fnrt.runtime.stats import Stats
+from fnrt.tracing.spans import fail
+from fnrt.tracing.telemetry import Telemetry
 
 log = logging.getLogger("fnrt.scheduler")
 
@@ -131,8 +133,11 @@ class Scheduler:
         clock: Clock,
         make_room: MakeRoom | None = None,
         admission: Admission | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.version = version
+        self._telemetry = telemetry
+        self._load_span: tuple[int, int, dict[str, Any]] | None = None  # last load, for spans
         self._manifest = version.manifest
         self._loader = loader
         self._clock = clock
@@ -205,8 +210,12 @@ class Scheduler:
         *,
         priority: Priority | None = None,
         timeout_s: float | None = None,
+        span: Any = None,
     ) -> Served:
         """Answer one request: from the result cache, or queued and computed.
+
+        ``span`` is the request's server span (tracing on): its queue wait, the
+        load it waited for and its batch are reported against it.
 
         Raises Overloaded (queue full), Unavailable (closing, or in adaptive
         mode a request that cannot finish within the target), DeadlineExceeded
@@ -235,6 +244,8 @@ class Scheduler:
         deadline = now + timeout_s if timeout_s is not None else None
         chosen = self.default_priority if priority is None else priority  # HIGH is 0: falsy
         pending = Pending(inputs, future, now, chosen, deadline, cold)
+        if span is not None:
+            pending.span, pending.enqueued_ns = span, time.time_ns()
         self._queue.push(pending)
         self._admission.queued += 1
         self._wake.set()
@@ -411,6 +422,7 @@ class Scheduler:
         return await asyncio.shield(slot.loading)
 
     async def _load(self, slot: _Slot) -> Instance:
+        started_ns = time.time_ns()
         executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self.name}-{slot.index}")
         loop = asyncio.get_running_loop()
         try:
@@ -451,6 +463,18 @@ class Scheduler:
         stats.last_load_tier = instance.tier
         stats.last_load_bytes = instance.size_bytes
         stats.cold_starts[instance.tier] += 1
+        if self._telemetry is not None:
+            total_s = instance.timings_s["total_s"]
+            self._telemetry.metrics.load(self.name, instance.tier, instance.size_bytes, total_s)
+            self._load_span = (
+                started_ns,
+                time.time_ns(),
+                {
+                    "fnrt.load.tier": instance.tier,
+                    "fnrt.load.bytes": instance.size_bytes,
+                    **{f"fnrt.load.{k}": v for k, v in instance.timings_s.items()},
+                },
+            )
         log.info(
             "loaded %s %s (instance %d, %s) in %.3fs",
             self.name,
@@ -554,6 +578,8 @@ class Scheduler:
     async def _run_batch(self, slot: _Slot, instance: Instance, batch: list[Pending]) -> None:
         slot.running = True
         started = self._clock.now()
+        started_ns = time.time_ns()
+        failure: BaseException | None = None
         totals = self.stats.totals
         for p in batch:
             self.stats.queue_wait.add(started - p.enqueued_at)
@@ -575,6 +601,7 @@ class Scheduler:
                 exc_info=exc,
             )
             self.stats.errors += len(batch)
+            failure = exc
             error = HandlerFailed(self.name, error_id, f"{type(exc).__name__}: {exc}")
             for p in batch:
                 if not p.future.done():
@@ -594,6 +621,44 @@ class Scheduler:
             if ran is not None:  # handing inputs over: the rest of the batch's time
                 handed_s = max(elapsed - ran.infer_s - ran.output_s, 0.0)
                 totals.batch(len(batch), handed_s, ran.infer_s, ran.output_s)
+            if self._telemetry is not None:
+                self._report(self._telemetry, batch, started, started_ns, elapsed, failure)
+
+    def _report(
+        self,
+        telemetry: Telemetry,
+        batch: list[Pending],
+        started: float,
+        started_ns: int,
+        elapsed_s: float,
+        failure: BaseException | None,
+    ) -> None:
+        """One batch's metrics and (tracing on) spans: queue waits, the load, the batch."""
+        metrics = telemetry.metrics
+        metrics.batch(self.name, len(batch), elapsed_s, (started - p.enqueued_at for p in batch))
+        metrics.warm_hits(sum(1 for p in batch if not p.cold))
+        tracing = telemetry.tracing
+        if not tracing.enabled:
+            return
+        version = self.version.version
+        span = tracing.batch_span(self.name, version, (p.span for p in batch), started_ns)
+        for p in batch:
+            if p.span is None:
+                continue
+            tracing.child(
+                p.span,
+                "queue",
+                {"fnrt.priority": p.priority.name.lower()},
+                start_ns=p.enqueued_ns,
+                end_ns=started_ns,
+            )
+            if p.cold and self._load_span is not None:
+                load_start, load_end, attributes = self._load_span
+                tracing.child(p.span, "load", attributes, start_ns=load_start, end_ns=load_end)
+        if span is not None:
+            if failure is not None:
+                fail(span, failure)
+            span.end()
 
 
 def _quiet(future: asyncio.Future[Instance]) -> None:

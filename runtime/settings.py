@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fnrt.loader.stores.s3 import S3Config
+from fnrt.tracing.setup import TraceConfig, trace_config_from_env
 
 DEFAULT_STORE = "./.fnrt/store"
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -45,6 +46,8 @@ class ServerSettings:
     device: str = "auto"
     log_level: str = "info"
     log_json: bool = False
+    request_log: bool = True  # one JSON line per request (fnrt.access, info)
+    trace: TraceConfig = field(default_factory=TraceConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -121,7 +124,14 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         found["log_level"] = env["FNRT_LOG_LEVEL"]
     if env.get("FNRT_LOG_JSON", "") not in ("", "0", "false"):
         found["log_json"] = True
+    if env.get("FNRT_REQUEST_LOG", "") in ("0", "false"):
+        found["request_log"] = False
     return found
+
+
+def env_trace_settings(env: Mapping[str, str] = os.environ) -> dict[str, object]:
+    """:class:`TraceConfig` fields from the standard ``OTEL_*`` variables."""
+    return trace_config_from_env(env)
 
 
 def env_client_settings(env: Mapping[str, str] = os.environ) -> dict[str, object]:

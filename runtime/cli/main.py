@@ -32,8 +32,10 @@ from fnrt.runtime.settings import (
     env_client_settings,
     env_s3_endpoint,
     env_server_settings,
+    env_trace_settings,
     s3_config,
 )
+from fnrt.tracing.setup import TraceConfig
 
 EPILOG = "Docs: README.md and docs/ in the fnrt repository."
 
@@ -83,8 +85,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         found["preload"] = True
     if args.log_json:
         found["log_json"] = True
+    if args.no_request_log:
+        found["request_log"] = False
+    trace = env_trace_settings()
+    for flag, key in [
+        ("trace", "exporter"),
+        ("trace_endpoint", "endpoint"),
+        ("trace_protocol", "protocol"),
+        ("trace_sample", "sampler_ratio"),
+    ]:
+        value = getattr(args, flag)
+        if value is not None:
+            trace[key] = value
+    if args.trace_sample is not None and "sampler" not in trace:
+        trace["sampler"] = "parentbased_traceidratio"
+    found["trace"] = TraceConfig(**trace)  # type: ignore[arg-type]
     settings = ServerSettings(**found)  # type: ignore[arg-type]
-    configure_logging(settings.log_level, json_lines=settings.log_json)
+    configure_logging(
+        settings.log_level, json_lines=settings.log_json, request_log=settings.request_log
+    )
     if settings.admin_open and not _is_loopback(settings.host):
         print(
             f"warning: admin routes are open to anyone who reaches {settings.host}; "
@@ -331,6 +350,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="log level (FNRT_LOG_LEVEL; default info)",
     )
     p.add_argument("--log-json", action="store_true", help="log JSON lines (FNRT_LOG_JSON=1)")
+    p.add_argument(
+        "--no-request-log",
+        action="store_true",
+        help="no JSON line per request (FNRT_REQUEST_LOG=0)",
+    )
+    p.add_argument(
+        "--trace",
+        choices=["none", "console", "otlp"],
+        help="export spans (OTEL_TRACES_EXPORTER; default none)",
+    )
+    p.add_argument(
+        "--trace-endpoint",
+        help="OTLP collector, e.g. http://127.0.0.1:4318 (OTEL_EXPORTER_OTLP_ENDPOINT)",
+    )
+    p.add_argument(
+        "--trace-protocol",
+        choices=["http/protobuf", "grpc"],
+        help="OTLP protocol (OTEL_EXPORTER_OTLP_PROTOCOL; default http/protobuf)",
+    )
+    p.add_argument(
+        "--trace-sample",
+        type=float,
+        metavar="RATIO",
+        help="keep this fraction of traces that start here, follow the caller's choice "
+        "otherwise (OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG)",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(

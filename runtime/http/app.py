@@ -31,6 +31,10 @@ from fnrt.runtime.http.problems import (
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.settings import ServerSettings
+from fnrt.tracing.metrics import Metrics
+from fnrt.tracing.setup import tracer_provider
+from fnrt.tracing.spans import Tracing
+from fnrt.tracing.telemetry import Telemetry
 
 
 def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Registry:
@@ -90,10 +94,29 @@ class FnrtApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
-def build_app(settings: ServerSettings, registry: Registry | None = None) -> Starlette:
+def build_telemetry(settings: ServerSettings) -> Telemetry:
+    """Spans as ``settings.trace`` says, metrics, and the request log."""
+    return Telemetry(
+        Tracing(tracer_provider(settings.trace)),
+        Metrics(),
+        request_log=settings.request_log,
+    )
+
+
+def build_app(
+    settings: ServerSettings,
+    registry: Registry | None = None,
+    telemetry: Telemetry | None = None,
+) -> Starlette:
     """The fnrt HTTP application. Nothing is loaded until the first invoke
-    (or at start for functions with ``load_at_start`` / ``--preload``)."""
+    (or at start for functions with ``load_at_start`` / ``--preload``).
+
+    Tests pass their own ``telemetry`` (an in-memory span exporter, say).
+    """
     registry = registry or build_registry(settings)
+    telemetry = telemetry or build_telemetry(settings)
+    registry.telemetry = telemetry
+    telemetry.metrics.watch(registry.function_states)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -105,6 +128,8 @@ def build_app(settings: ServerSettings, registry: Registry | None = None) -> Sta
         finally:
             app.state.started = False
             await registry.close()
+            if telemetry.tracing.provider is not None:
+                telemetry.tracing.provider.shutdown()  # flush the spans still batched
 
     app = FnrtApp(
         routes=[

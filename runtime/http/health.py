@@ -1,14 +1,16 @@
-"""``/healthz`` (the process answers) and ``/readyz`` (it can serve: the store answers)."""
+"""``/healthz`` (the process answers), ``/readyz`` (it can serve: the store answers)
+and ``/metrics`` (Prometheus text)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fnrt.runtime.http.state import node_of
+from fnrt.tracing.metrics import CONTENT_TYPE
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -37,4 +39,14 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-routes = [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
+async def metrics(request: Request) -> Response:
+    telemetry = node_of(request).registry.telemetry
+    body = telemetry.metrics.exposition() if telemetry is not None else b""
+    return Response(body, headers={"content-type": CONTENT_TYPE})
+
+
+routes = [
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]

@@ -17,10 +17,12 @@ from fnrt.functions.codec import decode, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, FnrtError
 from fnrt.functions.tensors import coerce_request
 from fnrt.runtime.http.body import ClientGone, Receive, read_body
+from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.queue import Priority
 from fnrt.runtime.scheduler import Scheduler, Served
+from fnrt.tracing.spans import TRACERESPONSE, fail, traceresponse
 
 Scope = MutableMapping[str, Any]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -28,6 +30,9 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Answer = tuple[bytes, str, dict[str, str]]  # body, media type, extra headers
 
 INVOKE_PATH = re.compile(r"/v1/functions/([^/]+)/invoke")
+ROUTE = "/v1/functions/{name}/invoke"
+#: What metrics and logs record for a request whose client left before the answer.
+CLIENT_GONE = 499
 VERSION_HEADER = "x-fnrt-version"
 FUNCTION_HEADER = "x-fnrt-function"
 #: On a request that waited for a load: the tier the load came from (l2 disk, l3 store).
@@ -62,18 +67,29 @@ def request_options(headers: Mapping[str, str]) -> tuple[Priority | None, float 
     return priority, timeout_s
 
 
-async def _answer(node: Node, name: str, headers: Mapping[str, str], receive: Receive) -> Answer:
+async def _answer(
+    node: Node, name: str, headers: Mapping[str, str], receive: Receive, trail: Trail
+) -> Answer:
     fmt = format_of(headers.get("content-type"))
     reply = negotiate(headers.get("accept"), fmt)
     priority, timeout_s = request_options(headers)
     registry = node.registry
     scheduler = await registry.route(name, headers)
+    trail.function, trail.version = scheduler.name, scheduler.version.version
     body = await read_body(headers, receive, node.settings.max_body_bytes)
     inputs = coerce_request(scheduler.version.manifest.inputs, decode(body, fmt))
     answered, served = await registry.submit(
-        scheduler, inputs, priority=priority, timeout_s=timeout_s
+        scheduler, inputs, priority=priority, timeout_s=timeout_s, span=trail.span
     )
-    return encode(served.outputs, reply), reply.media_type, served_headers(answered, served)
+    trail.function, trail.version = answered.name, answered.version.version
+    trail.cold_tier = served.cold_tier
+    tracing = registry.telemetry.tracing if registry.telemetry is not None else None
+    encoding = tracing.child(trail.span, "encode") if tracing is not None else None
+    out = encode(served.outputs, reply)
+    if encoding is not None:
+        encoding.set_attribute("fnrt.response.bytes", len(out))
+        encoding.end()
+    return out, reply.media_type, served_headers(answered, served)
 
 
 def served_headers(scheduler: Scheduler, served: Served) -> dict[str, str]:
@@ -93,15 +109,18 @@ async def serve_raw(
     scope: Scope,
     send: Send,
     error_headers: Mapping[str, str],
-) -> None:
-    """Send ``answer``'s response, or the error it raised (formatted for ``error_headers``)."""
+    span: Any = None,
+) -> int:
+    """Send ``answer``'s response, or the error it raised (formatted for ``error_headers``);
+    the status sent (499 when the client left first). Errors are recorded on ``span``."""
     try:
         body, media_type, extra = await answer
         status = 200
     except ClientGone:
-        return
+        return CLIENT_GONE
     except FnrtError as exc:
         failed = problem(exc, error_headers)
+        fail(span, exc, server_fault=failed.status >= 500)
         status, body, media_type, extra = (
             failed.status,
             failed.body,
@@ -109,6 +128,7 @@ async def serve_raw(
             failed.headers,
         )
     except Exception as exc:
+        fail(span, exc)
         failed = unexpected(scope["method"], scope["path"], exc, error_headers)
         status, body, media_type, extra = (
             failed.status,
@@ -118,8 +138,12 @@ async def serve_raw(
         )
     raw = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
+    response_trace = traceresponse(span)
+    if response_trace is not None:
+        raw.append((TRACERESPONSE.encode(), response_trace.encode()))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+    return status
 
 
 def header_map(scope: Scope) -> dict[str, str]:
@@ -129,4 +153,9 @@ def header_map(scope: Scope) -> dict[str, str]:
 async def serve_invoke(node: Node, name: str, scope: Scope, receive: Receive, send: Send) -> None:
     """Answer one invoke on the raw ASGI interface."""
     headers = header_map(scope)
-    await serve_raw(_answer(node, name, headers, receive), scope, send, headers)
+    telemetry = node.registry.telemetry
+    trail = begin(telemetry, ROUTE, scope, headers)
+    status = await serve_raw(
+        _answer(node, name, headers, receive, trail), scope, send, headers, trail.span
+    )
+    end(telemetry, trail, status)

@@ -227,6 +227,18 @@ def _v1() -> dict[str, Schema]:
                 },
             }
         },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (text exposition format)",
+                "operationId": "metrics",
+                "responses": {
+                    "200": {
+                        "description": "requests, latencies, batches, cold starts, instances",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
         "/openapi.json": {
             "get": {
                 "summary": "This document",

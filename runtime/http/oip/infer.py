@@ -22,6 +22,7 @@ from fnrt.runtime.http.invoke import (
     serve_raw,
     served_headers,
 )
+from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.oip.wire import (
     HEADER_LENGTH,
     compress,
@@ -34,17 +35,25 @@ from fnrt.runtime.http.oip.wire import (
 from fnrt.runtime.http.state import Node
 
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+INFER_ROUTE = "/v2/models/{name}/infer"
+INFER_VERSION_ROUTE = "/v2/models/{name}/versions/{version}/infer"
 _JSON_ERRORS: Mapping[str, str] = {}  # errors on /v2 are always JSON
 
 
 async def _answer(
-    node: Node, name: str, version: str | None, headers: Mapping[str, str], receive: Receive
+    node: Node,
+    name: str,
+    version: str | None,
+    headers: Mapping[str, str],
+    receive: Receive,
+    trail: Trail,
 ) -> Answer:
     priority, timeout_s = request_options(headers)
     registry = node.registry
     scheduler = await (
         registry.route(name, headers) if version is None else registry.get_version(name, version)
     )
+    trail.function, trail.version = scheduler.name, scheduler.version.version
     limit = node.settings.max_body_bytes
     body = decompress(
         await read_body(headers, receive, limit), headers.get("content-encoding"), limit
@@ -58,7 +67,10 @@ async def _answer(
         coerce_request(manifest.inputs, request.inputs),
         priority=priority if priority is not None else request.priority,
         timeout_s=timeout_s if timeout_s is not None else request.timeout_s,
+        span=trail.span,
     )
+    trail.function, trail.version = scheduler.name, scheduler.version.version
+    trail.cold_tier = served.cold_tier
     out, json_length = encode_response(
         scheduler.name, scheduler.version.version, request, served.outputs, manifest.outputs
     )
@@ -79,4 +91,9 @@ async def serve_infer(
 ) -> None:
     """Answer one infer request on the raw ASGI interface."""
     headers = header_map(scope)
-    await serve_raw(_answer(node, name, version, headers, receive), scope, send, _JSON_ERRORS)
+    telemetry = node.registry.telemetry
+    route = INFER_ROUTE if version is None else INFER_VERSION_ROUTE
+    trail = begin(telemetry, route, scope, headers)
+    answer = _answer(node, name, version, headers, receive, trail)
+    status = await serve_raw(answer, scope, send, _JSON_ERRORS, trail.span)
+    end(telemetry, trail, status)

@@ -1,0 +1,73 @@
+"""What the data path reports about each request: metrics, its server span, a log line.
+
+Invokes and infers are served as raw ASGI (see :mod:`fnrt.runtime.http.invoke`),
+so they report here rather than through middleware: :func:`begin` opens the
+request's span, :func:`end` closes it and records the request's metrics and
+its JSON log line (``fnrt.access``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from fnrt.tracing.spans import finish_server_span, ids
+from fnrt.tracing.telemetry import Telemetry
+
+access_log = logging.getLogger("fnrt.access")
+
+
+@dataclass
+class Trail:
+    """What one request reached, filled in as it is served."""
+
+    route: str
+    started_s: float
+    function: str = ""
+    version: str = ""
+    cold_tier: str | None = None
+    span: Any = None
+
+
+def begin(
+    telemetry: Telemetry | None,
+    route: str,
+    scope: MutableMapping[str, Any],
+    headers: Mapping[str, str],
+) -> Trail:
+    trail = Trail(route, time.perf_counter())
+    if telemetry is not None:
+        trail.span = telemetry.tracing.server_span(scope["method"], route, scope["path"], headers)
+    return trail
+
+
+def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
+    if telemetry is None:
+        return
+    seconds = time.perf_counter() - trail.started_s
+    telemetry.metrics.request(trail.function, trail.version, status, seconds)
+    if trail.span is not None:
+        attributes: dict[str, Any] = {
+            "fnrt.function": trail.function,
+            "fnrt.version": trail.version,
+        }
+        if trail.cold_tier is not None:
+            attributes["fnrt.cold_start"] = trail.cold_tier
+        finish_server_span(trail.span, status, attributes)
+    if telemetry.request_log:
+        fields: dict[str, Any] = {
+            "route": trail.route,
+            "function": trail.function,
+            "version": trail.version,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
+        }
+        if trail.cold_tier is not None:
+            fields["cold_start"] = trail.cold_tier
+        found = ids(trail.span)
+        if found is not None:
+            fields["trace_id"], fields["span_id"] = found
+        access_log.info("request", extra={"fields": fields})
