@@ -227,3 +227,10 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
         return body
     body = response.json()
     return body
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a server started as a process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -157,3 +157,18 @@ def tracer_provider(
         BatchSpanProcessor(chosen) if batch else SimpleSpanProcessor(chosen)
     )
     return provider
+
+
+def client_provider(config: TraceConfig) -> TracerProvider:
+    """A provider for a client (``fnrt invoke``, the edge client): it exports as
+    ``config`` says, and otherwise still makes real trace ids, so the server's
+    spans share the client's trace id."""
+    provider = tracer_provider(config)
+    if provider is not None:
+        return provider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return TracerProvider(
+        resource=Resource.create({"service.name": config.service_name}), sampler=sampler(config)
+    )

@@ -101,14 +101,18 @@ class Client:
         return dict(self._send("DELETE", f"/v1/functions/{name}").json())
 
     def invoke(
-        self, name: str, inputs: Mapping[str, Any], fmt: Format = Format.MSGPACK
+        self,
+        name: str,
+        inputs: Mapping[str, Any],
+        fmt: Format = Format.MSGPACK,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[dict[str, Any], Mapping[str, str]]:
         """Outputs (numpy arrays for msgpack, lists for JSON) and the response headers."""
         response = self._send(
             "POST",
             f"/v1/functions/{name}/invoke",
             content=encode(inputs, fmt),
-            headers={"content-type": fmt.media_type, "accept": fmt.media_type},
+            headers={"content-type": fmt.media_type, "accept": fmt.media_type, **(headers or {})},
         )
         return decode(response.content, fmt), response.headers
 

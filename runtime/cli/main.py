@@ -231,8 +231,27 @@ def _read_inputs(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_invoke(args: argparse.Namespace) -> int:
     inputs = _read_inputs(args)
     fmt = Format.MSGPACK if args.format == "msgpack" else Format.JSON
-    with _client(args) as client:
-        outputs, headers = client.invoke(args.name, inputs, fmt)
+    from opentelemetry.trace import SpanKind
+
+    from fnrt.tracing.setup import client_provider
+    from fnrt.tracing.spans import Tracing, fail, ids
+
+    config = {"service_name": "fnrt-cli", **env_trace_settings()}
+    provider = client_provider(TraceConfig(**config))  # type: ignore[arg-type]
+    tracing = Tracing(provider)
+    assert tracing.tracer is not None
+    span = tracing.tracer.start_span(f"fnrt invoke {args.name}", kind=SpanKind.CLIENT)
+    trace_headers: dict[str, str] = {}
+    tracing.inject(span, trace_headers)
+    try:
+        with _client(args) as client:
+            outputs, headers = client.invoke(args.name, inputs, fmt, trace_headers)
+    except Exception as exc:
+        fail(span, exc)
+        raise
+    finally:
+        span.end()
+        provider.shutdown()
     if args.output:
         save: Any = np.savez  # numpy's stub types **kwds as bool
         save(args.output, **{k: np.asarray(v) for k, v in outputs.items()})
@@ -241,7 +260,9 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         plain = {k: np.asarray(v).tolist() for k, v in outputs.items()}
         print(json.dumps(plain))
     if args.verbose:
-        print(f"served by {headers.get('x-fnrt-version')}", file=sys.stderr)
+        found = ids(span)
+        trace = f", trace {found[0]}" if found else ""
+        print(f"served by {headers.get('x-fnrt-version')}{trace}", file=sys.stderr)
     return 0
 
 

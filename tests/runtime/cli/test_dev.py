@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import httpx
-from test_serve import free_port
 
-from support import write_function
+from support import free_port, write_function
 
 
 def test_dev_picks_up_an_edit_and_survives_a_broken_one(tmp_path: Path) -> None:

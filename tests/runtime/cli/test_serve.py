@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,13 +13,7 @@ import httpx
 import pytest
 
 from fnrt.runtime.cli.main import main
-from support import write_function
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from support import free_port, write_function
 
 
 def test_serve_process_with_flags_and_environment(

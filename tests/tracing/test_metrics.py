@@ -1,0 +1,83 @@
+"""``/metrics`` after real traffic, read back with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fnrt.runtime.http.app import build_app
+from fnrt.runtime.settings import ServerSettings
+from fnrt.tracing.metrics import Metrics
+from fnrt.tracing.spans import Tracing
+from fnrt.tracing.telemetry import Telemetry
+from support import LiveServer, make_registry, publish, write_function
+
+X = [[1.0, 2.0, 3.0, 4.0]]
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_count_requests_batches_and_cold_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    telemetry = Telemetry(Tracing(), Metrics(gpu=False), request_log=True)
+    settings = ServerSettings(
+        store=str(tmp_path / "store"), cache_dir=tmp_path / "cache", sweep_interval_s=3600
+    )
+    registry = make_registry(tmp_path)
+    server = LiveServer(build_app(settings, registry, telemetry)).start()
+    try:
+        folder = write_function(tmp_path / "src", "echo")
+        version = server.call(registry.deploy(publish(registry.repository, folder))).version
+        with server.client() as c, caplog.at_level(logging.INFO, logger="fnrt.access"):
+            for _ in range(5):
+                assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200
+            assert c.post("/v1/functions/echo/invoke", json={"x": [[1]]}).status_code == 422
+            assert c.post("/v1/functions/nope/invoke", json={"x": X}).status_code == 404
+            r = c.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        found = samples(r.text)
+    finally:
+        server.stop()
+
+    def value(name: str, **labels: str) -> float:
+        return found[(name, tuple(sorted(labels.items())))]
+
+    assert value("fnrt_requests_total", function="echo", version=version, status="200") == 5
+    assert value("fnrt_requests_total", function="echo", version=version, status="422") == 1
+    assert value("fnrt_requests_total", function="", version="", status="404") == 1
+    assert value("fnrt_request_duration_seconds_count", function="echo") == 6
+    # buckets are cumulative and end at +Inf with every observation
+    buckets = sorted(
+        (float(dict(labels)["le"]), v)
+        for (name, labels), v in found.items()
+        if name == "fnrt_request_duration_seconds_bucket" and dict(labels)["function"] == "echo"
+    )
+    assert buckets[-1] == (float("inf"), 6)
+    assert all(a[1] <= b[1] for a, b in itertools.pairwise(buckets))
+    assert value("fnrt_batch_size_count", function="echo") == 5
+    assert value("fnrt_batch_size_bucket", function="echo", le="1.0") == 5
+    assert value("fnrt_queue_wait_seconds_count", function="echo") == 5
+    assert value("fnrt_batch_compute_duration_seconds_count", function="echo") == 5
+    tiers = {dict(k[1])["tier"]: v for k, v in found.items() if k[0] == "fnrt_cold_starts_total"}
+    assert sum(tiers.values()) == 1 and set(tiers) <= {"l2", "l3"}
+    assert value("fnrt_cache_hits_total", tier="l1") == 4  # the other 4 found it loaded
+    assert value("fnrt_warm_instances", function="echo", version=version) == 1
+    assert value("fnrt_queue_depth", function="echo", version=version) == 0
+    assert value("process_resident_memory_bytes") > 0
+    lines = [r for r in caplog.records if r.name == "fnrt.access"]
+    assert len(lines) == 7
+    fields = lines[0].fields  # type: ignore[attr-defined]
+    assert fields["function"] == "echo" and fields["status"] == 200
+    assert fields["route"] == "/v1/functions/{name}/invoke" and fields["duration_ms"] > 0
+    assert "cold_start" in fields and "trace_id" not in fields  # tracing is off here

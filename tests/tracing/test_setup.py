@@ -1,0 +1,154 @@
+"""Set-up from OTEL_* variables, and spans exported over OTLP to a collector on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import sampling
+
+from fnrt.runtime.cli.main import main
+from fnrt.tracing.setup import TraceConfig, sampler, trace_config_from_env, tracer_provider
+from support import free_port, wait_until, write_function
+
+
+def test_config_from_the_standard_variables() -> None:
+    env = {
+        "OTEL_SERVICE_NAME": "edge-gw",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.25",
+    }
+    config = TraceConfig(**trace_config_from_env(env))  # type: ignore[arg-type]
+    assert config == TraceConfig(
+        exporter="otlp",
+        service_name="edge-gw",
+        endpoint="http://127.0.0.1:4318",
+        sampler="parentbased_traceidratio",
+        sampler_ratio=0.25,
+    )
+    assert config.enabled
+    chosen = sampler(config)
+    assert isinstance(chosen, sampling.ParentBased) and "0.25" in chosen.get_description()
+    assert TraceConfig(**trace_config_from_env({})) == TraceConfig()  # type: ignore[arg-type]
+    assert tracer_provider(TraceConfig()) is None  # off unless asked
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "exporter"),
+        ({"OTEL_TRACES_SAMPLER": "sometimes"}, "sampler"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "half"}, "OTEL_TRACES_SAMPLER_ARG"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "1.5"}, "sampler_ratio"),
+    ],
+)
+def test_bad_settings_name_what_is_wrong(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TraceConfig(**trace_config_from_env(env))  # type: ignore[arg-type]
+
+
+class _Collector(BaseHTTPRequestHandler):
+    received: list[ExportTraceServiceRequest] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        if self.path == "/v1/traces":
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            self.received.append(request)
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def collector() -> Iterator[str]:
+    _Collector.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def spans_received() -> list[tuple[str, str, bytes, bytes]]:
+    """(service, span name, trace id, parent span id) of everything exported so far."""
+    out = []
+    for request in _Collector.received:
+        for resource in request.resource_spans:
+            service = next(
+                a.value.string_value
+                for a in resource.resource.attributes
+                if a.key == "service.name"
+            )
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    out.append((service, span.name, span.trace_id, span.parent_span_id))
+    return out
+
+
+def test_serve_and_invoke_export_one_trace_over_otlp(
+    tmp_path: Path, collector: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    env = os.environ | {"OTEL_SERVICE_NAME": "fnrt-test", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    argv = [sys.executable, "-m", "fnrt.runtime.cli.main", "serve", "--port", str(port)]
+    argv += ["--store", str(tmp_path / "store"), "--cache-dir", str(tmp_path / "cache")]
+    argv += ["--trace", "otlp", "--trace-endpoint", collector, "--log-level", "warning"]
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(url), 60)
+        folder = write_function(tmp_path / "src", "echo")
+        assert main(["deploy", str(folder), "--server", url, "-q"]) == 0
+        client_env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": collector}
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in client_env.items():
+                mp.setenv(k, v)
+            assert (
+                main(
+                    ["invoke", "echo", "--json", '{"x": [[1, 2, 3, 4]]}', "-v"] + ["--server", url]
+                )
+                == 0
+            )
+        trace_id = capsys.readouterr().err.split("trace ")[-1].strip()
+        assert len(trace_id) == 32
+        wanted = {"fnrt invoke echo", "POST /v1/functions/{name}/invoke", "queue", "load"}
+        wait_until(lambda: wanted <= {s[1] for s in spans_received()}, 30)
+        in_trace = [s for s in spans_received() if s[2].hex() == trace_id]
+        services = {name: service for service, name, _, _ in in_trace}
+        assert services["fnrt invoke echo"] == "fnrt-cli"
+        assert services["POST /v1/functions/{name}/invoke"] == "fnrt-test"
+        assert {"queue", "load", "encode"} <= set(services)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    access = [orjson.loads(line) for line in lines if '"logger":"fnrt.access"' in line]
+    assert access and access[-1]["function"] == "echo" and access[-1]["trace_id"] == trace_id
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz").status_code == 200
+    except httpx.TransportError:
+        return False

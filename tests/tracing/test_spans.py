@@ -1,0 +1,188 @@
+"""Spans of real invokes against a real server, read from an in-memory exporter."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from fnrt.runtime.http.app import build_app
+from fnrt.runtime.settings import ServerSettings
+from fnrt.tracing.metrics import Metrics
+from fnrt.tracing.setup import TraceConfig, tracer_provider
+from fnrt.tracing.spans import Tracing
+from fnrt.tracing.telemetry import Telemetry
+from support import LiveServer, gate, make_registry, publish, wait_until, write_function
+
+X = [[1.0, 2.0, 3.0, 4.0]]
+
+GATED = """
+import fnrt_test_gates as gates
+
+class Gated:
+    def __call__(self, batch):
+        gates.gate("release").wait(10)
+        if gates.gate("fail").is_set():
+            raise RuntimeError("the model broke")
+        return [{"y": r["x"] * 2} for r in batch]
+"""
+
+
+@pytest.fixture
+def traced(tmp_path: Path) -> Iterator[tuple[LiveServer, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = tracer_provider(TraceConfig(), exporter, batch=False)
+    telemetry = Telemetry(Tracing(provider), Metrics(gpu=False))
+    settings = ServerSettings(
+        store=str(tmp_path / "store"), cache_dir=tmp_path / "cache", sweep_interval_s=3600
+    )
+    registry = make_registry(tmp_path)
+    server = LiveServer(build_app(settings, registry, telemetry)).start()
+    folder = write_function(tmp_path / "src", "echo", GATED.replace("Gated", "Echo"))
+    server.call(registry.deploy(publish(registry.repository, folder)))
+    gate("release").set()
+    try:
+        yield server, exporter
+    finally:
+        server.stop()
+
+
+def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name]
+
+
+def test_one_invoke_makes_the_expected_tree(
+    traced: tuple[LiveServer, InMemorySpanExporter],
+) -> None:
+    server, exporter = traced
+    with server.client() as c:
+        r = c.post("/v1/functions/echo/invoke", json={"x": X})
+    assert r.status_code == 200
+    wait_until(lambda: len(by_name(exporter.get_finished_spans(), "encode")) == 1)
+    spans = exporter.get_finished_spans()
+    (root,) = by_name(spans, "POST /v1/functions/{name}/invoke")
+    assert root.kind is SpanKind.SERVER and root.parent is None
+    attributes = root.attributes or {}
+    assert attributes["http.request.method"] == "POST"
+    assert attributes["http.route"] == "/v1/functions/{name}/invoke"
+    assert attributes["url.path"] == "/v1/functions/echo/invoke"
+    assert attributes["http.response.status_code"] == 200
+    assert attributes["fnrt.function"] == "echo"
+    assert attributes["fnrt.cold_start"] in ("l2", "l3")
+    children = {s.name: s for s in spans if s.parent is not None}
+    assert set(children) == {"queue", "load", "encode"}
+    for child in children.values():
+        assert child.parent is not None and child.parent.span_id == root.context.span_id
+        assert child.context.trace_id == root.context.trace_id
+        assert root.start_time <= child.start_time <= child.end_time <= root.end_time
+    load = children["load"].attributes or {}
+    assert load["fnrt.load.tier"] == attributes["fnrt.cold_start"]
+    assert load["fnrt.load.bytes"] >= 0 and load["fnrt.load.total_s"] > 0
+    (batch,) = by_name(spans, "batch echo")
+    assert [link.context.span_id for link in batch.links] == [root.context.span_id]
+    # the response names the server span
+    trace_id, span_id = f"{root.context.trace_id:032x}", f"{root.context.span_id:016x}"
+    flags = f"{int(root.context.trace_flags):02x}"
+    assert int(flags, 16) & 1  # sampled
+    assert r.headers["traceresponse"] == f"00-{trace_id}-{span_id}-{flags}"
+    # a warm invoke has no load span
+    exporter.clear()
+    with server.client() as c:
+        assert "x-fnrt-cold-start" not in c.post("/v1/functions/echo/invoke", json={"x": X}).headers
+    wait_until(lambda: len(by_name(exporter.get_finished_spans(), "encode")) == 1)
+    assert not by_name(exporter.get_finished_spans(), "load")
+
+
+def test_the_callers_traceparent_becomes_the_parent(
+    traced: tuple[LiveServer, InMemorySpanExporter],
+) -> None:
+    server, exporter = traced
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    headers = {"traceparent": f"00-{trace_id}-{parent_id}-01", "tracestate": "vendor=1"}
+    with server.client() as c:
+        r = c.post("/v1/functions/echo/invoke", json={"x": X}, headers=headers)
+    assert r.headers["traceresponse"].startswith(f"00-{trace_id}-")
+    wait_until(lambda: bool(by_name(exporter.get_finished_spans(), "encode")))
+    (root,) = by_name(exporter.get_finished_spans(), "POST /v1/functions/{name}/invoke")
+    assert f"{root.context.trace_id:032x}" == trace_id
+    assert root.parent is not None and f"{root.parent.span_id:016x}" == parent_id
+    assert root.parent.is_remote
+    assert root.context.trace_state.get("vendor") == "1"
+
+
+def test_one_batch_span_links_every_request_it_served(
+    traced: tuple[LiveServer, InMemorySpanExporter],
+) -> None:
+    server, exporter = traced
+    with server.client() as c:
+        c.post("/v1/functions/echo/invoke", json={"x": X})  # load it first
+    gate("release").clear()
+    exporter.clear()
+    results: list[int] = []
+
+    def call() -> None:
+        with server.client() as c:
+            results.append(c.post("/v1/functions/echo/invoke", json={"x": X}).status_code)
+
+    first = threading.Thread(target=call)  # takes the instance; the rest queue behind it
+    first.start()
+    scheduler = server.call(server.registry.get("echo"))
+    wait_until(lambda: scheduler.activity().busy)
+    rest = [threading.Thread(target=call) for _ in range(5)]
+    for t in rest:
+        t.start()
+    wait_until(lambda: scheduler.queued == 5)
+    gate("release").set()
+    for t in [first, *rest]:
+        t.join()
+    assert results == [200] * 6
+    wait_until(lambda: len(by_name(exporter.get_finished_spans(), "encode")) == 6)
+    spans = exporter.get_finished_spans()
+    roots = {s.context.span_id for s in by_name(spans, "POST /v1/functions/{name}/invoke")}
+    batches = by_name(spans, "batch echo")
+    assert sorted(len(b.links) for b in batches) == [1, 5]
+    big = max(batches, key=lambda b: len(b.links))
+    assert (big.attributes or {})["fnrt.batch.size"] == 5
+    assert {link.context.span_id for b in batches for link in b.links} == roots
+
+
+def test_an_error_invoke_records_the_exception(
+    traced: tuple[LiveServer, InMemorySpanExporter],
+) -> None:
+    server, exporter = traced
+    gate("fail").set()
+    try:
+        with server.client() as c:
+            r = c.post("/v1/functions/echo/invoke", json={"x": X})
+            assert r.status_code == 500
+            assert c.post("/v1/functions/echo/invoke", json={"x": [[1]]}).status_code == 422
+    finally:
+        gate("fail").clear()
+    wait_until(
+        lambda: len(by_name(exporter.get_finished_spans(), "POST /v1/functions/{name}/invoke")) == 2
+    )
+    spans = exporter.get_finished_spans()
+    failed, refused = by_name(spans, "POST /v1/functions/{name}/invoke")
+    assert failed.status.status_code is StatusCode.ERROR
+    (event,) = [e for e in failed.events if e.name == "exception"]
+    assert "the model broke" in str((event.attributes or {})["exception.message"])
+    assert (failed.attributes or {})["http.response.status_code"] == 500
+    (batch,) = by_name(spans, "batch echo")
+    assert batch.status.status_code is StatusCode.ERROR
+    assert any(e.name == "exception" for e in batch.events)
+    # a client error is not the server's fault: no error status, but its type is noted
+    assert refused.status.status_code is StatusCode.UNSET
+    assert (refused.attributes or {})["error.type"] == "InvalidInput"
+
+
+def test_oip_infer_is_traced_too(traced: tuple[LiveServer, InMemorySpanExporter]) -> None:
+    server, exporter = traced
+    body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": X[0]}]}
+    with server.client() as c:
+        assert c.post("/v2/models/echo/infer", json=body).status_code == 200
+    wait_until(lambda: bool(by_name(exporter.get_finished_spans(), "POST /v2/models/{name}/infer")))
