@@ -126,9 +126,7 @@ def test_serve_and_invoke_export_one_trace_over_otlp(
             for k, v in client_env.items():
                 mp.setenv(k, v)
             assert (
-                main(
-                    ["invoke", "echo", "--json", '{"x": [[1, 2, 3, 4]]}', "-v"] + ["--server", url]
-                )
+                main(["invoke", "echo", "--json", '{"x": [[1, 2, 3, 4]]}', "-v", "--server", url])
                 == 0
             )
         trace_id = capsys.readouterr().err.split("trace ")[-1].strip()
