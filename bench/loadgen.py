@@ -11,6 +11,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,13 +115,13 @@ def median(results: list[Result]) -> Result:
 
 
 def start_fnrt(
-    store: str, cache_dir: Path, env: dict[str, str], *extra: str
+    store: str, cache_dir: Path, env: dict[str, str], *extra: str, stderr: Any = None
 ) -> tuple[str, subprocess.Popen[bytes]]:
     """``fnrt serve`` on a free port; its URL and process, once it answers."""
     port = free_port()
     argv = [str(BIN / "fnrt"), "serve", "--port", str(port), "--store", store]
     argv += ["--cache-dir", str(cache_dir), "--log-level", "warning", *extra]
-    proc = subprocess.Popen(argv, env=env)
+    proc = subprocess.Popen(argv, env=env, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     wait_ready(f"{url}/healthz", proc)
     return url, proc

@@ -23,19 +23,14 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):  # structured lines (the request log) carry their fields
-            entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(entry).decode()
 
 
-def configure_logging(
-    level: str = "info", *, json_lines: bool = False, request_log: bool = False
-) -> None:
-    """Send fnrt's logs to stderr at ``level``; with ``request_log``, one JSON line per
-    request too (logger ``fnrt.access``, at info whatever ``level`` says)."""
+def configure_logging(level: str = "info", *, json_lines: bool = False) -> None:
+    """Send fnrt's logs to stderr at ``level`` (the request log has its own writer:
+    :mod:`fnrt.tracing.access`)."""
     handler = logging.StreamHandler(sys.stderr)
     if json_lines:
         handler.setFormatter(JsonFormatter())
@@ -45,13 +40,3 @@ def configure_logging(
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
-    access = logging.getLogger("fnrt.access")
-    access.propagate = False
-    if request_log:
-        lines = logging.StreamHandler(sys.stderr)
-        lines.setFormatter(JsonFormatter())
-        access.handlers[:] = [lines]
-        access.setLevel(logging.INFO)
-    else:
-        access.handlers[:] = []
-        access.setLevel(logging.WARNING)

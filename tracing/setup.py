@@ -1,8 +1,9 @@
 """OpenTelemetry set-up from the standard ``OTEL_*`` variables (and ``--trace`` flags).
 
-Nothing here runs on import, and nothing is set globally: :func:`tracer_provider`
-returns a provider that the server (or a test, with its own in-memory
-exporter) passes where spans are made.
+Nothing here runs on import, and nothing is set globally: :func:`build_tracer`
+returns a tracer that the server (or a test, with its own in-memory
+exporter) passes where spans are made. Spans are fnrt's lean records
+(:mod:`fnrt.tracing.recorder`) exported as OTLP over HTTP/protobuf.
 
 Unlike the OpenTelemetry default (``otlp``), fnrt exports nothing unless
 asked: ``OTEL_TRACES_EXPORTER`` (or ``fnrt serve --trace``) set to ``otlp``
@@ -17,12 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SpanExporter
-    from opentelemetry.sdk.trace.sampling import Sampler
+    from fnrt.tracing.export import SpanExporter
+    from fnrt.tracing.recorder import Tracer
 
 EXPORTERS = ("none", "console", "otlp")
-PROTOCOLS = ("http/protobuf", "grpc")
+PROTOCOLS = ("http/protobuf",)
+DEFAULT_OTLP_ENDPOINT = "http://localhost:4318"
 SAMPLERS = (
     "always_on",
     "always_off",
@@ -88,87 +89,45 @@ def trace_config_from_env(env: Mapping[str, str]) -> dict[str, object]:
     return found
 
 
-def sampler(config: TraceConfig) -> Sampler:
-    from opentelemetry.sdk.trace import sampling
-
-    name, ratio = config.sampler, config.sampler_ratio
-    if name == "always_on":
-        return sampling.ALWAYS_ON
-    if name == "always_off":
-        return sampling.ALWAYS_OFF
-    if name == "traceidratio":
-        return sampling.TraceIdRatioBased(ratio)
-    if name == "parentbased_always_off":
-        return sampling.ParentBased(sampling.ALWAYS_OFF)
-    if name == "parentbased_traceidratio":
-        return sampling.ParentBased(sampling.TraceIdRatioBased(ratio))
-    return sampling.ParentBased(sampling.ALWAYS_ON)
-
-
-def _exporter(config: TraceConfig) -> SpanExporter:
-    if config.exporter == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter(service_name=config.service_name)
-    if config.protocol == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GrpcExporter,
-            )
-        except ImportError:
-            raise ValueError(
-                "protocol grpc needs opentelemetry-exporter-otlp-proto-grpc installed; "
-                "or use http/protobuf"
-            ) from None
-        grpc: SpanExporter = (
-            GrpcExporter(endpoint=config.endpoint) if config.endpoint else GrpcExporter()
-        )
-        return grpc
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    if config.endpoint is None:
-        return OTLPSpanExporter()
-    endpoint = config.endpoint.rstrip("/")
-    if not endpoint.endswith("/v1/traces"):  # the variable names the collector, not the path
-        endpoint += "/v1/traces"
-    return OTLPSpanExporter(endpoint=endpoint)
-
-
-def tracer_provider(
+def build_tracer(
     config: TraceConfig, exporter: SpanExporter | None = None, *, batch: bool = True
-) -> TracerProvider | None:
-    """A provider exporting to ``exporter`` (or the one ``config`` names); None when off.
+) -> Tracer | None:
+    """A tracer exporting to ``exporter`` (or the one ``config`` names); None when off.
 
-    Spans leave through a batching processor (off the request path) unless
-    ``batch`` is False (tests read them at once).
+    Spans leave through a background batch (off the request path) unless
+    ``batch`` is False (tests read them as soon as they end).
     """
     if exporter is None and not config.enabled:
         return None
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from fnrt.tracing.export import BatchExporter
+    from fnrt.tracing.recorder import Tracer
 
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": config.service_name}),
-        sampler=sampler(config),
-    )
     chosen = exporter or _exporter(config)
-    provider.add_span_processor(
-        BatchSpanProcessor(chosen) if batch else SimpleSpanProcessor(chosen)
-    )
-    return provider
+    if not batch:
+        return Tracer(config, lambda span: chosen.export([span]), chosen.shutdown)
+    batcher = BatchExporter(chosen)
+    return Tracer(config, batcher.add, batcher.shutdown)
 
 
-def client_provider(config: TraceConfig) -> TracerProvider:
-    """A provider for a client (``fnrt invoke``, the edge client): it exports as
-    ``config`` says, and otherwise still makes real trace ids, so the server's
-    spans share the client's trace id."""
-    provider = tracer_provider(config)
-    if provider is not None:
-        return provider
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+def client_tracer(config: TraceConfig) -> Tracer:
+    """A tracer for a client (``fnrt invoke``, the edge client): it exports as ``config``
+    says, and otherwise still makes real trace ids, so the server's spans share the
+    client's trace id."""
+    from fnrt.tracing.recorder import Tracer
 
-    return TracerProvider(
-        resource=Resource.create({"service.name": config.service_name}), sampler=sampler(config)
+    return build_tracer(config) or Tracer(config, lambda span: None)
+
+
+def _exporter(config: TraceConfig) -> SpanExporter:
+    from fnrt.tracing.export import ConsoleExporter, OtlpHttpExporter
+
+    if config.exporter == "console":
+        return ConsoleExporter()
+    if config.protocol != "http/protobuf":
+        raise ValueError(
+            f"protocol: fnrt exports OTLP over http/protobuf, not {config.protocol} "
+            "(every OpenTelemetry collector takes it on port 4318)"
+        )
+    return OtlpHttpExporter(
+        config.endpoint or DEFAULT_OTLP_ENDPOINT, {"service.name": config.service_name}
     )

@@ -11,28 +11,26 @@ off every method is a ``None`` check, so the request path pays nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import Span, Tracer
+from fnrt.tracing.recorder import (
+    Span,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    Tracer,
+    format_traceparent,
+    parse_traceparent,
+)
 
 TRACERESPONSE = "traceresponse"
 
 
 class Tracing:
-    """Makes fnrt's spans on a given provider (None: tracing off)."""
+    """Makes fnrt's spans with a given tracer (None: tracing off)."""
 
-    def __init__(self, provider: TracerProvider | None = None) -> None:
-        self.provider = provider
-        self.tracer: Tracer | None = None
-        if provider is not None:
-            from opentelemetry.trace.propagation.tracecontext import (
-                TraceContextTextMapPropagator,
-            )
-
-            self.tracer = provider.get_tracer("fnrt")
-            self._propagator = TraceContextTextMapPropagator()
+    def __init__(self, tracer: Tracer | None = None) -> None:
+        self.tracer = tracer
 
     @property
     def enabled(self) -> bool:
@@ -44,9 +42,7 @@ class Tracing:
         """The span of one HTTP request, continuing the caller's trace when it sent one."""
         if self.tracer is None:
             return None
-        from opentelemetry.trace import SpanKind
-
-        parent = self._propagator.extract(headers) if "traceparent" in headers else None
+        parent = parse_traceparent(headers.get("traceparent"), headers.get("tracestate"))
         attributes: dict[str, Any] = {
             "http.request.method": method,
             "http.route": route,
@@ -56,47 +52,47 @@ class Tracing:
         agent = headers.get("user-agent")
         if agent:
             attributes["user_agent.original"] = agent
-        return self.tracer.start_span(
-            f"{method} {route}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+        return self.tracer.start(
+            f"{method} {route}", parent, kind=SpanKind.SERVER, attributes=attributes
         )
+
+    def start(self, name: str, *, kind: SpanKind = SpanKind.INTERNAL) -> Span | None:
+        """A span that begins a trace (a client's call)."""
+        if self.tracer is None:
+            return None
+        return self.tracer.start(name, kind=kind)
 
     def child(
         self,
         parent: Span | None,
         name: str,
-        attributes: Mapping[str, Any] | None = None,
+        attributes: dict[str, Any] | None = None,
         *,
         start_ns: int | None = None,
         end_ns: int | None = None,
     ) -> Span | None:
-        """A child of ``parent``; ended at ``end_ns`` when given (spans made after the fact)."""
-        if self.tracer is None or parent is None:
+        """A child of ``parent`` when it is recorded; ended at ``end_ns`` when given
+        (spans made after the fact)."""
+        if self.tracer is None or parent is None or not parent.recording:
             return None
-        from opentelemetry.trace import set_span_in_context
-
-        span = self.tracer.start_span(
-            name,
-            context=set_span_in_context(parent),
-            attributes=dict(attributes or {}),
-            start_time=start_ns,
-        )
+        span = self.tracer.start(name, parent.context, attributes=attributes, start_ns=start_ns)
         if end_ns is not None:
-            span.end(end_time=end_ns)
+            span.end(end_ns)
         return span
 
     def batch_span(
         self, function: str, version: str, requests: Iterable[Span | None], start_ns: int
     ) -> Span | None:
-        """One batch's span, linked to the span of every request it served."""
+        """One batch's span, linked to the span of every recorded request it served."""
         if self.tracer is None:
             return None
-        from opentelemetry.trace import Link
-
-        links = [Link(s.get_span_context()) for s in requests if s is not None]
-        return self.tracer.start_span(
+        links = [s.context for s in requests if s is not None and s.recording]
+        if not links:
+            return None
+        return self.tracer.start(
             f"batch {function}",
             links=links,
-            start_time=start_ns,
+            start_ns=start_ns,
             attributes={
                 "fnrt.function": function,
                 "fnrt.version": version,
@@ -104,56 +100,49 @@ class Tracing:
             },
         )
 
-    def inject(self, span: Span | None, headers: MutableMapping[str, str]) -> None:
-        """Write ``span``'s context as ``traceparent`` (and ``tracestate``) into ``headers``."""
-        if self.tracer is None or span is None:
-            return
-        from opentelemetry.trace import set_span_in_context
+    def shutdown(self) -> None:
+        if self.tracer is not None:
+            self.tracer.shutdown()
 
-        self._propagator.inject(headers, context=set_span_in_context(span))
+
+def inject(span: Span | None, headers: MutableMapping[str, str]) -> None:
+    """Write ``span``'s context as ``traceparent`` (and ``tracestate``) into ``headers``."""
+    if span is None:
+        return
+    headers["traceparent"] = format_traceparent(span.context)
+    if span.context.trace_state:
+        headers["tracestate"] = span.context.trace_state
 
 
 def fail(span: Span | None, error: BaseException, *, server_fault: bool = True) -> None:
     """Record ``error`` on ``span``; status ERROR when it was the server's fault (5xx)."""
     if span is None:
         return
-    from opentelemetry.trace import Status, StatusCode
-
     span.set_attribute("error.type", type(error).__name__)
     if server_fault:
         span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, str(error)))
+        span.set_status(StatusCode.ERROR, str(error))
 
 
 def finish_server_span(span: Span | None, status: int, attributes: Mapping[str, Any]) -> None:
     """Set the response status (5xx marks the span an error) and end it."""
     if span is None:
         return
-    from opentelemetry.trace import Status, StatusCode
-
-    span.set_attribute("http.response.status_code", status)
-    for key, value in attributes.items():
-        span.set_attribute(key, value)
-    if status >= 500:  # an error recorded earlier keeps its description
-        span.set_status(Status(StatusCode.ERROR))
+    span.attributes["http.response.status_code"] = status
+    span.attributes.update(attributes)
+    if status >= 500 and span.status is not StatusCode.ERROR:
+        span.set_status(StatusCode.ERROR)
     span.end()
 
 
 def traceresponse(span: Span | None) -> str | None:
     """The W3C ``traceresponse`` header value naming ``span``."""
-    if span is None:
-        return None
-    context = span.get_span_context()
-    if not context.is_valid:
-        return None
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+    return format_traceparent(span.context) if span is not None else None
 
 
 def ids(span: Span | None) -> tuple[str, str] | None:
     """``(trace_id, span_id)`` in hex, for logs."""
     if span is None:
         return None
-    context = span.get_span_context()
-    if not context.is_valid:
-        return None
+    context: SpanContext = span.context
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"

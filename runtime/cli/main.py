@@ -101,9 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         trace["sampler"] = "parentbased_traceidratio"
     found["trace"] = TraceConfig(**trace)  # type: ignore[arg-type]
     settings = ServerSettings(**found)  # type: ignore[arg-type]
-    configure_logging(
-        settings.log_level, json_lines=settings.log_json, request_log=settings.request_log
-    )
+    configure_logging(settings.log_level, json_lines=settings.log_json)
     if settings.admin_open and not _is_loopback(settings.host):
         print(
             f"warning: admin routes are open to anyone who reaches {settings.host}; "
@@ -231,18 +229,15 @@ def _read_inputs(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_invoke(args: argparse.Namespace) -> int:
     inputs = _read_inputs(args)
     fmt = Format.MSGPACK if args.format == "msgpack" else Format.JSON
-    from opentelemetry.trace import SpanKind
-
-    from fnrt.tracing.setup import client_provider
-    from fnrt.tracing.spans import Tracing, fail, ids
+    from fnrt.tracing.recorder import SpanKind
+    from fnrt.tracing.setup import client_tracer
+    from fnrt.tracing.spans import Tracing, fail, ids, inject
 
     config = {"service_name": "fnrt-cli", **env_trace_settings()}
-    provider = client_provider(TraceConfig(**config))  # type: ignore[arg-type]
-    tracing = Tracing(provider)
-    assert tracing.tracer is not None
-    span = tracing.tracer.start_span(f"fnrt invoke {args.name}", kind=SpanKind.CLIENT)
+    tracing = Tracing(client_tracer(TraceConfig(**config)))  # type: ignore[arg-type]
+    span = tracing.start(f"fnrt invoke {args.name}", kind=SpanKind.CLIENT)
     trace_headers: dict[str, str] = {}
-    tracing.inject(span, trace_headers)
+    inject(span, trace_headers)
     try:
         with _client(args) as client:
             outputs, headers = client.invoke(args.name, inputs, fmt, trace_headers)
@@ -250,8 +245,9 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         fail(span, exc)
         raise
     finally:
-        span.end()
-        provider.shutdown()
+        if span is not None:
+            span.end()
+        tracing.shutdown()
     if args.output:
         save: Any = np.savez  # numpy's stub types **kwds as bool
         save(args.output, **{k: np.asarray(v) for k, v in outputs.items()})

@@ -31,8 +31,9 @@ from fnrt.runtime.http.problems import (
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.settings import ServerSettings
+from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
-from fnrt.tracing.setup import tracer_provider
+from fnrt.tracing.setup import build_tracer
 from fnrt.tracing.spans import Tracing
 from fnrt.tracing.telemetry import Telemetry
 
@@ -97,9 +98,9 @@ class FnrtApp(Starlette):
 def build_telemetry(settings: ServerSettings) -> Telemetry:
     """Spans as ``settings.trace`` says, metrics, and the request log."""
     return Telemetry(
-        Tracing(tracer_provider(settings.trace)),
+        Tracing(build_tracer(settings.trace)),
         Metrics(),
-        request_log=settings.request_log,
+        AccessLog() if settings.request_log else None,
     )
 
 
@@ -128,8 +129,7 @@ def build_app(
         finally:
             app.state.started = False
             await registry.close()
-            if telemetry.tracing.provider is not None:
-                telemetry.tracing.provider.shutdown()  # flush the spans still batched
+            telemetry.close()  # export the spans and log lines still buffered
 
     app = FnrtApp(
         routes=[

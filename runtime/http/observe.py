@@ -3,12 +3,11 @@
 Invokes and infers are served as raw ASGI (see :mod:`fnrt.runtime.http.invoke`),
 so they report here rather than through middleware: :func:`begin` opens the
 request's span, :func:`end` closes it and records the request's metrics and
-its JSON log line (``fnrt.access``).
+its JSON line in the request log.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -16,8 +15,6 @@ from typing import Any
 
 from fnrt.tracing.spans import finish_server_span, ids
 from fnrt.tracing.telemetry import Telemetry
-
-access_log = logging.getLogger("fnrt.access")
 
 
 @dataclass
@@ -57,7 +54,7 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
         if trail.cold_tier is not None:
             attributes["fnrt.cold_start"] = trail.cold_tier
         finish_server_span(trail.span, status, attributes)
-    if telemetry.request_log:
+    if telemetry.access is not None:
         fields: dict[str, Any] = {
             "route": trail.route,
             "function": trail.function,
@@ -70,4 +67,4 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
         found = ids(trail.span)
         if found is not None:
             fields["trace_id"], fields["span_id"] = found
-        access_log.info("request", extra={"fields": fields})
+        telemetry.access.write(fields)

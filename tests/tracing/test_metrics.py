@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import itertools
-import logging
 from pathlib import Path
 
-import pytest
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from fnrt.runtime.http.app import build_app
 from fnrt.runtime.settings import ServerSettings
+from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.spans import Tracing
 from fnrt.tracing.telemetry import Telemetry
@@ -27,10 +28,9 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def test_metrics_count_requests_batches_and_cold_starts(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    telemetry = Telemetry(Tracing(), Metrics(gpu=False), request_log=True)
+def test_metrics_count_requests_batches_and_cold_starts(tmp_path: Path) -> None:
+    log = io.BytesIO()
+    telemetry = Telemetry(Tracing(), Metrics(gpu=False), AccessLog(log, interval_s=3600))
     settings = ServerSettings(
         store=str(tmp_path / "store"), cache_dir=tmp_path / "cache", sweep_interval_s=3600
     )
@@ -39,7 +39,7 @@ def test_metrics_count_requests_batches_and_cold_starts(
     try:
         folder = write_function(tmp_path / "src", "echo")
         version = server.call(registry.deploy(publish(registry.repository, folder))).version
-        with server.client() as c, caplog.at_level(logging.INFO, logger="fnrt.access"):
+        with server.client() as c:
             for _ in range(5):
                 assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200
             assert c.post("/v1/functions/echo/invoke", json={"x": [[1]]}).status_code == 422
@@ -75,9 +75,12 @@ def test_metrics_count_requests_batches_and_cold_starts(
     assert value("fnrt_warm_instances", function="echo", version=version) == 1
     assert value("fnrt_queue_depth", function="echo", version=version) == 0
     assert value("process_resident_memory_bytes") > 0
-    lines = [r for r in caplog.records if r.name == "fnrt.access"]
+    assert telemetry.access is not None
+    telemetry.access.flush()
+    lines = [orjson.loads(line) for line in log.getvalue().splitlines()]
     assert len(lines) == 7
-    fields = lines[0].fields  # type: ignore[attr-defined]
+    fields = lines[0]
+    assert fields["logger"] == "fnrt.access" and fields["ts"].endswith("Z")
     assert fields["function"] == "echo" and fields["status"] == 200
     assert fields["route"] == "/v1/functions/{name}/invoke" and fields["duration_ms"] > 0
     assert "cold_start" in fields and "trace_id" not in fields  # tracing is off here

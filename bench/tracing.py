@@ -1,0 +1,122 @@
+"""What telemetry costs: throughput with tracing off, on at 10% and on at 100%.
+
+    python bench/tracing.py [--connections 32] [--duration-s 6] [--rounds 3]
+
+Four ``fnrt serve`` processes serve ``examples/mlp``, differing only in
+telemetry: ``off`` (metrics and the request log, no spans: the baseline),
+``10%`` and ``100%`` (``--trace otlp --trace-sample``, exporting to an OTLP
+collector on 127.0.0.1 that accepts and drops what it gets), and
+``no-log`` (``--no-request-log``, to show what the per-request JSON line
+costs). ``wrk`` loads each in turn, in interleaved rounds; each figure is the
+median round, and ratios are against ``off`` in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import msgpack
+import msgpack_numpy
+import numpy as np
+from loadgen import Result, copy_mlp, deploy, median, require_wrk, start_fnrt, write_script, wrk
+
+SINK = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+BASELINE = "off"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--duration-s", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    require_wrk()
+
+    work = Path(tempfile.mkdtemp(prefix="fnrt-bench-tracing-"))
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    procs: list[subprocess.Popen[bytes]] = []
+    sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout is not None
+        collector = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
+        example, _ = copy_mlp(work)
+        variants = {
+            "off": [],
+            "10%": ["--trace", "otlp", "--trace-endpoint", collector, "--trace-sample", "0.1"],
+            "100%": ["--trace", "otlp", "--trace-endpoint", collector, "--trace-sample", "1.0"],
+            "no-log": ["--no-request-log"],
+        }
+        x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+        body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
+        script = write_script(work, "invoke", "application/msgpack", body)
+        urls = {}
+        for i, (name, extra) in enumerate(variants.items()):
+            store = work / f"store-{i}"
+            with open(work / f"{i}.log", "wb") as logs:  # the request log goes here
+                server, proc = start_fnrt(str(store), work / f"cache-{i}", env, *extra, stderr=logs)
+            procs.append(proc)
+            deploy(server, example)
+            urls[name] = f"{server}/v1/functions/mlp/invoke"
+            wrk(urls[name], script, args.connections, 1)  # warm up
+
+        results: dict[str, list[Result]] = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, url in urls.items():
+                results[name].append(wrk(url, script, args.connections, args.duration_s))
+
+        print(
+            f"\nmlp example, {args.connections} connections, "
+            f"{args.duration_s}s x {args.rounds} rounds (median round)\n"
+        )
+        print(
+            f"{'telemetry':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} "
+            f"{'vs off':>7}"
+        )
+        base = median(results[BASELINE]).rps
+        for name, rounds in results.items():
+            r = median(rounds)
+            print(
+                f"{name:<10} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>8} "
+                f"{r.rps / base:>6.2f}x"
+            )
+        print()
+        for name in results:
+            per_round = [
+                round(a.rps / b.rps, 2)
+                for a, b in zip(results[name], results[BASELINE], strict=True)
+            ]
+            print(f"{name} / {BASELINE} requests/s per round: {per_round}")
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+        sink.terminate()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The request log: one JSON line per request, written off the request path.
+
+Going through :mod:`logging` cost ~21 µs a line (a record, a lock, a
+formatter, a write and a flush each), a third of the throughput of a small
+model. Here a line is an ``orjson`` dump appended to a queue; a thread
+writes what piled up every ``interval_s``. Lines have the shape of the JSON
+logs (``ts``, ``level``, ``logger``, ``message``) plus the request's fields.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, BinaryIO
+
+import orjson
+
+
+class AccessLog:
+    """Buffered JSON lines to ``stream`` (stderr by default)."""
+
+    def __init__(self, stream: BinaryIO | None = None, interval_s: float = 0.2) -> None:
+        self.stream = stream if stream is not None else sys.stderr.buffer
+        self.interval_s = interval_s
+        self._lines: deque[bytes] = deque()
+        self._second = -1
+        self._stamp = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fnrt-access-log", daemon=True)
+        self._thread.start()
+
+    def write(self, fields: dict[str, Any]) -> None:
+        """Queue one request's line (the request path: a dump and an append)."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:  # strftime once a second, not once a line
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        line = {
+            "ts": f"{self._stamp}.{int((now - second) * 1000):03d}Z",
+            "level": "info",
+            "logger": "fnrt.access",
+            "message": "request",
+            **fields,
+        }
+        self._lines.append(orjson.dumps(line))
+
+    def flush(self) -> None:
+        lines = self._lines
+        if not lines:
+            return
+        chunk = [lines.popleft() for _ in range(len(lines))]
+        try:
+            self.stream.write(b"\n".join(chunk) + b"\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # stderr closed at exit: nothing left to tell
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.flush()

@@ -1,0 +1,169 @@
+"""Where ended spans go: batched off the request path to OTLP, the console, or memory.
+
+:class:`BatchExporter` takes spans with a list append (safe from any thread
+under the GIL) and ships them from its own thread every ``interval_s`` or
+when ``batch_size`` pile up; past ``max_queued`` it drops and counts, so a
+collector that is down never grows the server's memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TextIO
+
+import orjson
+
+from fnrt.tracing.otlp import encode_request
+from fnrt.tracing.recorder import Span
+
+log = logging.getLogger("fnrt.tracing")
+
+
+class SpanExporter(Protocol):
+    def export(self, spans: Sequence[Span]) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class OtlpHttpExporter:
+    """``POST {endpoint}/v1/traces`` with OTLP protobuf bodies."""
+
+    def __init__(self, endpoint: str, resource: Mapping[str, Any], timeout_s: float = 10.0) -> None:
+        endpoint = endpoint.rstrip("/")
+        if not endpoint.endswith("/v1/traces"):  # the variable names the collector, not the path
+            endpoint += "/v1/traces"
+        self.endpoint = endpoint
+        self.resource = dict(resource)
+        self.timeout_s = timeout_s
+        self.failures = 0
+
+    def export(self, spans: Sequence[Span]) -> None:
+        request = urllib.request.Request(
+            self.endpoint,
+            data=encode_request(spans, self.resource),
+            headers={"Content-Type": "application/x-protobuf"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                response.read()
+        except (OSError, urllib.error.URLError) as exc:
+            self.failures += 1
+            if self.failures in (1, 10, 100) or self.failures % 1000 == 0:
+                log.warning("exporting %d spans to %s failed: %s", len(spans), self.endpoint, exc)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def span_dict(span: Span) -> dict[str, Any]:
+    """A span as plain data (the console exporter's lines, and handy in tests)."""
+    return {
+        "name": span.name,
+        "trace_id": f"{span.context.trace_id:032x}",
+        "span_id": f"{span.context.span_id:016x}",
+        "parent_id": f"{span.parent.span_id:016x}" if span.parent is not None else None,
+        "kind": span.kind.name.lower(),
+        "start_ns": span.start_ns,
+        "duration_ms": round((span.end_ns - span.start_ns) / 1e6, 3),
+        "attributes": span.attributes,
+        "links": [f"{link.span_id:016x}" for link in span.links],
+        "events": [{"name": n, "attributes": a} for n, _, a in span.events],
+        "status": span.status.name.lower(),
+    }
+
+
+class ConsoleExporter:
+    """One JSON line per span on stdout."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+
+    def export(self, spans: Sequence[Span]) -> None:
+        for span in spans:
+            self.stream.write(orjson.dumps(span_dict(span), default=str).decode() + "\n")
+        self.stream.flush()
+
+    def shutdown(self) -> None:
+        pass
+
+
+class MemoryExporter:
+    """Keeps every span (tests read them)."""
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+
+    def export(self, spans: Sequence[Span]) -> None:
+        self.spans.extend(spans)
+
+    def shutdown(self) -> None:
+        pass
+
+    def named(self, name: str) -> list[Span]:
+        return [s for s in self.spans if s.name == name]
+
+    def clear(self) -> None:
+        self.spans.clear()
+
+
+class BatchExporter:
+    """Collects ended spans and hands them to ``exporter`` from a background thread."""
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        interval_s: float = 0.5,
+        batch_size: int = 512,
+        max_queued: int = 65_536,
+    ) -> None:
+        self.exporter = exporter
+        self.interval_s = interval_s
+        self.batch_size = batch_size
+        self.max_queued = max_queued
+        self.dropped = 0
+        self._pending: deque[Span] = deque()  # append and popleft are atomic
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="fnrt-span-export", daemon=True)
+        self._thread.start()
+
+    def add(self, span: Span) -> None:
+        """Take one ended span (the request path: an append)."""
+        pending = self._pending
+        if len(pending) >= self.max_queued:
+            self.dropped += 1
+            return
+        pending.append(span)
+        if len(pending) == self.batch_size:
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Export everything taken so far, now (on the calling thread)."""
+        pending = self._pending
+        while pending:
+            batch = [pending.popleft() for _ in range(min(len(pending), self.batch_size))]
+            try:
+                self.exporter.export(batch)
+            except Exception:
+                log.exception("span export failed")
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            self.flush()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(10)
+        self.flush()
+        self.exporter.shutdown()
