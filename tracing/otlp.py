@@ -19,10 +19,11 @@ _FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
 _FIXED32 = struct.Struct("<I")
 _CACHE_LIMIT = 8192
-_kv_cache: dict[tuple[str, Any], bytes] = {}
+_kv_cache: dict[tuple[int, str, type, Any], bytes] = {}
+_CACHED_TYPES = (str, bool, int)
 
 
-def _varint(value: int) -> bytes:
+def _encode_varint(value: int) -> bytes:
     value &= 0xFFFFFFFFFFFFFFFF  # int64 negatives go as their two's complement
     out = bytearray()
     while value > 0x7F:
@@ -32,9 +33,16 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+_SMALL = [_encode_varint(i) for i in range(1 << 14)]  # every length and tag here
+
+
+def _varint(value: int) -> bytes:
+    return _SMALL[value] if 0 <= value < 16384 else _encode_varint(value)
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return _SMALL[number << 3 | 2] + _varint(len(payload)) + payload
 
 
 def _any_value(value: Any) -> bytes:
@@ -51,19 +59,23 @@ def _any_value(value: Any) -> bytes:
 
 def key_value(key: str, value: Any) -> bytes:
     """One ``KeyValue`` message (without its enclosing field header)."""
-    cacheable = isinstance(value, str | bool) or (isinstance(value, int) and -1 < value < 1024)
-    if cacheable:
-        cached = _kv_cache.get((key, value))
-        if cached is not None:
-            return cached
-    encoded = _field(1, key.encode()) + _field(2, _any_value(value))
-    if cacheable and len(_kv_cache) < _CACHE_LIMIT:
-        _kv_cache[(key, value)] = encoded
+    return _field(1, key.encode()) + _field(2, _any_value(value))
+
+
+def _attribute(number: int, key: str, value: Any) -> bytes:
+    """A ``KeyValue`` as field ``number``; repeated strings and small ints come from a cache."""
+    kind = type(value)
+    cached = _kv_cache.get((number, key, kind, value))  # the type: 1 == 1.0 == True as keys
+    if cached is not None:
+        return cached
+    encoded = _field(number, key_value(key, value))
+    if kind in _CACHED_TYPES and len(_kv_cache) < _CACHE_LIMIT:
+        _kv_cache[(number, key, kind, value)] = encoded
     return encoded
 
 
 def _attributes(number: int, attributes: Mapping[str, Any]) -> bytes:
-    return b"".join(_field(number, key_value(k, v)) for k, v in attributes.items())
+    return b"".join([_attribute(number, k, v) for k, v in attributes.items()])
 
 
 def _trace_id(context: SpanContext) -> bytes:
@@ -74,30 +86,36 @@ def _span_id(context: SpanContext) -> bytes:
     return context.span_id.to_bytes(8, "big")
 
 
+_name_cache: dict[str, bytes] = {}
+_KIND = [b"\x30" + bytes([k]) for k in range(6)]
+_Q = _FIXED64.pack
+_I = _FIXED32.pack
+
+
 def encode_span(span: Span) -> bytes:
     """One ``Span`` message."""
     context = span.context
-    parts = [
-        b"\x0a\x10" + _trace_id(context),
-        b"\x12\x08" + _span_id(context),
-    ]
+    trace_id = context.trace_id.to_bytes(16, "big")
+    parts = [b"\x0a\x10", trace_id, b"\x12\x08", context.span_id.to_bytes(8, "big")]
     if context.trace_state:
         parts.append(_field(3, context.trace_state.encode()))
-    if span.parent is not None:
-        parts.append(b"\x22\x08" + _span_id(span.parent))
-    parts += [
-        _field(5, span.name.encode()),
-        b"\x30" + _varint(int(span.kind)),
-        b"\x39" + _FIXED64.pack(span.start_ns),
-        b"\x41" + _FIXED64.pack(span.end_ns),
-        _attributes(9, span.attributes),
-    ]
-    for name, at_ns, attributes in span.events:
-        event = b"\x09" + _FIXED64.pack(at_ns) + _field(2, name.encode())
+    parent = span.parent
+    if parent is not None:
+        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+    name = _name_cache.get(span.name)
+    if name is None:
+        name = _field(5, span.name.encode())
+        if len(_name_cache) < _CACHE_LIMIT:
+            _name_cache[span.name] = name
+    parts += (name, _KIND[span.kind], b"\x39", _Q(span.start_ns), b"\x41", _Q(span.end_ns))
+    for key, value in span.attributes.items():
+        parts.append(_attribute(9, key, value))
+    for event_name, at_ns, attributes in span.events:
+        event = b"\x09" + _Q(at_ns) + _field(2, event_name.encode())
         parts.append(_field(11, event + _attributes(3, attributes)))
     for link in span.links:
         body = b"\x0a\x10" + _trace_id(link) + b"\x12\x08" + _span_id(link)
-        parts.append(_field(13, body + b"\x35" + _FIXED32.pack(0x100 | link.flags)))
+        parts.append(_field(13, body + b"\x35" + _I(0x100 | link.flags)))
     if span.status is not StatusCode.UNSET:
         status = b""
         if span.status_message:
@@ -105,8 +123,8 @@ def encode_span(span: Span) -> bytes:
         status += b"\x18" + _varint(int(span.status))
         parts.append(_field(15, status))
     # flags: the sampled bit, and whether the parent was remote (0x100 known, 0x200 remote)
-    remote = 0x100 | (0x200 if span.parent is not None and span.parent.remote else 0)
-    parts.append(b"\x85\x01" + _FIXED32.pack(remote | context.flags))
+    remote = 0x300 if parent is not None and parent.remote else 0x100
+    parts += (b"\x85\x01", _I(remote | context.flags))
     return b"".join(parts)
 
 

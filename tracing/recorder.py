@@ -15,9 +15,8 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from fnrt.tracing.setup import TraceConfig
 
@@ -36,8 +35,7 @@ class StatusCode(IntEnum):
     ERROR = 2
 
 
-@dataclass(frozen=True)
-class SpanContext:
+class SpanContext(NamedTuple):
     """The identity of a span as propagated: ids, sampled flag, vendor state."""
 
     trace_id: int
@@ -154,6 +152,9 @@ def format_traceparent(context: SpanContext) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.flags:02x}"
 
 
+_context = tuple.__new__  # a SpanContext without NamedTuple's keyword handling (hot path)
+
+
 class Sampler:
     """OpenTelemetry's samplers: always on/off, trace-id ratio, each optionally parent-based."""
 
@@ -210,15 +211,18 @@ class Tracer:
             state = ""
         else:
             trace_id, state = parent.trace_id, parent.trace_state
-            sampled = self.sampler.sampled(trace_id, parent)
-        context = SpanContext(trace_id, self._bits(64) or 1, sampled, state)
+            sampled = (
+                parent.sampled
+                if self.sampler.parent_based
+                else self.sampler.sampled(trace_id, parent)
+            )
         return Span(
             name,
-            context,
+            _context(SpanContext, (trace_id, self._bits(64) or 1, sampled, state, False)),
             parent,
             kind,
             start_ns or time.time_ns(),
-            attributes if attributes is not None else {},
-            links or [],
+            {} if attributes is None else attributes,
+            [] if links is None else links,
             self._sink if sampled else None,
         )

@@ -43,18 +43,17 @@ class Tracing:
         if self.tracer is None:
             return None
         parent = parse_traceparent(headers.get("traceparent"), headers.get("tracestate"))
-        attributes: dict[str, Any] = {
-            "http.request.method": method,
-            "http.route": route,
-            "url.path": path,
-            "url.scheme": "http",
-        }
-        agent = headers.get("user-agent")
-        if agent:
-            attributes["user_agent.original"] = agent
-        return self.tracer.start(
-            f"{method} {route}", parent, kind=SpanKind.SERVER, attributes=attributes
-        )
+        span = self.tracer.start(f"{method} {route}", parent, kind=SpanKind.SERVER)
+        if span.recording:  # an unsampled span only carries ids (for traceresponse)
+            attributes = span.attributes
+            attributes["http.request.method"] = method
+            attributes["http.route"] = route
+            attributes["url.path"] = path
+            attributes["url.scheme"] = "http"
+            agent = headers.get("user-agent")
+            if agent:
+                attributes["user_agent.original"] = agent
+        return span
 
     def start(self, name: str, *, kind: SpanKind = SpanKind.INTERNAL) -> Span | None:
         """A span that begins a trace (a client's call)."""
@@ -73,7 +72,7 @@ class Tracing:
     ) -> Span | None:
         """A child of ``parent`` when it is recorded; ended at ``end_ns`` when given
         (spans made after the fact)."""
-        if self.tracer is None or parent is None or not parent.recording:
+        if parent is None or self.tracer is None or not parent.recording:
             return None
         span = self.tracer.start(name, parent.context, attributes=attributes, start_ns=start_ns)
         if end_ns is not None:
@@ -127,6 +126,8 @@ def fail(span: Span | None, error: BaseException, *, server_fault: bool = True) 
 def finish_server_span(span: Span | None, status: int, attributes: Mapping[str, Any]) -> None:
     """Set the response status (5xx marks the span an error) and end it."""
     if span is None:
+        return
+    if not span.recording:
         return
     span.attributes["http.response.status_code"] = status
     span.attributes.update(attributes)
