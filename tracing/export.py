@@ -8,11 +8,11 @@ collector that is down never grows the server's memory.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import sys
 import threading
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
@@ -32,34 +32,53 @@ class SpanExporter(Protocol):
 
 
 class OtlpHttpExporter:
-    """``POST {endpoint}/v1/traces`` with OTLP protobuf bodies."""
+    """``POST {endpoint}/v1/traces`` with OTLP protobuf bodies, on one kept-alive connection."""
 
     def __init__(self, endpoint: str, resource: Mapping[str, Any], timeout_s: float = 10.0) -> None:
         endpoint = endpoint.rstrip("/")
         if not endpoint.endswith("/v1/traces"):  # the variable names the collector, not the path
             endpoint += "/v1/traces"
         self.endpoint = endpoint
+        url = urllib.parse.urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"endpoint: {endpoint!r} is not an http(s) URL")
+        self._url = url
         self.resource = dict(resource)
         self.timeout_s = timeout_s
         self.failures = 0
+        self._connection: http.client.HTTPConnection | None = None
+
+    def _connect(self) -> http.client.HTTPConnection:
+        url = self._url
+        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        return kind(url.hostname or "", url.port, timeout=self.timeout_s)
 
     def export(self, spans: Sequence[Span]) -> None:
-        request = urllib.request.Request(
-            self.endpoint,
-            data=encode_request(spans, self.resource),
-            headers={"Content-Type": "application/x-protobuf"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+        body = encode_request(spans, self.resource)
+        headers = {"Content-Type": "application/x-protobuf"}
+        for attempt in (1, 2):  # a kept-alive connection the collector closed: once more
+            connection = self._connection or self._connect()
+            self._connection = connection
+            try:
+                connection.request("POST", self._url.path, body, headers)
+                response = connection.getresponse()
                 response.read()
-        except (OSError, urllib.error.URLError) as exc:
-            self.failures += 1
-            if self.failures in (1, 10, 100) or self.failures % 1000 == 0:
-                log.warning("exporting %d spans to %s failed: %s", len(spans), self.endpoint, exc)
+                if response.status >= 400:
+                    raise OSError(f"HTTP {response.status}")
+                return
+            except (OSError, http.client.HTTPException) as exc:
+                connection.close()
+                self._connection = None
+                if attempt == 2:
+                    self.failures += 1
+                    if self.failures in (1, 10, 100) or self.failures % 1000 == 0:
+                        log.warning(
+                            "exporting %d spans to %s failed: %s", len(spans), self.endpoint, exc
+                        )
 
     def shutdown(self) -> None:
-        pass
+        if self._connection is not None:
+            self._connection.close()
 
 
 def span_dict(span: Span) -> dict[str, Any]:
@@ -120,8 +139,8 @@ class BatchExporter:
         self,
         exporter: SpanExporter,
         *,
-        interval_s: float = 0.5,
-        batch_size: int = 512,
+        interval_s: float = 1.0,
+        batch_size: int = 2048,
         max_queued: int = 65_536,
     ) -> None:
         self.exporter = exporter
