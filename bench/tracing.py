@@ -1,14 +1,16 @@
 """What telemetry costs: throughput with tracing off, on at 10% and on at 100%.
 
-    python bench/tracing.py [--connections 32] [--duration-s 6] [--rounds 3]
+    python bench/tracing.py [--connections 32] [--duration-s 5] [--rounds 6]
 
 Four ``fnrt serve`` processes serve ``examples/mlp``, differing only in
 telemetry: ``off`` (metrics and the request log, no spans: the baseline),
 ``10%`` and ``100%`` (``--trace otlp --trace-sample``, exporting to an OTLP
 collector on 127.0.0.1 that accepts and drops what it gets), and
 ``no-log`` (``--no-request-log``, to show what the per-request JSON line
-costs). ``wrk`` loads each in turn, in interleaved rounds; each figure is the
-median round, and ratios are against ``off`` in the same run.
+costs). ``wrk`` loads each in turn, in interleaved rounds that each start
+with another variant (so no variant always runs first); the table shows the
+median round, and the last lines the median of the per-round ratios against
+``off`` (this machine drifts by ±10% between rounds).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,8 +54,8 @@ BASELINE = "off"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--duration-s", type=int, default=6)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration-s", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     require_wrk()
 
@@ -84,9 +87,11 @@ def main() -> None:
             wrk(urls[name], script, args.connections, 1)  # warm up
 
         results: dict[str, list[Result]] = {name: [] for name in variants}
-        for _ in range(args.rounds):
-            for name, url in urls.items():
-                results[name].append(wrk(url, script, args.connections, args.duration_s))
+        names = list(urls)
+        for round_ in range(args.rounds):  # each round starts with another variant
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
+            for name in order:
+                results[name].append(wrk(urls[name], script, args.connections, args.duration_s))
 
         print(
             f"\nmlp example, {args.connections} connections, "
@@ -109,7 +114,10 @@ def main() -> None:
                 round(a.rps / b.rps, 2)
                 for a, b in zip(results[name], results[BASELINE], strict=True)
             ]
-            print(f"{name} / {BASELINE} requests/s per round: {per_round}")
+            print(
+                f"{name} / {BASELINE} requests/s per round: {per_round}, "
+                f"median {statistics.median(per_round):.2f}x"
+            )
     finally:
         for proc in procs:
             proc.terminate()

@@ -1,1 +1,1 @@
-"""Observability: logging set-up now; OpenTelemetry spans and Prometheus metrics join here."""
+"""Observability: OpenTelemetry-model spans exported as OTLP, Prometheus metrics, logs."""
