@@ -1,0 +1,1 @@
+"""Predictive pre-warming and adaptive keep-alive: histories, policies, and the trace simulator."""

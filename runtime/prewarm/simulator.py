@@ -1,0 +1,168 @@
+"""Replay a trace through the keep-alive policies: cold starts against memory kept idle.
+
+Each function is one instance (as in "Serverless in the Wild"), at minute
+granularity: calls within a run of consecutive active minutes find it warm;
+after a run, the policy's :class:`~fnrt.runtime.prewarm.policies.Plan` says
+when it is loaded, and the next run's first call is cold unless it falls in
+that window. The histories and plans are the runtime's own
+(:class:`~fnrt.runtime.prewarm.history.History`,
+:func:`~fnrt.runtime.prewarm.policies.decide`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from fnrt.runtime.prewarm.history import History
+from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, decide
+from fnrt.runtime.prewarm.trace import Trace
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One policy's result over a trace."""
+
+    label: str
+    invocations: int
+    cold_starts: int
+    cold_fraction_by_function: np.ndarray  # per function with calls
+    idle_minutes: float  # instance-minutes loaded with no call
+    idle_gb_minutes: float | None  # the same weighted by memory, when known
+    prewarms: int
+    prewarms_unused: int
+
+    @property
+    def cold_percent(self) -> float:
+        return 100.0 * self.cold_starts / max(self.invocations, 1)
+
+    def function_percentile(self, percentile: float) -> float:
+        """Cold-start percentage of the function at ``percentile`` (75: the 75th)."""
+        if not len(self.cold_fraction_by_function):
+            return 0.0
+        return 100.0 * float(np.percentile(self.cold_fraction_by_function, percentile))
+
+    def row(self) -> dict[str, float | int | str | None]:
+        return {
+            "policy": self.label,
+            "cold_%": round(self.cold_percent, 3),
+            "p75_function_cold_%": round(self.function_percentile(75), 1),
+            "idle_instance_min": round(self.idle_minutes),
+            "idle_GB_min": round(self.idle_gb_minutes)
+            if self.idle_gb_minutes is not None
+            else None,
+            "prewarms": self.prewarms,
+            "prewarms_unused": self.prewarms_unused,
+        }
+
+
+def _runs(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """First minute, last minute and invocations of each run of active minutes."""
+    active = np.flatnonzero(row)
+    if not len(active):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    breaks = np.flatnonzero(np.diff(active) > 1)
+    firsts = active[np.concatenate(([0], breaks + 1))]
+    lasts = active[np.concatenate((breaks, [len(active) - 1]))]
+    sums = np.add.reduceat(row[active], np.concatenate(([0], breaks + 1)))
+    return firsts, lasts, sums
+
+
+@dataclass(frozen=True)
+class _Job:
+    label: str
+    policy: Policy
+    config: PolicyConfig
+
+
+def simulate_one(trace: Trace, policy: Policy, config: PolicyConfig, label: str = "") -> Outcome:
+    """Replay ``trace`` under one policy."""
+    minutes = trace.minutes
+    memory_gb = trace.memory_mb / 1024 if trace.memory_mb is not None else None
+    cold_total = invocations_total = prewarms = unused = 0
+    idle_total = 0.0
+    idle_gb = 0.0
+    fractions = []
+    for f in range(trace.counts.shape[0]):
+        firsts, lasts, sums = _runs(trace.counts[f])
+        if not len(firsts):
+            continue
+        history = History()
+        cold = 1  # the first call of the trace
+        idle = 0
+        plan: Plan | None = None
+        previous = 0
+        for first, last, calls in zip(firsts.tolist(), lasts.tolist(), sums.tolist(), strict=True):
+            if plan is not None:
+                d = first - previous
+                if not plan.warm(d):
+                    cold += 1
+                idle += plan.idle_loaded_min(d) * plan.instances
+                if plan.prewarm_after_min:
+                    start, end = plan.loaded
+                    if d >= start:
+                        prewarms += 1
+                        unused += d > end
+            history.record_run(first, last, calls)
+            plan = decide(policy, config, history, last)
+            previous = last
+        if plan is not None:  # until the trace ends
+            idle += plan.idle_loaded_min(minutes - previous) * plan.instances
+        calls_total = int(sums.sum())
+        cold_total += cold
+        invocations_total += calls_total
+        idle_total += idle
+        if memory_gb is not None and not np.isnan(memory_gb[f]):
+            idle_gb += idle * float(memory_gb[f])
+        fractions.append(cold / calls_total)
+    return Outcome(
+        label or policy.value,
+        invocations_total,
+        cold_total,
+        np.array(fractions),
+        idle_total,
+        idle_gb if memory_gb is not None else None,
+        prewarms,
+        unused,
+    )
+
+
+def _run_job(args: tuple[Trace, _Job]) -> Outcome:
+    trace, job = args
+    return simulate_one(trace, job.policy, job.config, job.label)
+
+
+def simulate(
+    trace: Trace,
+    policies: Sequence[Policy],
+    *,
+    fixed_keep_alive_min: Sequence[int] = (10,),
+    config: PolicyConfig | None = None,
+    workers: int = 1,
+) -> list[Outcome]:
+    """Each policy over ``trace`` (``fixed`` once per keep-alive length), in ``workers``
+    processes."""
+    config = config or PolicyConfig()
+    jobs: list[_Job] = []
+    for policy in policies:
+        if policy is Policy.FIXED:
+            for minutes in fixed_keep_alive_min:
+                jobs.append(
+                    _Job(f"fixed {minutes} min", policy, _with(config, keep_alive_min=minutes))
+                )
+        else:
+            jobs.append(_Job(policy.value, policy, config))
+    if workers <= 1 or len(jobs) == 1:
+        return [_run_job((trace, job)) for job in jobs]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(_run_job, [(trace, job) for job in jobs]))
+
+
+def _with(config: PolicyConfig, **changes: int) -> PolicyConfig:
+    from dataclasses import replace
+
+    return replace(config, **changes)
