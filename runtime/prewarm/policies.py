@@ -11,16 +11,19 @@ again ahead of the predicted next call:
   ``tail_percentile`` (99th), each with a ``margin``. When the histogram is
   not representative it falls back: too few samples or too flat (coefficient
   of variation under ``min_cv``) -> ``fixed``; most idle times beyond its
-  range -> a forecast from recent idle times (pre-warm at 85% of the
-  predicted idle time, keep warm for 30% of it).
+  range -> a forecast from recent idle times when they are regular (the
+  paper uses ARIMA and a +-15% window; here a weighted mean and a window of
+  two standard deviations), else ``fixed``.
 - ``time_of_day``: when past days had a call within the next
   ``lookahead_min`` minutes at the same time of day on at least
   ``min_days`` days, pre-warm a minute before it.
 - ``trend``: when the call rate is rising, keep more instances warm ahead
   (``instances``), and never unload while it rises.
-- ``auto`` (the default): the histogram policy when it is representative,
-  else the time-of-day prediction when there is one, else ``fixed``; trend
-  decides the instances.
+- ``auto`` (the default): of the plans the history supports (fixed, the
+  histogram's or its forecast, time of day), the one with the lowest
+  expected cost over the idle times seen, a cold start weighing
+  ``cold_start_cost_min`` minutes of idle memory; trend decides the
+  instances.
 
 The same functions drive the runtime and ``fnrt simulate``.
 """
@@ -50,10 +53,12 @@ class PolicyConfig:
     min_samples: int = 5
     min_cv: float = 2.0
     max_out_of_range: float = 0.5
+    max_forecast_cv: float = 0.5  # recent idle times more spread than this: no forecast
     min_days: int = 2
     lookahead_min: int = 240
     rising_per_min: float = 0.5  # rate slope (calls/min per min) that counts as rising
     max_instances: int = 8
+    cold_start_cost_min: float = 10.0  # auto: a cold start weighs this many idle minutes
 
     def __post_init__(self) -> None:
         if self.keep_alive_min < 0:
@@ -151,14 +156,22 @@ def histogram(config: PolicyConfig, history: History, now: int) -> Plan:
 
 
 def forecast(config: PolicyConfig, history: History, now: int) -> Plan:
-    """Idle times past the histogram: expect the next to be like the recent ones."""
+    """Idle times past the histogram: when they are regular, expect the next to be like
+    the recent ones, and be loaded from a margin before it to a margin after (two
+    standard deviations of the recent idle times, at least 2% of the prediction);
+    when they are not, a forecast would only keep memory busy: ``fixed``."""
     recent = list(history.recent_idle)
-    if not recent:
+    if len(recent) < 2:
         return replace(fixed(config, history, now), why="fixed: nothing to forecast")
+    mean = sum(recent) / len(recent)
+    spread = (sum((x - mean) ** 2 for x in recent) / len(recent)) ** 0.5
+    if mean <= 0 or spread / mean > config.max_forecast_cv:
+        return replace(fixed(config, history, now), why="fixed: irregular long idle times")
     weights = range(1, len(recent) + 1)  # newer idle times count more
     predicted = sum(w * x for w, x in zip(weights, recent, strict=True)) / sum(weights)
-    start = max(int(predicted * 0.85), 1)
-    return Plan(start + 1, max(int(predicted * 0.30), 2), tier=Tier.L1, why="forecast")
+    margin = max(2 * spread, 0.02 * predicted)
+    first = max(int(predicted - margin), 1)  # the idle minutes before loading
+    return Plan(first + 1, int(2 * margin) + 3, why="forecast")
 
 
 def time_of_day(config: PolicyConfig, history: History, now: int) -> Plan | None:
@@ -191,14 +204,39 @@ def trend(config: PolicyConfig, history: History, now: int) -> Plan:
     return replace(plan, instances=instances, why="trend" if instances > 1 else "fixed")
 
 
+def expected_cost(config: PolicyConfig, history: History, plan: Plan) -> float:
+    """Per idle period, the minutes ``plan`` would keep an instance loaded for nothing,
+    plus ``cold_start_cost_min`` for each cold start, over the idle times seen so far."""
+    bins = history.bins
+    total = 0.0
+    for i in history.nonzero:
+        d = i + 1
+        total += bins[i] * (
+            plan.idle_loaded_min(d) + (0 if plan.warm(d) else config.cold_start_cost_min)
+        )
+    if history.out_of_range:
+        long = max(max(history.recent_idle, default=0), len(bins)) + 1
+        total += history.out_of_range * (
+            plan.idle_loaded_min(long) + (0 if plan.warm(long) else config.cold_start_cost_min)
+        )
+    return total / max(history.samples, 1)
+
+
 def auto(config: PolicyConfig, history: History, now: int) -> Plan:
+    """The cheapest of the plans the history supports (``expected_cost``): the
+    histogram's (or its forecast), the time-of-day prediction, or ``fixed``."""
+    candidates = [fixed(config, history, now)]
     why = representative(config, history)
     if not why or why == "idle times beyond the histogram":
-        plan = histogram(config, history, now)  # (which forecasts past its range)
-    else:
-        plan = time_of_day(config, history, now) or replace(
-            fixed(config, history, now), why=f"fixed: {why}"
-        )
+        candidates.append(histogram(config, history, now))
+    predicted = time_of_day(config, history, now)
+    if predicted is not None:
+        candidates.append(predicted)
+    plan = candidates[0]
+    if len(candidates) > 1 and history.samples:
+        plan = min(candidates, key=lambda p: expected_cost(config, history, p))
+    if plan is candidates[0] and why:
+        plan = replace(plan, why=f"fixed: {why}")
     instances = trend_instances(config, history)
     return replace(plan, instances=instances) if instances > 1 else plan
 
