@@ -121,11 +121,19 @@ class BatchingConfig:
         return self.mode == "adaptive"
 
 
+#: How long an idle instance stays loaded (see docs/prewarm.md): ``fixed`` is
+#: ``keep_alive_s``; the others learn from the function's idle times.
+KEEP_ALIVE_POLICIES = ("auto", "fixed", "histogram", "time_of_day", "trend")
+
+
 @dataclass(frozen=True)
 class ScalingConfig:
     """Instance lifecycle: how many, when to add and drop them, how much to queue.
 
-    The first instance is dropped after ``keep_alive_s`` idle (scale to zero,
+    The first instance is dropped after ``keep_alive_s`` idle with
+    ``keep_alive_policy = "fixed"``; the default ``auto`` learns from the
+    function's idle times when to drop it and when to load it again ahead of
+    the next call, using ``keep_alive_s`` until it knows enough (scale to zero,
     unless ``min_instances`` keeps it); more start, up to ``max_instances``,
     when the queue holds a full batch for ``scale_up_after_ms``, and each extra
     one stops after ``scale_down_after_s`` idle.
@@ -138,8 +146,11 @@ class ScalingConfig:
     max_instances: int = 1
     scale_up_after_ms: float = 200.0
     scale_down_after_s: float = 30.0
+    keep_alive_policy: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.keep_alive_policy not in KEEP_ALIVE_POLICIES:
+            raise ManifestError("keep_alive_policy", f"must be one of {list(KEEP_ALIVE_POLICIES)}")
         if not isinstance(self.keep_alive_s, int | float) or self.keep_alive_s < 0:
             raise ManifestError("keep_alive_s", "must be a number of seconds >= 0")
         if not isinstance(self.max_queue, int) or not 1 <= self.max_queue <= 1_000_000:

@@ -170,6 +170,13 @@ class InstanceLoader:
 
         return _materialise(self.cache_dir / "trees" / ref.digest, link_all)
 
+    def prefetch(self, vm: VersionManifest) -> None:
+        """Bring the version's code and artifacts into the disk cache (L2), load nothing:
+        a pre-warm that memory does not allow in L1. Blocking."""
+        self.code_dir(vm)
+        for ref in vm.artifacts.values():
+            self.artifact_path(ref)
+
     def handler_object(self, vm: VersionManifest, fetches: _Fetches | None = None) -> object:
         """Import the version's handler and check its contract (deploy-time validation)."""
         code = self.code_dir(vm, fetches)

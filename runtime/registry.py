@@ -36,6 +36,8 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository, now_iso
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.deployment import Deployed, cut_over, store_version
+from fnrt.runtime.prewarm.keeper import Keeper
+from fnrt.runtime.prewarm.policies import Policy
 from fnrt.runtime.queue import Priority
 from fnrt.runtime.result_cache import inputs_key
 from fnrt.runtime.rollout import Canary, prepare
@@ -45,6 +47,9 @@ from fnrt.tracing.metrics import FunctionState
 from fnrt.tracing.telemetry import Telemetry
 
 log = logging.getLogger("fnrt.registry")
+
+#: How often the keep-alive histories are written to the cache folder.
+HISTORY_SAVE_INTERVAL_S = 60.0
 
 
 @dataclass(eq=False)
@@ -90,6 +95,8 @@ class Registry:
         self._loops: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self.telemetry: Telemetry | None = None  # set by the app before serving
+        self.keeper: Keeper | None = None  # keep-alive policies' histories (set by the app)
+        self._saved_at = 0.0
 
     def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` without awaiting it, holding a reference until it ends."""
@@ -121,6 +128,8 @@ class Registry:
         for entry in self._functions.values():
             if entry.canary is not None:
                 await entry.canary.cancel("the server is stopping")
+        if self.keeper is not None:
+            await asyncio.to_thread(self.keeper.save)
         schedulers = self.loaded()
         self._functions = {}
         await asyncio.gather(*(s.close() for s in schedulers), *self._tasks, return_exceptions=True)
@@ -223,6 +232,8 @@ class Registry:
         between routing and submitting (it left the routing) hands the request
         to the function's current primary.
         """
+        if self.keeper is not None:
+            self.keeper.invoked(scheduler.name)
         if not scheduler.breaker.allow(self.clock.now()):
             return await self._fallback(scheduler, inputs, priority, timeout_s, span)
         try:
@@ -449,6 +460,10 @@ class Registry:
             "previous": list(entry.routing.previous),
             "rollout": entry.last_rollout,
             "versions": versions,
+            "keep_alive": {
+                "policy": manifest.scaling.keep_alive_policy,
+                **(self.keeper.planned(name) if self.keeper is not None else {}),
+            },
         }
 
     async def versions(self, name: str) -> dict[str, Any]:
@@ -572,8 +587,9 @@ class Registry:
                 await scheduler.scale_to_zero(now, force=True)
 
     async def sweep(self) -> list[str]:
-        """Scale idle instances past their keep-alive to zero, and close versions whose
-        rollback window passed (they finish what they accepted); names unloaded."""
+        """Scale idle instances to zero as their keep-alive policies say, pre-warm those
+        whose next call is predicted, and close versions whose rollback window passed
+        (they finish what they accepted); names unloaded."""
         now = self.clock.now()
         unloaded = []
         for entry in list(self._functions.values()):
@@ -589,9 +605,54 @@ class Registry:
             for version, scheduler in list(entry.schedulers.items()):
                 if version in entry.left_at:
                     continue  # kept warm for a rollback
-                if await scheduler.scale_to_zero(now):
+                learned = self.keeper is not None and scheduler is entry.primary
+                policy = Policy(scheduler.version.manifest.scaling.keep_alive_policy)
+                learned = learned and policy is not Policy.FIXED
+                if await scheduler.scale_to_zero(now, keep_primary=learned):
                     unloaded.append(scheduler.name)
+                if learned and await self._keep(scheduler, policy, now):
+                    unloaded.append(scheduler.name)
+        if self.keeper is not None and now - self._saved_at >= HISTORY_SAVE_INTERVAL_S:
+            self._saved_at = now
+            await asyncio.to_thread(self.keeper.save)
         return unloaded
+
+    async def _keep(self, scheduler: Scheduler, policy: Policy, now: float) -> bool:
+        """Act on the keeper's plan for a function's first instance; True if unloaded."""
+        assert self.keeper is not None
+        activity = scheduler.activity()
+        if activity.busy or activity.queued:
+            return False
+        scaling = scheduler.version.manifest.scaling
+        if activity.loaded and scheduler.instances <= scaling.min_instances:
+            return False
+        idle_for = max(now - activity.last_active_s, 0.0)
+        action = self.keeper.act(
+            scheduler.name,
+            policy,
+            keep_alive_s=scaling.keep_alive_s,
+            idle_since_unix=self.keeper.wall() - idle_for,
+            loaded=activity.loaded,
+        )
+        if action.unload:
+            return await scheduler.scale_to_zero(now, force=True)
+        if action.prewarm:
+            self._background(self._prewarm(scheduler))
+        return False
+
+    async def _prewarm(self, scheduler: Scheduler) -> None:
+        """Load ahead of a predicted call, only into memory nobody else is using: when it
+        does not fit the budget, only fetch its files into the disk cache."""
+        needed = scheduler.stats.last_load_bytes or scheduler.version.size_bytes
+        used = sum(s.instance_bytes for s in self.loaded())
+        try:
+            if self.memory_budget_bytes is None or used + needed <= self.memory_budget_bytes:
+                if await scheduler.prewarm():
+                    log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
+            else:
+                await asyncio.to_thread(self.loader.prefetch, scheduler.version)
+        except Exception as exc:
+            log.warning("pre-warming %s failed: %s", scheduler.name, exc)
 
     async def _every(self, interval_s: float, work: Any) -> None:
         while True:

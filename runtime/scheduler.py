@@ -137,6 +137,7 @@ class Scheduler:
     ) -> None:
         self.version = version
         self._telemetry = telemetry
+        self._prewarmed_at: float | None = None  # a pre-warmed instance no call has used yet
         self._load_span: tuple[int, int, dict[str, Any]] | None = None  # last load, for spans
         self._manifest = version.manifest
         self._loader = loader
@@ -239,6 +240,7 @@ class Scheduler:
         self.arrivals.arrive(now)
         future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
         cold = self.instances == 0
+        self._count_start(now, cold)
         if timeout_s is None and self._manifest.requests.timeout_ms > 0:
             timeout_s = self._manifest.requests.timeout_ms / 1000.0
         deadline = now + timeout_s if timeout_s is not None else None
@@ -281,6 +283,33 @@ class Scheduler:
         """Load the first instance now if there is none (shares a load under way)."""
         await self._ensure_instance(self._slots[0])
 
+    async def prewarm(self) -> bool:
+        """Load ahead of a predicted call; False when it was loaded already."""
+        if self.instances or self._closing:
+            return False
+        await self.warm()
+        self._prewarmed_at = self._clock.now()
+        return True
+
+    def _count_start(self, now: float, cold: bool) -> None:
+        """Whether this call found an instance loaded, loaded by a pre-warm, or none."""
+        stats = self.stats
+        metrics = self._telemetry.metrics if self._telemetry is not None else None
+        if cold:
+            kind = "cold"
+        elif self._prewarmed_at is not None:
+            kind = "prewarmed"
+            stats.last_prewarm_lead_s = now - self._prewarmed_at
+            self._prewarmed_at = None
+            stats.prewarms["hit"] += 1
+            if metrics is not None:
+                metrics.prewarms.labels(self.name, "hit").inc()
+        else:
+            kind = "warm"
+        stats.starts[kind] += 1
+        if metrics is not None:
+            metrics.starts.labels(self.name, kind).inc()
+
     def activity(self) -> Activity:
         """The function as a whole (any instance loaded, any busy)."""
         return Activity(
@@ -290,7 +319,9 @@ class Scheduler:
             last_active_s=max((s.last_active for s in self._slots), default=0.0),
         )
 
-    async def scale_to_zero(self, now: float, *, force: bool = False) -> bool:
+    async def scale_to_zero(
+        self, now: float, *, force: bool = False, keep_primary: bool = False
+    ) -> bool:
         """Drop idle instances: extra ones after ``scale_down_after_s``, the last after
         ``keep_alive_s`` (never below ``min_instances``); ``force`` drops every idle
         one now. True if any was dropped."""
@@ -301,6 +332,8 @@ class Scheduler:
                 continue
             if not force and self.instances <= scaling.min_instances:
                 break
+            if slot.primary and keep_primary:
+                continue  # the keep-alive policy decides for the first instance
             keep = scaling.keep_alive_s if slot.primary else scaling.scale_down_after_s
             activity = Activity(True, slot.running, len(self._queue), slot.last_active)
             idle = not activity.busy and not activity.queued
@@ -490,6 +523,11 @@ class Scheduler:
         if instance is None:
             return
         self.stats.unloads += 1
+        if self._prewarmed_at is not None and slot.primary:  # loaded ahead, never used
+            self._prewarmed_at = None
+            self.stats.prewarms["miss"] += 1
+            if self._telemetry is not None:
+                self._telemetry.metrics.prewarms.labels(self.name, "miss").inc()
         if not slot.primary:
             slot.retired = True
             self._slots.remove(slot)

@@ -105,6 +105,9 @@ class Stats:
     queue_wait: Window = field(default_factory=Window)
     compute: Window = field(default_factory=Window)
     totals: Totals = field(default_factory=Totals)
+    starts: Counter[str] = field(default_factory=Counter)  # warm / prewarmed / cold
+    prewarms: Counter[str] = field(default_factory=Counter)  # hit / miss
+    last_prewarm_lead_s: float | None = None  # how long before its first call it was ready
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -123,4 +126,9 @@ class Stats:
             "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
             "queue_wait": self.queue_wait.summary(),
             "compute": self.compute.summary(),
+            "starts": {k: self.starts[k] for k in ("warm", "prewarmed", "cold")},
+            "prewarms": {k: self.prewarms[k] for k in ("hit", "miss")},
+            "last_prewarm_lead_s": (
+                round(self.last_prewarm_lead_s, 3) if self.last_prewarm_lead_s is not None else None
+            ),
         }

@@ -158,6 +158,12 @@ class Metrics:
             ["tier"],
             registry=r,
         )
+        self.starts = Counter(
+            "fnrt_invocation_starts",
+            "Calls by what they found: warm, prewarmed (loaded ahead for them) or cold",
+            ["function", "kind"],
+            registry=r,
+        )
         self.prewarms = Counter(
             "fnrt_prewarms",
             "Pre-warms by outcome: hit (used before unloaded) or miss",

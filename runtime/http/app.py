@@ -29,6 +29,7 @@ from fnrt.runtime.http.problems import (
     unexpected_error_handler,
 )
 from fnrt.runtime.http.state import Node
+from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.settings import ServerSettings
 from fnrt.tracing.access import AccessLog
@@ -45,7 +46,7 @@ def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Regi
     cache_dir = Path(settings.cache_dir)
     blobs = BlobCache(CacheConfig(cache_dir, settings.disk_cache_bytes))
     loader = InstanceLoader(repository, cache_dir, device, blobs)
-    return Registry(
+    registry = Registry(
         repository,
         loader,
         clock or SystemClock(),
@@ -54,6 +55,8 @@ def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Regi
         memory_budget_bytes=settings.memory_budget,
         max_queued_total=settings.max_queued,
     )
+    registry.keeper = Keeper(cache_dir / "prewarm" / "history.json")
+    return registry
 
 
 async def _invoke_route(scope: Scope, receive: Receive, send: Send) -> None:

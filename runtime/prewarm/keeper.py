@@ -1,0 +1,184 @@
+"""The runtime side of pre-warming: histories fed by invocations, plans acted on.
+
+Every invoke counts into its function's current minute (a dict update);
+when the minute changes the count goes into the function's
+:class:`~fnrt.runtime.prewarm.history.History`. After a function goes idle,
+its policy's :class:`~fnrt.runtime.prewarm.policies.Plan` (the same
+functions ``fnrt simulate`` runs) sets how long the instance stays loaded,
+or unloads it and says when to load it again ahead of the predicted call.
+Histories are saved as JSON in the cache folder, so a restart does not
+forget them. Times are wall-clock minutes from an injectable clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fnrt.runtime.prewarm.history import History
+from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, decide
+
+log = logging.getLogger("fnrt.prewarm")
+
+#: Histories kept, most recently used first; older ones are dropped (bounded memory).
+MAX_FUNCTIONS = 10_000
+
+
+class StartKind:
+    WARM = "warm"
+    PREWARMED = "prewarmed"
+    COLD = "cold"
+
+
+@dataclass
+class _Live:
+    """A function's invocations in the current minute, not yet in its history."""
+
+    minute: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the keeper wants done for a function now."""
+
+    unload: bool = False
+    prewarm: bool = False
+
+
+class Keeper:
+    """Histories and plans of every function a node serves."""
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        config: PolicyConfig | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.config = config or PolicyConfig()
+        self.wall = wall
+        self.histories: dict[str, History] = {}
+        self._live: dict[str, _Live] = {}
+        self._prewarm_at: dict[str, float] = {}  # unix time of a planned pre-warm
+        self._unload_after: dict[str, float] = {}  # unix time the plan releases it
+        if path is not None and path.is_file():
+            self._load(path)
+
+    # --- recording (the request path) ----------------------------------------------
+
+    def invoked(self, name: str) -> None:
+        """One invocation of ``name`` now."""
+        minute = int(self.wall() // 60)
+        live = self._live.get(name)
+        if live is not None and live.minute == minute:
+            live.count += 1
+            return
+        if live is not None:
+            self._commit(name, live)
+        self._live[name] = _Live(minute, 1)
+        self._prewarm_at.pop(name, None)
+        self._unload_after.pop(name, None)
+
+    def _commit(self, name: str, live: _Live) -> None:
+        history = self.histories.get(name)
+        if history is None:
+            if len(self.histories) >= MAX_FUNCTIONS:  # drop the least recently called
+                oldest = min(self.histories, key=lambda n: self.histories[n].last_minute or 0)
+                del self.histories[oldest]
+            history = self.histories[name] = History()
+        history.record(live.minute, live.count)
+
+    # --- deciding (the sweep) ----------------------------------------------------------
+
+    def plan(self, name: str, policy: Policy, now_minute: int | None = None) -> Plan | None:
+        """The plan after ``name``'s last call, or None when it was never called."""
+        live = self._live.get(name)
+        if live is not None:
+            self._commit(name, live)
+            del self._live[name]
+        history = self.histories.get(name)
+        if history is None or history.last_minute is None:
+            return None
+        return decide(policy, self.config, history, history.last_minute)
+
+    def act(
+        self,
+        name: str,
+        policy: Policy,
+        *,
+        keep_alive_s: float,
+        idle_since_unix: float,
+        loaded: bool,
+    ) -> Action:
+        """What to do now with an idle function: unload, pre-warm, or nothing.
+
+        With ``fixed``, ``keep_alive_s`` (the manifest's) is the plan. Other
+        policies plan in minutes from the last call.
+        """
+        now = self.wall()
+        live = self._live.get(name)
+        if live is not None and live.minute >= int(now // 60):
+            return Action()  # still being called this minute
+        if policy is Policy.FIXED:
+            return Action(unload=loaded and now - idle_since_unix >= keep_alive_s)
+        plan = self.plan(name, policy)
+        if plan is None or plan.why.startswith("fixed"):  # not enough known: the manifest's
+            return Action(unload=loaded and now - idle_since_unix >= keep_alive_s)
+        history = self.histories[name]
+        last = (history.last_minute or 0) * 60.0
+        first, end = plan.loaded  # minutes after the last call's minute with it loaded
+        load_from = last + first * 60.0 - 60.0  # be loaded as the minute before begins
+        unload_at = last + (end + 1) * 60.0
+        self._prewarm_at[name] = load_from
+        self._unload_after[name] = unload_at
+        if loaded:
+            early = plan.prewarm_after_min > 0 and now < load_from  # unload now, back later
+            return Action(unload=early or now >= unload_at)
+        return Action(prewarm=load_from <= now < unload_at)
+
+    def planned(self, name: str) -> dict[str, Any]:
+        """The pending plan of ``name`` (unix times), for describe."""
+        out: dict[str, Any] = {}
+        if name in self._prewarm_at:
+            out["prewarm_at_unix_s"] = round(self._prewarm_at[name], 1)
+        if name in self._unload_after:
+            out["unload_after_unix_s"] = round(self._unload_after[name], 1)
+        history = self.histories.get(name)
+        if history is not None:
+            out["idle_samples"] = history.samples
+        return out
+
+    # --- persistence ------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write every history (atomically) so a restart keeps them."""
+        if self.path is None:
+            return
+        for name, live in list(self._live.items()):
+            self._commit(name, live)
+            self._live[name] = _Live(live.minute, 0)
+        data = {name: h.to_dict() for name, h in self.histories.items()}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".history.")
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"version": 1, "functions": data}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text())
+            for name, raw in dict(data.get("functions", {})).items():
+                self.histories[str(name)] = History.from_dict(raw)
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("ignoring unreadable pre-warm history %s: %s", path, exc)
+            self.histories = {}

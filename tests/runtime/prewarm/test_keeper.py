@@ -1,0 +1,100 @@
+"""Pre-warming in a real server: the next call of a periodic function finds it loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.prewarm.keeper import Keeper
+from fnrt.runtime.prewarm.policies import Policy
+from support import live_server, make_registry, publish, wait_until, write_function
+
+X = [[1.0, 2.0, 3.0, 4.0]]
+BASE_UNIX = 1_800_000_000.0  # a minute boundary
+
+
+def server_parts(tmp_path: Path) -> tuple[ManualClock, Keeper]:
+    clock = ManualClock(start=0.0)
+    keeper = Keeper(tmp_path / "history.json", wall=lambda: BASE_UNIX + clock.now())
+    return clock, keeper
+
+
+def test_a_periodic_function_is_prewarmed_before_its_next_call(tmp_path: Path) -> None:
+    clock, keeper = server_parts(tmp_path)
+    registry = make_registry(tmp_path, clock)
+    registry.keeper = keeper
+    with live_server(tmp_path, registry=registry) as srv, srv.client() as c:
+        srv.call(registry.deploy(publish(registry.repository, write_function(tmp_path, "job"))))
+        scheduler = srv.call(registry.get("job"))
+
+        def call() -> dict[str, str]:
+            r = c.post("/v1/functions/job/invoke", json={"x": X})
+            assert r.status_code == 200
+            return dict(r.headers)
+
+        for _ in range(8):  # every 30 minutes: idle 29 minutes each time
+            call()
+            clock.advance(30 * 60)
+            srv.call(registry.sweep())
+        # the plan is learned: unloaded right after a call, loaded again before the next
+        call()
+        clock.advance(5 * 60)
+        srv.call(registry.sweep())
+        assert scheduler.state.value == "cold"
+        clock.advance(24 * 60 + 30)  # a minute before the predicted call
+        srv.call(registry.sweep())
+        wait_until(lambda: scheduler.state.value == "warm")
+        clock.advance(30)
+        headers = call()
+        assert "x-fnrt-cold-start" not in headers
+        described = c.get("/v1/functions/job").json()
+        starts = described["instance"]["starts"]
+        assert starts["prewarmed"] == 1 and starts["cold"] >= 1
+        assert described["instance"]["prewarms"]["hit"] == 1
+        assert described["instance"]["last_prewarm_lead_s"] >= 29
+        assert described["keep_alive"]["policy"] == "auto"
+        assert described["keep_alive"]["idle_samples"] >= 8
+        metrics = c.get("/metrics").text
+        assert 'fnrt_invocation_starts_total{function="job",kind="prewarmed"} 1.0' in metrics
+        assert 'fnrt_prewarms_total{function="job",outcome="hit"} 1.0' in metrics
+
+
+def test_prewarming_never_takes_memory_from_a_warm_function(tmp_path: Path) -> None:
+    clock, keeper = server_parts(tmp_path)
+    registry = make_registry(tmp_path, clock)
+    registry.keeper = keeper
+    with live_server(tmp_path, registry=registry) as srv, srv.client() as c:
+        for name, keep_s in (("job", 300), ("busy", 7200)):
+            folder = write_function(tmp_path, name, keep_alive_s=keep_s)
+            srv.call(registry.deploy(publish(registry.repository, folder)))
+        job, busy = srv.call(registry.get("job")), srv.call(registry.get("busy"))
+        for _ in range(8):
+            c.post("/v1/functions/job/invoke", json={"x": X})
+            clock.advance(30 * 60)
+            srv.call(registry.sweep())
+        c.post("/v1/functions/job/invoke", json={"x": X})
+        c.post("/v1/functions/busy/invoke", json={"x": X})
+        registry.memory_budget_bytes = busy.instance_bytes + 1  # no room for both
+        clock.advance(5 * 60)
+        srv.call(registry.sweep())
+        c.post("/v1/functions/busy/invoke", json={"x": X})  # busy stays in use
+        clock.advance(24 * 60 + 30)
+        srv.call(registry.sweep())
+        srv.call(registry.sweep())
+        assert busy.state.value == "warm"  # not evicted for a pre-warm
+        assert job.state.value == "cold"  # only its files were fetched (L2)
+
+
+def test_the_history_survives_a_restart(tmp_path: Path) -> None:
+    wall = [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    for _ in range(10):
+        keeper.invoked("job")
+        wall[0] += 30 * 60
+    before = keeper.plan("job", Policy.AUTO)
+    keeper.save()
+    again = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    assert again.plan("job", Policy.AUTO) == before and before is not None
+    assert before.prewarm_after_min > 0
+    (tmp_path / "bad.json").write_text("{not json")
+    assert Keeper(tmp_path / "bad.json").histories == {}  # unreadable: start afresh
