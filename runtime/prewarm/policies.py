@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+import numpy as np
+
 from fnrt.runtime.prewarm.history import History
 
 
@@ -108,6 +110,16 @@ class Plan:
         """Minutes loaded with no call before the next call ``d`` minutes later."""
         first, last = self.loaded
         return max(0, min(last, d - 1) - first + 1)
+
+    def warm_many(self, d: np.ndarray) -> np.ndarray:
+        """:meth:`warm` for an array of ``d`` (a plan that does not change)."""
+        first, last = self.loaded
+        return (first <= d) & (d <= last)
+
+    def idle_loaded_many(self, d: np.ndarray) -> np.ndarray:
+        """:meth:`idle_loaded_min` for an array of ``d``."""
+        first, last = self.loaded
+        return np.maximum(0, np.minimum(last, d - 1) - first + 1)
 
 
 def fixed(config: PolicyConfig, history: History, now: int) -> Plan:
