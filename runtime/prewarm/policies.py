@@ -119,7 +119,8 @@ class Plan:
     def idle_loaded_many(self, d: np.ndarray) -> np.ndarray:
         """:meth:`idle_loaded_min` for an array of ``d``."""
         first, last = self.loaded
-        return np.maximum(0, np.minimum(last, d - 1) - first + 1)
+        out: np.ndarray = np.maximum(0, np.minimum(last, d - 1) - first + 1)
+        return out
 
 
 def fixed(config: PolicyConfig, history: History, now: int) -> Plan:
