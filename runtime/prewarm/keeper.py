@@ -69,6 +69,7 @@ class Keeper:
         self._live: dict[str, _Live] = {}
         self._prewarm_at: dict[str, float] = {}  # unix time of a planned pre-warm
         self._unload_after: dict[str, float] = {}  # unix time the plan releases it
+        self._plans: dict[str, tuple[tuple[Policy, int, int], Plan]] = {}
         if path is not None and path.is_file():
             self._load(path)
 
@@ -107,7 +108,13 @@ class Keeper:
         history = self.histories.get(name)
         if history is None or history.last_minute is None:
             return None
-        return decide(policy, self.config, history, history.last_minute)
+        key = (policy, history.invocations, history.last_minute)
+        cached = self._plans.get(name)
+        if cached is not None and cached[0] == key:
+            return cached[1]  # nothing new since: the same plan (the sweep asks every second)
+        plan = decide(policy, self.config, history, history.last_minute)
+        self._plans[name] = (key, plan)
+        return plan
 
     def act(
         self,
