@@ -19,7 +19,7 @@ import numpy as np
 
 from fnrt.runtime.prewarm.history import History
 from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, decide
-from fnrt.runtime.prewarm.trace import Trace
+from fnrt.runtime.prewarm.trace import Trace, subset
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,21 @@ def _run_job(args: tuple[Trace, _Job]) -> Outcome:
     return simulate_one(trace, job.policy, job.config, job.label)
 
 
+def _merge(parts: Sequence[Outcome]) -> Outcome:
+    """One outcome from the outcomes of disjoint sets of functions."""
+    gb = [p.idle_gb_minutes for p in parts]
+    return Outcome(
+        parts[0].label,
+        sum(p.invocations for p in parts),
+        sum(p.cold_starts for p in parts),
+        np.concatenate([p.cold_fraction_by_function for p in parts]),
+        sum(p.idle_minutes for p in parts),
+        None if any(g is None for g in gb) else sum(g for g in gb if g is not None),
+        sum(p.prewarms for p in parts),
+        sum(p.prewarms_unused for p in parts),
+    )
+
+
 def simulate(
     trace: Trace,
     policies: Sequence[Policy],
@@ -181,8 +196,8 @@ def simulate(
     config: PolicyConfig | None = None,
     workers: int = 1,
 ) -> list[Outcome]:
-    """Each policy over ``trace`` (``fixed`` once per keep-alive length), in ``workers``
-    processes."""
+    """Each policy over ``trace`` (``fixed`` once per keep-alive length), the functions
+    split across ``workers`` processes."""
     config = config or PolicyConfig()
     jobs: list[_Job] = []
     for policy in policies:
@@ -193,10 +208,25 @@ def simulate(
                 )
         else:
             jobs.append(_Job(policy.value, policy, config))
-    if workers <= 1 or len(jobs) == 1:
+    if workers <= 1:
         return [_run_job((trace, job)) for job in jobs]
+    # fixed runs vectorised in a moment; the others replay function by function, so
+    # each is split into ``workers`` slices of the functions
+    slices = [
+        subset(trace, part.tolist())
+        for part in np.array_split(np.arange(trace.counts.shape[0]), workers)
+        if len(part)
+    ]
+    tasks = [(part, job) for job in jobs if job.policy is not Policy.FIXED for part in slices]
+    by_label: dict[str, list[Outcome]] = {}
     with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(_run_job, [(trace, job) for job in jobs]))
+        pending = pool.map(_run_job, tasks)
+        for job in jobs:  # fixed ones here, in numpy, while the pool works
+            if job.policy is Policy.FIXED:
+                by_label[job.label] = [_run_job((trace, job))]
+        for outcome in pending:
+            by_label.setdefault(outcome.label, []).append(outcome)
+    return [_merge(by_label[job.label]) for job in jobs]
 
 
 def _with(config: PolicyConfig, **changes: int) -> PolicyConfig:
