@@ -108,8 +108,10 @@ def encode_span(span: Span) -> bytes:
         if len(_name_cache) < _CACHE_LIMIT:
             _name_cache[span.name] = name
     parts += (name, _KIND[span.kind], b"\x39", _Q(span.start_ns), b"\x41", _Q(span.end_ns))
+    cache = _kv_cache
     for key, value in span.attributes.items():
-        parts.append(_attribute(9, key, value))
+        cached = cache.get((9, key, type(value), value))
+        parts.append(cached if cached is not None else _attribute(9, key, value))
     for event_name, at_ns, attributes in span.events:
         event = b"\x09" + _Q(at_ns) + _field(2, event_name.encode())
         parts.append(_field(11, event + _attributes(3, attributes)))

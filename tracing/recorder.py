@@ -205,6 +205,21 @@ class Tracer:
         start_ns: int | None = None,
     ) -> Span:
         """A span under ``parent`` (a new trace when None); sampled by the sampler's rule."""
+        if parent is not None and parent.sampled and self.sampler.parent_based:
+            # the common case, a child of a recorded span: nothing to decide
+            return Span(
+                name,
+                _context(
+                    SpanContext,
+                    (parent.trace_id, self._bits(64) or 1, True, parent.trace_state, False),
+                ),
+                parent,
+                kind,
+                start_ns or time.time_ns(),
+                {} if attributes is None else attributes,
+                [] if links is None else links,
+                self._sink,
+            )
         if parent is None:
             trace_id = self._bits(128) or 1
             sampled = self.sampler.sampled(trace_id, None)
