@@ -65,11 +65,13 @@ def key_value(key: str, value: Any) -> bytes:
 def _attribute(number: int, key: str, value: Any) -> bytes:
     """A ``KeyValue`` as field ``number``; repeated strings and small ints come from a cache."""
     kind = type(value)
+    if kind not in _CACHED_TYPES or (kind is int and not -1 < value < 1024):
+        return _field(number, key_value(key, value))  # sizes, timings: not worth a slot
     cached = _kv_cache.get((number, key, kind, value))  # the type: 1 == 1.0 == True as keys
     if cached is not None:
         return cached
     encoded = _field(number, key_value(key, value))
-    if kind in _CACHED_TYPES and len(_kv_cache) < _CACHE_LIMIT:
+    if len(_kv_cache) < _CACHE_LIMIT:
         _kv_cache[(number, key, kind, value)] = encoded
     return encoded
 
@@ -110,7 +112,10 @@ def encode_span(span: Span) -> bytes:
     parts += (name, _KIND[span.kind], b"\x39", _Q(span.start_ns), b"\x41", _Q(span.end_ns))
     cache = _kv_cache
     for key, value in span.attributes.items():
-        cached = cache.get((9, key, type(value), value))
+        try:
+            cached = cache.get((9, key, type(value), value))
+        except TypeError:  # an unhashable value (a list): encoded each time
+            cached = None
         parts.append(cached if cached is not None else _attribute(9, key, value))
     for event_name, at_ns, attributes in span.events:
         event = b"\x09" + _Q(at_ns) + _field(2, event_name.encode())

@@ -25,6 +25,7 @@ def test_spans_decode_with_the_official_schema() -> None:
     root.set_attribute("fnrt.load.total_s", 0.25)
     root.set_attribute("fnrt.ok", False)
     root.set_attribute("fnrt.big", -(2**40))
+    root.set_attribute("fnrt.tiers", ["l2", "l3"])
     root.record_exception(RuntimeError("boom"))
     root.set_status(StatusCode.ERROR, "boom")
     root.end(root.start_ns + 1_000)
@@ -51,6 +52,7 @@ def test_spans_decode_with_the_official_schema() -> None:
     assert values["fnrt.load.total_s"].double_value == 0.25
     assert values["fnrt.ok"].HasField("bool_value") and not values["fnrt.ok"].bool_value
     assert values["fnrt.big"].int_value == -(2**40)
+    assert [v.string_value for v in values["fnrt.tiers"].array_value.values] == ["l2", "l3"]
     (event,) = first.events
     assert event.name == "exception"
     assert {a.key: a.value.string_value for a in event.attributes}["exception.message"] == "boom"
