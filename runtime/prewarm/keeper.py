@@ -149,7 +149,9 @@ class Keeper:
         if loaded:
             early = plan.prewarm_after_min > 0 and now < load_from  # unload now, back later
             return Action(unload=early or now >= unload_at)
-        return Action(prewarm=load_from <= now < unload_at)
+        # Load ahead only for a predicted call: an instance unloaded by hand (or evicted)
+        # under a keep-loaded plan stays unloaded until it is called.
+        return Action(prewarm=plan.prewarm_after_min > 0 and load_from <= now < unload_at)
 
     def planned(self, name: str) -> dict[str, Any]:
         """The pending plan of ``name`` (unix times), for describe."""
