@@ -55,20 +55,7 @@ class FileStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write_atomic(self, path: Path, chunks: Iterable[bytes]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(path.parent)
+        write_atomic(path, chunks)
 
     def put(
         self, key: str, data: bytes, *, if_match: str | None = None, if_absent: bool = False
@@ -139,6 +126,24 @@ class FileStore:
 
     def __repr__(self) -> str:
         return f"FileStore({self.uri})"
+
+
+def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write ``path`` whole or not at all: a temporary name beside it, fsync'd, renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:

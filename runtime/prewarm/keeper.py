@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fnrt.loader.stores.file import write_atomic
 from fnrt.runtime.prewarm.history import History
 from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, decide
 
@@ -175,13 +174,7 @@ class Keeper:
             self._commit(name, live)
             self._live[name] = _Live(live.minute, 0)
         data = {name: h.to_dict() for name, h in self.histories.items()}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".history.")
-        with os.fdopen(fd, "w") as handle:
-            json.dump({"version": 1, "functions": data}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, [json.dumps({"version": 1, "functions": data}).encode()])
 
     def _load(self, path: Path) -> None:
         try:
