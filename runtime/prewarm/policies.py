@@ -25,7 +25,10 @@ again ahead of the predicted next call:
   ``cold_start_cost_min`` minutes of idle memory; trend decides the
   instances.
 
-The same functions drive the runtime and ``fnrt simulate``.
+How far a pre-warm goes is the runtime's call when it acts: into memory
+(L1) when the memory budget has room without evicting anyone, else only
+the files into the disk cache (L2). The same functions drive the runtime
+and ``fnrt simulate``.
 """
 
 from __future__ import annotations
@@ -73,11 +76,6 @@ class PolicyConfig:
             raise ValueError("min_samples, min_days, lookahead_min: must be >= 1")
 
 
-class Tier(Enum):
-    L1 = "l1"  # loaded instance
-    L2 = "l2"  # files in the disk cache only
-
-
 @dataclass(frozen=True)
 class Plan:
     """What to do after a call in minute ``a``, for the next call in minute ``a + d``.
@@ -91,7 +89,6 @@ class Plan:
     prewarm_after_min: int
     keep_alive_min: int
     instances: int = 1
-    tier: Tier = Tier.L1
     why: str = ""
 
     @property
