@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from fnrt.functions.errors import (
@@ -42,6 +41,7 @@ from fnrt.runtime.queue import Priority
 from fnrt.runtime.result_cache import inputs_key
 from fnrt.runtime.rollout import Canary, prepare
 from fnrt.runtime.scheduler import Admission, Scheduler, Served
+from fnrt.runtime.served import ServedFunction
 from fnrt.runtime.traffic import bucket_of, choose_version
 from fnrt.tracing.metrics import FunctionState
 from fnrt.tracing.telemetry import Telemetry
@@ -50,23 +50,6 @@ log = logging.getLogger("fnrt.registry")
 
 #: How often the keep-alive histories are written to the cache folder.
 HISTORY_SAVE_INTERVAL_S = 60.0
-
-
-@dataclass(eq=False)
-class _Function:
-    """What a node holds for one function."""
-
-    name: str
-    routing: Routing
-    etag: str
-    schedulers: dict[str, Scheduler] = field(default_factory=dict)  # by version id
-    left_at: dict[str, float] = field(default_factory=dict)  # version -> lost its traffic
-    canary: Canary | None = None
-    last_rollout: dict[str, Any] | None = None
-
-    @property
-    def primary(self) -> Scheduler:
-        return self.schedulers[self.routing.primary]
 
 
 class Registry:
@@ -90,7 +73,7 @@ class Registry:
         self.clock = clock
         self._sweep_interval_s = sweep_interval_s
         self._watch_interval_s = watch_interval_s
-        self._functions: dict[str, _Function] = {}
+        self._functions: dict[str, ServedFunction] = {}
         self._lock = asyncio.Lock()
         self._loops: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -136,7 +119,7 @@ class Registry:
 
     # --- finding versions --------------------------------------------------------------
 
-    async def _entry(self, name: str) -> _Function:
+    async def _entry(self, name: str) -> ServedFunction:
         entry = self._functions.get(name)
         if entry is not None:
             return entry
@@ -151,7 +134,7 @@ class Registry:
             for version in routing.traffic:
                 vm = await asyncio.to_thread(self.repository.get_version, name, version)
                 schedulers[version] = self._scheduler(vm)
-            entry = self._functions[name] = _Function(name, routing, etag, schedulers)
+            entry = self._functions[name] = ServedFunction(name, routing, etag, schedulers)
             return entry
 
     async def get(self, name: str) -> Scheduler:
@@ -184,7 +167,7 @@ class Registry:
         vm = await asyncio.to_thread(self.repository.get_version, name, version)
         return self._held(entry, vm)
 
-    def _held(self, entry: _Function, vm: VersionManifest) -> Scheduler:
+    def _held(self, entry: ServedFunction, vm: VersionManifest) -> Scheduler:
         """The open scheduler ``entry`` holds for ``vm``, made if there is none."""
         scheduler = entry.schedulers.get(vm.version)
         if scheduler is None or scheduler.closing:
@@ -285,7 +268,7 @@ class Registry:
         """
         created, vm = await asyncio.to_thread(store_version, self.repository, self.loader, vm)
         try:
-            entry: _Function | None = await self._entry(vm.name)
+            entry: ServedFunction | None = await self._entry(vm.name)
         except FunctionNotFound:
             entry = None
         config = vm.manifest.rollout
@@ -336,7 +319,9 @@ class Registry:
         entry.last_rollout = {"policy": "immediate", "to": vm.version, "state": "done"}
         return Deployed(vm.name, vm.version, created, routing, checks=checks)
 
-    async def _canary_step(self, entry: _Function, canary: Canary, traffic: dict[str, int]) -> bool:
+    async def _canary_step(
+        self, entry: ServedFunction, canary: Canary, traffic: dict[str, int]
+    ) -> bool:
         if entry.canary is not canary or self._functions.get(entry.name) is not entry:
             return False
         new = canary.candidate.version.version
@@ -383,7 +368,7 @@ class Registry:
             raise Conflict(f"'{name}' has no earlier version to roll back to")
         return await self._write(entry, lambda r: r.rolled_back(now_iso()))
 
-    async def _write(self, entry: _Function, change: Any) -> Routing:
+    async def _write(self, entry: ServedFunction, change: Any) -> Routing:
         """Apply ``change`` to the stored routing (a conditional write), then here."""
         repository = self.repository
 
@@ -397,7 +382,7 @@ class Registry:
         await self._apply(entry, routing, etag)
         return routing
 
-    async def _apply(self, entry: _Function, routing: Routing, etag: str) -> None:
+    async def _apply(self, entry: ServedFunction, routing: Routing, etag: str) -> None:
         """Serve ``routing`` here: schedulers for versions with traffic, the rest retiring."""
         async with self._lock:
             for version in routing.traffic:
@@ -476,50 +461,11 @@ class Registry:
                 manifests[version] = await self.version_manifest(name, version)
             except Exception:
                 continue
-        now = self.clock.now()
-        window = entry.primary.version.manifest.rollout.rollback_window_s
-        rows = []
-        for version, vm in sorted(manifests.items(), key=lambda kv: kv[1].created_at):
-            scheduler = entry.schedulers.get(version)
-            row: dict[str, Any] = {
-                "version": version,
-                "created_at": vm.created_at,
-                "share": entry.routing.traffic.get(version, 0),
-                "state": scheduler.state.value if scheduler is not None else "cold",
-                "requests": scheduler.stats.requests if scheduler is not None else 0,
-                "breaker": scheduler.breaker.state.value if scheduler is not None else "closed",
-            }
-            if version in entry.left_at:
-                row["rollback_window_left_s"] = round(
-                    max(window - (now - entry.left_at[version]), 0.0), 1
-                )
-            rows.append(row)
-        return {
-            "name": name,
-            "traffic": dict(entry.routing.traffic),
-            "previous": list(entry.routing.previous),
-            "rollout": entry.last_rollout,
-            "versions": rows,
-        }
+        return entry.listing(manifests, self.clock.now())
 
     async def failures(self, name: str, version: str | None = None) -> list[dict[str, Any]]:
         """The kept failed requests of ``name`` (one version, or all), newest first."""
-        entry = await self._entry(name)
-        out: list[dict[str, Any]] = []
-        for scheduler in entry.schedulers.values():
-            if version is not None and scheduler.version.version != version:
-                continue
-            for failure in scheduler.failures:
-                out.append(
-                    {
-                        "version": scheduler.version.version,
-                        "at_unix_s": round(failure.at_unix_s, 3),
-                        "error": failure.error,
-                        "inputs": failure.inputs,
-                    }
-                )
-        out.sort(key=lambda f: float(f["at_unix_s"]), reverse=True)
-        return out
+        return (await self._entry(name)).failures(version)
 
     async def summaries(self) -> list[dict[str, Any]]:
         """Name, serving version, state and description of every function."""

@@ -1,0 +1,79 @@
+"""What a node holds for one function: its routing and the schedulers of its versions.
+
+The registry keeps one :class:`ServedFunction` per function it serves; the
+read-only views of it (the version listing, the kept failures) live here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fnrt.functions.routing import Routing
+from fnrt.functions.version import VersionManifest
+from fnrt.runtime.rollout import Canary
+from fnrt.runtime.scheduler import Scheduler
+
+
+@dataclass(eq=False)
+class ServedFunction:
+    """A function on this node."""
+
+    name: str
+    routing: Routing
+    etag: str
+    schedulers: dict[str, Scheduler] = field(default_factory=dict)  # by version id
+    left_at: dict[str, float] = field(default_factory=dict)  # version -> lost its traffic
+    canary: Canary | None = None
+    last_rollout: dict[str, Any] | None = None
+
+    @property
+    def primary(self) -> Scheduler:
+        return self.schedulers[self.routing.primary]
+
+    def listing(self, manifests: Mapping[str, VersionManifest], now: float) -> dict[str, Any]:
+        """``manifests`` (every stored version) with share, state here and breaker;
+        the rollout under way or last finished."""
+        window = self.primary.version.manifest.rollout.rollback_window_s
+        rows = []
+        for version, vm in sorted(manifests.items(), key=lambda kv: kv[1].created_at):
+            scheduler = self.schedulers.get(version)
+            row: dict[str, Any] = {
+                "version": version,
+                "created_at": vm.created_at,
+                "share": self.routing.traffic.get(version, 0),
+                "state": scheduler.state.value if scheduler is not None else "cold",
+                "requests": scheduler.stats.requests if scheduler is not None else 0,
+                "breaker": scheduler.breaker.state.value if scheduler is not None else "closed",
+            }
+            if version in self.left_at:
+                row["rollback_window_left_s"] = round(
+                    max(window - (now - self.left_at[version]), 0.0), 1
+                )
+            rows.append(row)
+        return {
+            "name": self.name,
+            "traffic": dict(self.routing.traffic),
+            "previous": list(self.routing.previous),
+            "rollout": self.last_rollout,
+            "versions": rows,
+        }
+
+    def failures(self, version: str | None = None) -> list[dict[str, Any]]:
+        """The kept failed requests (one version's, or all), newest first."""
+        out: list[dict[str, Any]] = []
+        for scheduler in self.schedulers.values():
+            if version is not None and scheduler.version.version != version:
+                continue
+            for failure in scheduler.failures:
+                out.append(
+                    {
+                        "version": scheduler.version.version,
+                        "at_unix_s": round(failure.at_unix_s, 3),
+                        "error": failure.error,
+                        "inputs": failure.inputs,
+                    }
+                )
+        out.sort(key=lambda f: float(f["at_unix_s"]), reverse=True)
+        return out
