@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -108,6 +109,28 @@ def wrk(url: str, script: Path, connections: int, duration_s: int) -> Result:
     )
 
 
+def report(results: dict[str, list[Result]], baseline: str, column: str) -> None:
+    """The median round of each variant, and every round's requests/s against
+    ``baseline``'s in the same round (with their median)."""
+    print(f"{column:<12} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'ratio':>7}")
+    base = median(results[baseline]).rps
+    for name, rounds in results.items():
+        r = median(rounds)
+        print(
+            f"{name:<12} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+            f"{r.errors:>8} {r.rps / base:>6.2f}x"
+        )
+    print()
+    for name in results:
+        per_round = [
+            round(a.rps / b.rps, 2) for a, b in zip(results[name], results[baseline], strict=True)
+        ]
+        print(
+            f"{name} / {baseline} requests/s per round: {per_round}, "
+            f"median {statistics.median(per_round):.2f}x"
+        )
+
+
 def median(results: list[Result]) -> Result:
     """The round with the median requests/s."""
     ordered = sorted(results, key=lambda r: r.rps)
@@ -117,11 +140,19 @@ def median(results: list[Result]) -> Result:
 def start_fnrt(
     store: str, cache_dir: Path, env: dict[str, str], *extra: str, stderr: Any = None
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """``fnrt serve`` on a free port; its URL and process, once it answers."""
+    """``fnrt serve`` on a free port; its URL and process, once it answers.
+
+    Its stderr (warnings and the request log, on as in production) goes to
+    ``stderr``, by default a file beside ``cache_dir``.
+    """
     port = free_port()
     argv = [str(BIN / "fnrt"), "serve", "--port", str(port), "--store", store]
     argv += ["--cache-dir", str(cache_dir), "--log-level", "warning", *extra]
-    proc = subprocess.Popen(argv, env=env, stderr=stderr)
+    if stderr is None:
+        with open(Path(cache_dir).parent / f"fnrt-{port}.log", "wb") as log:
+            proc = subprocess.Popen(argv, env=env, stderr=log)
+    else:
+        proc = subprocess.Popen(argv, env=env, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     wait_ready(f"{url}/healthz", proc)
     return url, proc

@@ -30,7 +30,7 @@ from pathlib import Path
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import Result, copy_mlp, deploy, median, require_wrk, start_fnrt, write_script, wrk
+from loadgen import Result, copy_mlp, deploy, report, require_wrk, start_fnrt, write_script, wrk
 
 BASELINE = "v1-msgpack"
 
@@ -114,21 +114,7 @@ def main() -> None:
             f"\nmlp example, {args.connections} connections, "
             f"{args.duration_s}s x {args.rounds} rounds (median round)\n"
         )
-        print(f"{'route':<12} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'ratio':>7}")
-        base = median(results[BASELINE]).rps
-        for name, rounds in results.items():
-            r = median(rounds)
-            print(
-                f"{name:<12} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
-                f"{r.errors:>8} {r.rps / base:>6.2f}x"
-            )
-        print()
-        for name in results:
-            per_round = [
-                round(a.rps / b.rps, 2)
-                for a, b in zip(results[name], results[BASELINE], strict=True)
-            ]
-            print(f"{name} / {BASELINE} requests/s per round: {per_round}")
+        report(results, BASELINE, "route")
         if args.plot:
             plot(results, args.plot)
     finally:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import Result, copy_mlp, deploy, median, require_wrk, start_fnrt, write_script, wrk
+from loadgen import Result, copy_mlp, deploy, report, require_wrk, start_fnrt, write_script, wrk
 
 SINK = """
 import sys
@@ -97,27 +96,7 @@ def main() -> None:
             f"\nmlp example, {args.connections} connections, "
             f"{args.duration_s}s x {args.rounds} rounds (median round)\n"
         )
-        print(
-            f"{'telemetry':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} "
-            f"{'vs off':>7}"
-        )
-        base = median(results[BASELINE]).rps
-        for name, rounds in results.items():
-            r = median(rounds)
-            print(
-                f"{name:<10} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>8} "
-                f"{r.rps / base:>6.2f}x"
-            )
-        print()
-        for name in results:
-            per_round = [
-                round(a.rps / b.rps, 2)
-                for a, b in zip(results[name], results[BASELINE], strict=True)
-            ]
-            print(
-                f"{name} / {BASELINE} requests/s per round: {per_round}, "
-                f"median {statistics.median(per_round):.2f}x"
-            )
+        report(results, BASELINE, "telemetry")
     finally:
         for proc in procs:
             proc.terminate()
