@@ -378,40 +378,51 @@ class Registry:
             )
 
         await asyncio.to_thread(write)
-        routing, etag = await asyncio.to_thread(repository.get_routing, entry.name)
-        await self._apply(entry, routing, etag)
-        return routing
+        await self._refresh(entry)
+        return entry.routing
+
+    async def _refresh(self, entry: ServedFunction) -> bool:
+        """Serve the stored routing here if it changed; whether it did.
+
+        The read happens under the lock, so a slow read (a watch poll) can never
+        apply an older routing over a newer one a write here applied meanwhile.
+        """
+        async with self._lock:
+            routing, etag = await asyncio.to_thread(self.repository.get_routing, entry.name)
+            if etag == entry.etag:
+                return False
+            await self._apply(entry, routing, etag)
+            return True
 
     async def _apply(self, entry: ServedFunction, routing: Routing, etag: str) -> None:
-        """Serve ``routing`` here: schedulers for versions with traffic, the rest retiring."""
-        async with self._lock:
-            for version in routing.traffic:
-                if version not in entry.schedulers or entry.schedulers[version].closing:
-                    vm = await asyncio.to_thread(self.repository.get_version, entry.name, version)
-                    scheduler = self._held(entry, vm)
-                    if routing.traffic[version]:  # traffic is on its way: load it now
-                        self._background(_warm_logged(scheduler))
-                entry.left_at.pop(version, None)
-            now = self.clock.now()
-            for version in entry.routing.traffic:
-                if version not in routing.traffic:
-                    entry.left_at[version] = now
-            if entry.routing.primary != routing.primary:
-                log.info("%s: %s now serves %s", entry.name, routing.primary, dict(routing.traffic))
-            entry.routing, entry.etag = routing, etag
+        """Serve ``routing`` here: schedulers for versions with traffic, the rest retiring.
+
+        Called with the lock held.
+        """
+        for version in routing.traffic:
+            if version not in entry.schedulers or entry.schedulers[version].closing:
+                vm = await asyncio.to_thread(self.repository.get_version, entry.name, version)
+                scheduler = self._held(entry, vm)
+                if routing.traffic[version]:  # traffic is on its way: load it now
+                    self._background(_warm_logged(scheduler))
+            entry.left_at.pop(version, None)
+        now = self.clock.now()
+        for version in entry.routing.traffic:
+            if version not in routing.traffic:
+                entry.left_at[version] = now
+        if entry.routing.primary != routing.primary:
+            log.info("%s: %s now serves %s", entry.name, routing.primary, dict(routing.traffic))
+        entry.routing, entry.etag = routing, etag
 
     async def watch(self) -> list[str]:
         """Pick up routing that changed in the store (another node's deploy); names changed."""
         changed = []
         for entry in list(self._functions.values()):
             try:
-                routing, etag = await asyncio.to_thread(self.repository.get_routing, entry.name)
+                if await self._refresh(entry):
+                    changed.append(entry.name)
             except FunctionNotFound:
                 await self._forget(entry.name)
-                changed.append(entry.name)
-                continue
-            if etag != entry.etag:
-                await self._apply(entry, routing, etag)
                 changed.append(entry.name)
         return changed
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import threading
+from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from fnrt.functions.routing import Routing
 from fnrt.runtime.clock import ManualClock
 from support import gate, gates, live_server, make_registry, publish, wait_until, write_function
 
@@ -187,3 +192,52 @@ def test_a_second_node_serves_what_the_first_deployed(tmp_path: Path) -> None:
         ):
             assert c.post("/v1/functions/tracked/invoke", json={"x": X}).status_code == 200
             assert [f["name"] for f in c.get("/v1/functions").json()["functions"]] == ["tracked"]
+
+
+def test_a_slow_watch_read_never_undoes_a_newer_cut_over(tmp_path: Path) -> None:
+    # A watch poll that read the routing before a deploy here must not apply that
+    # older routing after the deploy's (the flake seen in CI under load).
+    gate("load").set()
+    registry = make_registry(tmp_path)
+    folders = [
+        write_function(
+            tmp_path / f"v{add}",
+            "tracked",
+            TRACKED.replace("+ 1", f"+ {add}"),
+            TRACKED_MANIFEST,
+            keep_alive_s=300,
+        )
+        for add in (1, 2)
+    ]
+    with live_server(tmp_path, registry=registry) as srv:
+        first = srv.call(registry.deploy(publish(registry.repository, folders[0])))
+        v2 = publish(registry.repository, folders[1])
+        read, write = registry.repository.get_routing, registry.repository.update_routing
+        read_started, written, release = threading.Event(), threading.Event(), threading.Event()
+
+        def slow_read(name: str) -> tuple[Routing, str]:
+            result = read(name)
+            if not read_started.is_set():
+                read_started.set()
+                release.wait(10)
+            return result
+
+        def noted_write(name: str, change: Callable[[Routing | None], Routing]) -> Routing:
+            result = write(name, change)
+            written.set()
+            return result
+
+        registry.repository.get_routing = slow_read  # type: ignore[method-assign]
+        registry.repository.update_routing = noted_write  # type: ignore[method-assign]
+        assert srv.loop is not None
+        watch = asyncio.run_coroutine_threadsafe(registry.watch(), srv.loop)
+        assert read_started.wait(10)  # the watch holds the routing naming the first version
+        deploy = asyncio.run_coroutine_threadsafe(registry.deploy(v2), srv.loop)
+        assert written.wait(30)
+        futures.wait([deploy], timeout=1)  # done at once unless it waits for the watch
+        release.set()
+        second = deploy.result(30)
+        watch.result(30)
+        primary = srv.call(registry.get("tracked"))
+        assert second.version != first.version
+        assert primary.version.version == second.version
