@@ -175,3 +175,10 @@ class CircuitOpen(Unavailable):
 
 class VersionRetired(Unavailable):
     """The version stopped taking requests (it left the routing); route the request again."""
+
+
+class NoSuchSplit(NotFound):
+    """A split request names a function without split points, or a split it lacks."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"function '{name}': {message}", function=name)

@@ -334,6 +334,42 @@ class BreakerConfig:
 
 
 @dataclass(frozen=True)
+class SplitConfig:
+    """Where a model may be cut between an edge device and fnrt (docs/edge.md).
+
+    ``model`` names the artifact (an ONNX file) that is cut; ``points`` are
+    tensor names of that graph, in order from the input to the output, each a
+    boundary where the whole state passes through one tensor (for an
+    ``nn.Sequential`` exported with :func:`fnrt.edge.export.export_sequential`,
+    the layer boundaries ``after.0``, ``after.1`` ...). Split ``k`` (1 to
+    ``len(points)``) runs up to ``points[k - 1]`` on the device and the rest
+    here; 0 is all on the server, ``len(points) + 1`` all on the device.
+    """
+
+    model: str = ""
+    points: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        points = self.points
+        if not isinstance(points, tuple | list) or not all(isinstance(p, str) for p in points):
+            raise ManifestError("points", "must be a list of tensor names")
+        object.__setattr__(self, "points", tuple(points))
+        for point in points:
+            if not _TENSOR_NAME.match(point):
+                raise ManifestError("points", f"{point!r} is not a valid tensor name")
+        if len(set(points)) != len(points):
+            raise ManifestError("points", "names a tensor twice")
+        if not isinstance(self.model, str):
+            raise ManifestError("model", "must be the name of an artifact")
+        if bool(self.model) != bool(points):
+            raise ManifestError("model", "and 'points' go together: name the model and its cuts")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.points)
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A validated function manifest (see the module docstring for the file form)."""
 
@@ -349,6 +385,7 @@ class Manifest:
     result_cache: ResultCacheConfig = field(default_factory=ResultCacheConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
     exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -367,6 +404,8 @@ class Manifest:
                     f"artifacts.{key}",
                     f"{rel!r} must be a relative path inside the function folder",
                 )
+        if self.split.enabled and self.split.model not in self.artifacts:
+            raise ManifestError("split.model", f"{self.split.model!r} is not an artifact")
         for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
             for tensor in specs:
                 if not _TENSOR_NAME.match(tensor):
@@ -395,6 +434,11 @@ class Manifest:
             "result_cache": asdict(self.result_cache),
             "rollout": {**asdict(self.rollout), "steps_percent": list(self.rollout.steps_percent)},
             "breaker": asdict(self.breaker),
+            **(
+                {"split": {**asdict(self.split), "points": list(self.split.points)}}
+                if self.split.enabled
+                else {}
+            ),
             "exclude": list(self.exclude),
         }
 
@@ -412,6 +456,7 @@ _TOP_KEYS = {
     "result_cache",
     "rollout",
     "breaker",
+    "split",
     "exclude",
 }
 
@@ -487,6 +532,7 @@ def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manif
         result_cache=_build(ResultCacheConfig, _table(data, "result_cache"), "result_cache"),
         rollout=_build(RolloutConfig, _table(data, "rollout"), "rollout"),
         breaker=_build(BreakerConfig, _table(data, "breaker"), "breaker"),
+        split=_build(SplitConfig, _table(data, "split"), "split"),
         exclude=tuple(exclude),
     )
 

@@ -42,6 +42,7 @@ from fnrt.runtime.result_cache import inputs_key
 from fnrt.runtime.rollout import Canary, prepare
 from fnrt.runtime.scheduler import Admission, Scheduler, Served
 from fnrt.runtime.served import ServedFunction
+from fnrt.runtime.split import Splits
 from fnrt.runtime.traffic import bucket_of, choose_version
 from fnrt.tracing.metrics import FunctionState
 from fnrt.tracing.telemetry import Telemetry
@@ -80,6 +81,7 @@ class Registry:
         self.telemetry: Telemetry | None = None  # set by the app before serving
         self.keeper: Keeper | None = None  # keep-alive policies' histories (set by the app)
         self._saved_at = 0.0
+        self.splits = Splits(self)  # the tails edge devices send activations to
 
     def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` without awaiting it, holding a reference until it ends."""
@@ -115,6 +117,7 @@ class Registry:
             await asyncio.to_thread(self.keeper.save)
         schedulers = self.loaded()
         self._functions = {}
+        await self.splits.close()
         await asyncio.gather(*(s.close() for s in schedulers), *self._tasks, return_exceptions=True)
 
     # --- finding versions --------------------------------------------------------------
@@ -505,7 +508,7 @@ class Registry:
         rest = [
             s for e in self._functions.values() for s in e.schedulers.values() if s is not e.primary
         ]
-        return [*primaries, *rest]
+        return [*primaries, *rest, *self.splits.schedulers()]
 
     def function_states(self) -> list[FunctionState]:
         """Warm instances and queue depth of every version held here (for /metrics)."""
@@ -569,6 +572,8 @@ class Registry:
                     unloaded.append(scheduler.name)
                 if learned and await self._keep(scheduler, policy, now):
                     unloaded.append(scheduler.name)
+        held = {(e.name, v) for e in self._functions.values() for v in e.schedulers}
+        unloaded += await self.splits.sweep(now, held)
         if self.keeper is not None and now - self._saved_at >= HISTORY_SAVE_INTERVAL_S:
             self._saved_at = now
             await asyncio.to_thread(self.keeper.save)

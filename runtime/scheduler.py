@@ -61,6 +61,10 @@ log = logging.getLogger("fnrt.scheduler")
 _LAST_RESULT_TTL_S = 24 * 3600.0
 
 
+#: Builds one instance of a version on the executor's thread (``InstanceLoader.load``).
+LoadInstance = Callable[[VersionManifest, ThreadPoolExecutor], Instance]
+
+
 class InstanceState(Enum):
     COLD = "cold"
     LOADING = "loading"
@@ -134,8 +138,11 @@ class Scheduler:
         make_room: MakeRoom | None = None,
         admission: Admission | None = None,
         telemetry: Telemetry | None = None,
+        load: LoadInstance | None = None,
     ) -> None:
         self.version = version
+        # What builds an instance: the handler by default; a split's tail (runtime/split.py).
+        self._load_instance: LoadInstance = load or loader.load
         self._telemetry = telemetry
         self._prewarmed_at: float | None = None  # a pre-warmed instance no call has used yet
         self._load_span: tuple[int, int, dict[str, Any]] | None = None  # last load, for spans
@@ -462,7 +469,7 @@ class Scheduler:
             if self._make_room is not None:
                 await self._make_room(self, self.stats.last_load_bytes or self.version.size_bytes)
             instance = await loop.run_in_executor(
-                executor, self._loader.load, self.version, executor
+                executor, self._load_instance, self.version, executor
             )
         except BaseException as exc:
             executor.shutdown(wait=False)

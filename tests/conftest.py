@@ -82,3 +82,19 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
     )
     return root
+
+
+@pytest.fixture(scope="session")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the split-capable ``cnn-split`` example, its ONNX model made by its script."""
+    folder = tmp_path_factory.mktemp("examples") / "cnn-split"
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    shutil.copytree(
+        examples / "cnn-split", folder, ignore=shutil.ignore_patterns("*.onnx", "__pycache__")
+    )
+    subprocess.run(
+        [sys.executable, str(folder / "export.py"), "--out", str(folder)],
+        check=True,
+        capture_output=True,
+    )
+    return folder

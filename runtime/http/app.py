@@ -18,7 +18,7 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import open_store
 from fnrt.runtime.clock import Clock, SystemClock
-from fnrt.runtime.http import admin, health, openapi
+from fnrt.runtime.http import admin, health, openapi, split
 from fnrt.runtime.http.body import Receive
 from fnrt.runtime.http.invoke import INVOKE_PATH, Scope, Send, serve_invoke
 from fnrt.runtime.http.oip import routes as oip_routes
@@ -76,6 +76,7 @@ _RAW_ROUTES = [
     Route("/v1/functions/{name}/invoke", _invoke_route, methods=["POST"]),
     Route("/v2/models/{name}/infer", _infer_route, methods=["POST"]),
     Route("/v2/models/{name}/versions/{version}/infer", _infer_route, methods=["POST"]),
+    Route("/v1/functions/{name}/split/{k}", split.split_route, methods=["POST"]),
 ]
 
 
@@ -94,6 +95,11 @@ class FnrtApp(Starlette):
             if match is not None:
                 name, version = match.groups()
                 await serve_infer(self.state.node, name, version, scope, receive, send)
+                return
+            match = split.SPLIT_PATH.fullmatch(path)
+            if match is not None:
+                name, k = match.groups()
+                await split.serve_split(self.state.node, name, k, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
 
@@ -141,6 +147,7 @@ def build_app(
             *health.routes,
             *oip_routes.routes,
             *openapi.routes,
+            *split.routes,
         ],
         exception_handlers={
             FnrtError: fnrt_error_handler,

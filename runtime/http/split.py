@@ -1,0 +1,136 @@
+"""Split inference over HTTP (docs/edge.md).
+
+- ``GET  /v1/functions/{name}/split``: the plan data (points, heads, server time)
+- ``GET  /v1/functions/{name}/split/{k}/head``: the head model for split ``k`` (ONNX)
+- ``POST /v1/functions/{name}/split/{k}``: an activation in, the outputs back
+
+The POST is a data path, served as raw ASGI like invokes. ``X-Fnrt-Version``
+pins the version the device's head came from (a version that is gone is a
+404, and the device fetches the plan again); ``X-Fnrt-Server-Ms`` on the
+answer is the time spent here, so the device can tell network from compute.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+
+from fnrt.edge.activation import unpack
+from fnrt.functions.codec import Format, encode, negotiate
+from fnrt.functions.errors import BadRequest
+from fnrt.runtime.http.body import Receive, read_body
+from fnrt.runtime.http.invoke import (
+    VERSION_HEADER,
+    Answer,
+    Scope,
+    Send,
+    header_map,
+    request_options,
+    serve_raw,
+    served_headers,
+)
+from fnrt.runtime.http.observe import Trail, begin, end
+from fnrt.runtime.http.resource import resource
+from fnrt.runtime.http.state import Node, node_of
+
+SPLIT_PATH = re.compile(r"/v1/functions/([^/]+)/split/([^/]+)")
+ROUTE = "/v1/functions/{name}/split/{k}"
+SERVER_MS_HEADER = "x-fnrt-server-ms"
+DIGEST_HEADER = "x-fnrt-digest"
+
+
+def split_index(text: str) -> int:
+    try:
+        k = int(text)
+    except ValueError:
+        raise BadRequest(f"split {text!r} is not an integer") from None
+    if k < 0:
+        raise BadRequest(f"split {k} is negative")
+    return k
+
+
+async def _answer(
+    node: Node, name: str, k: int, headers: Mapping[str, str], receive: Receive, trail: Trail
+) -> Answer:
+    started = time.perf_counter()
+    reply = negotiate(headers.get("accept"), Format.MSGPACK)
+    priority, timeout_s = request_options(headers)
+    body = await read_body(headers, receive, node.settings.max_body_bytes)
+    if headers.get("content-type", "application/msgpack").split(";")[0].strip() not in (
+        "application/msgpack",
+        "application/x-msgpack",
+        "application/vnd.msgpack",
+    ):
+        raise BadRequest("a split request's body is application/msgpack")
+    activation = unpack(body)
+    trail.function = name
+    scheduler, served = await node.registry.splits.submit(
+        name,
+        k,
+        activation,
+        version=headers.get(VERSION_HEADER) or None,
+        priority=priority,
+        timeout_s=timeout_s,
+        span=trail.span,
+    )
+    trail.version = scheduler.version.version
+    trail.cold_tier = served.cold_tier
+    if trail.span is not None:
+        trail.span.set_attribute("fnrt.split", k)
+        trail.span.set_attribute("fnrt.split.bytes", len(body))
+    out = encode(served.outputs, reply)
+    extra = served_headers(scheduler, served)
+    extra[SERVER_MS_HEADER] = f"{(time.perf_counter() - started) * 1000.0:.3f}"
+    return out, reply.media_type, extra
+
+
+async def serve_split(
+    node: Node, name: str, k_text: str, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Answer one activation on the raw ASGI interface."""
+    headers = header_map(scope)
+    telemetry = node.registry.telemetry
+    trail = begin(telemetry, ROUTE, scope, headers)
+
+    async def answer() -> Answer:
+        return await _answer(node, name, split_index(k_text), headers, receive, trail)
+
+    status = await serve_raw(answer(), scope, send, headers, trail.span)
+    end(telemetry, trail, status)
+
+
+async def split_route(scope: Scope, receive: Receive, send: Send) -> None:
+    params = scope["path_params"]
+    await serve_split(scope["app"].state.node, params["name"], params["k"], scope, receive, send)
+
+
+async def get_plan(request: Request) -> Response:
+    """What an edge device plans with: split points, heads, this node's time per segment."""
+    registry = node_of(request).registry
+    name = request.path_params["name"]
+    plan = await registry.splits.plan(name, request.query_params.get("version"))
+    return JSONResponse(plan)
+
+
+async def get_head(request: Request) -> Response:
+    """The head model (ONNX) the device runs for split ``k``; its sha256 in a header."""
+    registry = node_of(request).registry
+    name = request.path_params["name"]
+    k = split_index(request.path_params["k"])
+    version = request.query_params.get("version")
+    head = await registry.splits.head(name, k, version)
+    return FileResponse(
+        head.path,
+        media_type="application/octet-stream",
+        headers={DIGEST_HEADER: f"sha256:{head.digest}"},
+    )
+
+
+routes = [
+    resource("/v1/functions/{name}/split", get=get_plan),
+    resource("/v1/functions/{name}/split/{k}/head", get=get_head),
+]
