@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+import msgpack
 import numpy as np
 
-from fnrt.functions.codec import decode_msgpack, encode_msgpack
-from fnrt.functions.errors import BadRequest, InvalidInput
+from fnrt.functions.errors import BadRequest, FnrtError, InvalidInput
 
 Array = np.ndarray[Any, Any]
 
@@ -52,14 +52,58 @@ def pack(activation: Array, encoding: Encoding = Encoding.FLOAT32) -> bytes:
         peak = float(np.max(np.abs(activation))) if activation.size else 0.0
         scale = peak / 127.0 if peak > 0 else 1.0
         quantised = np.clip(np.rint(activation / scale), -127, 127).astype(np.int8)
-        return encode_msgpack({"activation": quantised, "scale": scale})
+        return _packb({"activation": _array(quantised), "scale": scale})
     if encoding is Encoding.FLOAT16:
-        return encode_msgpack({"activation": activation.astype(np.float16)})
-    return encode_msgpack({"activation": np.ascontiguousarray(activation, dtype=np.float32)})
+        return _packb({"activation": _array(activation.astype(np.float16))})
+    return _packb({"activation": _array(activation.astype(np.float32, copy=False))})
+
+
+# The edge client packs and reads bodies with msgpack alone (no fnrt.functions.codec,
+# whose JSON and bfloat16 support need orjson and ml_dtypes): arrays in the same
+# msgpack_numpy layout, numeric dtypes only.
+
+
+def _array(array: Array) -> dict[str, Any]:
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return {
+        "nd": True,
+        "type": array.dtype.str,
+        "kind": b"",
+        "shape": list(array.shape),
+        "data": array.tobytes(),
+    }
+
+
+def _packb(payload: Mapping[str, Any]) -> bytes:
+    return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def read_outputs(body: bytes) -> dict[str, Array]:
+    """The outputs in an answer (msgpack, numeric arrays); FnrtError if malformed."""
+    try:
+        payload = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise FnrtError(f"the server's answer is not msgpack: {exc}") from None
+    if not isinstance(payload, dict):
+        raise FnrtError("the server's answer is not a map of outputs")
+    out = {}
+    for name, value in payload.items():
+        if isinstance(value, dict):
+            value = {k.decode() if isinstance(k, bytes) else k: v for k, v in value.items()}
+        if not (isinstance(value, dict) and value.get("nd") is True):
+            raise FnrtError(f"output {name!r} is not an array")
+        kind = value.get("type")
+        dtype = np.dtype(kind.decode() if isinstance(kind, bytes) else kind)
+        if dtype.kind not in "biuf":
+            raise FnrtError(f"output {name!r} has dtype {dtype}, not a numeric one")
+        out[str(name)] = np.frombuffer(value["data"], dtype=dtype).reshape(value["shape"])
+    return out
 
 
 def unpack(body: bytes) -> Array:
     """The float32 activation a request body carries; BadRequest or InvalidInput if not."""
+    from fnrt.functions.codec import decode_msgpack  # the server's validating decoder
+
     payload: Mapping[str, Any] = decode_msgpack(body)
     activation = payload.get("activation")
     if not isinstance(activation, np.ndarray):

@@ -3,6 +3,7 @@
 - ``GET  /v1/functions/{name}/split``: the plan data (points, heads, server time)
 - ``GET  /v1/functions/{name}/split/{k}/head``: the head model for split ``k`` (ONNX)
 - ``POST /v1/functions/{name}/split/{k}``: an activation in, the outputs back
+- ``POST /v1/probe``: a body the server drops (the device times it: bandwidth)
 
 The POST is a data path, served as raw ASGI like invokes. ``X-Fnrt-Version``
 pins the version the device's head came from (a version that is gone is a
@@ -56,10 +57,11 @@ def split_index(text: str) -> int:
 async def _answer(
     node: Node, name: str, k: int, headers: Mapping[str, str], receive: Receive, trail: Trail
 ) -> Answer:
-    started = time.perf_counter()
     reply = negotiate(headers.get("accept"), Format.MSGPACK)
     priority, timeout_s = request_options(headers)
     body = await read_body(headers, receive, node.settings.max_body_bytes)
+    started = time.perf_counter()  # server time starts with the whole body here: the
+    # upload is network time, which the device estimates its bandwidth from
     if headers.get("content-type", "application/msgpack").split(";")[0].strip() not in (
         "application/msgpack",
         "application/x-msgpack",
@@ -84,7 +86,7 @@ async def _answer(
         trail.span.set_attribute("fnrt.split.bytes", len(body))
     out = encode(served.outputs, reply)
     extra = served_headers(scheduler, served)
-    extra[SERVER_MS_HEADER] = f"{(time.perf_counter() - started) * 1000.0:.3f}"
+    extra[SERVER_MS_HEADER] = _since_ms(started)
     return out, reply.media_type, extra
 
 
@@ -110,27 +112,40 @@ async def split_route(scope: Scope, receive: Receive, send: Send) -> None:
 
 async def get_plan(request: Request) -> Response:
     """What an edge device plans with: split points, heads, this node's time per segment."""
+    started = time.perf_counter()
     registry = node_of(request).registry
     name = request.path_params["name"]
     plan = await registry.splits.plan(name, request.query_params.get("version"))
-    return JSONResponse(plan)
+    return JSONResponse(plan, headers={SERVER_MS_HEADER: _since_ms(started)})
 
 
 async def get_head(request: Request) -> Response:
     """The head model (ONNX) the device runs for split ``k``; its sha256 in a header."""
+    started = time.perf_counter()
     registry = node_of(request).registry
     name = request.path_params["name"]
     k = split_index(request.path_params["k"])
     version = request.query_params.get("version")
     head = await registry.splits.head(name, k, version)
-    return FileResponse(
-        head.path,
-        media_type="application/octet-stream",
-        headers={DIGEST_HEADER: f"sha256:{head.digest}"},
-    )
+    headers = {DIGEST_HEADER: f"sha256:{head.digest}", SERVER_MS_HEADER: _since_ms(started)}
+    return FileResponse(head.path, media_type="application/octet-stream", headers=headers)
+
+
+def _since_ms(started: float) -> str:
+    return f"{(time.perf_counter() - started) * 1000.0:.3f}"
+
+
+async def post_probe(request: Request) -> Response:
+    """A bandwidth probe: the body is read (within the size limit) and dropped; its
+    upload is all network time, so the server's own time is 0."""
+    node = node_of(request)
+    receive: Receive = request.receive
+    await read_body(request.headers, receive, node.settings.max_body_bytes)
+    return Response(status_code=204, headers={SERVER_MS_HEADER: "0"})
 
 
 routes = [
+    resource("/v1/probe", post=post_probe),
     resource("/v1/functions/{name}/split", get=get_plan),
     resource("/v1/functions/{name}/split/{k}/head", get=get_head),
 ]

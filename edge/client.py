@@ -1,0 +1,503 @@
+"""The edge client: run a model's head on this device, its tail on fnrt.
+
+Needs numpy, msgpack and onnxruntime, nothing of the server::
+
+    from fnrt.edge.client import EdgeClient, EdgeConfig
+
+    with EdgeClient("http://fnrt:8000", "cnn-split", EdgeConfig(cache_dir=Path("edge-cache"))) as c:
+        result = c.run({"x": image})        # result.outputs["y"], result.split, ...
+
+On first use it fetches the plan data (split points, head digests, the
+server's time per segment), downloads the heads it may run (kept in
+``cache_dir`` by digest and checked against it, so a corrupted file is never
+run), and times each head here once. Each call then runs the head of the
+planned split, sends the activation, and returns the outputs; the link's RTT
+and bandwidth are estimated from the calls themselves, and the plan is made
+again when they move (or the server's load does). When the server cannot be
+reached and the whole model fits this device, the call runs here entirely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fnrt.edge.activation import Encoding, pack, read_outputs
+from fnrt.edge.link import LinkConfig, LinkEstimate
+from fnrt.edge.planner import Link, Plan, Profile, choose_split
+from fnrt.edge.transport import HttpTransport, Response, Transport
+from fnrt.functions.errors import FnrtError, IntegrityError, NoSuchSplit, Unavailable
+
+log = logging.getLogger("fnrt.edge")
+
+Array = np.ndarray[Any, Any]
+
+VERSION_HEADER = "x-fnrt-version"
+SERVER_MS_HEADER = "x-fnrt-server-ms"
+DIGEST_HEADER = "x-fnrt-digest"
+PROBE_PATH = "/v1/probe"
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """How the edge client runs.
+
+    ``split`` fixes the split (None: the planner chooses). Heads larger than
+    ``max_model_bytes`` are never downloaded, and the whole model runs here
+    (planned, or offline) only when it fits. ``plan_refresh_s`` is how often
+    the server's load is asked again; ``threads`` the onnxruntime threads here.
+    ``emulate_slowdown`` makes every model run here take that many times as long
+    (a slower device, for trying plans; see also :class:`Throttled` for the link).
+    """
+
+    cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "fnrt-edge")
+    encoding: Encoding = Encoding.FLOAT32
+    split: int | None = None
+    max_model_bytes: int = 256 * 1024 * 1024
+    profile_runs: int = 5
+    plan_refresh_s: float = 30.0
+    threads: int = 1
+    timeout_s: float = 30.0
+    emulate_slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.emulate_slowdown >= 1:
+            raise ValueError("emulate_slowdown: must be >= 1 (1: this device as it is)")
+        if self.split is not None and self.split < 0:
+            raise ValueError("split: must be >= 0 (or None to plan)")
+        if self.max_model_bytes < 0:
+            raise ValueError("max_model_bytes: must be >= 0")
+        if self.profile_runs < 1:
+            raise ValueError("profile_runs: must be >= 1")
+        if not self.plan_refresh_s > 0 or not self.timeout_s > 0:
+            raise ValueError("plan_refresh_s and timeout_s: must be > 0")
+        if self.threads < 1:
+            raise ValueError("threads: must be >= 1")
+
+
+@dataclass(frozen=True)
+class EdgeResult:
+    """One call's outputs, where it was split, and where its time went (ms)."""
+
+    outputs: dict[str, Array]
+    split: int
+    version: str
+    head_ms: float
+    request_ms: float  # the upload and answer, network and server together
+    server_ms: float  # the server's own part of request_ms
+    total_ms: float
+    offline: bool = False
+
+
+class EdgeUnavailable(Unavailable):
+    """The server cannot be reached and this device cannot run the model alone."""
+
+
+class EdgeClient:
+    """Split inference of one function from this device (see the module docstring)."""
+
+    def __init__(
+        self,
+        server: str,
+        name: str,
+        config: EdgeConfig | None = None,
+        *,
+        transport: Transport | None = None,
+        tracer: Any = None,
+        link: LinkConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.config = config or EdgeConfig()
+        self.transport = transport or HttpTransport(server, self.config.timeout_s)
+        self.tracer = tracer  # a fnrt.tracing Tracer (client_tracer), or None
+        self.link = LinkEstimate(link)
+        self._clock = clock
+        self._folder = self.config.cache_dir / _slug(server) / name
+        self._plan_data: dict[str, Any] | None = None
+        self._fetched_at = -float("inf")
+        self._sessions: dict[int, Any] = {}  # k -> onnxruntime session of the head
+        self._device_ms: tuple[float, ...] | None = None
+        self._plan: Plan | None = None
+        self._planned_link: Link | None = None
+        self._planned_wait_ms = 0.0
+        self._sized = False  # a large transfer was timed since the last refresh
+
+    def __enter__(self) -> EdgeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()
+
+    # --- the plan ------------------------------------------------------------------------
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The server's plan data (fetched on first use)."""
+        if self._plan_data is None:
+            self.refresh()
+        assert self._plan_data is not None
+        return self._plan_data
+
+    @property
+    def splits(self) -> int:
+        return int(self.data["splits"])
+
+    def refresh(self) -> None:
+        """Ask the server for its plan data again (its load changes); download and time
+        the heads of a version not seen before."""
+        started = time.perf_counter()
+        response = self._call("GET", f"/v1/functions/{self.name}/split", None, {})
+        self._observe(len(response.body), started, response)
+        if not self._sized:
+            self._probe()
+        self._sized = False
+        data = json.loads(response.body)
+        changed = self._plan_data is None or data["version"] != self._plan_data["version"]
+        self._plan_data, self._fetched_at = data, self._clock()
+        if changed:
+            self._sessions, self._device_ms, self._plan = {}, None, None
+            self._folder.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self._folder / "plan.json", response.body)
+            self._load_heads(online=True)
+
+    def _probe(self) -> None:
+        """Time an upload of ``probe_bytes`` (the server drops it): a bandwidth sample."""
+        body = bytes(self.link.config.probe_bytes)
+        started = time.perf_counter()
+        response = self._call(
+            "POST", PROBE_PATH, body, {"content-type": "application/octet-stream"}
+        )
+        self._observe(len(body) + len(response.body), started, response)
+
+    def _observe(self, moved_bytes: int, started: float, response: Response) -> None:
+        server_ms = float(response.headers.get(SERVER_MS_HEADER, "0") or 0)
+        self.link.observe(moved_bytes, time.perf_counter() - started, server_ms / 1000.0)
+        if moved_bytes >= self.link.config.probe_bytes // 4:
+            self._sized = True
+
+    def profile(self) -> Profile:
+        """The planner's input: this device's and the server's time per segment."""
+        data = self.data
+        if self._device_ms is None:
+            self._device_ms = self._time_heads()
+        n = self.splits - 2
+        inputs_bytes = sum(int(p["row_bytes"]) for p in data["inputs"])
+        sent = [inputs_bytes, *(int(p["row_bytes"]) for p in data["points"])]
+        scale = self.config.encoding.item_bytes / 4  # the plan's sizes are float32
+        return Profile(
+            device_ms=self._device_ms,
+            server_ms=tuple(float(t) for t in data["server_ms"]),
+            sent_bytes=tuple(int(b * (scale if 0 < k <= n else 1)) for k, b in enumerate(sent)),
+            result_bytes=int(data["output_row_bytes"]),
+            server_wait_ms=float(data["server_wait_ms"]),
+        )
+
+    def plan(self) -> Plan:
+        """The split to use now, planned again when the link or the server's load moved."""
+        if self._clock() - self._fetched_at >= self.config.plan_refresh_s:
+            self.refresh()
+        link = self.link.link
+        wait = float(self.data["server_wait_ms"])
+        stale = (
+            self._plan is None
+            or self.link.changed_since(self._planned_link)
+            or abs(wait - self._planned_wait_ms) > 0.25 * max(self._planned_wait_ms, 1.0)
+        )
+        if stale:
+            assert link is not None  # refresh observed the plan request and the heads
+            self._plan = choose_split(self.profile(), link, self._allowed())
+            self._planned_link, self._planned_wait_ms = link, wait
+            log.info("split plan for %s: %d (%s)", self.name, self._plan.split, _ms(self._plan))
+        assert self._plan is not None
+        return self._plan
+
+    def _allowed(self) -> set[int]:
+        return {0, *self._sessions}
+
+    # --- one call ------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, Array], split: int | None = None) -> EdgeResult:
+        """Answer ``inputs`` with the planned split (or ``split``, or the configured one)."""
+        root = self._span("edge.run", None, {"fnrt.function": self.name})
+        try:
+            result = self._run(inputs, split, root)
+        except BaseException as exc:
+            if root is not None:
+                from fnrt.tracing.spans import fail
+
+                fail(root, exc)
+                root.end()
+            raise
+        if root is not None:
+            root.set_attribute("fnrt.split", result.split)
+            root.set_attribute("fnrt.edge.offline", result.offline)
+            root.end()
+        return result
+
+    def _run(self, inputs: Mapping[str, Array], split: int | None, root: Any) -> EdgeResult:
+        started = time.perf_counter()
+        try:
+            chosen = split if split is not None else self.config.split
+            k = chosen if chosen is not None else self.plan().split
+            last = self.splits - 1
+        except OSError as exc:
+            return self._offline(inputs, started, root, exc)
+        if not 0 <= k <= last:
+            raise NoSuchSplit(self.name, f"split {k} is not one of 0 to {last}")
+        if k == last:
+            return self._locally(inputs, started, root, offline=False)
+        head_started = time.perf_counter()
+        span = self._span("edge.head", root, {"fnrt.split": k})
+        activation = self._head(k, inputs)
+        head_ms = (time.perf_counter() - head_started) * 1000.0
+        if span is not None:
+            span.end()
+        body = pack(activation, self.config.encoding)
+        sent_at = time.perf_counter()
+        try:
+            response = self._upload(k, body, root)
+        except OSError as exc:
+            return self._offline(inputs, started, root, exc)
+        request_s = time.perf_counter() - sent_at
+        server_ms = float(response.headers.get(SERVER_MS_HEADER, "0") or 0)
+        self._observe(len(body) + len(response.body), sent_at, response)
+        return EdgeResult(
+            read_outputs(response.body),
+            k,
+            str(self.data["version"]),
+            head_ms,
+            request_s * 1000.0,
+            server_ms,
+            (time.perf_counter() - started) * 1000.0,
+        )
+
+    def _head(self, k: int, inputs: Mapping[str, Array]) -> Array:
+        names = [p["name"] for p in self.data["inputs"]]
+        missing = set(names) - set(inputs)
+        if missing:
+            raise FnrtError(f"inputs {sorted(missing)} are missing (the model takes {names})")
+        if k == 0:
+            if len(names) != 1:
+                raise NoSuchSplit(self.name, "split 0 sends one input; this model has several")
+            return np.asarray(inputs[names[0]], dtype=self.data["inputs"][0]["dtype"])
+        session = self._session(k)
+        feed: dict[str, Array] = {
+            n: np.asarray(inputs[n], dtype=p["dtype"])
+            for n, p in zip(names, self.data["inputs"], strict=True)
+        }
+        (activation,) = self._timed_run(session, [self.data["points"][k - 1]["name"]], feed)
+        return np.asarray(activation)
+
+    def _timed_run(self, session: Any, outputs: list[str] | None, feed: dict[str, Array]) -> Any:
+        """``session.run``, made ``emulate_slowdown`` times as long."""
+        started = time.perf_counter()
+        ran = session.run(outputs, feed)
+        if self.config.emulate_slowdown > 1:
+            time.sleep((time.perf_counter() - started) * (self.config.emulate_slowdown - 1))
+        return ran
+
+    def _upload(self, k: int, body: bytes, root: Any) -> Response:
+        headers = {
+            "content-type": "application/msgpack",
+            "accept": "application/msgpack",
+            VERSION_HEADER: str(self.data["version"]),
+        }
+        attributes = {"fnrt.split": k, "fnrt.split.bytes": len(body)}
+        span = self._span("edge.upload", root, attributes, client=True)
+        if span is not None:
+            from fnrt.tracing.spans import inject
+
+            inject(span, headers)
+        try:
+            response = self._call("POST", f"/v1/functions/{self.name}/split/{k}", body, headers)
+        finally:
+            if span is not None:
+                span.end()
+        return response
+
+    def _offline(
+        self, inputs: Mapping[str, Array], started: float, root: Any, error: OSError
+    ) -> EdgeResult:
+        """The server is unreachable: the whole model here, if this device holds it."""
+        if self._plan_data is None:
+            cached = self._folder / "plan.json"
+            if cached.is_file():
+                self._plan_data = json.loads(cached.read_bytes())
+                self._load_heads(online=False)
+        if self._plan_data is None or self.splits - 1 not in self._sessions:
+            raise EdgeUnavailable(
+                f"cannot reach the server ({error}) and the whole of '{self.name}' "
+                "is not on this device (never fetched, or larger than max_model_bytes)"
+            ) from error
+        log.warning("server unreachable (%s): running %s on this device", error, self.name)
+        return self._locally(inputs, started, root, offline=True)
+
+    def _locally(
+        self, inputs: Mapping[str, Array], started: float, root: Any, *, offline: bool
+    ) -> EdgeResult:
+        last = self.splits - 1
+        span = self._span("edge.head", root, {"fnrt.split": last})
+        names = [p["name"] for p in self.data["inputs"]]
+        feed = {
+            n: np.asarray(inputs[n], dtype=p["dtype"])
+            for n, p in zip(names, self.data["inputs"], strict=True)
+        }
+        ran = self._timed_run(self._session(last), list(self.data["outputs"]), feed)
+        if span is not None:
+            span.end()
+        total = (time.perf_counter() - started) * 1000.0
+        outputs = {n: np.asarray(v) for n, v in zip(self.data["outputs"], ran, strict=True)}
+        return EdgeResult(
+            outputs, last, str(self.data["version"]), total, 0.0, 0.0, total, offline=offline
+        )
+
+    # --- heads ---------------------------------------------------------------------------
+
+    def _session(self, k: int) -> Any:
+        if k not in self._sessions:
+            raise NoSuchSplit(
+                self.name, f"the head of split {k} is not on this device (max_model_bytes)"
+            )
+        return self._sessions[k]
+
+    def _load_heads(self, *, online: bool) -> None:
+        """Open every head that fits, from the cache or (online) downloaded and verified."""
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.config.threads
+        options.inter_op_num_threads = 1
+        for head in self.data["heads"]:
+            k, digest, size = int(head["k"]), str(head["digest"]), int(head["size_bytes"])
+            if size > self.config.max_model_bytes:
+                continue
+            path = self.config.cache_dir / "heads" / f"{digest}.onnx"
+            if not (path.is_file() and _sha256(path.read_bytes()) == digest):
+                if not online:
+                    continue
+                path.unlink(missing_ok=True)  # corrupted in the cache: fetch it again
+                self._download(k, digest, path)
+            self._sessions[k] = ort.InferenceSession(
+                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+
+    def _download(self, k: int, digest: str, path: Path) -> None:
+        started = time.perf_counter()
+        response = self._call("GET", f"/v1/functions/{self.name}/split/{k}/head", None, {})
+        self._observe(len(response.body), started, response)
+        announced = response.headers.get(DIGEST_HEADER, "").removeprefix("sha256:")
+        actual = _sha256(response.body)
+        if actual != digest or announced != digest:
+            raise IntegrityError(digest, actual)  # never run a head that is not the planned one
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, response.body)
+
+    def _time_heads(self) -> tuple[float, ...]:
+        """This device's time per segment, from the median time of each head it holds
+        (segments past the largest head it holds: unknown, so infinite)."""
+        data = self.data
+        head_ms = [0.0]
+        names = [p["name"] for p in data["inputs"]]
+        feed = {
+            n: np.zeros((1, *p["row_shape"]), dtype=p["dtype"])
+            for n, p in zip(names, data["inputs"], strict=True)
+        }
+        for k in range(1, self.splits):
+            if k not in self._sessions:
+                break
+            session = self._sessions[k]
+            session.run(None, feed)  # warm-up
+            times = []
+            for _ in range(self.config.profile_runs):
+                mark = time.perf_counter()
+                self._timed_run(session, None, feed)
+                times.append((time.perf_counter() - mark) * 1000.0)
+            head_ms.append(max(statistics.median(times), head_ms[-1]))
+        segments = [head_ms[i + 1] - head_ms[i] for i in range(len(head_ms) - 1)]
+        segments += [float("inf")] * (self.splits - 1 - len(segments))
+        return tuple(segments)
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _call(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> Response:
+        response = self.transport.request(method, path, body, headers)
+        if response.status in (200, 204):
+            return response
+        message = _error_message(response)
+        if response.status == 404:
+            raise NoSuchSplit(self.name, message)
+        if response.status in (429, 503):
+            raise Unavailable(message)
+        raise FnrtError(f"the server answered {response.status}: {message}")
+
+    def _span(
+        self, name: str, parent: Any, attributes: dict[str, Any], *, client: bool = False
+    ) -> Any:
+        """A span of this call (None without a tracer); ``client``: it makes a request."""
+        if self.tracer is None:
+            return None
+        from fnrt.tracing.recorder import SpanKind
+
+        return self.tracer.start(
+            name,
+            parent.context if parent is not None else None,
+            kind=SpanKind.CLIENT if client else SpanKind.INTERNAL,
+            attributes=attributes,
+        )
+
+
+def _error_message(response: Response) -> str:
+    import msgpack
+
+    try:
+        if "json" in response.headers.get("content-type", ""):
+            payload = json.loads(response.body)
+        else:
+            payload = msgpack.unpackb(response.body, raw=False)
+        return str(payload.get("error", payload))
+    except Exception:
+        return response.body[:200].decode("utf-8", "replace")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _slug(server: str) -> str:
+    return hashlib.sha256(server.rstrip("/").encode()).hexdigest()[:16]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _ms(plan: Plan) -> str:
+    return ", ".join(f"{k}: {t:.1f} ms" for k, t in enumerate(plan.predicted_ms))
