@@ -55,6 +55,12 @@ def test_defaults_and_round_trip() -> None:
         ({"breaker": {"open_error_rate": 0}}, "breaker.open_error_rate"),
         ({"breaker": {"half_open_probes": 0}}, "breaker.half_open_probes"),
         ({"breaker": {"window_s": 0}}, "breaker.window_s"),
+        ({"split": {"model": "model", "points": "a"}}, "split.points"),
+        ({"split": {"model": "model", "points": ["a", "a"]}}, "split.points"),
+        ({"split": {"model": "model", "points": ["a b"]}}, "split.points"),
+        ({"split": {"points": ["a"]}}, "split.model"),
+        ({"split": {"model": "model", "points": ["a"]}}, "split.model"),  # not an artifact
+        ({"split": {"model": "model", "points": ["a"], "cut": 1}}, "split.cut"),
     ],
 )
 def test_errors_name_the_field(change: dict, field: str) -> None:
@@ -64,6 +70,15 @@ def test_errors_name_the_field(change: dict, field: str) -> None:
         parse_manifest(data)
     assert info.value.field == field
     assert f"manifest field '{field}'" in str(info.value)
+
+
+def test_split_section_round_trips_and_stays_out_of_older_version_ids() -> None:
+    data = {**BASE, "artifacts": {"model": "m.onnx"}}
+    plain = parse_manifest(data)
+    assert not plain.split.enabled and "split" not in plain.to_dict()  # ids stay as they were
+    m = parse_manifest({**data, "split": {"model": "model", "points": ["after.1", "after.5"]}})
+    assert m.split.enabled and m.split.points == ("after.1", "after.5")
+    assert parse_manifest(m.to_dict()) == m
 
 
 def test_rollout_and_breaker_sections_round_trip() -> None:

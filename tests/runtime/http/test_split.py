@@ -1,0 +1,180 @@
+"""The split routes over a real socket: plan data, heads, tails, and their errors."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from fnrt.edge.activation import Encoding, pack, read_outputs
+from fnrt.runtime.clock import ManualClock
+from support import LiveServer, error_of, live_server, publish, write_function
+
+MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
+X = np.random.default_rng(3).random((1, 3, 32, 32), dtype=np.float32)
+
+
+def deploy(srv: LiveServer, folder: Path) -> str:
+    return srv.call(srv.registry.deploy(publish(srv.registry.repository, folder))).version
+
+
+def head_activation(srv: LiveServer, k: int, x: np.ndarray = X) -> np.ndarray:
+    with srv.client() as c:
+        model = c.get(f"/v1/functions/cnn-split/split/{k}/head").content
+    (out,) = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    return np.asarray(out)
+
+
+def test_the_plan_names_points_heads_and_server_time(tmp_path: Path, cnn: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        version = deploy(srv, cnn)
+        r = c.get("/v1/functions/cnn-split/split")
+        assert r.status_code == 200, r.text
+        plan = r.json()
+        assert plan["version"] == version and plan["splits"] == 8
+        assert [p["name"] for p in plan["points"]][2] == "after.5"
+        assert plan["inputs"] == [
+            {"name": "x", "dtype": "float32", "row_shape": [3, 32, 32], "row_bytes": 12288}
+        ]
+        assert plan["output_row_bytes"] == 40 and plan["outputs"] == ["y"]
+        assert len(plan["server_ms"]) == 7 and all(t >= 0 for t in plan["server_ms"])
+        assert [h["k"] for h in plan["heads"]] == list(range(1, 8))
+        for head in plan["heads"]:
+            got = c.get(f"/v1/functions/cnn-split/split/{head['k']}/head")
+            assert got.status_code == 200
+            assert hashlib.sha256(got.content).hexdigest() == head["digest"]
+            assert got.headers["x-fnrt-digest"] == f"sha256:{head['digest']}"
+            assert len(got.content) == head["size_bytes"]
+
+
+def test_a_tail_answers_like_the_whole_model(tmp_path: Path, cnn: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        version = deploy(srv, cnn)
+        whole = c.post("/v1/functions/cnn-split/invoke", json={"x": X.tolist()}).json()["y"]
+        for k in (0, 3, 6):
+            activation = X if k == 0 else head_activation(srv, k)
+            r = c.post(
+                f"/v1/functions/cnn-split/split/{k}", content=pack(activation), headers=MSGPACK
+            )
+            assert r.status_code == 200, error_of(r)
+            assert r.headers["x-fnrt-version"] == version
+            assert float(r.headers["x-fnrt-server-ms"]) >= 0
+            np.testing.assert_allclose(read_outputs(r.content)["y"], whole, atol=1e-5)
+
+
+def test_tails_of_the_same_split_share_batches(tmp_path: Path, cnn: Path) -> None:
+    folder = tmp_path / "cnn-split"
+    shutil.copytree(cnn, folder)
+    toml = folder / "fnrt.toml"
+    toml.write_text(
+        toml.read_text().replace("max_batch_size = 16", "max_batch_size = 16\nmax_wait_ms = 100")
+    )
+    with live_server(tmp_path) as srv:
+        deploy(srv, folder)
+        bodies = {k: pack(head_activation(srv, k)) for k in (2, 3)}
+
+        def send(i: int) -> int:
+            k = (2, 3)[i % 2]
+            with srv.client() as c:
+                r = c.post(f"/v1/functions/cnn-split/split/{k}", content=bodies[k], headers=MSGPACK)
+                return r.status_code
+
+        with ThreadPoolExecutor(16) as pool:
+            assert set(pool.map(send, range(32))) == {200}
+        tails = srv.registry.splits.schedulers()
+        assert len(tails) == 2  # one per split: splits never share a batch
+        for tail in tails:
+            assert tail.stats.requests == 16
+            assert max(tail.stats.batch_sizes) > 1, dict(tail.stats.batch_sizes)
+
+
+SPLIT = "/v1/functions/cnn-split/split"
+JSON = {"content-type": "application/json"}
+GONE = {**MSGPACK, "x-fnrt-version": "v-000000000000"}
+WIDE = np.zeros((1, 16, 32, 32), np.float32)  # 64 KiB: over the 48 KiB limit below
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "message"),
+    [
+        ("/v1/functions/nope/split/1", pack(X), MSGPACK, 404, "not deployed"),
+        (f"{SPLIT}/x", pack(X), MSGPACK, 400, "not an integer"),
+        (f"{SPLIT}/-1", pack(X), MSGPACK, 400, "negative"),
+        (f"{SPLIT}/7", pack(X), MSGPACK, 404, "no tail here (0 to 6)"),
+        (f"{SPLIT}/3", pack(X), MSGPACK, 422, "must have shape [n, 8, 8, 8]"),
+        (f"{SPLIT}/0", b"\xc1junk", MSGPACK, 400, "not valid msgpack"),
+        (f"{SPLIT}/0", b"{}", JSON, 400, "application/msgpack"),
+        (f"{SPLIT}/0", pack(X), GONE, 404, "no version"),
+        (f"{SPLIT}/1", pack(WIDE), MSGPACK, 413, "larger than"),
+        ("/v1/functions/plain/split/0", pack(X), MSGPACK, 404, "no split points"),
+    ],
+)
+def test_bad_split_requests_get_clear_errors_and_the_server_keeps_serving(
+    tmp_path: Path,
+    cnn: Path,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    status: int,
+    message: str,
+) -> None:
+    with live_server(tmp_path, max_body_bytes=48 * 1024) as srv, srv.client() as c:
+        deploy(srv, cnn)
+        deploy(srv, write_function(tmp_path / "src", "plain"))
+        r = c.post(path, content=body, headers=headers)
+        assert r.status_code == status, error_of(r)
+        assert message in error_of(r)["error"]
+        ok = c.post(
+            "/v1/functions/cnn-split/split/0", content=pack(X, Encoding.FLOAT16), headers=MSGPACK
+        )
+        assert ok.status_code == 200
+
+
+def test_head_and_plan_errors(tmp_path: Path, cnn: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        deploy(srv, cnn)
+        deploy(srv, write_function(tmp_path / "src", "plain"))
+        assert c.get("/v1/functions/cnn-split/split/0/head").status_code == 404
+        assert c.get("/v1/functions/cnn-split/split/8/head").status_code == 404
+        assert c.get("/v1/functions/cnn-split/split/one/head").status_code == 400
+        r = c.get("/v1/functions/plain/split")
+        assert r.status_code == 404 and "no split points" in r.json()["error"]
+        assert c.get("/v1/functions/nope/split").status_code == 404
+        assert c.post("/v1/probe", content=bytes(4096)).status_code == 204
+
+
+def test_a_pinned_version_keeps_its_tail_across_a_redeploy(tmp_path: Path, cnn: Path) -> None:
+    folder = tmp_path / "cnn-split"
+    shutil.copytree(cnn, folder)
+    with live_server(tmp_path) as srv, srv.client() as c:
+        first = deploy(srv, folder)
+        activation = pack(head_activation(srv, 3))
+        toml = folder / "fnrt.toml"
+        toml.write_text(toml.read_text().replace("max_batch_size = 16", "max_batch_size = 8"))
+        second = deploy(srv, folder)
+        assert (
+            second != first and c.get("/v1/functions/cnn-split/split").json()["version"] == second
+        )
+        pinned = {**MSGPACK, "x-fnrt-version": first}
+        r = c.post("/v1/functions/cnn-split/split/3", content=activation, headers=pinned)
+        assert r.status_code == 200 and r.headers["x-fnrt-version"] == first
+
+
+def test_idle_tails_scale_to_zero(tmp_path: Path, cnn: Path) -> None:
+    clock = ManualClock()
+    with live_server(tmp_path, clock) as srv, srv.client() as c:
+        deploy(srv, cnn)
+        r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
+        assert r.status_code == 200
+        (tail,) = srv.registry.splits.schedulers()
+        assert tail.instances == 1
+        clock.advance(301)  # past keep_alive_s
+        srv.call(srv.registry.sweep())
+        assert tail.instances == 0
+        r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
+        assert r.status_code == 200 and r.headers.get("x-fnrt-cold-start") == "l2"
