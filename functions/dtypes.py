@@ -11,14 +11,30 @@ Protocol calls it ``FP32``. Two need more than plain numpy:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-BFLOAT16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
 OBJECT: np.dtype[Any] = np.dtype(object)
+
+
+@functools.cache
+def _bfloat16() -> np.dtype[Any]:
+    import ml_dtypes
+
+    dtype: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    return dtype
+
+
+def __getattr__(name: str) -> Any:
+    """``BFLOAT16`` (``ml_dtypes.bfloat16``), imported on first use: the edge client
+    reads manifests on a device that has numpy but not ml_dtypes."""
+    if name == "BFLOAT16":
+        return _bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Manifest dtype name -> Open Inference Protocol datatype.
 OIP_DATATYPES: Mapping[str, str] = {
@@ -49,14 +65,14 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
     if name == "bytes":
         return OBJECT
     if name == "bfloat16":
-        return BFLOAT16
+        return _bfloat16()
     dtype: np.dtype[Any] = np.dtype(name)
     return dtype
 
 
 def name_of(dtype: np.dtype[Any]) -> str | None:
     """The manifest name of a numpy dtype, or None when fnrt has no name for it."""
-    if dtype == BFLOAT16:
+    if dtype == _bfloat16():
         return "bfloat16"
     if dtype == OBJECT:
         return "bytes"
@@ -66,7 +82,7 @@ def name_of(dtype: np.dtype[Any]) -> str | None:
 
 def is_numeric(dtype: np.dtype[Any]) -> bool:
     """Fixed-size elements that travel as raw little-endian bytes (not BYTES)."""
-    return dtype.kind in "biuf" or dtype == BFLOAT16
+    return dtype.kind in "biuf" or dtype == _bfloat16()
 
 
 def bytes_array(value: Any) -> np.ndarray[Any, Any]:

@@ -1,0 +1,192 @@
+"""The edge client against a real server: every split, the planner under emulated
+links, the offline fallback, verified heads, one trace, and its few dependencies."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from fnrt.edge.activation import Encoding
+from fnrt.edge.client import EdgeClient, EdgeConfig, EdgeUnavailable
+from fnrt.edge.transport import HttpTransport, Throttled
+from fnrt.functions.errors import IntegrityError, NoSuchSplit
+from fnrt.runtime.http.app import build_app
+from fnrt.runtime.settings import ServerSettings
+from fnrt.tracing.export import MemoryExporter
+from fnrt.tracing.metrics import Metrics
+from fnrt.tracing.recorder import SpanKind
+from fnrt.tracing.setup import TraceConfig, build_tracer
+from fnrt.tracing.spans import Tracing
+from fnrt.tracing.telemetry import Telemetry
+from support import LiveServer, live_server, make_registry, publish
+
+NAME = "cnn-split"
+X = np.random.default_rng(5).random((1, 3, 32, 32), dtype=np.float32)
+#: Tolerance of each encoding, relative to the largest output.
+TOLERANCE = {Encoding.FLOAT32: 1e-5, Encoding.FLOAT16: 1e-2, Encoding.INT8: 5e-2}
+
+
+@pytest.fixture
+def server(tmp_path: Path, cnn: Path) -> Iterator[LiveServer]:
+    with live_server(tmp_path) as srv:
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
+        yield srv
+
+
+def whole(cnn: Path, x: np.ndarray = X) -> np.ndarray:
+    session = ort.InferenceSession(str(cnn / "model.onnx"), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("encoding", list(Encoding))
+def test_every_split_gives_the_models_result(
+    server: LiveServer, cnn: Path, tmp_path: Path, encoding: Encoding
+) -> None:
+    expected = whole(cnn)
+    config = EdgeConfig(cache_dir=tmp_path / "edge", encoding=encoding, profile_runs=1)
+    with EdgeClient(server.url, NAME, config) as client:
+        assert client.splits == 8
+        for k in range(client.splits):
+            result = client.run({"x": X}, split=k)
+            assert result.split == k and not result.offline
+            error = float(np.abs(result.outputs["y"] - expected).max())
+            assert error <= TOLERANCE[encoding] * max(float(np.abs(expected).max()), 1.0), k
+        with pytest.raises(NoSuchSplit, match="not one of 0 to 7"):
+            client.run({"x": X}, split=8)
+
+
+@pytest.mark.parametrize("bandwidth", [50e3, 1e6, 20e6])  # 400x from the slowest to the fastest
+def test_the_planned_split_is_within_ten_percent_of_the_best_measured(
+    server: LiveServer, tmp_path: Path, bandwidth: float
+) -> None:
+    cache = tmp_path / "edge"
+    with EdgeClient(server.url, NAME, EdgeConfig(cache_dir=cache)) as warm:
+        warm.plan()  # the heads (2.6 MB) into the cache: at 50 kB/s they would take a minute
+    # A device 30x slower than this machine, behind a link of `bandwidth` and 5 ms RTT.
+    link = Throttled(HttpTransport(server.url), bandwidth, rtt_ms=5)
+    config = EdgeConfig(cache_dir=cache, emulate_slowdown=30)
+    with EdgeClient(server.url, NAME, config, transport=link) as client:
+        chosen = client.plan().split
+        measured = [
+            statistics.median(client.run({"x": X}, split=k).total_ms for _ in range(3))
+            for k in range(client.splits)
+        ]
+        best = min(measured)
+        assert measured[chosen] <= 1.10 * best, (chosen, [round(t, 1) for t in measured])
+        assert client.run({"x": X}).split == client.plan().split  # run() follows the plan
+
+
+def test_offline_it_runs_the_whole_model_here(tmp_path: Path, cnn: Path) -> None:
+    cache = tmp_path / "edge"
+    expected = whole(cnn)
+    with live_server(tmp_path) as srv:
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
+        url = srv.url
+        client = EdgeClient(url, NAME, EdgeConfig(cache_dir=cache, profile_runs=1))
+        assert not client.run({"x": X}, split=3).offline
+        small = EdgeClient(
+            url, NAME, EdgeConfig(cache_dir=tmp_path / "small", max_model_bytes=50_000)
+        )
+        small.plan()  # it holds only the heads up to 50 kB, not the whole model
+    # the server is gone
+    result = client.run({"x": X}, split=3)
+    assert result.offline and result.split == 7
+    np.testing.assert_allclose(result.outputs["y"], expected, atol=1e-5)
+    # a new process on the device: the plan and heads it cached are enough
+    again = EdgeClient(url, NAME, EdgeConfig(cache_dir=cache, profile_runs=1)).run({"x": X})
+    assert again.offline
+    np.testing.assert_allclose(again.outputs["y"], expected, atol=1e-5)
+    with pytest.raises(EdgeUnavailable, match="is not on this device"):
+        small.run({"x": X})
+    with pytest.raises(EdgeUnavailable, match="cannot reach the server"):
+        EdgeClient(url, NAME, EdgeConfig(cache_dir=tmp_path / "never")).run({"x": X})
+
+
+def test_a_corrupted_head_is_never_run(server: LiveServer, tmp_path: Path, cnn: Path) -> None:
+    cache = tmp_path / "edge"
+    with EdgeClient(server.url, NAME, EdgeConfig(cache_dir=cache, profile_runs=1)) as client:
+        digest = next(h["digest"] for h in client.data["heads"] if h["k"] == 3)
+    cached = cache / "heads" / f"{digest}.onnx"
+    cached.write_bytes(cached.read_bytes()[:-100] + bytes(100))  # corrupted on the device
+    with EdgeClient(server.url, NAME, EdgeConfig(cache_dir=cache, profile_runs=1)) as client:
+        result = client.run({"x": X}, split=3)  # fetched again, verified, then run
+        np.testing.assert_allclose(result.outputs["y"], whole(cnn), atol=1e-5)
+    # corrupted on the way (here: in the server's own cut file, after it was digested)
+    (served,) = (tmp_path / "cache" / "split").glob("*/head-3.onnx")
+    served.write_bytes(served.read_bytes()[:-100] + bytes(100))
+    fresh = tmp_path / "fresh"
+    with pytest.raises(IntegrityError, match=f"expected sha256:{digest}"):
+        EdgeClient(server.url, NAME, EdgeConfig(cache_dir=fresh)).plan()
+    assert not (fresh / "heads" / f"{digest}.onnx").exists()
+
+
+def test_edge_and_server_spans_make_one_trace(tmp_path: Path, cnn: Path) -> None:
+    server_spans, edge_spans = MemoryExporter(), MemoryExporter()
+    tracer = build_tracer(TraceConfig(), server_spans, batch=False)
+    telemetry = Telemetry(Tracing(tracer), Metrics(gpu=False))
+    settings = ServerSettings(
+        store=str(tmp_path / "store"), cache_dir=tmp_path / "cache", sweep_interval_s=3600
+    )
+    registry = make_registry(tmp_path)
+    srv = LiveServer(build_app(settings, registry, telemetry)).start()
+    try:
+        srv.call(registry.deploy(publish(registry.repository, cnn)))
+        edge_tracer = build_tracer(TraceConfig(service_name="edge"), edge_spans, batch=False)
+        config = EdgeConfig(cache_dir=tmp_path / "edge", profile_runs=1)
+        with EdgeClient(srv.url, NAME, config, tracer=edge_tracer) as client:
+            client.run({"x": X}, split=3)
+    finally:
+        srv.stop()
+    (run,) = edge_spans.named("edge.run")
+    (head,) = edge_spans.named("edge.head")
+    (upload,) = edge_spans.named("edge.upload")
+    assert head.parent == run.context and upload.parent == run.context
+    assert upload.kind is SpanKind.CLIENT and upload.attributes["fnrt.split"] == 3
+    (served,) = [s for s in server_spans.spans if s.kind is SpanKind.SERVER and "split" in s.name]
+    assert served.context.trace_id == run.context.trace_id
+    assert served.parent is not None and served.parent.span_id == upload.context.span_id
+    assert served.attributes["fnrt.split"] == 3
+    inner = {s.name for s in server_spans.spans if s.context.trace_id == run.context.trace_id}
+    assert {"queue", "load"} <= inner  # its wait, and the tail's load it waited for
+    assert any(served.context in s.links for s in server_spans.spans)  # the batch it ran in
+
+
+BLOCKER = """
+import importlib.abc, sys
+BLOCKED = {"torch", "onnx", "starlette", "uvicorn", "httpx", "orjson", "ml_dtypes", "boto3"}
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED or name.startswith(("fnrt.runtime", "fnrt.loader")):
+            raise ImportError(f"{name} is not on this device")
+        return None
+
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_the_client_needs_only_numpy_msgpack_and_onnxruntime(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    script = BLOCKER + textwrap.dedent(f"""
+        import numpy as np
+        from pathlib import Path
+        from fnrt.edge.client import EdgeClient, EdgeConfig
+        config = EdgeConfig(cache_dir=Path({str(tmp_path / "edge")!r}), profile_runs=1)
+        with EdgeClient({server.url!r}, "cnn-split", config) as client:
+            result = client.run({{"x": np.zeros((1, 3, 32, 32), np.float32)}}, split=3)
+        print(result.split, result.outputs["y"].shape)
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "(1,", "10)"]
