@@ -21,7 +21,7 @@ from fnrt.functions.codec import Format, decode_json, decode_msgpack
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.manifest import load_manifest
 from fnrt.functions.version import VersionManifest
-from fnrt.runtime.cli import dev, simulate, versions
+from fnrt.runtime.cli import dev, edge, simulate, versions
 from fnrt.runtime.cli.client import Client, RemoteError
 from fnrt.runtime.cli.upload import upload_bundle
 from fnrt.runtime.settings import (
@@ -476,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     versions.register(sub, _client, _add_client_options)
     dev.register(sub)
     simulate.register(sub)
+    edge.register(sub, _read_inputs)
     return parser
 
 

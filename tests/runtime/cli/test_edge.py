@@ -1,0 +1,59 @@
+"""``fnrt edge run`` and ``fnrt edge plan`` against a live server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from fnrt.runtime.cli.main import build_parser, main
+from support import live_server, publish
+
+
+def test_edge_run_and_plan(tmp_path: Path, cnn: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    x = np.random.default_rng(2).random((1, 3, 32, 32), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    session = ort.InferenceSession(str(cnn / "model.onnx"), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
+    cache = ("--cache-dir", str(tmp_path / "edge"))
+    with live_server(tmp_path) as srv:
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
+        s = ("--server", srv.url, *cache)
+        code = main(["edge", "run", "cnn-split", "-i", f"x={tmp_path / 'x.npy'}", "-v", *s])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        np.testing.assert_allclose(json.loads(out)["y"], expected, atol=1e-5)
+        assert "split" in err and "MB/s" in err
+        given = ("--json", json.dumps({"x": x.tolist()}), "-o", str(tmp_path / "y.npz"))
+        code = main(["edge", "run", "cnn-split", *given, "--split", "3", "--encoding", "int8", *s])
+        assert code == 0
+        with np.load(tmp_path / "y.npz") as saved:
+            assert np.abs(saved["y"] - expected).max() < 0.05 * max(np.abs(expected).max(), 1)
+        capsys.readouterr()
+        slow = ("--emulate-bandwidth", "20000", "--emulate-rtt-ms", "5", "--emulate-slowdown", "2")
+        code = main(["edge", "plan", "cnn-split", *slow, *s])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0].startswith("cnn-split v-") and "MB/s" in lines[0]
+        assert len(lines) == 2 + 8 and sum("<- planned" in line for line in lines) == 1
+        assert "after.5" in out and "(all here)" in out
+    # the server is gone: the whole model runs here from the cache
+    code = main(["edge", "run", "cnn-split", "-i", f"x={tmp_path / 'x.npy'}", "-v", *s])
+    out, err = capsys.readouterr()
+    assert code == 0 and "offline" in err
+    np.testing.assert_allclose(json.loads(out)["y"], expected, atol=1e-5)
+    code = main(["edge", "run", "cnn-split", "-i", f"x={tmp_path / 'x.npy'}",
+                 "--server", srv.url, "--cache-dir", str(tmp_path / "empty")])  # fmt: skip
+    assert code == 1 and "cannot reach the server" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_edge_commands_have_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["edge", command, "--help"])
+    assert info.value.code == 0
+    assert "--emulate-bandwidth" in capsys.readouterr().out
