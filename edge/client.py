@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
@@ -47,6 +48,10 @@ VERSION_HEADER = "x-fnrt-version"
 SERVER_MS_HEADER = "x-fnrt-server-ms"
 DIGEST_HEADER = "x-fnrt-digest"
 PROBE_PATH = "/v1/probe"
+#: Weight of each call's head time in the device's moving estimate of it.
+HEAD_WEIGHT = 0.2
+#: A change (relative) in the server's wait or the planned head's time that makes a plan stale.
+REPLAN_CHANGE = 0.25
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ class EdgeConfig:
     encoding: Encoding = Encoding.FLOAT32
     split: int | None = None
     max_model_bytes: int = 256 * 1024 * 1024
-    profile_runs: int = 5
+    profile_runs: int = 9
     plan_refresh_s: float = 30.0
     threads: int = 1
     timeout_s: float = 30.0
@@ -128,7 +133,8 @@ class EdgeClient:
         self._plan_data: dict[str, Any] | None = None
         self._fetched_at = -float("inf")
         self._sessions: dict[int, Any] = {}  # k -> onnxruntime session of the head
-        self._device_ms: tuple[float, ...] | None = None
+        self._head_ms: list[float] | None = None  # time of each head here (k = 0 .. n + 1)
+        self._planned_head_ms = 0.0
         self._plan: Plan | None = None
         self._planned_link: Link | None = None
         self._planned_wait_ms = 0.0
@@ -172,7 +178,7 @@ class EdgeClient:
         changed = self._plan_data is None or data["version"] != self._plan_data["version"]
         self._plan_data, self._fetched_at = data, self._clock()
         if changed:
-            self._sessions, self._device_ms, self._plan = {}, None, None
+            self._sessions, self._head_ms, self._plan = {}, None, None
             self._folder.mkdir(parents=True, exist_ok=True)
             _write_atomic(self._folder / "plan.json", response.body)
             self._load_heads(online=True)
@@ -195,14 +201,17 @@ class EdgeClient:
     def profile(self) -> Profile:
         """The planner's input: this device's and the server's time per segment."""
         data = self.data
-        if self._device_ms is None:
-            self._device_ms = self._time_heads()
+        heads = self._heads_ms()
+        device_ms = [
+            max(heads[k + 1] - heads[k], 0.0) if math.isfinite(heads[k + 1]) else math.inf
+            for k in range(len(heads) - 1)
+        ]
         n = self.splits - 2
         inputs_bytes = sum(int(p["row_bytes"]) for p in data["inputs"])
         sent = [inputs_bytes, *(int(p["row_bytes"]) for p in data["points"])]
         scale = self.config.encoding.item_bytes / 4  # the plan's sizes are float32
         return Profile(
-            device_ms=self._device_ms,
+            device_ms=tuple(device_ms),
             server_ms=tuple(float(t) for t in data["server_ms"]),
             sent_bytes=tuple(int(b * (scale if 0 < k <= n else 1)) for k, b in enumerate(sent)),
             result_bytes=int(data["output_row_bytes"]),
@@ -218,12 +227,14 @@ class EdgeClient:
         stale = (
             self._plan is None
             or self.link.changed_since(self._planned_link)
-            or abs(wait - self._planned_wait_ms) > 0.25 * max(self._planned_wait_ms, 1.0)
+            or _moved(wait, self._planned_wait_ms)
+            or _moved(self._heads_ms()[self._plan.split], self._planned_head_ms)
         )
         if stale:
-            assert link is not None  # refresh observed the plan request and the heads
+            assert link is not None  # refresh observed the plan request and the probe
             self._plan = choose_split(self.profile(), link, self._allowed())
             self._planned_link, self._planned_wait_ms = link, wait
+            self._planned_head_ms = self._heads_ms()[self._plan.split]
             log.info("split plan for %s: %d (%s)", self.name, self._plan.split, _ms(self._plan))
         assert self._plan is not None
         return self._plan
@@ -269,6 +280,8 @@ class EdgeClient:
         head_ms = (time.perf_counter() - head_started) * 1000.0
         if span is not None:
             span.end()
+        if k > 0:
+            self._learn(k, head_ms)
         body = pack(activation, self.config.encoding)
         sent_at = time.perf_counter()
         try:
@@ -359,7 +372,9 @@ class EdgeClient:
             n: np.asarray(inputs[n], dtype=p["dtype"])
             for n, p in zip(names, self.data["inputs"], strict=True)
         }
+        mark = time.perf_counter()
         ran = self._timed_run(self._session(last), list(self.data["outputs"]), feed)
+        self._learn(last, (time.perf_counter() - mark) * 1000.0)
         if span is not None:
             span.end()
         total = (time.perf_counter() - started) * 1000.0
@@ -409,9 +424,20 @@ class EdgeClient:
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(path, response.body)
 
-    def _time_heads(self) -> tuple[float, ...]:
-        """This device's time per segment, from the median time of each head it holds
-        (segments past the largest head it holds: unknown, so infinite)."""
+    def _heads_ms(self) -> list[float]:
+        if self._head_ms is None:
+            self._head_ms = self._time_heads()
+        return self._head_ms
+
+    def _learn(self, k: int, head_ms: float) -> None:
+        """Move the time of head ``k`` toward one it just took (the device's speed
+        changes: other work, heat); a plan it makes stale is made again."""
+        heads = self._heads_ms()
+        heads[k] = (1 - HEAD_WEIGHT) * heads[k] + HEAD_WEIGHT * head_ms
+
+    def _time_heads(self) -> list[float]:
+        """The median time of each head this device holds, one row of zeros (head 0
+        takes no time; heads it does not hold: unknown, so infinite)."""
         data = self.data
         head_ms = [0.0]
         names = [p["name"] for p in data["inputs"]]
@@ -423,16 +449,15 @@ class EdgeClient:
             if k not in self._sessions:
                 break
             session = self._sessions[k]
-            session.run(None, feed)  # warm-up
+            session.run(None, feed)  # warm-up: first runs allocate
+            session.run(None, feed)
             times = []
             for _ in range(self.config.profile_runs):
                 mark = time.perf_counter()
                 self._timed_run(session, None, feed)
                 times.append((time.perf_counter() - mark) * 1000.0)
-            head_ms.append(max(statistics.median(times), head_ms[-1]))
-        segments = [head_ms[i + 1] - head_ms[i] for i in range(len(head_ms) - 1)]
-        segments += [float("inf")] * (self.splits - 1 - len(segments))
-        return tuple(segments)
+            head_ms.append(statistics.median(times))
+        return head_ms + [float("inf")] * (self.splits - len(head_ms))
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -497,6 +522,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _moved(now: float, planned: float) -> bool:
+    return abs(now - planned) > REPLAN_CHANGE * max(planned, 1.0)
 
 
 def _ms(plan: Plan) -> str:
