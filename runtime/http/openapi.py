@@ -17,13 +17,18 @@ from fnrt.runtime.http.oip.spec import tensor_metadata
 from fnrt.runtime.http.spec import (
     DIGEST,
     FUNCTION_STATE,
+    INVOKE_HEADERS,
     JSON,
+    MSGPACK,
     NAME,
     OCTETS,
     Schema,
     admin_op,
+    data_error_responses,
+    error_responses,
     invoke_path,
     ok,
+    path_param,
     ref,
 )
 from fnrt.runtime.http.state import server_version
@@ -122,6 +127,106 @@ def _v1_versions() -> dict[str, Schema]:
     }
 
 
+def _v1_split() -> dict[str, Schema]:
+    """Split inference (docs/edge.md)."""
+    k = path_param("k", "split index: 0 is all on the server", {"type": "integer"}, "3")
+    point = {
+        "type": "object",
+        "required": ["name", "dtype", "row_shape", "row_bytes"],
+        "properties": {
+            "name": {"type": "string"},
+            "dtype": {"type": "string"},
+            "row_shape": {"type": "array", "items": {"type": "integer"}},
+            "row_bytes": {"type": "integer"},
+        },
+    }
+    plan = {
+        "type": "object",
+        "required": ["function", "version", "points", "splits", "heads", "server_ms"],
+        "properties": {
+            "function": {"type": "string"},
+            "version": {"type": "string"},
+            "inputs": {"type": "array", "items": point},
+            "outputs": {"type": "array", "items": {"type": "string"}},
+            "output_row_bytes": {"type": "integer"},
+            "points": {"type": "array", "items": point},
+            "splits": {"type": "integer", "description": "len(points) + 2"},
+            "heads": {"type": "array", "items": {"type": "object"}},
+            "server_ms": {
+                "type": "array",
+                "items": {"type": "number"},
+                "description": "this node's time per segment (segment i: split i to i + 1)",
+            },
+            "server_wait_ms": {"type": "number", "description": "queue wait expected now"},
+        },
+    }
+    version_query = {
+        "name": "version",
+        "in": "query",
+        "schema": {"type": "string"},
+        "description": "this version's (default: the one routing picks)",
+    }
+    return {
+        "/v1/functions/{name}/split": {
+            "parameters": [NAME],
+            "get": {
+                "summary": "Split plan data: points, head digests, server time per segment",
+                "operationId": "splitPlan",
+                "parameters": [version_query],
+                "responses": {**ok(plan), **error_responses(404)},
+            },
+        },
+        "/v1/functions/{name}/split/{k}/head": {
+            "parameters": [NAME, k],
+            "get": {
+                "summary": "The head model (ONNX) a device runs for split k",
+                "operationId": "splitHead",
+                "parameters": [version_query],
+                "responses": {
+                    "200": {
+                        "description": "ONNX bytes; x-fnrt-digest is their sha256",
+                        "content": {OCTETS: {"schema": {}}},
+                    },
+                    **error_responses(400, 404),
+                },
+            },
+        },
+        "/v1/functions/{name}/split/{k}": {
+            "parameters": [NAME, k],
+            "post": {
+                "summary": "Run the tail of split k on an activation",
+                "description": "A msgpack map {activation: float32|float16 array} or "
+                "{activation: int8 array, scale: number}; answers the outputs in msgpack. "
+                "x-fnrt-version pins the version the head came from.",
+                "operationId": "splitTail",
+                "parameters": [
+                    *INVOKE_HEADERS,
+                    {"name": "x-fnrt-version", "in": "header", "schema": {"type": "string"}},
+                ],
+                "requestBody": {"required": True, "content": {MSGPACK: {"schema": {}}}},
+                "responses": {
+                    "200": {
+                        "description": "the outputs; x-fnrt-server-ms is the time spent here",
+                        "content": {MSGPACK: {"schema": {}}, JSON: {"schema": {}}},
+                    },
+                    **data_error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+                },
+            },
+        },
+        "/v1/probe": {
+            "post": {
+                "summary": "A bandwidth probe: the body is read and dropped",
+                "operationId": "probe",
+                "requestBody": {"content": {OCTETS: {"schema": {}}}},
+                "responses": {
+                    "204": {"description": "read; x-fnrt-server-ms is 0"},
+                    **error_responses(400, 413),
+                },
+            }
+        },
+    }
+
+
 def _v1() -> dict[str, Schema]:
     deployed = {
         "type": "object",
@@ -187,6 +292,7 @@ def _v1() -> dict[str, Schema]:
             ),
         },
         **_v1_versions(),
+        **_v1_split(),
         "/v1/blobs/{digest}": {
             "parameters": [DIGEST],
             "head": admin_op(

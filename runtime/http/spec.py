@@ -40,6 +40,14 @@ def error_responses(*codes: int) -> dict[str, Schema]:
     return {str(c): error_response(ERROR_TEXTS[str(c)]) for c in codes}
 
 
+def data_error_responses(*codes: int) -> dict[str, Schema]:
+    """Errors of the data routes: in the request's format, JSON or msgpack."""
+    out = error_responses(*codes)
+    for response in out.values():
+        response["content"][MSGPACK] = {"schema": ref("Error")}
+    return out
+
+
 def ok(schema: Schema, description: str = "OK", status: str = "200") -> dict[str, Schema]:
     return {status: {"description": description, "content": {JSON: {"schema": schema}}}}
 
@@ -108,7 +116,7 @@ def invoke_path() -> Schema:
                     "description": "the outputs; x-fnrt-version says which version served",
                     "content": {JSON: {"schema": tensors}, MSGPACK: {"schema": {}}},
                 },
-                **error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+                **data_error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
             },
         }
     }

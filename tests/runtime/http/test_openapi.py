@@ -20,6 +20,7 @@ from fnrt.runtime.http.app import build_app
 from fnrt.runtime.http.invoke import INVOKE_PATH
 from fnrt.runtime.http.oip.infer import INFER_PATH
 from fnrt.runtime.http.openapi import document
+from fnrt.runtime.http.split import SPLIT_PATH
 from fnrt.runtime.settings import ServerSettings
 from support import live_server, publish, write_function
 
@@ -28,6 +29,7 @@ RAW_ROUTES = {
     ("POST", "/v1/functions/{name}/invoke"): INVOKE_PATH,
     ("POST", "/v2/models/{name}/infer"): INFER_PATH,
     ("POST", "/v2/models/{name}/versions/{version}/infer"): INFER_PATH,
+    ("POST", "/v1/functions/{name}/split/{k}"): SPLIT_PATH,
 }
 
 
