@@ -93,7 +93,10 @@ class EdgeConfig:
 
 @dataclass(frozen=True)
 class EdgeResult:
-    """One call's outputs, where it was split, and where its time went (ms)."""
+    """One call's outputs, where it was split, and where its time went (ms).
+
+    ``total_ms`` of a client's first call includes fetching the plan and heads
+    and timing them; ``head_ms`` is the model's run here alone."""
 
     outputs: dict[str, Array]
     split: int
@@ -374,13 +377,14 @@ class EdgeClient:
         }
         mark = time.perf_counter()
         ran = self._timed_run(self._session(last), list(self.data["outputs"]), feed)
-        self._learn(last, (time.perf_counter() - mark) * 1000.0)
+        model_ms = (time.perf_counter() - mark) * 1000.0
+        self._learn(last, model_ms)
         if span is not None:
             span.end()
         total = (time.perf_counter() - started) * 1000.0
         outputs = {n: np.asarray(v) for n, v in zip(self.data["outputs"], ran, strict=True)}
         return EdgeResult(
-            outputs, last, str(self.data["version"]), total, 0.0, 0.0, total, offline=offline
+            outputs, last, str(self.data["version"]), model_ms, 0.0, 0.0, total, offline=offline
         )
 
     # --- heads ---------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """``make demo``: build the examples, serve them, deploy and invoke each, keep serving.
 
 Starts ``fnrt serve`` on 127.0.0.1 (port ``FNRT_PORT``, default 8000) over the
-embedded store in ``./.fnrt/store``, deploys ``examples/mlp`` and
-``examples/mlp-onnx``, invokes each once with JSON and prints the result,
-then keeps serving until Ctrl-C.
+embedded store in ``./.fnrt/store``, deploys ``examples/mlp``,
+``examples/mlp-onnx`` and ``examples/cnn-split``, invokes each once and
+prints the result, runs one edge split call of ``cnn-split``
+(``fnrt edge run``), then keeps serving until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ PORT = int(os.environ.get("FNRT_PORT", "8000"))
 SERVER = f"http://127.0.0.1:{PORT}"
 
 
-def run(*args: str) -> str:
+def run(*args: str, stderr: bool = False) -> str:
     out = subprocess.run(
         args, check=True, capture_output=True, text=True, env=os.environ | {"FNRT_SERVER": SERVER}
     )
-    return out.stdout.strip()
+    return (out.stdout + (out.stderr if stderr else "")).strip()
 
 
 def wait_ready(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
@@ -51,6 +52,7 @@ def main() -> None:
     print("== making example weights")
     run(str(BIN / "python"), str(ROOT / "examples/mlp/make_weights.py"))
     run(str(BIN / "python"), str(ROOT / "examples/mlp-onnx/export.py"))
+    run(str(BIN / "python"), str(ROOT / "examples/cnn-split/export.py"))
 
     print(f"== starting fnrt serve on {SERVER}")
     server = subprocess.Popen([str(BIN / "fnrt"), "serve", "--port", str(PORT)])
@@ -62,6 +64,14 @@ def main() -> None:
             print(run(str(BIN / "fnrt"), "deploy", str(ROOT / "examples" / example), "--quiet"))
             print(f"== fnrt invoke {example}")
             print(run(str(BIN / "fnrt"), "invoke", example, "--json", json.dumps({"x": x})))
+        sample = str(ROOT / "examples/cnn-split/sample.json")
+        print("== fnrt deploy examples/cnn-split")
+        print(run(str(BIN / "fnrt"), "deploy", str(ROOT / "examples/cnn-split"), "--quiet"))
+        print("== fnrt invoke cnn-split")
+        print(run(str(BIN / "fnrt"), "invoke", "cnn-split", "-i", sample))
+        print("== fnrt edge run cnn-split (the head here, the tail on the server)")
+        edge = ("--cache-dir", str(ROOT / ".fnrt/edge"), "-v")
+        print(run(str(BIN / "fnrt"), "edge", "run", "cnn-split", "-i", sample, *edge, stderr=True))
         print(f"\nServing on {SERVER}. Try:\n")
         print(
             f"  curl -s -X POST {SERVER}/v1/functions/mlp/invoke \\\n"
