@@ -102,7 +102,9 @@ def _link(client: Any) -> str:
     return f"{link.bandwidth_bytes_per_s / 1e6:.3g} MB/s, RTT {link.rtt_ms:.1f} ms"
 
 
-def register(sub: Any, read_inputs: ReadInputs) -> None:
+def register(
+    sub: Any, add_input_options: Callable[[argparse.ArgumentParser], None], read_inputs: ReadInputs
+) -> None:
     edge = sub.add_parser(
         "edge",
         help="split inference: the first layers here, the rest on fnrt",
@@ -148,14 +150,7 @@ def register(sub: Any, read_inputs: ReadInputs) -> None:
         "whole model here when the server cannot be reached and it fits.",
     )
     common(p)
-    p.add_argument(
-        "--input",
-        "-i",
-        action="append",
-        metavar="FILE",
-        help="inputs from a .json, .msgpack or .npz file, or NAME=FILE.npy; repeatable",
-    )
-    p.add_argument("--json", help="inputs as a JSON object")
+    add_input_options(p)
     p.add_argument("--repeat", type=int, default=1, help="run this many times (default 1)")
     p.add_argument("--output", "-o", help="save outputs to this .npz file")
     p.add_argument("--verbose", "-v", action="store_true", help="print the split, times and link")

@@ -198,6 +198,18 @@ def _deploy_to_store(
 # --- invoke --------------------------------------------------------------------
 
 
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """``--json`` and ``--input``, read by :func:`_read_inputs`."""
+    p.add_argument("--json", help="inputs as a JSON object, e.g. '{\"x\": [[1, 2]]}'")
+    p.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        metavar="FILE",
+        help="inputs from a .json, .msgpack or .npz file, or NAME=FILE.npy; repeatable",
+    )
+
+
 def _read_inputs(args: argparse.Namespace) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     if args.json is not None:
@@ -427,14 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(or save them with --output).",
     )
     p.add_argument("name")
-    p.add_argument("--json", help="inputs as a JSON object, e.g. '{\"x\": [[1, 2]]}'")
-    p.add_argument(
-        "--input",
-        "-i",
-        action="append",
-        metavar="FILE",
-        help="inputs from a .json, .msgpack or .npz file, or NAME=FILE.npy; repeatable",
-    )
+    _add_input_options(p)
     p.add_argument(
         "--format",
         choices=["msgpack", "json"],
@@ -476,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     versions.register(sub, _client, _add_client_options)
     dev.register(sub)
     simulate.register(sub)
-    edge.register(sub, _read_inputs)
+    edge.register(sub, _add_input_options, _read_inputs)
     return parser
 
 
