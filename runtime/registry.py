@@ -267,9 +267,12 @@ class Registry:
         ``policy`` overrides the manifest's ``rollout.policy``. The first version
         of a function with no warm-up or probe is routed at once and loads on
         its first request. Raises DeployRejected (routing untouched) when the
-        version fails to load, warm up or pass its probe.
+        version fails to load, warm up or pass its probe, or cannot be cut at
+        its split points.
         """
         created, vm = await asyncio.to_thread(store_version, self.repository, self.loader, vm)
+        if vm.manifest.split.enabled:
+            await self.splits.check(vm)  # the cuts and heads ready before any device asks
         try:
             entry: ServedFunction | None = await self._entry(vm.name)
         except FunctionNotFound:

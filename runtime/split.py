@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fnrt.edge.cut import Cuts, Point, digest_of
-from fnrt.functions.errors import FnrtError, InvalidInput, NoSuchSplit
+from fnrt.functions.dtypes import numpy_dtype
+from fnrt.functions.errors import DeployRejected, FnrtError, InvalidInput, NoSuchSplit
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.formats import onnx as onnx_format
@@ -141,7 +142,20 @@ class Splits:
             vm = await registry.version_manifest(name, version)
         if not vm.manifest.split.enabled:
             raise NoSuchSplit(name, "has no split points (see [split] in docs/edge.md)")
-        key = (name, vm.version)
+        return await self._made(vm)
+
+    async def check(self, vm: VersionManifest) -> None:
+        """Cut a version being deployed; DeployRejected if its split points are wrong."""
+        try:
+            await self._made(vm)
+        except FnrtError as exc:
+            raise DeployRejected(vm.name, vm.version, f"split: {exc.message}") from None
+        except Exception as exc:  # not an ONNX model, say
+            reason = f"split: cannot cut {vm.manifest.split.model!r}: {type(exc).__name__}: {exc}"
+            raise DeployRejected(vm.name, vm.version, reason) from None
+
+    async def _made(self, vm: VersionManifest) -> SplitVersion:
+        key = (vm.name, vm.version)
         made = self._versions.get(key)
         if made is None or (made.done() and made.exception() is not None):
             made = self._versions[key] = asyncio.ensure_future(asyncio.to_thread(self._make, vm))
@@ -233,10 +247,11 @@ def _check(point: Point, activation: np.ndarray[Any, Any]) -> None:
 
 
 def _row_bytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """Bytes of one row of a declared tensor (a dimension of any size counts as 1)."""
     size = 1
     for dim in shape[1:]:
         size *= max(dim, 1)
-    return size * np.dtype(dtype).itemsize if dtype not in ("bytes", "bfloat16") else size * 2
+    return size * (2 if dtype == "bfloat16" else numpy_dtype(dtype).itemsize)
 
 
 def _tail_instance(

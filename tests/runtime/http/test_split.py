@@ -178,3 +178,25 @@ def test_idle_tails_scale_to_zero(tmp_path: Path, cnn: Path) -> None:
         assert tail.instances == 0
         r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
         assert r.status_code == 200 and r.headers.get("x-fnrt-cold-start") == "l2"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (('"after.5", "after.7"', '"after.7", "after.5"'), "from the input to the output"),
+        (('"after.14"]', '"after.14", "nope"]'), "'nope' is not a tensor of the model"),
+    ],
+)
+def test_a_version_that_cannot_be_cut_is_rejected_at_deploy(
+    tmp_path: Path, cnn: Path, change: tuple[str, str], reason: str
+) -> None:
+    folder = tmp_path / "cnn-split"
+    shutil.copytree(cnn, folder)
+    with live_server(tmp_path) as srv, srv.client() as c:
+        good = deploy(srv, folder)
+        toml = folder / "fnrt.toml"
+        toml.write_text(toml.read_text().replace(*change))
+        vm = publish(srv.registry.repository, folder)
+        r = c.post("/v1/functions", json=vm.to_dict())
+        assert r.status_code == 422 and reason in r.json()["reason"], r.json()
+        assert c.get("/v1/functions/cnn-split/split").json()["version"] == good
