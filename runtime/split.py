@@ -218,16 +218,19 @@ class Splits:
         return list(self._tails.values())
 
     async def sweep(self, now: float, held: set[tuple[str, str]]) -> list[str]:
-        """Scale idle tails to zero; close the tails of versions no longer ``held``."""
+        """Scale idle tails to zero; forget versions the node no longer holds once
+        their tails are idle and unloaded (a device may still send to one a while)."""
         unloaded = []
         for key, scheduler in list(self._tails.items()):
-            if key[:2] not in held:
+            if await scheduler.scale_to_zero(now):
+                unloaded.append(scheduler.name)
+            if key[:2] not in held and scheduler.instances == 0 and not scheduler.queued:
                 del self._tails[key]
-                self._versions.pop(key[:2], None)
                 await scheduler.close()
-                unloaded.append(scheduler.name)
-            elif await scheduler.scale_to_zero(now):
-                unloaded.append(scheduler.name)
+        active = {tail[:2] for tail in self._tails}
+        for version in list(self._versions):
+            if version not in held and version not in active:
+                del self._versions[version]
         return unloaded
 
     async def close(self) -> None:
