@@ -200,3 +200,23 @@ def test_a_version_that_cannot_be_cut_is_rejected_at_deploy(
         r = c.post("/v1/functions", json=vm.to_dict())
         assert r.status_code == 422 and reason in r.json()["reason"], r.json()
         assert c.get("/v1/functions/cnn-split/split").json()["version"] == good
+
+
+def test_tails_of_a_retired_version_close_once_idle(tmp_path: Path, cnn: Path) -> None:
+    folder = tmp_path / "cnn-split"
+    shutil.copytree(cnn, folder)
+    clock = ManualClock()
+    with live_server(tmp_path, clock) as srv, srv.client() as c:
+        first = deploy(srv, folder)
+        r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
+        assert r.status_code == 200
+        toml = folder / "fnrt.toml"
+        toml.write_text(toml.read_text().replace("max_batch_size = 16", "max_batch_size = 8"))
+        second = deploy(srv, folder)
+        clock.advance(601)  # past the rollback window (and the tail's keep-alive)
+        srv.call(srv.registry.sweep())
+        assert srv.registry.splits.schedulers() == []  # the first version's tail is gone
+        r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
+        assert r.headers["x-fnrt-version"] == second != first
+        (tail,) = srv.registry.splits.schedulers()
+        assert tail.version.version == second
