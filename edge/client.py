@@ -419,7 +419,9 @@ class EdgeClient:
 
     def _download(self, k: int, digest: str, path: Path) -> None:
         started = time.perf_counter()
-        response = self._call("GET", f"/v1/functions/{self.name}/split/{k}/head", None, {})
+        version = self.data["version"]  # the plan's: during a canary, routing may pick another
+        url = f"/v1/functions/{self.name}/split/{k}/head?version={version}"
+        response = self._call("GET", url, None, {})
         self._observe(len(response.body), started, response)
         announced = response.headers.get(DIGEST_HEADER, "").removeprefix("sha256:")
         actual = _sha256(response.body)

@@ -3,6 +3,7 @@ links, the offline fallback, verified heads, one trace, and its few dependencies
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import subprocess
 import sys
@@ -190,3 +191,33 @@ def test_the_client_needs_only_numpy_msgpack_and_onnxruntime(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["3", "(1,", "10)"]
+
+
+def retrain(model: Path) -> None:
+    """Change the first layer's bias in place (as a retrained model would)."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(model))
+    bias = next(t for t in proto.graph.initializer if t.name == "0.bias")
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 0.01, bias.name))
+    onnx.save(proto, str(model))
+
+
+def test_during_a_split_of_traffic_a_device_keeps_to_its_plans_version(
+    tmp_path: Path, cnn: Path
+) -> None:
+    folder = tmp_path / "cnn-split"
+    shutil.copytree(cnn, folder)
+    with live_server(tmp_path) as srv:
+        first = srv.call(srv.registry.deploy(publish(srv.registry.repository, folder))).version
+        retrain(folder / "model.onnx")  # new weights: every head differs
+        second = srv.call(srv.registry.deploy(publish(srv.registry.repository, folder))).version
+        srv.call(srv.registry.set_traffic(NAME, {first: 50, second: 50}))
+        seen = set()
+        for i in range(4):  # heads, plan and tails all of one version, whichever it is
+            config = EdgeConfig(cache_dir=tmp_path / f"edge-{i}", profile_runs=1)
+            with EdgeClient(srv.url, NAME, config) as client:
+                result = client.run({"x": X}, split=3)
+                seen.add(result.version)
+        assert seen <= {first, second}
