@@ -225,6 +225,10 @@ class EdgeClient:
         """The split to use now, planned again when the link or the server's load moved."""
         if self._clock() - self._fetched_at >= self.config.plan_refresh_s:
             self.refresh()
+        if self._plan is not None and self.link.changed_since(self._planned_link):
+            # Calls of one size cannot tell a slower link from a farther one: time a
+            # probe of another size so the change is put down to the right cause.
+            self._probe()
         link = self.link.link
         wait = float(self.data["server_wait_ms"])
         stale = (

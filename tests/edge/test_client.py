@@ -221,3 +221,20 @@ def test_during_a_split_of_traffic_a_device_keeps_to_its_plans_version(
                 result = client.run({"x": X}, split=3)
                 seen.add(result.version)
         assert seen <= {first, second}
+
+
+def test_the_client_plans_again_when_the_link_slows_down(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    cache = tmp_path / "edge"
+    with EdgeClient(server.url, NAME, EdgeConfig(cache_dir=cache)) as warm:
+        warm.plan()
+    link = Throttled(HttpTransport(server.url), 20e6, rtt_ms=5)
+    config = EdgeConfig(cache_dir=cache, emulate_slowdown=30)
+    with EdgeClient(server.url, NAME, config, transport=link) as client:
+        assert client.run({"x": X}).split == 0  # a fast link: all on the server
+        link.bandwidth_bytes_per_s = 50e3  # the link degrades under it
+        splits = [client.run({"x": X}).split for _ in range(12)]
+        assert splits[-1] == client.splits - 1, splits  # all on the device now
+        estimate = client.link.link
+        assert estimate is not None and estimate.bandwidth_bytes_per_s < 200e3
