@@ -140,15 +140,16 @@ def test_canary_cut_over_and_rollback_under_load_lose_no_request(tmp_path: Path)
             wait_until(lambda: rollout_state(srv, "model") == "done", 30)
             cut = time.monotonic()
             wait_until(lambda: sum(c.started > cut for c in calls) > 200, 30)
+            rolling_back = time.monotonic()  # calls that end before this never see v1
             routing = srv.call(srv.registry.rollback("model"))
-            back = time.monotonic()
+            back = time.monotonic()  # calls that start after this never see v2
             assert routing.traffic == {v1: 100}
             wait_until(lambda: sum(c.started > back for c in calls) > 200, 30)
         done = list(calls)
     assert done and all(c.status == 200 for c in done), {c.status for c in done}
     assert {c.version for c in done} == {v1, v2}
     assert all(c.add == (1 if c.version == v1 else 2) for c in done)  # labels are true
-    assert not [c for c in done if cut < c.started and c.ended < back and c.version == v1]
+    assert not [c for c in done if cut < c.started and c.ended < rolling_back and c.version == v1]
     assert not [c for c in done if c.started > back and c.version == v2]
     during = [c for c in done if c.ended < cut]
     assert any(c.version == v2 for c in during)  # the canary steps got traffic
