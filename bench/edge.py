@@ -9,7 +9,8 @@ emulated on the client side (``Throttled``: ``--rtt-ms`` plus the bytes at
 the bandwidth). At each bandwidth it measures the median of ``--runs``
 calls for every fixed split (0 = all on the server, the last = all on the
 device) and for the planner's choice (``client.run`` with no split: the
-client estimates the link from its own requests and plans). It prints the
+client estimates the link from its own requests and plans), in turn, so
+bursts of load on a shared machine hit them all alike. It prints the
 latencies and, as ratios against the planner measured in the same run,
 all-server, all-edge and the best fixed split.
 """
@@ -44,11 +45,15 @@ def measure(url: str, cache: Path, bandwidth: float, args: argparse.Namespace) -
     config = EdgeConfig(cache_dir=cache, emulate_slowdown=args.slowdown)
     with EdgeClient(url, "cnn-split", config, transport=link) as client:
         last = client.splits - 1
-        fixed = [
-            statistics.median(client.run({"x": x}, split=k).total_ms for _ in range(args.runs))
-            for k in range(client.splits)
-        ]
-        planned = [client.run({"x": x}) for _ in range(args.runs)]
+        times: list[list[float]] = [[] for _ in range(client.splits + 1)]
+        splits = []
+        for _ in range(args.runs):  # in turn, so a burst of load hits every split alike
+            for k in range(client.splits):
+                times[k].append(client.run({"x": x}, split=k).total_ms)
+            planned = client.run({"x": x})  # the planner's choice
+            times[-1].append(planned.total_ms)
+            splits.append(planned.split)
+        fixed = [statistics.median(t) for t in times[:-1]]
         if args.verbose:
             plan = client.plan()
             print(f"{_label(bandwidth)}: link {client.link.link}", file=sys.stderr)
@@ -60,8 +65,8 @@ def measure(url: str, cache: Path, bandwidth: float, args: argparse.Namespace) -
         "all_edge": fixed[last],
         "best_fixed": fixed[best],
         "best_split": best,
-        "planner": statistics.median(r.total_ms for r in planned),
-        "planner_split": statistics.mode(r.split for r in planned),
+        "planner": statistics.median(times[-1]),
+        "planner_split": statistics.mode(splits),
         "fixed": fixed,  # type: ignore[dict-item]
     }
 

@@ -27,6 +27,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +49,8 @@ VERSION_HEADER = "x-fnrt-version"
 SERVER_MS_HEADER = "x-fnrt-server-ms"
 DIGEST_HEADER = "x-fnrt-digest"
 PROBE_PATH = "/v1/probe"
-#: Weight of each call's head time in the device's moving estimate of it.
-HEAD_WEIGHT = 0.2
+#: How many of a head's latest times (the profile's first) its estimate is the median of.
+HEAD_SAMPLES = 9
 #: A change (relative) in the server's wait or the planned head's time that makes a plan stale.
 REPLAN_CHANGE = 0.25
 
@@ -137,6 +138,7 @@ class EdgeClient:
         self._fetched_at = -float("inf")
         self._sessions: dict[int, Any] = {}  # k -> onnxruntime session of the head
         self._head_ms: list[float] | None = None  # time of each head here (k = 0 .. n + 1)
+        self._head_samples: dict[int, deque[float]] = {}
         self._planned_head_ms = 0.0
         self._plan: Plan | None = None
         self._planned_link: Link | None = None
@@ -182,13 +184,18 @@ class EdgeClient:
         self._plan_data, self._fetched_at = data, self._clock()
         if changed:
             self._sessions, self._head_ms, self._plan = {}, None, None
+            self._head_samples = {}
             self._folder.mkdir(parents=True, exist_ok=True)
             _write_atomic(self._folder / "plan.json", response.body)
             self._load_heads(online=True)
 
     def _probe(self) -> None:
-        """Time an upload of ``probe_bytes`` (the server drops it): a bandwidth sample."""
-        body = bytes(self.link.config.probe_bytes)
+        """Time an upload the server drops: a bandwidth sample, of ``probe_bytes`` or,
+        after a sample that large, an eighth of it (two sizes fix the line)."""
+        size = self.link.config.probe_bytes
+        if (self.link.last_bytes or 0) > size // 2:
+            size //= 8
+        body = bytes(size)
         started = time.perf_counter()
         response = self._call(
             "POST", PROBE_PATH, body, {"content-type": "application/octet-stream"}
@@ -226,8 +233,10 @@ class EdgeClient:
         if self._clock() - self._fetched_at >= self.config.plan_refresh_s:
             self.refresh()
         if self._plan is not None and self.link.changed_since(self._planned_link):
-            # Calls of one size cannot tell a slower link from a farther one: time a
-            # probe of another size so the change is put down to the right cause.
+            # The link changed: start the estimate again from the newest call, and
+            # time a probe of another size (calls of one size cannot tell a slower
+            # link from a farther one).
+            self.link.restart()
             self._probe()
         link = self.link.link
         wait = float(self.data["server_wait_ms"])
@@ -440,10 +449,13 @@ class EdgeClient:
         return self._head_ms
 
     def _learn(self, k: int, head_ms: float) -> None:
-        """Move the time of head ``k`` toward one it just took (the device's speed
-        changes: other work, heat); a plan it makes stale is made again."""
+        """Add a time head ``k`` just took: its estimate is the median of the latest
+        (one stall does not move it; a device that got slower does, in a few
+        calls), and a plan it makes stale is made again."""
         heads = self._heads_ms()
-        heads[k] = (1 - HEAD_WEIGHT) * heads[k] + HEAD_WEIGHT * head_ms
+        recent = self._head_samples.setdefault(k, deque([heads[k]], maxlen=HEAD_SAMPLES))
+        recent.append(head_ms)
+        heads[k] = statistics.median(recent)
 
     def _time_heads(self) -> list[float]:
         """The median time of each head this device holds, one row of zeros (head 0

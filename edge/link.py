@@ -48,11 +48,25 @@ class LinkEstimate:
         self.samples = 0
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._ms_per_byte: float | None = None
+        self._last: tuple[float, float] | None = None
+
+    def restart(self) -> None:
+        """Forget every sample but the newest: the link changed, and older samples
+        describe the link before (the next sample of another size fixes the line)."""
+        last = self._last
+        self.samples = 0
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._ms_per_byte = None
+        if last is not None:
+            x, y = last
+            self._w, self._x, self._y, self._xx, self._xy = 1.0, x, y, x * x, x * y
+            self.samples = 1
 
     def observe(self, moved_bytes: int, elapsed_s: float, server_s: float = 0.0) -> None:
         """One request: bytes sent plus received, its elapsed time, the server's part."""
         y = max(elapsed_s - server_s, 0.0) * 1000.0
         x = float(moved_bytes)
+        self._last = (x, y)
         keep = 1.0 - self.config.weight
         self._w = self._w * keep + 1.0
         self._x = self._x * keep + x
@@ -66,6 +80,11 @@ class LinkEstimate:
             slope = (self._xy / self._w - mean_x * self._y / self._w) / variance
             # a flat or falling line is noise on a link too fast to time: 1 GB/s and up
             self._ms_per_byte = max(slope, _FASTEST_MS_PER_BYTE)
+
+    @property
+    def last_bytes(self) -> int | None:
+        """The size of the newest sample."""
+        return int(self._last[0]) if self._last is not None else None
 
     @property
     def link(self) -> Link | None:

@@ -62,3 +62,18 @@ def test_config_is_validated() -> None:
         LinkConfig(weight=0)
     with pytest.raises(ValueError, match="probe_bytes"):
         LinkConfig(probe_bytes=10)
+
+
+def test_a_restart_keeps_only_the_newest_sample() -> None:
+    old, new = Link(1e7, 2), Link(5e4, 20)
+    estimate = LinkEstimate()
+    for size in (2_000, 60_000, 2_000, 60_000):
+        estimate.observe(size, timed(old, size))
+    estimate.observe(12_000, timed(new, 12_000))
+    estimate.restart()
+    assert estimate.link is None and estimate.last_bytes == 12_000
+    estimate.observe(65_536, timed(new, 65_536))
+    found = estimate.link
+    assert found is not None
+    assert found.bandwidth_bytes_per_s == pytest.approx(5e4, rel=1e-6)
+    assert found.rtt_ms == pytest.approx(20, abs=1e-6)
