@@ -18,11 +18,13 @@ from fnrt.edge.planner import Link
 
 @dataclass(frozen=True)
 class LinkConfig:
-    """How the estimate moves: ``weight`` of each new sample, the change in RTT or
-    bandwidth that makes a plan stale, and the size of a bandwidth probe."""
+    """How the estimate moves: ``weight`` of each new sample; the change (relative,
+    and in ms) in the time to send ``probe_bytes`` that makes a plan stale; and the
+    size of a bandwidth probe."""
 
     weight: float = 0.2
     replan_change: float = 0.25
+    replan_min_ms: float = 2.0
     probe_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
@@ -30,6 +32,8 @@ class LinkConfig:
             raise ValueError("weight: must be a fraction above 0, at most 1")
         if not self.replan_change > 0:
             raise ValueError("replan_change: must be > 0")
+        if not self.replan_min_ms >= 0:
+            raise ValueError("replan_min_ms: must be >= 0")
         if self.probe_bytes < 1024:
             raise ValueError("probe_bytes: must be at least 1024")
 
@@ -95,11 +99,15 @@ class LinkEstimate:
         return Link(1000.0 / self._ms_per_byte, rtt_ms)
 
     def changed_since(self, planned: Link | None) -> bool:
-        """Whether RTT or bandwidth moved by more than ``replan_change`` since ``planned``."""
+        """Whether the time to send ``probe_bytes`` (RTT included) moved by more than
+        ``replan_change`` and ``replan_min_ms`` since ``planned``. Judged by that time,
+        not by bandwidth alone: on a fast link the bandwidth estimate swings with
+        timing noise while what it predicts hardly moves."""
         now = self.link
         if now is None or planned is None:
             return now is not planned
-        limit = self.config.replan_change
-        bw = abs(now.bandwidth_bytes_per_s / planned.bandwidth_bytes_per_s - 1)
-        rtt = abs(now.rtt_ms - planned.rtt_ms) / max(planned.rtt_ms, 1.0)
-        return bw > limit or rtt > limit
+        size = self.config.probe_bytes
+        before = planned.rtt_ms + planned.transfer_ms(size)
+        after = now.rtt_ms + now.transfer_ms(size)
+        moved = abs(after - before)
+        return moved > self.config.replan_change * before and moved > self.config.replan_min_ms

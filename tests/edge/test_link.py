@@ -77,3 +77,16 @@ def test_a_restart_keeps_only_the_newest_sample() -> None:
     assert found is not None
     assert found.bandwidth_bytes_per_s == pytest.approx(5e4, rel=1e-6)
     assert found.rtt_ms == pytest.approx(20, abs=1e-6)
+
+
+def test_noise_on_a_fast_link_is_not_a_change() -> None:
+    estimate = LinkEstimate()
+    planned = Link(1e8, 5.0)  # 64 KiB take 5.66 ms
+    assert not estimate.changed_since(None)
+    estimate.observe(2_000, timed(Link(3e8, 5.5), 2_000))
+    estimate.observe(65_536, timed(Link(3e8, 5.5), 65_536))  # 3x the bandwidth: 0.4 ms less
+    assert not estimate.changed_since(planned)
+    estimate.restart()
+    estimate.observe(65_536, timed(Link(5e6, 5.0), 65_536))
+    estimate.observe(2_000, timed(Link(5e6, 5.0), 2_000))
+    assert estimate.changed_since(planned)  # 64 KiB now take 18 ms
