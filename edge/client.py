@@ -216,14 +216,13 @@ class EdgeClient:
             max(heads[k + 1] - heads[k], 0.0) if math.isfinite(heads[k + 1]) else math.inf
             for k in range(len(heads) - 1)
         ]
-        n = self.splits - 2
         inputs_bytes = sum(int(p["row_bytes"]) for p in data["inputs"])
         sent = [inputs_bytes, *(int(p["row_bytes"]) for p in data["points"])]
-        scale = self.config.encoding.item_bytes / 4  # the plan's sizes are float32
+        scale = self.config.encoding.item_bytes / 4  # sizes are float32; the input is packed too
         return Profile(
             device_ms=tuple(device_ms),
             server_ms=tuple(float(t) for t in data["server_ms"]),
-            sent_bytes=tuple(int(b * (scale if 0 < k <= n else 1)) for k, b in enumerate(sent)),
+            sent_bytes=tuple(int(b * scale) for b in sent),
             result_bytes=int(data["output_row_bytes"]),
             server_wait_ms=float(data["server_wait_ms"]),
         )
@@ -247,7 +246,11 @@ class EdgeClient:
             or _moved(self._heads_ms()[self._plan.split], self._planned_head_ms)
         )
         if stale:
-            assert link is not None  # refresh observed the plan request and the probe
+            if link is None:  # two samples too close in size to fit a line: one more
+                self._probe()
+                link = self.link.link
+            if link is None:
+                raise FnrtError("cannot estimate the link: probes of two sizes did not fit")
             self._plan = choose_split(self.profile(), link, self._allowed())
             self._planned_link, self._planned_wait_ms = link, wait
             self._planned_head_ms = self._heads_ms()[self._plan.split]
