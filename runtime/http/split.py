@@ -22,7 +22,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from fnrt.edge.activation import unpack
 from fnrt.functions.codec import Format, encode, negotiate
-from fnrt.functions.errors import BadRequest
+from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 from fnrt.runtime.http.body import Receive, read_body
 from fnrt.runtime.http.invoke import (
     VERSION_HEADER,
@@ -67,7 +67,7 @@ async def _answer(
         "application/x-msgpack",
         "application/vnd.msgpack",
     ):
-        raise BadRequest("a split request's body is application/msgpack")
+        raise UnsupportedMediaType("a split request's body is application/msgpack")
     activation = unpack(body)
     trail.function = name
     scheduler, served = await node.registry.splits.submit(

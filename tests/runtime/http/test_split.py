@@ -108,7 +108,7 @@ WIDE = np.zeros((1, 16, 32, 32), np.float32)  # 64 KiB: over the 48 KiB limit be
         (f"{SPLIT}/7", pack(X), MSGPACK, 404, "no tail here (0 to 6)"),
         (f"{SPLIT}/3", pack(X), MSGPACK, 422, "must have shape [n, 8, 8, 8]"),
         (f"{SPLIT}/0", b"\xc1junk", MSGPACK, 400, "not valid msgpack"),
-        (f"{SPLIT}/0", b"{}", JSON, 400, "application/msgpack"),
+        (f"{SPLIT}/0", b"{}", JSON, 415, "application/msgpack"),
         (f"{SPLIT}/0", pack(X), GONE, 404, "no version"),
         (f"{SPLIT}/1", pack(WIDE), MSGPACK, 413, "larger than"),
         ("/v1/functions/plain/split/0", pack(X), MSGPACK, 404, "no split points"),
