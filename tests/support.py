@@ -234,3 +234,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def traced_server(tmp: Path) -> Iterator[tuple[LiveServer, Any]]:
+    """A live server whose spans go to an in-memory exporter, returned beside it."""
+    from fnrt.tracing.export import MemoryExporter
+    from fnrt.tracing.metrics import Metrics
+    from fnrt.tracing.setup import TraceConfig, build_tracer
+    from fnrt.tracing.spans import Tracing
+    from fnrt.tracing.telemetry import Telemetry
+
+    exporter = MemoryExporter()
+    tracer = build_tracer(TraceConfig(), exporter, batch=False)
+    telemetry = Telemetry(Tracing(tracer), Metrics(gpu=False))
+    settings = ServerSettings(
+        store=str(tmp / "store"), cache_dir=tmp / "cache", sweep_interval_s=3600
+    )
+    server = LiveServer(build_app(settings, make_registry(tmp), telemetry)).start()
+    try:
+        yield server, exporter
+    finally:
+        server.stop()

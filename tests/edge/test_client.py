@@ -19,15 +19,10 @@ from fnrt.edge.activation import Encoding
 from fnrt.edge.client import EdgeClient, EdgeConfig, EdgeUnavailable
 from fnrt.edge.transport import HttpTransport, Throttled
 from fnrt.functions.errors import IntegrityError, NoSuchSplit
-from fnrt.runtime.http.app import build_app
-from fnrt.runtime.settings import ServerSettings
 from fnrt.tracing.export import MemoryExporter
-from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.recorder import SpanKind
 from fnrt.tracing.setup import TraceConfig, build_tracer
-from fnrt.tracing.spans import Tracing
-from fnrt.tracing.telemetry import Telemetry
-from support import LiveServer, live_server, make_registry, publish
+from support import LiveServer, live_server, publish, traced_server
 
 NAME = "cnn-split"
 X = np.random.default_rng(5).random((1, 3, 32, 32), dtype=np.float32)
@@ -135,22 +130,13 @@ def test_a_corrupted_head_is_never_run(server: LiveServer, tmp_path: Path, cnn: 
 
 
 def test_edge_and_server_spans_make_one_trace(tmp_path: Path, cnn: Path) -> None:
-    server_spans, edge_spans = MemoryExporter(), MemoryExporter()
-    tracer = build_tracer(TraceConfig(), server_spans, batch=False)
-    telemetry = Telemetry(Tracing(tracer), Metrics(gpu=False))
-    settings = ServerSettings(
-        store=str(tmp_path / "store"), cache_dir=tmp_path / "cache", sweep_interval_s=3600
-    )
-    registry = make_registry(tmp_path)
-    srv = LiveServer(build_app(settings, registry, telemetry)).start()
-    try:
-        srv.call(registry.deploy(publish(registry.repository, cnn)))
+    edge_spans = MemoryExporter()
+    with traced_server(tmp_path) as (srv, server_spans):
+        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
         edge_tracer = build_tracer(TraceConfig(service_name="edge"), edge_spans, batch=False)
         config = EdgeConfig(cache_dir=tmp_path / "edge", profile_runs=1)
         with EdgeClient(srv.url, NAME, config, tracer=edge_tracer) as client:
             client.run({"x": X}, split=3)
-    finally:
-        srv.stop()
     (run,) = edge_spans.named("edge.run")
     (head,) = edge_spans.named("edge.head")
     (upload,) = edge_spans.named("edge.upload")

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from fnrt.runtime.http.app import build_app
-from fnrt.runtime.settings import ServerSettings
 from fnrt.tracing.export import MemoryExporter
-from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.recorder import Span, SpanKind, StatusCode
-from fnrt.tracing.setup import TraceConfig, build_tracer
-from fnrt.tracing.spans import Tracing
-from fnrt.tracing.telemetry import Telemetry
-from support import LiveServer, gate, make_registry, publish, wait_until, write_function
+from support import (
+    LiveServer,
+    gate,
+    publish,
+    traced_server,
+    wait_until,
+    write_function,
+)
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 
@@ -34,21 +35,11 @@ class Gated:
 
 @pytest.fixture
 def traced(tmp_path: Path) -> Iterator[tuple[LiveServer, MemoryExporter]]:
-    exporter = MemoryExporter()
-    tracer = build_tracer(TraceConfig(), exporter, batch=False)
-    telemetry = Telemetry(Tracing(tracer), Metrics(gpu=False))
-    settings = ServerSettings(
-        store=str(tmp_path / "store"), cache_dir=tmp_path / "cache", sweep_interval_s=3600
-    )
-    registry = make_registry(tmp_path)
-    server = LiveServer(build_app(settings, registry, telemetry)).start()
-    folder = write_function(tmp_path / "src", "echo", GATED.replace("Gated", "Echo"))
-    server.call(registry.deploy(publish(registry.repository, folder)))
-    gate("release").set()
-    try:
+    with traced_server(tmp_path) as (server, exporter):
+        folder = write_function(tmp_path / "src", "echo", GATED.replace("Gated", "Echo"))
+        server.call(server.registry.deploy(publish(server.registry.repository, folder)))
+        gate("release").set()
         yield server, exporter
-    finally:
-        server.stop()
 
 
 def by_name(spans: list[Span], name: str) -> list[Span]:
