@@ -320,20 +320,24 @@ class EdgeClient:
             (time.perf_counter() - started) * 1000.0,
         )
 
-    def _head(self, k: int, inputs: Mapping[str, Array]) -> Array:
+    def _feed(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        """The model's inputs from ``inputs``, in their declared dtypes; FnrtError if any
+        is missing."""
         names = [p["name"] for p in self.data["inputs"]]
         missing = set(names) - set(inputs)
         if missing:
             raise FnrtError(f"inputs {sorted(missing)} are missing (the model takes {names})")
-        if k == 0:
-            if len(names) != 1:
-                raise NoSuchSplit(self.name, "split 0 sends one input; this model has several")
-            return np.asarray(inputs[names[0]], dtype=self.data["inputs"][0]["dtype"])
-        session = self._session(k)
-        feed: dict[str, Array] = {
-            n: np.asarray(inputs[n], dtype=p["dtype"])
-            for n, p in zip(names, self.data["inputs"], strict=True)
+        return {
+            p["name"]: np.asarray(inputs[p["name"]], dtype=p["dtype"]) for p in self.data["inputs"]
         }
+
+    def _head(self, k: int, inputs: Mapping[str, Array]) -> Array:
+        feed = self._feed(inputs)
+        if k == 0:
+            if len(feed) != 1:
+                raise NoSuchSplit(self.name, "split 0 sends one input; this model has several")
+            return next(iter(feed.values()))
+        session = self._session(k)
         (activation,) = self._timed_run(session, [self.data["points"][k - 1]["name"]], feed)
         return np.asarray(activation)
 
@@ -386,11 +390,7 @@ class EdgeClient:
     ) -> EdgeResult:
         last = self.splits - 1
         span = self._span("edge.head", root, {"fnrt.split": last})
-        names = [p["name"] for p in self.data["inputs"]]
-        feed = {
-            n: np.asarray(inputs[n], dtype=p["dtype"])
-            for n, p in zip(names, self.data["inputs"], strict=True)
-        }
+        feed = self._feed(inputs)
         mark = time.perf_counter()
         ran = self._timed_run(self._session(last), list(self.data["outputs"]), feed)
         model_ms = (time.perf_counter() - mark) * 1000.0

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fnrt.functions.errors import ManifestError
 
 
@@ -33,7 +35,7 @@ class Point:
         size = 1
         for dim in self.row_shape:
             size *= dim
-        return size * _ITEM_BYTES.get(self.dtype, 4)
+        return size * np.dtype(self.dtype).itemsize
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,17 +44,6 @@ class Point:
             "row_shape": list(self.row_shape),
             "row_bytes": self.row_bytes,
         }
-
-
-_ITEM_BYTES = {
-    "float32": 4,
-    "float16": 2,
-    "float64": 8,
-    "int64": 8,
-    "int32": 4,
-    "int8": 1,
-    "uint8": 1,
-}
 
 
 class Cuts:

@@ -16,7 +16,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     import uvicorn
 
     from fnrt.runtime.dev import Reload, watch
-    from fnrt.runtime.http.app import build_app
+    from fnrt.runtime.http.app import build_app, server_config
     from fnrt.runtime.settings import ServerSettings
     from fnrt.tracing.logs import configure_logging
 
@@ -35,17 +35,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     app = build_app(settings)
     registry = app.state.node.registry
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            loop="uvloop",
-            http="httptools",
-            log_level=settings.log_level,
-            access_log=False,
-        )
-    )
+    server = uvicorn.Server(server_config(app, settings))
 
     def report(reload: Reload) -> None:
         if reload.error is not None:

@@ -7,6 +7,7 @@ names a server, store or token also reads an ``FNRT_*`` variable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import sys
@@ -38,6 +39,9 @@ from fnrt.runtime.settings import (
 from fnrt.tracing.setup import TraceConfig
 
 EPILOG = "Docs: README.md and docs/ in the fnrt repository."
+#: ``fnrt serve``'s exit status when the server never started (the port taken, say),
+#: as uvicorn's own.
+STARTUP_FAILURE = 3
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -60,7 +64,7 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from fnrt.runtime.http.app import build_app
+    from fnrt.runtime.http.app import build_app, server_config
     from fnrt.tracing.logs import configure_logging
 
     found = env_server_settings()
@@ -113,17 +117,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"fnrt: serving store {settings.store} on http://{settings.host}:{settings.port}",
         file=sys.stderr,
     )
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=30,
-    )
-    return 0
+    server = uvicorn.Server(server_config(app, settings))
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
+        server.run()
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def _is_loopback(host: str) -> bool:

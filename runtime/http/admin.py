@@ -11,6 +11,7 @@ import hmac
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -89,14 +90,19 @@ async def put_blob(request: Request) -> Response:
     return JSONResponse({"digest": digest, "created": created}, status_code=201 if created else 200)
 
 
+async def _json_body(request: Request, what: str) -> Any:
+    """The request's JSON body (up to ``MAX_MANIFEST_BYTES``); BadRequest naming ``what``."""
+    body = await read_body(request.headers, request.receive, MAX_MANIFEST_BYTES)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from None
+
+
 @admin
 async def deploy(request: Request) -> Response:
     """Publish a version: the body is a version manifest whose blobs are uploaded."""
-    body = await read_body(request.headers, request.receive, MAX_MANIFEST_BYTES)
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"deploy body is not valid JSON: {exc}") from None
+    data = await _json_body(request, "deploy body")
     if not isinstance(data, dict):
         raise BadRequest("deploy body must be a JSON object")
     policy = request.query_params.get("policy")
@@ -126,11 +132,7 @@ async def versions(request: Request) -> Response:
 @admin
 async def set_traffic(request: Request) -> Response:
     """Set the split by hand: ``{"traffic": {"v-...": 90, "v-...": 10}}`` (stops a canary)."""
-    body = await read_body(request.headers, request.receive, MAX_MANIFEST_BYTES)
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    data = await _json_body(request, "body")
     traffic = data.get("traffic") if isinstance(data, dict) else None
     if (
         not isinstance(traffic, dict)

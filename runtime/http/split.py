@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from fnrt.edge.activation import unpack
-from fnrt.functions.codec import Format, encode, negotiate
+from fnrt.functions.codec import Format, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 from fnrt.runtime.http.body import Receive, read_body
 from fnrt.runtime.http.invoke import (
@@ -62,11 +62,7 @@ async def _answer(
     body = await read_body(headers, receive, node.settings.max_body_bytes)
     started = time.perf_counter()  # server time starts with the whole body here: the
     # upload is network time, which the device estimates its bandwidth from
-    if headers.get("content-type", "application/msgpack").split(";")[0].strip() not in (
-        "application/msgpack",
-        "application/x-msgpack",
-        "application/vnd.msgpack",
-    ):
+    if format_of(headers.get("content-type"), default=Format.MSGPACK) is not Format.MSGPACK:
         raise UnsupportedMediaType("a split request's body is application/msgpack")
     activation = unpack(body)
     trail.function = name
