@@ -182,3 +182,30 @@ class NoSuchSplit(NotFound):
 
     def __init__(self, name: str, message: str) -> None:
         super().__init__(f"function '{name}': {message}", function=name)
+
+
+class InstanceLost(HandlerFailed):
+    """An instance died or was killed while serving a batch; ``cause`` says how.
+
+    Only the requests of that batch fail; the instance is replaced (restarted
+    with backoff). ``cause`` is a short word for metrics: ``signal``, ``exit``,
+    ``memory``, ``timeout``.
+    """
+
+    def __init__(self, function: str, error_id: str, reason: str, *, cause: str) -> None:
+        super().__init__(function, error_id, reason)
+        self.fields["cause"] = cause
+        self.cause = cause
+        self.reason = reason
+
+
+class HandlerTimeout(InstanceLost, DeadlineExceeded):
+    """A batch ran past the function's ``isolation.timeout_s``: 504, instance replaced."""
+
+    def __init__(self, function: str, error_id: str, timeout_s: float) -> None:
+        super().__init__(
+            function,
+            error_id,
+            f"the handler ran past its timeout of {timeout_s:g} s and was stopped",
+            cause="timeout",
+        )

@@ -32,6 +32,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -369,6 +370,59 @@ class SplitConfig:
         return bool(self.points)
 
 
+class IsolationMode(Enum):
+    """Where a function's instances run."""
+
+    THREAD = "thread"  # a thread of the server's process (the default)
+    PROCESS = "process"  # a worker process of its own per instance
+
+
+@dataclass(frozen=True)
+class IsolationConfig:
+    """How a function's instances are kept apart from the node and each other.
+
+    ``mode = "process"`` runs each instance in a worker process: a handler that
+    crashes, exits or leaks takes down only its worker, which is restarted
+    after ``restart_backoff_s`` (doubling while it keeps dying, up to
+    ``max_backoff_s``). ``timeout_s`` (0: none) bounds one batch: past it the
+    batch's requests get a 504 and the instance is replaced (a worker is killed;
+    a thread, which cannot be killed, is abandoned). ``memory_limit_bytes``
+    (process mode, 0: none) kills a worker whose resident memory passes it.
+    """
+
+    mode: str = IsolationMode.THREAD.value
+    timeout_s: float = 0.0
+    memory_limit_bytes: int = 0
+    restart_backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        modes = [m.value for m in IsolationMode]
+        if self.mode not in modes:
+            raise ManifestError("mode", f"{self.mode!r} is not one of {modes}")
+        for name in ("timeout_s", "restart_backoff_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ManifestError(name, "must be a number of seconds >= 0")
+        limit = self.memory_limit_bytes
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ManifestError("memory_limit_bytes", "must be an integer >= 0 (0: no limit)")
+        if limit and self.kind is IsolationMode.THREAD:
+            raise ManifestError(
+                "memory_limit_bytes", "needs mode = 'process' (a thread's memory is the server's)"
+            )
+
+    @property
+    def kind(self) -> IsolationMode:
+        return IsolationMode(self.mode)
+
+    def backoff_s(self, failures: int) -> float:
+        """How long to wait before restarting after ``failures`` failures in a row."""
+        if failures <= 0:
+            return 0.0
+        return float(min(self.restart_backoff_s * 2 ** (failures - 1), self.max_backoff_s))
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A validated function manifest (see the module docstring for the file form)."""
@@ -386,6 +440,7 @@ class Manifest:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
+    isolation: IsolationConfig = field(default_factory=IsolationConfig)
     exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -434,6 +489,10 @@ class Manifest:
             "result_cache": asdict(self.result_cache),
             "rollout": {**asdict(self.rollout), "steps_percent": list(self.rollout.steps_percent)},
             "breaker": asdict(self.breaker),
+            # Only when set, so versions deployed before [isolation] keep their ids.
+            **(
+                {"isolation": asdict(self.isolation)} if self.isolation != IsolationConfig() else {}
+            ),
             **(
                 {"split": {**asdict(self.split), "points": list(self.split.points)}}
                 if self.split.enabled
@@ -457,6 +516,7 @@ _TOP_KEYS = {
     "rollout",
     "breaker",
     "split",
+    "isolation",
     "exclude",
 }
 
@@ -533,6 +593,7 @@ def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manif
         rollout=_build(RolloutConfig, _table(data, "rollout"), "rollout"),
         breaker=_build(BreakerConfig, _table(data, "breaker"), "breaker"),
         split=_build(SplitConfig, _table(data, "split"), "split"),
+        isolation=_build(IsolationConfig, _table(data, "isolation"), "isolation"),
         exclude=tuple(exclude),
     )
 

@@ -12,11 +12,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -63,21 +63,19 @@ class Instance:
 
     def run_timed(self, batch: list[Request]) -> Ran:
         """:meth:`run`, also timing the handler and the checking of its results."""
-        start = time.perf_counter()
-        results = self.call(batch)
-        called = time.perf_counter()
-        if isinstance(results, dict | str | bytes) or not isinstance(results, Sequence):
-            raise ValueError(
-                "handler must return a list with one result per request, "
-                f"got {type(results).__name__}"
-            )
-        if len(results) != len(batch):
-            raise ValueError(
-                f"handler returned {len(results)} results for a batch of {len(batch)} requests"
-            )
-        outputs = self.version.manifest.outputs
-        checked = [coerce_result(outputs, r) for r in results]
-        return Ran(checked, called - start, time.perf_counter() - called)
+        return run_checked(self.call, self.version, batch)
+
+    @property
+    def alive(self) -> bool:
+        """A thread instance lives until it is closed."""
+        return self.call is not _closed
+
+    def abandon(self) -> None:
+        """Give up on an instance whose thread is stuck in the handler: it cannot be
+        stopped, so it is left to finish on its own and never used again."""
+        self.executor.shutdown(wait=False)
+        self.call = _closed
+        self.unload = None
 
     def close(self) -> None:
         """Run the handler's ``unload`` (if any) on its thread and stop the thread."""
@@ -89,6 +87,50 @@ class Instance:
         self.executor.shutdown(wait=False)
         self.call = _closed
         self.unload = None
+
+
+def run_checked(
+    call: Callable[[list[Request]], Sequence[Any]], vm: VersionManifest, batch: list[Request]
+) -> Ran:
+    """Call a handler on one batch and check what it returned against the contract
+    (one result per request, outputs as declared); ValueError if it broke it."""
+    start = time.perf_counter()
+    results = call(batch)
+    called = time.perf_counter()
+    if isinstance(results, dict | str | bytes) or not isinstance(results, Sequence):
+        raise ValueError(
+            f"handler must return a list with one result per request, got {type(results).__name__}"
+        )
+    if len(results) != len(batch):
+        raise ValueError(
+            f"handler returned {len(results)} results for a batch of {len(batch)} requests"
+        )
+    outputs = vm.manifest.outputs
+    checked = [coerce_result(outputs, r) for r in results]
+    return Ran(checked, called - start, time.perf_counter() - called)
+
+
+class Runnable(Protocol):
+    """What the instance pool holds: an instance in a thread or in a worker process.
+
+    ``run_timed`` is called on ``executor``'s one thread; ``close`` ends the
+    instance (its handler's ``unload``, then its thread or process).
+    """
+
+    version: VersionManifest
+    executor: ThreadPoolExecutor
+    timings_s: dict[str, float]
+    size_bytes: int
+    tier: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    def run_timed(self, batch: list[Request]) -> Ran: ...
+
+    def close(self) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 def _closed(batch: list[Request]) -> Sequence[Any]:
@@ -182,12 +224,8 @@ class InstanceLoader:
         code = self.code_dir(vm, fetches)
         return import_handler(code, vm.manifest, bundle_package(vm.bundle.digest))
 
-    def load(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
-        """Build an instance; call this on ``executor``'s thread.
-
-        ``timings_s`` gets fetch_s (L3 downloads), verify_s (hashing), import_s,
-        load_s (the handler's ``load``, mapping weights included) and total_s.
-        """
+    def materialise(self, vm: VersionManifest) -> Materialised:
+        """The version's code and artifacts on local disk, their blobs pinned (blocking)."""
         fetches = _Fetches()
         start = time.perf_counter()
         try:
@@ -197,39 +235,95 @@ class InstanceLoader:
                 )
                 for key, ref in vm.artifacts.items()
             }
-            mark = time.perf_counter()
-            obj = self.handler_object(vm, fetches)
-            import_s = time.perf_counter() - mark
-
-            mark = time.perf_counter()
-            unload: Callable[[], None] | None = None
-            handler = obj() if inspect.isclass(obj) else obj  # a class is instantiated once
-            if handler is not obj:
-                load = getattr(handler, "load", None)
-                if load is not None:
-                    load(artifacts, self.device)
-                unload = getattr(handler, "unload", None)
+            code = self.code_dir(vm, fetches)
         except BaseException:
             self.unpin(fetches.pinned)
             raise
-        timings = {
-            "fetch_s": fetches.fetch_s,
-            "verify_s": fetches.verify_s,
-            "import_s": import_s,
-            "load_s": time.perf_counter() - mark,
-            "total_s": time.perf_counter() - start,
-        }
-        call = cast(Callable[[list[Request]], Sequence[Any]], handler)
-        pinned = fetches.pinned
+        return Materialised(
+            code,
+            artifacts,
+            list(fetches.pinned),
+            "l3" if fetches.fetched else "l2",
+            {
+                "fetch_s": fetches.fetch_s,
+                "verify_s": fetches.verify_s,
+                "materialise_s": time.perf_counter() - start,
+            },
+        )
+
+    def load(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        """Build an instance in this process; call this on ``executor``'s thread.
+
+        ``timings_s`` gets fetch_s (L3 downloads), verify_s (hashing), import_s,
+        load_s (the handler's ``load``, mapping weights included) and total_s.
+        """
+        start = time.perf_counter()
+        files = self.materialise(vm)
+        try:
+            built = build_handler(vm, files.code_dir, files.artifacts, self.device)
+        except BaseException:
+            self.unpin(files.pinned)
+            raise
+        pinned = files.pinned
+        unload = built.unload
 
         def release() -> None:
             if unload is not None:
                 unload()
             self.unpin(pinned)
 
-        tier = "l3" if fetches.fetched else "l2"
-        size = held_bytes(handler) or vm.size_bytes  # an onnxruntime session hides its tensors
-        return Instance(vm, call, executor, release, timings, size, tier)
+        timings = {
+            "fetch_s": files.timings_s["fetch_s"],
+            "verify_s": files.timings_s["verify_s"],
+            "import_s": built.import_s,
+            "load_s": built.load_s,
+            "total_s": time.perf_counter() - start,
+        }
+        return Instance(vm, built.call, executor, release, timings, built.size_bytes, files.tier)
+
+
+@dataclass(frozen=True)
+class Materialised:
+    """A version's files on this machine: what a handler's ``load`` is given."""
+
+    code_dir: Path
+    artifacts: dict[str, LocalArtifact]
+    pinned: list[str]  # blobs pinned in the disk cache while an instance uses them
+    tier: str  # "l2" all on local disk already, "l3" some came from the store
+    timings_s: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Built:
+    """A handler imported and loaded: what to call per batch and at unload."""
+
+    call: Callable[[list[Request]], Sequence[Any]]
+    unload: Callable[[], None] | None
+    size_bytes: int
+    import_s: float
+    load_s: float
+
+
+def build_handler(
+    vm: VersionManifest, code_dir: Path, artifacts: Mapping[str, LocalArtifact], device: Device
+) -> Built:
+    """Import the version's handler from ``code_dir`` and run its ``load`` (blocking;
+    in a worker process this runs in the worker)."""
+    mark = time.perf_counter()
+    obj = import_handler(code_dir, vm.manifest, bundle_package(vm.bundle.digest))
+    import_s = time.perf_counter() - mark
+    mark = time.perf_counter()
+    unload: Callable[[], None] | None = None
+    handler = obj() if inspect.isclass(obj) else obj  # a class is instantiated once
+    if handler is not obj:
+        load = getattr(handler, "load", None)
+        if load is not None:
+            load(artifacts, device)
+        unload = getattr(handler, "unload", None)
+    load_s = time.perf_counter() - mark
+    call = cast(Callable[[list[Request]], Sequence[Any]], handler)
+    size = held_bytes(handler) or vm.size_bytes  # an onnxruntime session hides its tensors
+    return Built(call, unload, size, import_s, load_s)
 
 
 def _materialise(dest: Path, fill: Callable[[Path], None]) -> Path:

@@ -20,7 +20,7 @@ from fnrt.functions.errors import FnrtError
 from fnrt.functions.manifest import load_manifest
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.repository import Repository
-from fnrt.runtime.registry import Registry
+from fnrt.runtime.node import Node
 
 log = logging.getLogger("fnrt.dev")
 
@@ -46,12 +46,12 @@ def _publish(repository: Repository, folder: Path) -> VersionManifest:
     return VersionManifest(manifest, bundle.code_ref, bundle.artifacts)
 
 
-async def redeploy(registry: Registry, folder: Path) -> Reload:
+async def redeploy(node: Node, folder: Path) -> Reload:
     """Pack ``folder`` and deploy it at once; the error (not raised) if that fails."""
     started = time.perf_counter()
     try:
-        vm = await asyncio.to_thread(_publish, registry.repository, folder)
-        deployed = await registry.deploy(vm, policy="immediate")
+        vm = await asyncio.to_thread(_publish, node.repository, folder)
+        deployed = await node.deployer.deploy(vm, policy="immediate")
     except FnrtError as exc:
         return Reload(None, exc.message, time.perf_counter() - started)
     except Exception as exc:  # a broken file of any kind must not stop the loop
@@ -60,7 +60,7 @@ async def redeploy(registry: Registry, folder: Path) -> Reload:
 
 
 async def watch(
-    registry: Registry,
+    node: Node,
     folder: Path,
     report: Callable[[Reload], None],
     stop: asyncio.Event | None = None,
@@ -68,6 +68,6 @@ async def watch(
     """Deploy ``folder`` now, then again after every change, until ``stop`` is set."""
     from watchfiles import awatch
 
-    report(await redeploy(registry, folder))
+    report(await redeploy(node, folder))
     async for _ in awatch(folder, debounce=DEBOUNCE_MS, step=DEBOUNCE_MS, stop_event=stop):
-        report(await redeploy(registry, folder))
+        report(await redeploy(node, folder))

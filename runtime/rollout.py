@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,44 @@ def compare(
 SetTraffic = Callable[[dict[str, int], str], Awaitable[bool]]
 
 
+class RolloutState(StrEnum):
+    RUNNING = "running"
+    DONE = "done"
+    STOPPED = "stopped"  # cancelled: another deploy, a hand-set split, the server stopping
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"  # the store failed under it: the split stays as it was
+
+
+class RolloutPolicy(StrEnum):
+    IMMEDIATE = "immediate"
+    CANARY = "canary"
+
+
+@dataclass
+class RolloutStatus:
+    """A rollout under way or last finished, as ``describe`` and ``versions`` show it."""
+
+    policy: RolloutPolicy
+    to: str
+    state: RolloutState
+    source: str | None = None  # the version it started from ("from")
+    percent: int | None = None
+    reason: str | None = None
+    started_unix_s: float | None = None
+    finished_unix_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy.value}
+        if self.source is not None:
+            out["from"] = self.source
+        out.update(to=self.to, state=self.state.value)
+        for key in ("percent", "reason", "started_unix_s", "finished_unix_s"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
 @dataclass
 class Canary:
     """One canary rollout in progress: ``candidate`` takes over from ``baseline``."""
@@ -138,18 +177,20 @@ class Canary:
     config: RolloutConfig
     clock: Clock
     set_traffic: SetTraffic
-    status: dict[str, Any] = field(default_factory=dict)
+    status: RolloutStatus = field(init=False)
     task: asyncio.Task[None] | None = None
 
+    def __post_init__(self) -> None:
+        self.status = RolloutStatus(
+            RolloutPolicy.CANARY,
+            self.candidate.version.version,
+            RolloutState.RUNNING,
+            source=self.baseline.version.version,
+            percent=0,
+            started_unix_s=_unix(),
+        )
+
     def start(self) -> None:
-        self.status = {
-            "policy": "canary",
-            "from": self.baseline.version.version,
-            "to": self.candidate.version.version,
-            "state": "running",
-            "percent": 0,
-            "started_unix_s": _unix(),
-        }
         self.task = asyncio.ensure_future(self._run())
 
     async def cancel(self, why: str) -> None:
@@ -157,16 +198,16 @@ class Canary:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
-            self.status.update(state="stopped", reason=why)
+            self._end(RolloutState.STOPPED, why)
 
     async def _run(self) -> None:
         base, new = self.baseline.version.version, self.candidate.version.version
         try:
             for percent in self.config.steps_percent:
                 if not await self.set_traffic(canary_traffic(base, new, percent), new):
-                    self.status.update(state="stopped", reason="the routing was changed")
+                    self._end(RolloutState.STOPPED, "the routing was changed")
                     return
-                self.status["percent"] = percent
+                self.status.percent = percent
                 if percent >= 100:
                     break
                 started = self.clock.now()
@@ -183,16 +224,22 @@ class Canary:
                     if judgement.verdict is Verdict.ROLL_BACK:
                         await self.set_traffic({base: 100}, new)
                         log.warning("canary %s of %s rolled back: %s", new, base, judgement.reason)
-                        self.status.update(state="rolled_back", reason=judgement.reason, percent=0)
+                        self._end(RolloutState.ROLLED_BACK, judgement.reason, percent=0)
                         return
                     if judgement.verdict is Verdict.ADVANCE:
                         break
-            self.status.update(state="done", finished_unix_s=_unix())
+            self.status.state = RolloutState.DONE
+            self.status.finished_unix_s = _unix()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a store failure: leave the split as it is, say so
             log.exception("canary %s of %s failed", new, base)
-            self.status.update(state="failed", reason=f"{type(exc).__name__}: {exc}")
+            self._end(RolloutState.FAILED, f"{type(exc).__name__}: {exc}")
+
+    def _end(self, state: RolloutState, reason: str, percent: int | None = None) -> None:
+        self.status.state, self.status.reason = state, reason
+        if percent is not None:
+            self.status.percent = percent
 
 
 def _unix() -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
-from fnrt.runtime.rollout import Canary
+from fnrt.runtime.rollout import Canary, RolloutStatus
 from fnrt.runtime.scheduler import Scheduler
 
 
@@ -26,7 +26,7 @@ class ServedFunction:
     schedulers: dict[str, Scheduler] = field(default_factory=dict)  # by version id
     left_at: dict[str, float] = field(default_factory=dict)  # version -> lost its traffic
     canary: Canary | None = None
-    last_rollout: dict[str, Any] | None = None
+    last_rollout: RolloutStatus | None = None
 
     @property
     def primary(self) -> Scheduler:
@@ -56,7 +56,7 @@ class ServedFunction:
             "name": self.name,
             "traffic": dict(self.routing.traffic),
             "previous": list(self.routing.previous),
-            "rollout": self.last_rollout,
+            "rollout": self.last_rollout.to_dict() if self.last_rollout else None,
             "versions": rows,
         }
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,17 +28,25 @@ from fnrt.functions.errors import DeployRejected, FnrtError, InvalidInput, NoSuc
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.formats import onnx as onnx_format
-from fnrt.loader.instance import Instance
-from fnrt.runtime.queue import Priority
-from fnrt.runtime.scheduler import Scheduler, Served
-
-if TYPE_CHECKING:
-    from fnrt.runtime.registry import Registry
+from fnrt.loader.instance import Instance, InstanceLoader
+from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 
 log = logging.getLogger("fnrt.split")
 
 #: Runs of each tail when a version's server profile is measured (after one warm-up).
 PROFILE_RUNS = 7
+#: The one input of a split request, as its route decodes it: the activation at split k.
+ACTIVATION = "activation"
+
+
+class Versions(Protocol):
+    """What splits need of the function table (the registry)."""
+
+    async def version_manifest(self, name: str, version: str | None = None) -> VersionManifest:
+        """The routed version of ``name`` (None), or the stored version ``version``."""
+        ...
+
+    def versions_of(self, name: str) -> list[Scheduler]: ...
 
 
 @dataclass(frozen=True)
@@ -70,8 +78,12 @@ class SplitVersion:
 class Splits:
     """The split side of every function this node serves."""
 
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
+    def __init__(
+        self, versions: Versions, loader: InstanceLoader, schedulers: SchedulerFactory
+    ) -> None:
+        self._table = versions
+        self._loader = loader
+        self._schedulers = schedulers
         self._versions: dict[tuple[str, str], asyncio.Future[SplitVersion]] = {}
         self._tails: dict[tuple[str, str, int], Scheduler] = {}
 
@@ -106,40 +118,31 @@ class Splits:
             raise NoSuchSplit(name, f"split {k} has no head (1 to {split.cuts.count - 1})")
         return split.heads[k]
 
-    async def submit(
-        self,
-        name: str,
-        k: int,
-        activation: np.ndarray[Any, Any],
-        *,
-        version: str | None = None,
-        priority: Priority | None = None,
-        timeout_s: float | None = None,
-        span: Any = None,
-    ) -> tuple[Scheduler, Served]:
-        """Run the tail of split ``k`` on ``activation`` (batched with others of ``k``)."""
+    async def tail(self, name: str, k: int, version: str | None = None) -> Scheduler:
+        """The scheduler of split ``k``'s tail (of ``version``, or the routed one)."""
         split = await self.version(name, version)
         cuts = split.cuts
         if not 0 <= k < cuts.count - 1:
             raise NoSuchSplit(name, f"split {k} has no tail here (0 to {cuts.count - 2})")
         if k == 0 and len(cuts.input_points) != 1:
             raise NoSuchSplit(name, "split 0 needs a model with one input: use /invoke")
+        return self._tail(split, k)
+
+    def tail_inputs(self, vm: VersionManifest, k: int, raw: Request) -> Request:
+        """The tail's inputs from a decoded split request (``{ACTIVATION: array}``),
+        checked against the split point; InvalidInput if it does not fit."""
+        made = self._versions[(vm.name, vm.version)]
+        cuts = made.result().cuts
         point = cuts.sent(k) or cuts.input_points[0]
+        activation = raw[ACTIVATION]
         _check(point, activation)
-        scheduler = self._tail(split, k)
-        return scheduler, await scheduler.submit(
-            {point.name: activation}, priority=priority, timeout_s=timeout_s, span=span
-        )
+        return {point.name: activation}
 
     # --- versions and tails --------------------------------------------------------------
 
     async def version(self, name: str, version: str | None = None) -> SplitVersion:
         """The split side of ``version`` (the routed one when None), made once."""
-        registry = self._registry
-        if version is None:
-            vm = (await registry.route(name)).version
-        else:
-            vm = await registry.version_manifest(name, version)
+        vm = await self._table.version_manifest(name, version)
         if not vm.manifest.split.enabled:
             raise NoSuchSplit(name, "has no split points (see [split] in docs/edge.md)")
         return await self._made(vm)
@@ -163,7 +166,7 @@ class Splits:
 
     def _make(self, vm: VersionManifest) -> SplitVersion:
         """Cut the model, digest the heads, time the tails (blocking)."""
-        loader = self._registry.loader
+        loader = self._loader
         ref = vm.artifacts[vm.manifest.split.model]
         model = loader.artifact_path(ref)
         if model.is_dir():
@@ -186,21 +189,12 @@ class Splits:
         key = (vm.name, vm.version, k)
         scheduler = self._tails.get(key)
         if scheduler is None or scheduler.closing:
-            registry = self._registry
-            cuts, providers = split.cuts, registry.loader.device.onnx_providers
+            cuts, providers = split.cuts, self._loader.device.onnx_providers
 
             def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
                 return _tail_instance(vm, cuts, k, providers, executor)
 
-            scheduler = self._tails[key] = Scheduler(
-                vm,
-                registry.loader,
-                registry.clock,
-                registry.make_room,
-                registry.admission,
-                registry.telemetry,
-                load=load,
-            )
+            scheduler = self._tails[key] = self._schedulers(vm, load)
         return scheduler
 
     def _wait_ms(self, name: str, version: str) -> float:
@@ -208,7 +202,7 @@ class Splits:
         schedulers (its own and its tails') times their cost per request."""
         wait = 0.0
         related = [s for (n, v, _), s in self._tails.items() if (n, v) == (name, version)]
-        related += [s for s in self._registry.versions_of(name) if s.version.version == version]
+        related += [s for s in self._table.versions_of(name) if s.version.version == version]
         for scheduler in related:
             per_item_s, _ = scheduler.cost.coefficients()
             wait += scheduler.queued * per_item_s * 1000.0

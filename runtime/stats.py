@@ -108,6 +108,8 @@ class Stats:
     starts: Counter[str] = field(default_factory=Counter)  # warm / prewarmed / cold
     prewarms: Counter[str] = field(default_factory=Counter)  # hit / miss
     last_prewarm_lead_s: float | None = None  # how long before its first call it was ready
+    restarts: Counter[str] = field(default_factory=Counter)  # instances lost, by cause
+    last_restart_reason: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -131,4 +133,6 @@ class Stats:
             "last_prewarm_lead_s": (
                 round(self.last_prewarm_lead_s, 3) if self.last_prewarm_lead_s is not None else None
             ),
+            "restarts": dict(self.restarts),
+            "last_restart_reason": self.last_restart_reason,
         }

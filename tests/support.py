@@ -28,8 +28,11 @@ from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.http.app import build_app
+from fnrt.runtime.node import Node, build_node
+from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.settings import ServerSettings
+from fnrt.tracing.telemetry import Telemetry
 
 T = TypeVar("T")
 
@@ -121,12 +124,33 @@ def publish(repository: Repository, folder: Path) -> VersionManifest:
     return vm
 
 
-def make_registry(tmp: Path, clock: Clock | None = None) -> Registry:
-    from fnrt.runtime.clock import SystemClock
+def node_settings(tmp: Path, **settings: Any) -> ServerSettings:
+    """Settings of a test node on ``tmp/store``: no sweeps unless a test asks."""
+    values: dict[str, Any] = {"sweep_interval_s": 3600, **settings}
+    return ServerSettings(store=str(tmp / "store"), cache_dir=tmp / "cache", **values)
 
-    repository = Repository(FileStore(tmp / "store"))
-    loader = InstanceLoader(repository, tmp / "cache", detect_device("cpu"))
-    return Registry(repository, loader, clock or SystemClock(), sweep_interval_s=3600)
+
+def make_node(
+    tmp: Path,
+    clock: Clock | None = None,
+    telemetry: Telemetry | None = None,
+    *,
+    keeper: Keeper | None = None,
+    loader: InstanceLoader | None = None,
+    **settings: Any,
+) -> Node:
+    """A node serving the folder store in ``tmp/store`` on the CPU (nothing runs yet)."""
+    if loader is None:
+        repository = Repository(FileStore(tmp / "store"))
+        loader = InstanceLoader(repository, tmp / "cache", detect_device("cpu"))
+    return build_node(
+        node_settings(tmp, **settings),
+        clock=clock,
+        telemetry=telemetry,
+        loader=loader,
+        keeper=keeper,
+        learn_keep_alive=keeper is not None,  # tests see the fixed keep-alive unless they ask
+    )
 
 
 class _Server(uvicorn.Server):
@@ -185,9 +209,13 @@ class LiveServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     @property
+    def node(self) -> Node:
+        node: Node = self.app.state.node
+        return node
+
+    @property
     def registry(self) -> Registry:
-        registry: Registry = self.app.state.node.registry
-        return registry
+        return self.node.registry
 
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30, **kwargs)
@@ -195,14 +223,11 @@ class LiveServer:
 
 @contextmanager
 def live_server(
-    tmp: Path, clock: Clock | None = None, registry: Registry | None = None, **settings: Any
+    tmp: Path, clock: Clock | None = None, node: Node | None = None, **settings: Any
 ) -> Iterator[LiveServer]:
-    """Serve the store in ``tmp/store`` (registry built with ``clock``) until the block ends."""
-    registry = registry or make_registry(tmp, clock)
-    config = ServerSettings(
-        store=str(tmp / "store"), cache_dir=tmp / "cache", sweep_interval_s=3600, **settings
-    )
-    server = LiveServer(build_app(config, registry)).start()
+    """Serve the store in ``tmp/store`` (a node built with ``clock``) until the block ends."""
+    node = node or make_node(tmp, clock, **settings)
+    server = LiveServer(build_app(node.settings, node)).start()
     try:
         yield server
     finally:
@@ -243,15 +268,11 @@ def traced_server(tmp: Path) -> Iterator[tuple[LiveServer, Any]]:
     from fnrt.tracing.metrics import Metrics
     from fnrt.tracing.setup import TraceConfig, build_tracer
     from fnrt.tracing.spans import Tracing
-    from fnrt.tracing.telemetry import Telemetry
 
     exporter = MemoryExporter()
     tracer = build_tracer(TraceConfig(), exporter, batch=False)
-    telemetry = Telemetry(Tracing(tracer), Metrics(gpu=False))
-    settings = ServerSettings(
-        store=str(tmp / "store"), cache_dir=tmp / "cache", sweep_interval_s=3600
-    )
-    server = LiveServer(build_app(settings, make_registry(tmp), telemetry)).start()
+    node = make_node(tmp, telemetry=Telemetry(Tracing(tracer), Metrics(gpu=False)))
+    server = LiveServer(build_app(node.settings, node)).start()
     try:
         yield server, exporter
     finally:

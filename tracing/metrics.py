@@ -169,6 +169,13 @@ class Metrics:
             ["function", "outcome"],
             registry=r,
         )
+        self.instance_restarts = Counter(
+            "fnrt_instance_restarts",
+            "Instances replaced after they died or were killed, by cause "
+            "(signal, exit, memory, timeout)",
+            ["function", "cause"],
+            registry=r,
+        )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu, fds
         gpu_collector = _gpu_collector() if gpu else None
         if gpu_collector is not None:

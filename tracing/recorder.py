@@ -18,7 +18,7 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-from fnrt.tracing.setup import TraceConfig
+from fnrt.tracing.config import TraceConfig
 
 
 class SpanKind(IntEnum):

@@ -13,80 +13,31 @@ collector that is not there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from fnrt.tracing.config import (
+    DEFAULT_OTLP_ENDPOINT,
+    EXPORTERS,
+    PROTOCOLS,
+    SAMPLERS,
+    TraceConfig,
+    trace_config_from_env,
+)
+from fnrt.tracing.recorder import Tracer
 
 if TYPE_CHECKING:
     from fnrt.tracing.export import SpanExporter
-    from fnrt.tracing.recorder import Tracer
 
-EXPORTERS = ("none", "console", "otlp")
-PROTOCOLS = ("http/protobuf",)
-DEFAULT_OTLP_ENDPOINT = "http://localhost:4318"
-SAMPLERS = (
-    "always_on",
-    "always_off",
-    "traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "parentbased_traceidratio",
-)
-
-
-@dataclass(frozen=True)
-class TraceConfig:
-    """Where spans go and how many are kept."""
-
-    exporter: str = "none"
-    service_name: str = "fnrt"
-    endpoint: str | None = None  # None: the exporter's default (localhost:4318 / 4317)
-    protocol: str = "http/protobuf"
-    sampler: str = "parentbased_always_on"
-    sampler_ratio: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.exporter not in EXPORTERS:
-            raise ValueError(f"exporter: must be one of {list(EXPORTERS)}, got {self.exporter!r}")
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol: must be one of {list(PROTOCOLS)}, got {self.protocol!r}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler: must be one of {list(SAMPLERS)}, got {self.sampler!r}")
-        if not 0.0 <= self.sampler_ratio <= 1.0:
-            raise ValueError("sampler_ratio: must be a fraction from 0 to 1")
-
-    @property
-    def enabled(self) -> bool:
-        return self.exporter != "none"
-
-
-def trace_config_from_env(env: Mapping[str, str]) -> dict[str, object]:
-    """The :class:`TraceConfig` fields the standard variables set (only those present)."""
-    found: dict[str, object] = {}
-    if "OTEL_TRACES_EXPORTER" in env:
-        found["exporter"] = env["OTEL_TRACES_EXPORTER"].split(",")[0].strip().lower()
-    if "OTEL_SERVICE_NAME" in env:
-        found["service_name"] = env["OTEL_SERVICE_NAME"]
-    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    )
-    if endpoint:
-        found["endpoint"] = endpoint
-    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
-        "OTEL_EXPORTER_OTLP_PROTOCOL"
-    )
-    if protocol:
-        found["protocol"] = protocol
-    if "OTEL_TRACES_SAMPLER" in env:
-        found["sampler"] = env["OTEL_TRACES_SAMPLER"].strip().lower()
-    if "OTEL_TRACES_SAMPLER_ARG" in env:
-        try:
-            found["sampler_ratio"] = float(env["OTEL_TRACES_SAMPLER_ARG"])
-        except ValueError:
-            raise ValueError(
-                f"OTEL_TRACES_SAMPLER_ARG: {env['OTEL_TRACES_SAMPLER_ARG']!r} is not a number"
-            ) from None
-    return found
+__all__ = [
+    "DEFAULT_OTLP_ENDPOINT",
+    "EXPORTERS",
+    "PROTOCOLS",
+    "SAMPLERS",
+    "TraceConfig",
+    "build_tracer",
+    "client_tracer",
+    "trace_config_from_env",
+]
 
 
 def build_tracer(
@@ -100,7 +51,6 @@ def build_tracer(
     if exporter is None and not config.enabled:
         return None
     from fnrt.tracing.export import BatchExporter
-    from fnrt.tracing.recorder import Tracer
 
     chosen = exporter or _exporter(config)
     if not batch:
@@ -113,8 +63,6 @@ def client_tracer(config: TraceConfig) -> Tracer:
     """A tracer for a client (``fnrt invoke``, the edge client): it exports as ``config``
     says, and otherwise still makes real trace ids, so the server's spans share the
     client's trace id."""
-    from fnrt.tracing.recorder import Tracer
-
     return build_tracer(config) or Tracer(config, lambda span: None)
 
 

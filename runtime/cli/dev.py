@@ -34,7 +34,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     )
     configure_logging(settings.log_level)
     app = build_app(settings)
-    registry = app.state.node.registry
+    node = app.state.node
     server = uvicorn.Server(server_config(app, settings))
 
     def report(reload: Reload) -> None:
@@ -64,7 +64,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             flush=True,
         )
         stop = asyncio.Event()
-        watching = asyncio.ensure_future(watch(registry, folder, report, stop))
+        watching = asyncio.ensure_future(watch(node, folder, report, stop))
         await serving
         stop.set()
         await watching

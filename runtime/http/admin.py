@@ -56,8 +56,8 @@ def _digest(request: Request) -> str:
 @admin
 async def head_blob(request: Request) -> Response:
     """200 if the store has the blob, 404 if not (clients upload only what is missing)."""
-    registry = node_of(request).registry
-    found = await asyncio.to_thread(registry.repository.has_blob, _digest(request))
+    repository = node_of(request).repository
+    found = await asyncio.to_thread(repository.has_blob, _digest(request))
     return Response(status_code=200 if found else 404)
 
 
@@ -66,7 +66,7 @@ async def put_blob(request: Request) -> Response:
     """Stream a blob into the store; refused unless it hashes to its digest."""
     node = node_of(request)
     digest = _digest(request)
-    repository = node.registry.repository
+    repository = node.repository
     if await asyncio.to_thread(repository.has_blob, digest):
         return JSONResponse({"digest": digest, "created": False})
     spool_dir = node.settings.cache_dir / "uploads"
@@ -109,7 +109,7 @@ async def deploy(request: Request) -> Response:
     if policy is not None and policy not in ROLLOUT_POLICIES:
         raise BadRequest(f"policy must be one of {list(ROLLOUT_POLICIES)}, got {policy!r}")
     vm = VersionManifest.from_dict(data)
-    deployed = await node_of(request).registry.deploy(vm, policy=policy)
+    deployed = await node_of(request).deployer.deploy(vm, policy=policy)
     return JSONResponse(
         {
             "name": deployed.name,
@@ -144,7 +144,7 @@ async def set_traffic(request: Request) -> Response:
         raise BadRequest(
             'body must be {"traffic": {version: percent, ...}} with integer shares summing to 100'
         )
-    routing = await node_of(request).registry.set_traffic(request.path_params["name"], traffic)
+    routing = await node_of(request).deployer.set_traffic(request.path_params["name"], traffic)
     return JSONResponse({"traffic": dict(routing.traffic), "previous": list(routing.previous)})
 
 
@@ -152,7 +152,7 @@ async def set_traffic(request: Request) -> Response:
 async def rollback(request: Request) -> Response:
     """All traffic back to the version served before the last cut-over."""
     name = request.path_params["name"]
-    routing = await node_of(request).registry.rollback(name)
+    routing = await node_of(request).deployer.rollback(name)
     return JSONResponse(
         {"name": name, "version": routing.primary, "traffic": dict(routing.traffic)}
     )
@@ -201,9 +201,9 @@ async def warm(request: Request) -> Response:
 @admin
 async def unload(request: Request) -> Response:
     """Scale the function to zero now (when it is idle; its files stay in the disk cache)."""
-    registry = node_of(request).registry
-    scheduler = await registry.get(request.path_params["name"])
-    unloaded = await scheduler.scale_to_zero(registry.clock.now(), force=True)
+    node = node_of(request)
+    scheduler = await node.registry.get(request.path_params["name"])
+    unloaded = await scheduler.scale_to_zero(node.clock.now(), force=True)
     body = {"name": scheduler.name, "unloaded": unloaded, "state": scheduler.state.value}
     return JSONResponse(body)
 

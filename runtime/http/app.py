@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -13,12 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from fnrt.functions.errors import FnrtError
-from fnrt.loader.cache import BlobCache, CacheConfig
-from fnrt.loader.device import detect_device
-from fnrt.loader.instance import InstanceLoader
-from fnrt.loader.repository import Repository
-from fnrt.loader.stores import open_store
-from fnrt.runtime.clock import Clock, SystemClock
+from fnrt.runtime.clock import Clock
 from fnrt.runtime.http import admin, health, openapi, split
 from fnrt.runtime.http.body import Receive
 from fnrt.runtime.http.invoke import INVOKE_PATH, Scope, Send, serve_invoke
@@ -29,35 +23,13 @@ from fnrt.runtime.http.problems import (
     http_error_handler,
     unexpected_error_handler,
 )
-from fnrt.runtime.http.state import Node
-from fnrt.runtime.prewarm.keeper import Keeper
-from fnrt.runtime.registry import Registry
+from fnrt.runtime.node import Node, build_node
 from fnrt.runtime.settings import ServerSettings
 from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.setup import build_tracer
 from fnrt.tracing.spans import Tracing
 from fnrt.tracing.telemetry import Telemetry
-
-
-def build_registry(settings: ServerSettings, clock: Clock | None = None) -> Registry:
-    """A registry over the settings' store, cache folder and device."""
-    repository = Repository(open_store(settings.store, settings.s3_config()))
-    device = detect_device(settings.device)
-    cache_dir = Path(settings.cache_dir)
-    blobs = BlobCache(CacheConfig(cache_dir, settings.disk_cache_bytes))
-    loader = InstanceLoader(repository, cache_dir, device, blobs)
-    registry = Registry(
-        repository,
-        loader,
-        clock or SystemClock(),
-        sweep_interval_s=settings.sweep_interval_s,
-        watch_interval_s=settings.watch_interval_s,
-        memory_budget_bytes=settings.memory_budget,
-        max_queued_total=settings.max_queued,
-    )
-    registry.keeper = Keeper(cache_dir / "prewarm" / "history.json")
-    return registry
 
 
 async def _invoke_route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -133,30 +105,33 @@ def build_telemetry(settings: ServerSettings) -> Telemetry:
 
 def build_app(
     settings: ServerSettings,
-    registry: Registry | None = None,
+    node: Node | None = None,
     telemetry: Telemetry | None = None,
+    clock: Clock | None = None,
 ) -> Starlette:
-    """The fnrt HTTP application. Nothing is loaded until the first invoke
-    (or at start for functions with ``load_at_start`` / ``--preload``).
+    """The fnrt HTTP application over ``node`` (built from ``settings`` when None).
+    Nothing is loaded until the first invoke (or at start for functions with
+    ``load_at_start`` / ``--preload``).
 
-    Tests pass their own ``telemetry`` (an in-memory span exporter, say).
+    Tests pass their own ``node``, or a ``telemetry`` (an in-memory span
+    exporter, say) or ``clock`` for the node built here.
     """
-    registry = registry or build_registry(settings)
-    telemetry = telemetry or build_telemetry(settings)
-    registry.telemetry = telemetry
-    telemetry.metrics.watch(registry.function_states)
+    if node is None:
+        telemetry = telemetry or build_telemetry(settings)
+        node = build_node(settings, clock=clock, telemetry=telemetry)
+    serving = node
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await registry.start(preload=settings.preload)
-        gc.freeze()  # start-up objects never need collecting (see Scheduler._load)
+        await serving.start()
+        gc.freeze()  # start-up objects never need collecting (see InstancePool._load)
         app.state.started = True
         try:
             yield
         finally:
             app.state.started = False
-            await registry.close()
-            telemetry.close()  # export the spans and log lines still buffered
+            await serving.close()
+            serving.telemetry.close()  # export the spans and log lines still buffered
 
     app = FnrtApp(
         routes=[
@@ -174,6 +149,6 @@ def build_app(
         },
         lifespan=lifespan,
     )
-    app.state.node = Node(settings, registry)
+    app.state.node = node
     app.state.started = False
     return app

@@ -22,9 +22,7 @@ async def not_ready(request: Request) -> str | None:
     if not request.app.state.started:
         return "starting"
     try:
-        await asyncio.wait_for(
-            asyncio.to_thread(node_of(request).registry.repository.list_functions), 5
-        )
+        await asyncio.wait_for(asyncio.to_thread(node_of(request).repository.list_functions), 5)
     except Exception as exc:
         return f"store: {exc}"
     return None
@@ -40,8 +38,7 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 async def metrics(request: Request) -> Response:
-    telemetry = node_of(request).registry.telemetry
-    body = telemetry.metrics.exposition() if telemetry is not None else b""
+    body = node_of(request).telemetry.metrics.exposition()
     return Response(body, headers={"content-type": CONTENT_TYPE})
 
 

@@ -16,12 +16,13 @@ from typing import Any
 from fnrt.functions.codec import decode, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, FnrtError
 from fnrt.functions.tensors import coerce_request
+from fnrt.functions.version import VersionManifest
+from fnrt.runtime.gateway import Answered, Decoded, Options, Target
 from fnrt.runtime.http.body import ClientGone, Receive, read_body
 from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.queue import Priority
-from fnrt.runtime.scheduler import Scheduler, Served
 from fnrt.tracing.spans import TRACERESPONSE, fail, traceresponse
 
 Scope = MutableMapping[str, Any]
@@ -45,8 +46,8 @@ PRIORITY_HEADER = "x-fnrt-priority"
 TIMEOUT_HEADER = "x-fnrt-timeout-ms"
 
 
-def request_options(headers: Mapping[str, str]) -> tuple[Priority | None, float | None]:
-    """Priority and timeout (seconds) from the request headers; BadRequest if malformed."""
+def request_options(headers: Mapping[str, str], span: Any = None) -> Options:
+    """Priority and timeout from the request headers; BadRequest if malformed."""
     priority = None
     if PRIORITY_HEADER in headers:
         try:
@@ -64,7 +65,7 @@ def request_options(headers: Mapping[str, str]) -> tuple[Priority | None, float 
             ) from None
         if not timeout_s > 0:
             raise BadRequest(f"{TIMEOUT_HEADER}: must be > 0")
-    return priority, timeout_s
+    return Options(priority, timeout_s, span)
 
 
 async def _answer(
@@ -72,28 +73,29 @@ async def _answer(
 ) -> Answer:
     fmt = format_of(headers.get("content-type"))
     reply = negotiate(headers.get("accept"), fmt)
-    priority, timeout_s = request_options(headers)
-    registry = node.registry
-    scheduler = await registry.route(name, headers)
-    trail.function, trail.version = scheduler.name, scheduler.version.version
+    options = request_options(headers, trail.span)
     body = await read_body(headers, receive, node.settings.max_body_bytes)
-    inputs = coerce_request(scheduler.version.manifest.inputs, decode(body, fmt))
-    answered, served = await registry.submit(
-        scheduler, inputs, priority=priority, timeout_s=timeout_s, span=trail.span
-    )
-    trail.function, trail.version = answered.name, answered.version.version
+    decoded = decode(body, fmt)
+
+    def inputs(vm: VersionManifest) -> Decoded:
+        trail.function, trail.version = vm.name, vm.version
+        return Decoded(coerce_request(vm.manifest.inputs, decoded))
+
+    answered = await node.gateway.submit(Target(name, headers=headers), inputs, options)
+    served = answered.served
+    trail.function, trail.version = answered.scheduler.name, answered.scheduler.version.version
     trail.cold_tier = served.cold_tier
-    tracing = registry.telemetry.tracing if registry.telemetry is not None else None
-    encoding = tracing.child(trail.span, "encode") if tracing is not None else None
+    encoding = node.telemetry.tracing.child(trail.span, "encode")
     out = encode(served.outputs, reply)
     if encoding is not None:
         encoding.set_attribute("fnrt.response.bytes", len(out))
         encoding.end()
-    return out, reply.media_type, served_headers(answered, served)
+    return out, reply.media_type, served_headers(answered)
 
 
-def served_headers(scheduler: Scheduler, served: Served) -> dict[str, str]:
+def served_headers(answered: Answered) -> dict[str, str]:
     """The ``x-fnrt-*`` headers of an answered request: who served it, and how."""
+    scheduler, served = answered.scheduler, answered.served
     out = {FUNCTION_HEADER: scheduler.name, VERSION_HEADER: scheduler.version.version}
     if served.cached:
         out[CACHE_HEADER] = "hit"
@@ -153,7 +155,7 @@ def header_map(scope: Scope) -> dict[str, str]:
 async def serve_invoke(node: Node, name: str, scope: Scope, receive: Receive, send: Send) -> None:
     """Answer one invoke on the raw ASGI interface."""
     headers = header_map(scope)
-    telemetry = node.registry.telemetry
+    telemetry = node.telemetry
     trail = begin(telemetry, ROUTE, scope, headers)
     status = await serve_raw(
         _answer(node, name, headers, receive, trail), scope, send, headers, trail.span

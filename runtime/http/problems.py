@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from fnrt.functions import errors as e
 from fnrt.functions.codec import Format, encode, format_of, negotiate
-from fnrt.runtime.scheduler import new_error_id
+from fnrt.runtime.pool import new_error_id
 
 log = logging.getLogger("fnrt.http")
 
@@ -30,6 +30,7 @@ _STATUS: list[tuple[type[e.FnrtError], int]] = [
     (e.DeployRejected, 422),
     (e.InvalidInput, 422),
     (e.Overloaded, 429),
+    (e.HandlerTimeout, 504),
     (e.LoadError, 500),
     (e.HandlerFailed, 500),
     (e.Unavailable, 503),

@@ -23,6 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from fnrt.edge.activation import unpack
 from fnrt.functions.codec import Format, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
+from fnrt.runtime.gateway import ACTIVATION, Decoded, Target
 from fnrt.runtime.http.body import Receive, read_body
 from fnrt.runtime.http.invoke import (
     VERSION_HEADER,
@@ -58,7 +59,7 @@ async def _answer(
     node: Node, name: str, k: int, headers: Mapping[str, str], receive: Receive, trail: Trail
 ) -> Answer:
     reply = negotiate(headers.get("accept"), Format.MSGPACK)
-    priority, timeout_s = request_options(headers)
+    options = request_options(headers, trail.span)
     body = await read_body(headers, receive, node.settings.max_body_bytes)
     started = time.perf_counter()  # server time starts with the whole body here: the
     # upload is network time, which the device estimates its bandwidth from
@@ -66,22 +67,18 @@ async def _answer(
         raise UnsupportedMediaType("a split request's body is application/msgpack")
     activation = unpack(body)
     trail.function = name
-    scheduler, served = await node.registry.splits.submit(
-        name,
-        k,
-        activation,
-        version=headers.get(VERSION_HEADER) or None,
-        priority=priority,
-        timeout_s=timeout_s,
-        span=trail.span,
+    target = Target(name, version=headers.get(VERSION_HEADER) or None, split=k)
+    answered = await node.gateway.submit(
+        target, lambda _: Decoded({ACTIVATION: activation}), options
     )
-    trail.version = scheduler.version.version
+    served = answered.served
+    trail.version = answered.scheduler.version.version
     trail.cold_tier = served.cold_tier
     if trail.span is not None:
         trail.span.set_attribute("fnrt.split", k)
         trail.span.set_attribute("fnrt.split.bytes", len(body))
     out = encode(served.outputs, reply)
-    extra = served_headers(scheduler, served)
+    extra = served_headers(answered)
     extra[SERVER_MS_HEADER] = _since_ms(started)
     return out, reply.media_type, extra
 
@@ -91,7 +88,7 @@ async def serve_split(
 ) -> None:
     """Answer one activation on the raw ASGI interface."""
     headers = header_map(scope)
-    telemetry = node.registry.telemetry
+    telemetry = node.telemetry
     trail = begin(telemetry, ROUTE, scope, headers)
 
     async def answer() -> Answer:
@@ -109,20 +106,20 @@ async def split_route(scope: Scope, receive: Receive, send: Send) -> None:
 async def get_plan(request: Request) -> Response:
     """What an edge device plans with: split points, heads, this node's time per segment."""
     started = time.perf_counter()
-    registry = node_of(request).registry
+    splits = node_of(request).splits
     name = request.path_params["name"]
-    plan = await registry.splits.plan(name, request.query_params.get("version"))
+    plan = await splits.plan(name, request.query_params.get("version"))
     return JSONResponse(plan, headers={SERVER_MS_HEADER: _since_ms(started)})
 
 
 async def get_head(request: Request) -> Response:
     """The head model (ONNX) the device runs for split ``k``; its sha256 in a header."""
     started = time.perf_counter()
-    registry = node_of(request).registry
+    splits = node_of(request).splits
     name = request.path_params["name"]
     k = split_index(request.path_params["k"])
     version = request.query_params.get("version")
-    head = await registry.splits.head(name, k, version)
+    head = await splits.head(name, k, version)
     headers = {DIGEST_HEADER: f"sha256:{head.digest}", SERVER_MS_HEADER: _since_ms(started)}
     return FileResponse(head.path, media_type="application/octet-stream", headers=headers)
 

@@ -1,20 +1,14 @@
-"""What the routes share: the node's settings and registry, on ``app.state``."""
+"""What the routes share: the node (``fnrt.runtime.node``), on ``app.state``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib import metadata
 
 from starlette.requests import Request
 
-from fnrt.runtime.registry import Registry
-from fnrt.runtime.settings import ServerSettings
+from fnrt.runtime.node import Node
 
-
-@dataclass(frozen=True)
-class Node:
-    settings: ServerSettings
-    registry: Registry
+__all__ = ["Node", "node_of", "server_version"]
 
 
 def node_of(request: Request) -> Node:

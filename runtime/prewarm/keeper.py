@@ -30,12 +30,6 @@ log = logging.getLogger("fnrt.prewarm")
 MAX_FUNCTIONS = 10_000
 
 
-class StartKind:
-    WARM = "warm"
-    PREWARMED = "prewarmed"
-    COLD = "cold"
-
-
 @dataclass
 class _Live:
     """A function's invocations in the current minute, not yet in its history."""

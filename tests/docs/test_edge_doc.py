@@ -23,7 +23,7 @@ def test_the_edge_client_example_runs(
     ]
     monkeypatch.chdir(tmp_path)  # its cache folder lands here
     with live_server(tmp_path) as srv:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, cnn)))
         script = tmp_path / "edge_client.py"
         script.write_text(code.replace("http://fnrt:8000", srv.url))
         capsys.readouterr()

@@ -42,5 +42,5 @@ def test_walkthrough(built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
         assert "canary started" in out
         assert "rollout: canary to v-" in out and "running at 10%" in out
         assert "rolled_back (rolled back by hand)" in out
-        routing, _ = srv.registry.repository.get_routing("mlp")
+        routing, _ = srv.node.repository.get_routing("mlp")
         assert routing.traffic == {first: 100}

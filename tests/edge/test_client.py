@@ -33,7 +33,7 @@ TOLERANCE = {Encoding.FLOAT32: 1e-5, Encoding.FLOAT16: 1e-2, Encoding.INT8: 5e-2
 @pytest.fixture
 def server(tmp_path: Path, cnn: Path) -> Iterator[LiveServer]:
     with live_server(tmp_path) as srv:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, cnn)))
         yield srv
 
 
@@ -89,7 +89,7 @@ def test_offline_it_runs_the_whole_model_here(tmp_path: Path, cnn: Path) -> None
     cache = tmp_path / "edge"
     expected = whole(cnn)
     with live_server(tmp_path) as srv:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, cnn)))
         url = srv.url
         client = EdgeClient(url, NAME, EdgeConfig(cache_dir=cache, profile_runs=1))
         assert not client.run({"x": X}, split=3).offline
@@ -132,7 +132,7 @@ def test_a_corrupted_head_is_never_run(server: LiveServer, tmp_path: Path, cnn: 
 def test_edge_and_server_spans_make_one_trace(tmp_path: Path, cnn: Path) -> None:
     edge_spans = MemoryExporter()
     with traced_server(tmp_path) as (srv, server_spans):
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, cnn)))
         edge_tracer = build_tracer(TraceConfig(service_name="edge"), edge_spans, batch=False)
         config = EdgeConfig(cache_dir=tmp_path / "edge", profile_runs=1)
         with EdgeClient(srv.url, NAME, config, tracer=edge_tracer) as client:
@@ -201,10 +201,10 @@ def test_during_a_split_of_traffic_a_device_keeps_to_its_plans_version(
     folder = tmp_path / "cnn-split"
     shutil.copytree(cnn, folder)
     with live_server(tmp_path) as srv:
-        first = srv.call(srv.registry.deploy(publish(srv.registry.repository, folder))).version
+        first = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder))).version
         retrain(folder / "model.onnx")  # new weights: every head differs
-        second = srv.call(srv.registry.deploy(publish(srv.registry.repository, folder))).version
-        srv.call(srv.registry.set_traffic(NAME, {first: 50, second: 50}))
+        second = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder))).version
+        srv.call(srv.node.deployer.set_traffic(NAME, {first: 50, second: 50}))
         seen = set()
         for i in range(4):  # heads, plan and tails all of one version, whichever it is
             config = EdgeConfig(cache_dir=tmp_path / f"edge-{i}", profile_runs=1)

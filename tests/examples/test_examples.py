@@ -113,6 +113,6 @@ def test_weights_are_mapped_not_copied(server: LiveServer) -> None:
     assert (
         not weight.untyped_storage().resizable()
     )  # from_numpy over the memmap, not a torch allocation
-    path = server.registry.repository.blob_path(instance.version.artifacts["weights"].digest)
+    path = server.node.repository.blob_path(instance.version.artifacts["weights"].digest)
     maps = Path("/proc/self/maps").read_text()
     assert str(path) in maps

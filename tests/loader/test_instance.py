@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from support import make_registry, publish, write_function
+from support import make_node, publish, write_function
 
 FOLDER_ARTIFACT = """
 class Reader:
@@ -27,10 +27,10 @@ def test_folder_artifacts_are_materialised_with_their_names(tmp_path: Path) -> N
         manifest='name = "{name}"\nhandler = "handler:Reader"\n[artifacts]\ndata = "data"\n',
         files={"data/a.txt": b"abc", "data/sub/b.txt": b"de"},
     )
-    registry = make_registry(tmp_path)
-    vm = publish(registry.repository, folder)
+    node = make_node(tmp_path)
+    vm = publish(node.repository, folder)
     executor = ThreadPoolExecutor(1)
-    instance = registry.loader.load(vm, executor)
+    instance = node.loader.load(vm, executor)
     assert instance.call.text == "abcde"  # type: ignore[attr-defined]
     assert instance.call.digest == vm.artifacts["data"].digest  # type: ignore[attr-defined]
     out = instance.run([{"x": np.zeros(1)}, {"x": np.zeros(1)}])
@@ -49,7 +49,7 @@ def Echo(batch):
 
 
 def test_two_functions_with_the_same_module_names_do_not_collide(tmp_path: Path) -> None:
-    registry = make_registry(tmp_path)
+    node = make_node(tmp_path)
     one = write_function(
         tmp_path / "a",
         "one",
@@ -64,6 +64,6 @@ def test_two_functions_with_the_same_module_names_do_not_collide(tmp_path: Path)
     )
     results = []
     for folder in (one, two):
-        instance = registry.loader.load(publish(registry.repository, folder), ThreadPoolExecutor(1))
+        instance = node.loader.load(publish(node.repository, folder), ThreadPoolExecutor(1))
         results.append(instance.run([{"x": np.zeros((1, 4), np.float32)}])[0]["y"][0, 0])
     assert results == [1.0, 2.0]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fnrt.functions.routing import Routing
 from fnrt.runtime.clock import ManualClock
-from support import gate, gates, live_server, make_registry, publish, wait_until, write_function
+from support import gate, gates, live_server, make_node, publish, wait_until, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 
@@ -53,9 +53,9 @@ def test_deploy_invoke_scale_to_zero_invoke_again(tmp_path: Path) -> None:
     )
     gate("load").set()
     with live_server(tmp_path, clock=clock) as srv:
-        registry = srv.registry
-        srv.call(registry.deploy(publish(registry.repository, folder)))
-        scheduler = srv.call(registry.get("tracked"))
+        node = srv.node
+        srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        scheduler = srv.call(node.registry.get("tracked"))
         assert scheduler.state.value == "cold"  # nothing loads at deploy
         assert gates.loads == []
 
@@ -66,11 +66,11 @@ def test_deploy_invoke_scale_to_zero_invoke_again(tmp_path: Path) -> None:
             assert c.get("/v1/functions/tracked").json()["instance"]["state"] == "warm"
 
             clock.advance(299)
-            assert srv.call(registry.sweep()) == []
+            assert srv.call(node.sweeper.sweep()) == []
             assert scheduler.state.value == "warm"
 
             clock.advance(1)
-            assert srv.call(registry.sweep()) == ["tracked"]
+            assert srv.call(node.sweeper.sweep()) == ["tracked"]
             assert gate("unloaded").is_set()
             described = c.get("/v1/functions/tracked").json()["instance"]
             assert described["state"] == "cold"
@@ -88,14 +88,14 @@ def test_keep_alive_counts_from_the_last_request(tmp_path: Path) -> None:
     folder = write_function(tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=60)
     gate("load").set()
     with live_server(tmp_path, clock=clock) as srv, srv.client() as c:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         c.post("/v1/functions/tracked/invoke", json={"x": X})
         clock.advance(50)
         c.post("/v1/functions/tracked/invoke", json={"x": X})
         clock.advance(50)
-        assert srv.call(srv.registry.sweep()) == []
+        assert srv.call(srv.node.sweeper.sweep()) == []
         clock.advance(10)
-        assert srv.call(srv.registry.sweep()) == ["tracked"]
+        assert srv.call(srv.node.sweeper.sweep()) == ["tracked"]
 
 
 def test_concurrent_first_invokes_share_one_load(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_concurrent_first_invokes_share_one_load(tmp_path: Path) -> None:
         tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300
     )
     with live_server(tmp_path) as srv:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         scheduler = srv.call(srv.registry.get("tracked"))
         with srv.client() as c, ThreadPoolExecutor(16) as pool:
             futures = [
@@ -135,7 +135,7 @@ def test_a_load_failure_answers_500_and_the_next_request_tries_again(tmp_path: P
     manifest = TRACKED_MANIFEST.replace("Tracked", "Broken")
     folder = write_function(tmp_path / "src", "broken", BROKEN_LOAD, manifest, keep_alive_s=300)
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         for _ in range(2):
             r = c.post("/v1/functions/broken/invoke", json={"x": X})
             assert r.status_code == 500
@@ -150,7 +150,7 @@ def test_redeploy_swaps_version_and_old_one_unloads_after_the_rollback_window(
 ) -> None:
     gate("load").set()
     clock = ManualClock()
-    registry = make_registry(tmp_path, clock)
+    node = make_node(tmp_path, clock)
     v1 = write_function(tmp_path / "v1", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300)
     v2 = write_function(
         tmp_path / "v2",
@@ -159,22 +159,22 @@ def test_redeploy_swaps_version_and_old_one_unloads_after_the_rollback_window(
         TRACKED_MANIFEST,
         keep_alive_s=300,
     )
-    with live_server(tmp_path, registry=registry) as srv, srv.client() as c:
-        first = srv.call(registry.deploy(publish(registry.repository, v1)))
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        first = srv.call(node.deployer.deploy(publish(node.repository, v1)))
         assert c.post("/v1/functions/tracked/invoke", json={"x": X}).json()["y"] == [[2, 3, 4, 5]]
-        second = srv.call(registry.deploy(publish(registry.repository, v2)))
+        second = srv.call(node.deployer.deploy(publish(node.repository, v2)))
         assert second.version != first.version
         r = c.post("/v1/functions/tracked/invoke", json={"x": X})
         assert r.json()["y"] == [[3, 4, 5, 6]]
         assert r.headers["x-fnrt-version"] == second.version
-        old = srv.call(registry.get_version("tracked", first.version))
+        old = srv.call(node.registry.get_version("tracked", first.version))
         assert old.state.value == "warm"  # kept for a rollback
-        srv.call(registry.sweep())
+        srv.call(node.sweeper.sweep())
         assert not gate("unloaded").is_set()
         clock.advance(601)  # past rollback_window_s (600 by default)
-        srv.call(registry.sweep())
+        srv.call(node.sweeper.sweep())
         assert gate("unloaded").wait(10)
-        routing, _ = registry.repository.get_routing("tracked")
+        routing, _ = node.repository.get_routing("tracked")
         assert routing.traffic == {second.version: 100}
         assert routing.previous == (first.version,)
 
@@ -185,9 +185,9 @@ def test_a_second_node_serves_what_the_first_deployed(tmp_path: Path) -> None:
         tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300
     )
     with live_server(tmp_path) as first:
-        first.call(first.registry.deploy(publish(first.registry.repository, folder)))
+        first.call(first.node.deployer.deploy(publish(first.node.repository, folder)))
         with (
-            live_server(tmp_path, registry=make_registry(tmp_path)) as second,
+            live_server(tmp_path, node=make_node(tmp_path)) as second,
             second.client() as c,
         ):
             assert c.post("/v1/functions/tracked/invoke", json={"x": X}).status_code == 200
@@ -198,7 +198,7 @@ def test_a_slow_watch_read_never_undoes_a_newer_cut_over(tmp_path: Path) -> None
     # A watch poll that read the routing before a deploy here must not apply that
     # older routing after the deploy's (the flake seen in CI under load).
     gate("load").set()
-    registry = make_registry(tmp_path)
+    node = make_node(tmp_path)
     folders = [
         write_function(
             tmp_path / f"v{add}",
@@ -209,10 +209,10 @@ def test_a_slow_watch_read_never_undoes_a_newer_cut_over(tmp_path: Path) -> None
         )
         for add in (1, 2)
     ]
-    with live_server(tmp_path, registry=registry) as srv:
-        first = srv.call(registry.deploy(publish(registry.repository, folders[0])))
-        v2 = publish(registry.repository, folders[1])
-        read, write = registry.repository.get_routing, registry.repository.update_routing
+    with live_server(tmp_path, node=node) as srv:
+        first = srv.call(node.deployer.deploy(publish(node.repository, folders[0])))
+        v2 = publish(node.repository, folders[1])
+        read, write = node.repository.get_routing, node.repository.update_routing
         read_started, written, release = threading.Event(), threading.Event(), threading.Event()
 
         def slow_read(name: str) -> tuple[Routing, str]:
@@ -227,17 +227,17 @@ def test_a_slow_watch_read_never_undoes_a_newer_cut_over(tmp_path: Path) -> None
             written.set()
             return result
 
-        registry.repository.get_routing = slow_read  # type: ignore[method-assign]
-        registry.repository.update_routing = noted_write  # type: ignore[method-assign]
+        node.repository.get_routing = slow_read  # type: ignore[method-assign]
+        node.repository.update_routing = noted_write  # type: ignore[method-assign]
         assert srv.loop is not None
-        watch = asyncio.run_coroutine_threadsafe(registry.watch(), srv.loop)
+        watch = asyncio.run_coroutine_threadsafe(node.registry.watch(), srv.loop)
         assert read_started.wait(10)  # the watch holds the routing naming the first version
-        deploy = asyncio.run_coroutine_threadsafe(registry.deploy(v2), srv.loop)
+        deploy = asyncio.run_coroutine_threadsafe(node.deployer.deploy(v2), srv.loop)
         assert written.wait(30)
         futures.wait([deploy], timeout=1)  # done at once unless it waits for the watch
         release.set()
         second = deploy.result(30)
         watch.result(30)
-        primary = srv.call(registry.get("tracked"))
+        primary = srv.call(node.registry.get("tracked"))
         assert second.version != first.version
         assert primary.version.version == second.version

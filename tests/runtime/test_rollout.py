@@ -20,7 +20,7 @@ from support import (
     LiveServer,
     gate,
     live_server,
-    make_registry,
+    make_node,
     publish,
     wait_until,
     write_function,
@@ -77,8 +77,8 @@ def adder(tmp: Path, name: str, add: int, rollout: str = "", breaker: str = "", 
 
 
 def deploy(srv: LiveServer, folder: Path, policy: str | None = None) -> str:
-    vm = publish(srv.registry.repository, folder)
-    return srv.call(srv.registry.deploy(vm, policy=policy)).version
+    vm = publish(srv.node.repository, folder)
+    return srv.call(srv.node.deployer.deploy(vm, policy=policy)).version
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def test_canary_cut_over_and_rollback_under_load_lose_no_request(tmp_path: Path)
             cut = time.monotonic()
             wait_until(lambda: sum(c.started > cut for c in calls) > 200, 30)
             rolling_back = time.monotonic()  # calls that end before this never see v1
-            routing = srv.call(srv.registry.rollback("model"))
+            routing = srv.call(srv.node.deployer.rollback("model"))
             back = time.monotonic()  # calls that start after this never see v2
             assert routing.traffic == {v1: 100}
             wait_until(lambda: sum(c.started > back for c in calls) > 200, 30)
@@ -172,10 +172,10 @@ def test_a_version_that_fails_its_probe_never_gets_traffic(tmp_path: Path) -> No
             wait_until(lambda: len(calls) > started + 50)
         assert {call.version for call in calls} == {v1}
         assert all(call.status == 200 for call in calls)
-        routing, _ = srv.registry.repository.get_routing("model")
+        routing, _ = srv.node.repository.get_routing("model")
         assert routing.traffic == {v1: 100} and routing.previous == ()
         # over HTTP the rejection is a 422 that says why
-        vm = publish(srv.registry.repository, adder(tmp_path, "model", 4, rollout, files=files))
+        vm = publish(srv.node.repository, adder(tmp_path, "model", 4, rollout, files=files))
         r = c.post("/v1/functions", json=vm.to_dict())
         assert r.status_code == 422
         assert r.json()["reason"].startswith("probe failed")
@@ -198,7 +198,7 @@ def test_a_canary_that_errors_is_rolled_back_on_its_own(tmp_path: Path) -> None:
             wait_until(lambda: sum(c.started > back for c in calls) > 100, 30)
         status = srv.call(srv.registry.versions("model"))["rollout"]
         assert status["to"] == v2 and "error rate" in status["reason"]
-        routing, _ = srv.registry.repository.get_routing("model")
+        routing, _ = srv.node.repository.get_routing("model")
         assert routing.traffic == {v1: 100}
         assert v2 not in routing.previous  # a rollback never goes to the failed canary
         after = [c for c in calls if c.started > back]
@@ -210,7 +210,7 @@ def test_concurrent_deploys_on_two_nodes_leave_valid_routing(tmp_path: Path) -> 
     folders = [adder(tmp_path, "model", add) for add in range(1, 9)]
     with (
         live_server(tmp_path) as a,
-        live_server(tmp_path, registry=make_registry(tmp_path)) as b,
+        live_server(tmp_path, node=make_node(tmp_path)) as b,
     ):
         ids = [deploy(a, folders[0])]
 
@@ -219,7 +219,7 @@ def test_concurrent_deploys_on_two_nodes_leave_valid_routing(tmp_path: Path) -> 
 
         with ThreadPoolExecutor(7) as pool:
             ids += list(pool.map(one, range(1, 8)))
-        data, _ = a.registry.repository.store.get("functions/model/routing.json")
+        data, _ = a.node.repository.store.get("functions/model/routing.json")
         routing = Routing.from_json(data)  # parses: never a torn or lost write
         assert len(routing.traffic) == 1 and routing.primary in ids
         assert set(ids) == {routing.primary, *routing.previous}
@@ -318,7 +318,7 @@ def test_traffic_versions_and_rollback_routes(tmp_path: Path) -> None:
         assert c.put("/v1/functions/nope/traffic", json={"traffic": {v1: 100}}).status_code == 404
         r = c.post("/v1/functions/model/rollback")  # back to the version before the split
         assert r.status_code == 200
-        routing, _ = srv.registry.repository.get_routing("model")
+        routing, _ = srv.node.repository.get_routing("model")
         assert len(routing.traffic) == 1 and routing.primary in (v1, v2)
         assert c.post("/v1/functions?policy=sideways", json={}).status_code == 400
 
@@ -328,7 +328,7 @@ def test_sticky_header_keeps_a_user_on_one_version(tmp_path: Path) -> None:
     with live_server(tmp_path) as srv, srv.client() as c:
         v1 = deploy(srv, adder(tmp_path, "model", 1, sticky))
         v2 = deploy(srv, adder(tmp_path, "model", 2, sticky))
-        srv.call(srv.registry.set_traffic("model", {v1: 50, v2: 50}))
+        srv.call(srv.node.deployer.set_traffic("model", {v1: 50, v2: 50}))
         for user in ("ann", "bob", "cy", "dee"):
             versions = {
                 c.post(

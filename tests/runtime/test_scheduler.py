@@ -11,7 +11,7 @@ from support import (
     gate,
     gates,
     live_server,
-    make_registry,
+    make_node,
     publish,
     wait_until,
     write_function,
@@ -78,7 +78,7 @@ def deploy(srv: LiveServer, tmp: Path, name: str = "rec", **fields: object) -> N
         **fields,
     }
     folder = write_function(tmp / "src", name, RECORDING, MANIFEST, **values)
-    srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+    srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
 
 
 def body(v: float) -> dict[str, list[list[float]]]:
@@ -181,7 +181,7 @@ def test_deadline_expiry_drops_before_compute_with_504(tmp_path: Path) -> None:
         assert blocker.result().status_code == 200 and patient.result().status_code == 200
         assert [b[0] for b in calls()] == [0, 8]  # 7 was never computed
         assert c.get("/v1/functions/rec").json()["instance"]["expired"] == 1
-        assert srv.registry.admission.queued == 0  # the expired request left the count too
+        assert srv.node.admission.queued == 0  # the expired request left the count too
         assert (
             c.post(
                 "/v1/functions/rec/invoke", json=body(0), headers={"x-fnrt-timeout-ms": "soon"}
@@ -192,17 +192,17 @@ def test_deadline_expiry_drops_before_compute_with_504(tmp_path: Path) -> None:
 
 def test_429_under_overload_while_health_answers(tmp_path: Path) -> None:
     reset_calls()
-    registry = make_registry(tmp_path)
-    registry.admission.max_queued = 5  # the node-wide bound
+    node = make_node(tmp_path)
+    node.admission.max_queued = 5  # the node-wide bound
     with (
-        live_server(tmp_path, registry=registry) as srv,
+        live_server(tmp_path, node=node) as srv,
         srv.client() as c,
         ThreadPoolExecutor(16) as pool,
     ):
         deploy(srv, tmp_path, "a", max_batch_size=1, max_queue=3)
         deploy(srv, tmp_path, "b", max_batch_size=1, max_queue=10)
-        a = srv.call(registry.get("a"))
-        b = srv.call(registry.get("b"))
+        a = srv.call(node.registry.get("a"))
+        b = srv.call(node.registry.get("b"))
         held = [pool.submit(c.post, "/v1/functions/a/invoke", json=body(0))]
         assert gate("entered").wait(10)
         held += [pool.submit(c.post, "/v1/functions/a/invoke", json=body(i)) for i in range(3)]
@@ -214,13 +214,13 @@ def test_429_under_overload_while_health_answers(tmp_path: Path) -> None:
         wait_until(lambda: b.queued == 0 and b.activity().busy)  # loaded, running, held
         held += [pool.submit(c.post, "/v1/functions/b/invoke", json=body(i)) for i in (1, 2)]
         wait_until(lambda: b.queued == 2)
-        assert registry.admission.queued == 5  # 3 for a, 2 for b
+        assert node.admission.queued == 5  # 3 for a, 2 for b
         r = c.post("/v1/functions/b/invoke", json=body(9))
         assert r.status_code == 429 and "the server has 5 requests queued" in r.json()["error"]
         assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
         gate("release").set()
         assert all(f.result().status_code == 200 for f in held)
-        assert registry.admission.queued == 0
+        assert node.admission.queued == 0
 
 
 def test_result_cache_hit_and_ttl(tmp_path: Path) -> None:
@@ -260,10 +260,10 @@ def test_scale_up_to_max_instances_and_back_down(tmp_path: Path) -> None:
         assert len(gates.loads) == 2
         assert c.get("/v1/functions/rec").json()["instance"]["instances"] == 2
         clock.advance(30)  # the extra instance idles out first
-        srv.call(srv.registry.sweep())
+        srv.call(srv.node.sweeper.sweep())
         assert scheduler.instances == 1
         clock.advance(270)  # then the last one, after keep_alive_s
-        srv.call(srv.registry.sweep())
+        srv.call(srv.node.sweeper.sweep())
         assert scheduler.instances == 0 and scheduler.state.value == "cold"
 
 
@@ -285,7 +285,7 @@ def test_adaptive_refuses_what_cannot_finish_in_time(tmp_path: Path) -> None:
     reset_calls()
     with live_server(tmp_path) as srv, srv.client() as c, ThreadPoolExecutor(16) as pool:
         folder = write_function(tmp_path / "src", "adaptive", RECORDING, ADAPTIVE)
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         scheduler = srv.call(srv.registry.get("adaptive"))
         for n in (1, 2, 4, 8):  # what the handler has been measured to cost: 10 ms an item
             scheduler.cost.observe(n, 0.010 * n)

@@ -14,8 +14,8 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.runtime.cli.main import main
 from fnrt.runtime.clock import ManualClock
-from fnrt.runtime.registry import Registry
-from support import LiveServer, gates, live_server, write_function
+from fnrt.runtime.node import Node
+from support import LiveServer, gates, live_server, make_node, write_function
 
 X = {"x": [[1.0, 2.0, 3.0, 4.0]]}
 
@@ -53,7 +53,7 @@ def deploy_to_s3(tmp: Path, s3: MotoEndpoint, name: str, size: int) -> None:
 
 def s3_registry(
     tmp: Path, url: str, clock: ManualClock, memory_budget_bytes: int | None = None
-) -> Registry:
+) -> Node:
     from s3support import FAST_RETRY
 
     from fnrt.loader.stores.s3 import S3Config, S3Store
@@ -64,9 +64,7 @@ def s3_registry(
     repository = Repository(store)
     cache = BlobCache(CacheConfig(tmp / "cache"))
     loader = InstanceLoader(repository, tmp / "cache", detect_device("cpu"), cache)
-    return Registry(
-        repository, loader, clock, sweep_interval_s=3600, memory_budget_bytes=memory_budget_bytes
-    )
+    return make_node(tmp, clock, loader=loader, memory_budget_bytes=memory_budget_bytes)
 
 
 def invoke(srv: LiveServer, name: str) -> tuple[int, str | None]:
@@ -81,12 +79,12 @@ def test_l3_then_l2_then_l1(
     deploy_to_s3(tmp_path, s3, "weighted", 6 * 2**20)
     capsys.readouterr()
     clock = ManualClock()
-    registry = s3_registry(tmp_path / "node", proxy.url, clock)
-    with live_server(tmp_path / "node", registry=registry) as srv:
+    node = s3_registry(tmp_path / "node", proxy.url, clock)
+    with live_server(tmp_path / "node", node=node) as srv:
         assert invoke(srv, "weighted") == (200, "l3")  # empty cache: fetched from the store
         assert invoke(srv, "weighted") == (200, None)  # warm: L1
         clock.advance(301)
-        assert srv.call(registry.sweep()) == ["weighted"]
+        assert srv.call(node.sweeper.sweep()) == ["weighted"]
         gets = proxy.gets(b"/blobs/sha256/")
         assert invoke(srv, "weighted") == (200, "l2")  # scaled to zero: mapped from disk
         assert proxy.gets(b"/blobs/sha256/") == gets  # nothing downloaded again
@@ -109,12 +107,12 @@ def test_store_down_503_for_what_is_not_cached_while_l2_keeps_serving(
     deploy_to_s3(tmp_path, s3, "cached", 1000)
     deploy_to_s3(tmp_path, s3, "remote", 1000)
     clock = ManualClock()
-    registry = s3_registry(tmp_path / "node", proxy.url, clock)
-    with live_server(tmp_path / "node", registry=registry) as srv:
+    node = s3_registry(tmp_path / "node", proxy.url, clock)
+    with live_server(tmp_path / "node", node=node) as srv:
         assert invoke(srv, "cached") == (200, "l3")
-        srv.call(registry.get("remote"))  # known to this node, never loaded
+        srv.call(node.registry.get("remote"))  # known to this node, never loaded
         clock.advance(301)
-        assert srv.call(registry.sweep()) == ["cached"]
+        assert srv.call(node.sweeper.sweep()) == ["cached"]
         proxy.set("refuse")  # the store goes away
         with srv.client() as c:
             r = c.post("/v1/functions/remote/invoke", json=X)
@@ -131,11 +129,11 @@ def test_memory_budget_evicts_the_least_recently_used_idle_instance(
 ) -> None:
     for name in ("a", "b", "c"):
         deploy_to_s3(tmp_path, s3, name, 400_000)
-    registry = s3_registry(tmp_path / "node", s3.url, ManualClock(), memory_budget_bytes=900_000)
-    with live_server(tmp_path / "node", registry=registry) as srv:
+    node = s3_registry(tmp_path / "node", s3.url, ManualClock(), memory_budget_bytes=900_000)
+    with live_server(tmp_path / "node", node=node) as srv:
         assert invoke(srv, "a")[0] == 200
         assert invoke(srv, "b")[0] == 200
-        states = lambda: {s.name: s.state.value for s in registry.loaded()}  # noqa: E731
+        states = lambda: {s.name: s.state.value for s in node.schedulers()}  # noqa: E731
         assert states() == {"a": "warm", "b": "warm", "c": "cold"}
         assert invoke(srv, "c")[0] == 200  # 3 x 400 kB > 900 kB: "a" goes
         assert states() == {"a": "cold", "b": "warm", "c": "warm"}

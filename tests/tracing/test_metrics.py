@@ -10,12 +10,11 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from fnrt.runtime.http.app import build_app
-from fnrt.runtime.settings import ServerSettings
 from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.spans import Tracing
 from fnrt.tracing.telemetry import Telemetry
-from support import LiveServer, make_registry, publish, write_function
+from support import LiveServer, make_node, publish, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 
@@ -31,14 +30,11 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_metrics_count_requests_batches_and_cold_starts(tmp_path: Path) -> None:
     log = io.BytesIO()
     telemetry = Telemetry(Tracing(), Metrics(gpu=False), AccessLog(log, interval_s=3600))
-    settings = ServerSettings(
-        store=str(tmp_path / "store"), cache_dir=tmp_path / "cache", sweep_interval_s=3600
-    )
-    registry = make_registry(tmp_path)
-    server = LiveServer(build_app(settings, registry, telemetry)).start()
+    node = make_node(tmp_path, telemetry=telemetry)
+    server = LiveServer(build_app(node.settings, node)).start()
     try:
         folder = write_function(tmp_path / "src", "echo")
-        version = server.call(registry.deploy(publish(registry.repository, folder))).version
+        version = server.call(node.deployer.deploy(publish(node.repository, folder))).version
         with server.client() as c:
             for _ in range(5):
                 assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200

@@ -37,7 +37,7 @@ class Gated:
 def traced(tmp_path: Path) -> Iterator[tuple[LiveServer, MemoryExporter]]:
     with traced_server(tmp_path) as (server, exporter):
         folder = write_function(tmp_path / "src", "echo", GATED.replace("Gated", "Echo"))
-        server.call(server.registry.deploy(publish(server.registry.repository, folder)))
+        server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
         gate("release").set()
         yield server, exporter
 

@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 
 from fnrt.functions.tensors import coerce_request
+from fnrt.functions.version import VersionManifest
+from fnrt.runtime.gateway import Decoded, Target
 from fnrt.runtime.http.body import Receive, read_body
 from fnrt.runtime.http.invoke import (
     Answer,
@@ -25,6 +27,7 @@ from fnrt.runtime.http.invoke import (
 from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.oip.wire import (
     HEADER_LENGTH,
+    InferRequest,
     compress,
     decode_request,
     decompress,
@@ -48,33 +51,34 @@ async def _answer(
     receive: Receive,
     trail: Trail,
 ) -> Answer:
-    priority, timeout_s = request_options(headers)
-    registry = node.registry
-    scheduler = await (
-        registry.route(name, headers) if version is None else registry.get_version(name, version)
-    )
-    trail.function, trail.version = scheduler.name, scheduler.version.version
+    options = request_options(headers, trail.span)
     limit = node.settings.max_body_bytes
     body = decompress(
         await read_body(headers, receive, limit), headers.get("content-encoding"), limit
     )
-    manifest = scheduler.version.manifest
-    request = decode_request(
-        body, parse_header_length(headers.get(HEADER_LENGTH), len(body)), manifest.inputs
-    )
-    scheduler, served = await registry.submit(
-        scheduler,
-        coerce_request(manifest.inputs, request.inputs),
-        priority=priority if priority is not None else request.priority,
-        timeout_s=timeout_s if timeout_s is not None else request.timeout_s,
-        span=trail.span,
-    )
+    length = parse_header_length(headers.get(HEADER_LENGTH), len(body))
+    decoded: list[InferRequest] = []  # the request as the chosen version decoded it
+
+    def inputs(vm: VersionManifest) -> Decoded:
+        trail.function, trail.version = vm.name, vm.version
+        request = decode_request(body, length, vm.manifest.inputs)
+        decoded.append(request)
+        inputs = coerce_request(vm.manifest.inputs, request.inputs)
+        return Decoded(inputs, request.priority, request.timeout_s)
+
+    answered = await node.gateway.submit(Target(name, version, headers=headers), inputs, options)
+    scheduler, served = answered.scheduler, answered.served
     trail.function, trail.version = scheduler.name, scheduler.version.version
     trail.cold_tier = served.cold_tier
+    request = decoded[-1]
     out, json_length = encode_response(
-        scheduler.name, scheduler.version.version, request, served.outputs, manifest.outputs
+        scheduler.name,
+        scheduler.version.version,
+        request,
+        served.outputs,
+        scheduler.version.manifest.outputs,
     )
-    extra = served_headers(scheduler, served)
+    extra = served_headers(answered)
     media_type = "application/json"
     if json_length is not None:
         extra[HEADER_LENGTH] = str(json_length)
@@ -91,7 +95,7 @@ async def serve_infer(
 ) -> None:
     """Answer one infer request on the raw ASGI interface."""
     headers = header_map(scope)
-    telemetry = node.registry.telemetry
+    telemetry = node.telemetry
     route = INFER_ROUTE if version is None else INFER_VERSION_ROUTE
     trail = begin(telemetry, route, scope, headers)
     answer = _answer(node, name, version, headers, receive, trail)

@@ -22,7 +22,8 @@ from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.health import not_ready
 from fnrt.runtime.http.oip.triton import model_config, model_metadata, model_statistics
 from fnrt.runtime.http.state import node_of, server_version
-from fnrt.runtime.scheduler import InstanceState, Scheduler
+from fnrt.runtime.pool import InstanceState
+from fnrt.runtime.scheduler import Scheduler
 
 #: Extensions of the protocol fnrt implements (``GET /v2``).
 EXTENSIONS = [
@@ -82,16 +83,17 @@ async def model_ready(request: Request) -> Response:
 async def config(request: Request) -> Response:
     node = node_of(request)
     vm = await node.registry.version_manifest(request.path_params["name"], _version(request))
-    return JSONResponse(model_config(vm, node.registry.loader.device.kind))
+    return JSONResponse(model_config(vm, node.loader.device.kind))
 
 
 async def statistics(request: Request) -> Response:
     """Counters of the versions this node serves (each node counts its own)."""
-    registry = node_of(request).registry
+    node = node_of(request)
+    registry = node.registry
     name, version = request.path_params.get("name"), _version(request)
     schedulers: list[Scheduler]
     if name is None:
-        schedulers = registry.loaded()
+        schedulers = node.schedulers()
     elif version is None:
         await registry.get(name)
         schedulers = registry.versions_of(name)
@@ -140,9 +142,9 @@ async def repository_load(request: Request) -> Response:
 async def repository_unload(request: Request) -> Response:
     """Scale the function to zero now (it still answers: the next request loads it)."""
     await _control_body(request)
-    registry = node_of(request).registry
-    scheduler = await registry.get(request.path_params["name"])
-    await scheduler.scale_to_zero(registry.clock.now(), force=True)
+    node = node_of(request)
+    scheduler = await node.registry.get(request.path_params["name"])
+    await scheduler.scale_to_zero(node.clock.now(), force=True)
     return JSONResponse(_state(scheduler))
 
 

@@ -20,7 +20,7 @@ def test_edge_run_and_plan(tmp_path: Path, cnn: Path, capsys: pytest.CaptureFixt
     expected = session.run(None, {"x": x})[0]
     cache = ("--cache-dir", str(tmp_path / "edge"))
     with live_server(tmp_path) as srv:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, cnn)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, cnn)))
         s = ("--server", srv.url, *cache)
         code = main(["edge", "run", "cnn-split", "-i", f"x={tmp_path / 'x.npy'}", "-v", *s])
         out, err = capsys.readouterr()

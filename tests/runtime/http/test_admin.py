@@ -73,7 +73,7 @@ def test_upload_only_sends_missing_blobs(tmp_path: Path) -> None:
         assert upload_bundle(client, bundle, show_progress=False) == (2, vm.size_bytes)
         assert upload_bundle(client, bundle, show_progress=False) == (0, 0)
         client.deploy(vm)
-        path = srv.registry.repository.blob_path(hashlib.sha256(weights).hexdigest())
+        path = srv.node.repository.blob_path(hashlib.sha256(weights).hexdigest())
         assert path is not None and path.read_bytes() == weights
 
 
@@ -84,7 +84,7 @@ def test_blob_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
         assert r.status_code == 400
         assert "expected sha256:" + digest in r.json()["error"]
         assert c.head(f"/v1/blobs/{digest}").status_code == 404
-        assert not srv.registry.repository.has_blob(digest)
+        assert not srv.node.repository.has_blob(digest)
         assert c.put("/v1/blobs/not-a-digest", content=b"x").status_code == 400
         r = c.put(f"/v1/blobs/{digest}", content=b"good")
         assert r.status_code == 201

@@ -102,7 +102,7 @@ def test_the_server_lives_up_to_its_document(tmp_path: Path) -> None:
     """
     folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
     with live_server(tmp_path, max_body_bytes=1 << 20) as srv:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         for selection in (["--exclude-method", "DELETE"], ["--include-method", "DELETE"]):
             done = schemathesis_run(srv.url, *selection)
             assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]

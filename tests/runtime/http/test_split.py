@@ -20,7 +20,7 @@ X = np.random.default_rng(3).random((1, 3, 32, 32), dtype=np.float32)
 
 
 def deploy(srv: LiveServer, folder: Path) -> str:
-    return srv.call(srv.registry.deploy(publish(srv.registry.repository, folder))).version
+    return srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder))).version
 
 
 def head_activation(srv: LiveServer, k: int, x: np.ndarray = X) -> np.ndarray:
@@ -86,7 +86,7 @@ def test_tails_of_the_same_split_share_batches(tmp_path: Path, cnn: Path) -> Non
 
         with ThreadPoolExecutor(16) as pool:
             assert set(pool.map(send, range(32))) == {200}
-        tails = srv.registry.splits.schedulers()
+        tails = srv.node.splits.schedulers()
         assert len(tails) == 2  # one per split: splits never share a batch
         for tail in tails:
             assert tail.stats.requests == 16
@@ -171,10 +171,10 @@ def test_idle_tails_scale_to_zero(tmp_path: Path, cnn: Path) -> None:
         deploy(srv, cnn)
         r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
         assert r.status_code == 200
-        (tail,) = srv.registry.splits.schedulers()
+        (tail,) = srv.node.splits.schedulers()
         assert tail.instances == 1
         clock.advance(301)  # past keep_alive_s
-        srv.call(srv.registry.sweep())
+        srv.call(srv.node.sweeper.sweep())
         assert tail.instances == 0
         r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
         assert r.status_code == 200 and r.headers.get("x-fnrt-cold-start") == "l2"
@@ -196,7 +196,7 @@ def test_a_version_that_cannot_be_cut_is_rejected_at_deploy(
         good = deploy(srv, folder)
         toml = folder / "fnrt.toml"
         toml.write_text(toml.read_text().replace(*change))
-        vm = publish(srv.registry.repository, folder)
+        vm = publish(srv.node.repository, folder)
         r = c.post("/v1/functions", json=vm.to_dict())
         assert r.status_code == 422 and reason in r.json()["reason"], r.json()
         assert c.get("/v1/functions/cnn-split/split").json()["version"] == good
@@ -214,9 +214,9 @@ def test_tails_of_a_retired_version_close_once_idle(tmp_path: Path, cnn: Path) -
         toml.write_text(toml.read_text().replace("max_batch_size = 16", "max_batch_size = 8"))
         second = deploy(srv, folder)
         clock.advance(601)  # past the rollback window (and the tail's keep-alive)
-        srv.call(srv.registry.sweep())
-        assert srv.registry.splits.schedulers() == []  # the first version's tail is gone
+        srv.call(srv.node.sweeper.sweep())
+        assert srv.node.splits.schedulers() == []  # the first version's tail is gone
         r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
         assert r.headers["x-fnrt-version"] == second != first
-        (tail,) = srv.registry.splits.schedulers()
+        (tail,) = srv.node.splits.schedulers()
         assert tail.version.version == second

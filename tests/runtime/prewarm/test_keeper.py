@@ -7,7 +7,7 @@ from pathlib import Path
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.prewarm.policies import Policy
-from support import live_server, make_registry, publish, wait_until, write_function
+from support import live_server, make_node, publish, wait_until, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 BASE_UNIX = 1_800_000_000.0  # a minute boundary
@@ -21,11 +21,10 @@ def server_parts(tmp_path: Path) -> tuple[ManualClock, Keeper]:
 
 def test_a_periodic_function_is_prewarmed_before_its_next_call(tmp_path: Path) -> None:
     clock, keeper = server_parts(tmp_path)
-    registry = make_registry(tmp_path, clock)
-    registry.keeper = keeper
-    with live_server(tmp_path, registry=registry) as srv, srv.client() as c:
-        srv.call(registry.deploy(publish(registry.repository, write_function(tmp_path, "job"))))
-        scheduler = srv.call(registry.get("job"))
+    node = make_node(tmp_path, clock, keeper=keeper)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        srv.call(node.deployer.deploy(publish(node.repository, write_function(tmp_path, "job"))))
+        scheduler = srv.call(node.registry.get("job"))
 
         def call() -> dict[str, str]:
             r = c.post("/v1/functions/job/invoke", json={"x": X})
@@ -35,14 +34,14 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call(tmp_path: Path) -
         for _ in range(8):  # every 30 minutes: idle 29 minutes each time
             call()
             clock.advance(30 * 60)
-            srv.call(registry.sweep())
+            srv.call(node.sweeper.sweep())
         # the plan is learned: unloaded right after a call, loaded again before the next
         call()
         clock.advance(5 * 60)
-        srv.call(registry.sweep())
+        srv.call(node.sweeper.sweep())
         assert scheduler.state.value == "cold"
         clock.advance(24 * 60 + 30)  # a minute before the predicted call
-        srv.call(registry.sweep())
+        srv.call(node.sweeper.sweep())
         wait_until(lambda: scheduler.state.value == "warm")
         clock.advance(30)
         headers = call()
@@ -61,26 +60,25 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call(tmp_path: Path) -
 
 def test_prewarming_never_takes_memory_from_a_warm_function(tmp_path: Path) -> None:
     clock, keeper = server_parts(tmp_path)
-    registry = make_registry(tmp_path, clock)
-    registry.keeper = keeper
-    with live_server(tmp_path, registry=registry) as srv, srv.client() as c:
+    node = make_node(tmp_path, clock, keeper=keeper)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
         for name, keep_s in (("job", 300), ("busy", 7200)):
             folder = write_function(tmp_path, name, keep_alive_s=keep_s)
-            srv.call(registry.deploy(publish(registry.repository, folder)))
-        job, busy = srv.call(registry.get("job")), srv.call(registry.get("busy"))
+            srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        job, busy = srv.call(node.registry.get("job")), srv.call(node.registry.get("busy"))
         for _ in range(8):
             c.post("/v1/functions/job/invoke", json={"x": X})
             clock.advance(30 * 60)
-            srv.call(registry.sweep())
+            srv.call(node.sweeper.sweep())
         c.post("/v1/functions/job/invoke", json={"x": X})
         c.post("/v1/functions/busy/invoke", json={"x": X})
-        registry.memory_budget_bytes = busy.instance_bytes + 1  # no room for both
+        node.memory.budget_bytes = busy.instance_bytes + 1  # no room for both
         clock.advance(5 * 60)
-        srv.call(registry.sweep())
+        srv.call(node.sweeper.sweep())
         c.post("/v1/functions/busy/invoke", json={"x": X})  # busy stays in use
         clock.advance(24 * 60 + 30)
-        srv.call(registry.sweep())
-        srv.call(registry.sweep())
+        srv.call(node.sweeper.sweep())
+        srv.call(node.sweeper.sweep())
         assert busy.state.value == "warm"  # not evicted for a pre-warm
         assert job.state.value == "cold"  # only its files were fetched (L2)
 

@@ -20,7 +20,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp: Path = tmp_path_factory.mktemp("kserve")
     with live_server(tmp) as srv:
         echo = write_function(tmp / "src", "echo")
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, echo)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, echo)))
         yield srv
 
 

@@ -78,12 +78,12 @@ def sample(datatype: str) -> np.ndarray:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp = tmp_path_factory.mktemp("triton")
     with live_server(tmp) as srv:
-        repository = srv.registry.repository
+        repository = srv.node.repository
         for folder in (
             write_function(tmp / "src", "echo"),
             write_function(tmp / "src", "types", IDENTITY, identity_manifest()),
         ):
-            srv.call(srv.registry.deploy(publish(repository, folder)))
+            srv.call(srv.node.deployer.deploy(publish(repository, folder)))
         yield srv
 
 
@@ -199,8 +199,8 @@ class Echo:
         return [{"y": r["x"] * 3} for r in batch]
 """,
     )
-    vm = publish(server.registry.repository, tripled)
-    server.call(server.registry.deploy(vm))
+    vm = publish(server.node.repository, tripled)
+    server.call(server.node.deployer.deploy(vm))
     try:
         tensor = th.InferInput("x", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
@@ -217,7 +217,9 @@ class Echo:
             client.infer("echo", [tensor], model_version="v-000000000000")
         assert raised.value.status() == "404"
     finally:
-        server.call(server.registry.deploy(server.registry.repository.get_version("echo", doubled)))
+        server.call(
+            server.node.deployer.deploy(server.node.repository.get_version("echo", doubled))
+        )
 
 
 @pytest.mark.parametrize(
@@ -328,7 +330,7 @@ class Gated:
     from concurrent.futures import ThreadPoolExecutor
 
     with live_server(tmp_path) as srv:
-        srv.call(srv.registry.deploy(publish(srv.registry.repository, folder)))
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         c = th.InferenceServerClient(srv.url.removeprefix("http://"), concurrency=4)
         tensor = th.InferInput("x", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))

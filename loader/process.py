@@ -1,0 +1,296 @@
+"""Instances in worker processes: the server's side of process isolation.
+
+A :class:`ProcessInstance` looks to the instance pool like any other instance
+(``run_timed`` on its executor's thread, ``close``), but its handler runs in
+a worker process (``worker.py``). Batches go to the worker and results come
+back through shared-memory arenas (``arena.py``); a worker that dies, runs
+past the batch timeout, or grows past its memory limit fails only that batch
+with an :class:`~fnrt.functions.errors.InstanceLost` naming the cause, and the
+instance reports itself dead so the pool replaces it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fnrt.functions.errors import HandlerTimeout, InstanceLost
+from fnrt.functions.handler import Request
+from fnrt.functions.manifest import IsolationMode
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.arena import Arena, shm_dir
+from fnrt.loader.channel import Channel, ChannelClosed
+from fnrt.loader.instance import InstanceLoader, Ran, Runnable
+
+log = logging.getLogger("fnrt.loader")
+
+#: How often a worker's resident memory is checked against its limit.
+MEMORY_POLL_S = 0.05
+#: How long a closing worker gets for its handler's ``unload`` before it is killed.
+CLOSE_TIMEOUT_S = 10.0
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+class RemoteError(Exception):
+    """The handler raised in the worker; ``str()`` is its ``Type: message``."""
+
+    def __init__(self, reason: str, remote_traceback: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.remote_traceback = remote_traceback
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def exit_cause(returncode: int | None) -> tuple[str, str]:
+    """(cause word, sentence) for a worker that ended with ``returncode``."""
+    if returncode is None:
+        return "exit", "the worker stopped answering"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return "signal", f"the worker was killed by {name}"
+    return "exit", f"the worker exited with code {returncode}"
+
+
+class ProcessInstance:
+    """One loaded handler in a worker process."""
+
+    def __init__(
+        self,
+        vm: VersionManifest,
+        executor: ThreadPoolExecutor,
+        process: subprocess.Popen[bytes],
+        channel: Channel,
+        workdir: Path,
+        release: Any,
+    ) -> None:
+        self.version = vm
+        self.executor = executor
+        self.timings_s: dict[str, float] = {}
+        self.size_bytes = 0
+        self.tier = "l2"
+        self._process = process
+        self._channel = channel
+        self._workdir = workdir
+        self._release = release
+        self._requests = Arena(workdir / "requests", create=True)
+        self._responses = Arena(workdir / "responses", create=True)
+        self._isolation = vm.manifest.isolation
+        self._killed_for: tuple[str, str] | None = None  # set by the memory watch
+        self._lost: InstanceLost | None = None
+        self._closed = False
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
+        if self._isolation.memory_limit_bytes:
+            self._watch = threading.Thread(
+                target=self._watch_memory, name=f"fnrt-rss-{process.pid}", daemon=True
+            )
+            self._watch.start()
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def workdir(self) -> Path:
+        """The folder of its shared-memory arenas (removed when the instance ends)."""
+        return self._workdir
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._lost is None and self._process.poll() is None
+
+    @property
+    def lost(self) -> InstanceLost | None:
+        """Why the worker is gone, once it is."""
+        return self._lost
+
+    # --- serving ------------------------------------------------------------------------
+
+    def start(self, start: dict[str, Any]) -> dict[str, Any]:
+        """Send the load message; the worker's answer (blocking)."""
+        start = {
+            **start,
+            "requests": str(self._requests.path),
+            "responses": str(self._responses.path),
+        }
+        self._channel.send(start)
+        reply = self._receive(self._isolation.timeout_s or None)
+        if not reply["ok"]:
+            raise RemoteError(reply["error"], reply.get("traceback", ""))
+        return reply
+
+    def run_timed(self, batch: list[Request]) -> Ran:
+        if self._lost is not None:
+            raise self._lost
+        layout = self._requests.write(batch)
+        try:
+            self._channel.send({"op": "run", **layout})
+        except ChannelClosed:
+            raise self._died() from None
+        reply = self._receive(self._isolation.timeout_s or None)
+        if not reply["ok"]:
+            raise RemoteError(reply["error"], reply.get("traceback", ""))
+        results = self._responses.read(reply, copy=True)
+        return Ran(results, float(reply["infer_s"]), float(reply["output_s"]))
+
+    def _receive(self, timeout_s: float | None) -> dict[str, Any]:
+        try:
+            return self._channel.recv(timeout_s)
+        except TimeoutError:
+            self._kill()
+            assert timeout_s is not None
+            self._lost = HandlerTimeout(self.version.name, "", timeout_s)
+            raise self._lost from None
+        except ChannelClosed:
+            raise self._died() from None
+
+    def _died(self) -> InstanceLost:
+        try:
+            code: int | None = self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            code = None
+        cause, reason = self._killed_for or exit_cause(code)
+        self._lost = InstanceLost(self.version.name, "", reason, cause=cause)
+        return self._lost
+
+    # --- limits -------------------------------------------------------------------------
+
+    def _watch_memory(self) -> None:
+        limit = self._isolation.memory_limit_bytes
+        while not self._stop.wait(MEMORY_POLL_S):
+            used = rss_bytes(self.pid)
+            if used > limit:
+                self._killed_for = (
+                    "memory",
+                    f"the worker was killed: its resident memory ({used >> 20} MiB) passed "
+                    f"isolation.memory_limit_bytes ({limit >> 20} MiB)",
+                )
+                self._kill()
+                return
+            if self._process.poll() is not None:
+                return
+
+    def _kill(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not wait
+            log.error("worker %d did not die after SIGKILL", self.pid)
+
+    # --- ending -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Let the handler ``unload`` in the worker, then end the worker and its arenas."""
+        if self._closed:
+            return
+        if self.alive:
+            try:
+                self._channel.send({"op": "close"})
+                self._channel.recv(CLOSE_TIMEOUT_S)
+                self._process.wait(timeout=CLOSE_TIMEOUT_S)
+            except (ChannelClosed, TimeoutError, subprocess.TimeoutExpired):
+                log.warning("worker %d of %s did not close in time", self.pid, self.version.name)
+        self._end()
+
+    def abandon(self) -> None:
+        """End the worker now (it is stuck or already dead)."""
+        if not self._closed:
+            self._end()
+
+    def _end(self) -> None:
+        self._closed = True
+        self._stop.set()
+        self._kill()
+        self._channel.close()
+        self._requests.close()
+        self._responses.close()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+        self.executor.shutdown(wait=False)
+        self._release()
+
+
+def spawn(loader: InstanceLoader, vm: VersionManifest, executor: ThreadPoolExecutor) -> Runnable:
+    """Start a worker process for ``vm`` and load its handler there (blocking).
+
+    The files are materialised here (fetched, verified, pinned in the disk
+    cache); the worker maps them itself. RemoteError if the handler's import or
+    ``load`` raised, InstanceLost if the worker died or was killed while loading.
+    """
+    start = time.perf_counter()
+    files = loader.materialise(vm)
+    workdir = Path(tempfile.mkdtemp(prefix=f"fnrt-{vm.name}-", dir=shm_dir()))
+    ours, theirs = socket.socketpair()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fnrt.loader.worker", str(theirs.fileno()), str(os.getpid())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+    except BaseException:
+        ours.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        loader.unpin(files.pinned)
+        raise
+    finally:
+        theirs.close()
+    instance = ProcessInstance(
+        vm, executor, process, Channel(ours), workdir, lambda: loader.unpin(files.pinned)
+    )
+    device = loader.device
+    try:
+        reply = instance.start(
+            {
+                "op": "load",
+                "version": vm.to_dict(),
+                "code_dir": str(files.code_dir),
+                "device": [device.kind, device.index],
+                "artifacts": {
+                    key: [str(a.path), a.digest, a.size_bytes] for key, a in files.artifacts.items()
+                },
+            }
+        )
+    except BaseException:
+        instance.abandon()
+        raise
+    instance.size_bytes = int(reply["size_bytes"])
+    instance.tier = files.tier
+    instance.timings_s = {
+        "fetch_s": files.timings_s["fetch_s"],
+        "verify_s": files.timings_s["verify_s"],
+        "import_s": float(reply["import_s"]),
+        "load_s": float(reply["load_s"]),
+        "total_s": time.perf_counter() - start,
+    }
+    log.info("worker %d serves %s %s", instance.pid, vm.name, vm.version)
+    return instance
+
+
+def launch(loader: InstanceLoader, vm: VersionManifest, executor: ThreadPoolExecutor) -> Runnable:
+    """The instance ``vm``'s ``[isolation]`` asks for: a thread here, or a worker process."""
+    if vm.manifest.isolation.kind is IsolationMode.PROCESS:
+        return spawn(loader, vm, executor)
+    return loader.load(vm, executor)

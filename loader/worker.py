@@ -1,0 +1,124 @@
+"""The worker process of an instance in process isolation.
+
+Started as ``python -m fnrt.loader.worker FD PPID``.
+
+The server materialises the version's files into its disk cache, then starts
+this process with one end of a socket pair. The worker imports the handler
+and maps the artifacts itself from those files, so workers of one model share
+its weight pages through the page cache. It then serves batches one at a
+time: inputs are views of the request arena, outputs are written into the
+response arena, and only their layout crosses the socket (``arena.py``).
+
+The worker dies with the server (``PR_SET_PDEATHSIG``) and ignores Ctrl-C
+(the server stops it in order). It imports numpy, msgpack and the handler's
+own dependencies; nothing of the HTTP side.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, cast
+
+from fnrt.functions.handler import Device, Request
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.arena import Arena
+from fnrt.loader.artifact import LocalArtifact
+from fnrt.loader.channel import Channel, ChannelClosed
+from fnrt.loader.instance import build_handler, run_checked
+
+log = logging.getLogger("fnrt.worker")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when the server dies, however it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the closed socket ends the worker
+        return
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+
+
+def serve(channel: Channel) -> int:
+    """Load as the first message says, then answer batches until told to close."""
+    start = channel.recv()
+    vm = VersionManifest.from_dict(start["version"])
+    device = Device(start["device"][0], int(start["device"][1]))
+    artifacts = {
+        key: LocalArtifact(key, Path(path), digest, int(size), device)
+        for key, (path, digest, size) in start["artifacts"].items()
+    }
+    requests = Arena(Path(start["requests"]), create=False)
+    responses = Arena(Path(start["responses"]), create=False)
+    try:
+        built = build_handler(vm, Path(start["code_dir"]), artifacts, device)
+    except Exception as exc:
+        channel.send(_failure(exc))
+        return 1
+    channel.send(
+        {
+            "ok": True,
+            "pid": os.getpid(),
+            "size_bytes": built.size_bytes,
+            "import_s": built.import_s,
+            "load_s": built.load_s,
+        }
+    )
+    while True:
+        try:
+            message = channel.recv()
+        except ChannelClosed:
+            return 0
+        if message["op"] == "close":
+            if built.unload is not None:
+                try:
+                    built.unload()
+                except Exception as exc:
+                    channel.send(_failure(exc))
+                    return 1
+            channel.send({"ok": True})
+            return 0
+        batch = cast(list[Request], requests.read(message, copy=False))
+        try:
+            ran = run_checked(built.call, vm, batch)
+        except Exception as exc:
+            channel.send(_failure(exc))
+            continue
+        del batch  # the request arena is the server's to overwrite now
+        layout = responses.write(ran.results)
+        channel.send({"ok": True, "infer_s": ran.infer_s, "output_s": ran.output_s, **layout})
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s fnrt-worker[{os.getpid()}] %(message)s"
+    )
+    if os.getppid() != int(argv[2]):  # the server died before the death signal was armed
+        return 1
+    channel = Channel(socket.socket(fileno=int(argv[1])))
+    try:
+        return serve(channel)
+    except ChannelClosed:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

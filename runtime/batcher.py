@@ -1,0 +1,324 @@
+"""The queue of one function version and the loop that turns it into batches.
+
+Requests are admitted into a bounded :class:`~fnrt.runtime.queue.RequestQueue`
+(per version and, through :class:`Admission`, per node; beyond either,
+Overloaded -> 429 with ``Retry-After``). Each slot of the
+:class:`~fnrt.runtime.pool.InstancePool` has a worker task here that takes
+batches off the shared queue as the pure batching decision says (fixed or
+adaptive, :mod:`fnrt.runtime.batching`), runs them on its instance and
+answers each request. The loop also asks the pool to scale up while the
+queue stays deep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+from fnrt.functions.errors import (
+    DeadlineExceeded,
+    FnrtError,
+    HandlerFailed,
+    InstanceLost,
+    Overloaded,
+    Unavailable,
+    VersionRetired,
+)
+from fnrt.functions.handler import Request
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.instance import Ran
+from fnrt.runtime.batching import (
+    CostModel,
+    Plan,
+    RateEstimator,
+    adaptive_plan,
+    flush_delay_s,
+    predicted_finish_s,
+)
+from fnrt.runtime.clock import Clock
+from fnrt.runtime.events import Events
+from fnrt.runtime.pool import (
+    InstancePool,
+    Slot,
+    describe_failure,
+    new_error_id,
+    remote_traceback,
+)
+from fnrt.runtime.queue import Outputs, Pending, Priority, RequestQueue
+from fnrt.runtime.stats import Stats
+
+log = logging.getLogger("fnrt.batcher")
+
+
+class Admission:
+    """The node-wide bound on queued requests, shared by every version's batcher."""
+
+    def __init__(self, max_queued: int) -> None:
+        self.max_queued = max_queued
+        self.queued = 0
+
+
+class Batcher:
+    """Queue and batch loop of one function version."""
+
+    def __init__(
+        self,
+        version: VersionManifest,
+        pool: InstancePool,
+        clock: Clock,
+        stats: Stats,
+        events: Events,
+        admission: Admission | None = None,
+    ) -> None:
+        self.version = version
+        self._manifest = version.manifest
+        self._pool = pool
+        self._clock = clock
+        self._stats = stats
+        self._events = events
+        self._admission = admission or Admission(1 << 62)
+        requests = self._manifest.requests
+        self.default_priority = Priority.parse(requests.default_priority)
+        self._queue = RequestQueue(requests.aging_ms / 1000.0)
+        self._wake = asyncio.Event()
+        self.closing = False
+        self.cost = CostModel()
+        self.arrivals = RateEstimator()
+        pool.changed = self._wake.set
+        self._serve(pool.add_slot())
+
+    @property
+    def name(self) -> str:
+        return self._manifest.name
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def depth_by_priority(self) -> dict[str, int]:
+        return self._queue.depth_by_priority()
+
+    # --- admission ---------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        inputs: Request,
+        now: float,
+        *,
+        priority: Priority | None = None,
+        timeout_s: float | None = None,
+        span: Any = None,
+        cold: bool = False,
+    ) -> Outputs:
+        """Queue one request admitted at ``now`` (:meth:`admit`) and wait for its outputs.
+
+        Raises DeadlineExceeded (``timeout_s`` passed before it was computed) or
+        the batch's HandlerFailed.
+        """
+        self._stats.requests += 1
+        self.arrivals.arrive(now)
+        future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
+        if timeout_s is None and self._manifest.requests.timeout_ms > 0:
+            timeout_s = self._manifest.requests.timeout_ms / 1000.0
+        deadline = now + timeout_s if timeout_s is not None else None
+        chosen = self.default_priority if priority is None else priority  # HIGH is 0: falsy
+        pending = Pending(inputs, future, now, chosen, deadline, cold)
+        if span is not None:
+            pending.span, pending.enqueued_ns = span, time.time_ns()
+        self._queue.push(pending)
+        self._admission.queued += 1
+        self._wake.set()
+        if deadline is not None:
+            await self._await_or_expire(pending, deadline - now)
+        return await future
+
+    def admit(self, now: float, timeout_s: float | None) -> None:
+        """Raise unless a request may join the queue now: VersionRetired (closing),
+        Overloaded (a queue bound), Unavailable (adaptive batching: it cannot
+        finish within the target)."""
+        if self.closing:
+            raise VersionRetired(
+                f"function '{self.name}' version {self.version.version} is shutting down"
+            )
+        limit = self._manifest.scaling.max_queue
+        if len(self._queue) >= limit:
+            self._stats.rejected += 1
+            raise Overloaded(
+                f"function '{self.name}' has {len(self._queue)} requests queued (its limit)",
+                retry_after_s=self._retry_after_s(),
+            )
+        if self._admission.queued >= self._admission.max_queued:
+            self._stats.rejected += 1
+            raise Overloaded(
+                f"the server has {self._admission.queued} requests queued (its limit)",
+                retry_after_s=self._retry_after_s(),
+            )
+        batching = self._manifest.batching
+        if batching.adaptive:
+            budget = batching.target_p99_ms / 1000.0
+            if timeout_s is not None:
+                budget = min(budget, timeout_s)
+            expected = predicted_finish_s(
+                batching, self.cost, len(self._queue), max(self._pool.instances, 1)
+            )
+            if expected > budget:
+                self._stats.rejected += 1
+                raise Unavailable(
+                    f"function '{self.name}' cannot answer within {budget * 1000:.0f} ms: "
+                    f"about {expected * 1000:.0f} ms of work is queued ahead",
+                    expected_ms=round(expected * 1000, 1),
+                )
+
+    def _retry_after_s(self) -> float:
+        size = self._manifest.batching.max_batch_size
+        per_batch = self.cost.predict(size) if self.cost.fitted else 0.1
+        rounds = len(self._queue) / size / max(self._pool.instances, 1)
+        return float(min(max(math.ceil(rounds * per_batch), 1), 60))
+
+    async def _await_or_expire(self, pending: Pending, timeout_s: float) -> None:
+        done = asyncio.Event()
+        pending.future.add_done_callback(lambda _: done.set())
+        if await self._clock.wait(done, timeout_s) or pending.started:
+            return
+        self._expire(pending)
+
+    def _expire(self, pending: Pending) -> None:
+        if not pending.future.done():
+            self._stats.expired += 1
+            waited = self._clock.now() - pending.enqueued_at
+            pending.future.set_exception(
+                DeadlineExceeded(
+                    f"function '{self.name}': the deadline passed after "
+                    f"{waited * 1000:.0f} ms in the queue"
+                )
+            )
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def _serve(self, slot: Slot) -> None:
+        slot.worker = asyncio.ensure_future(self._work(slot))
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop taking requests; return when the queued ones are answered."""
+        self.closing = True
+        self._wake.set()
+        workers = [s.worker for s in self._pool.slots if s.worker is not None]
+        await asyncio.gather(*(asyncio.shield(w) for w in workers), return_exceptions=True)
+
+    def _plan(self, now: float) -> Plan:
+        """The batching decision for the queue as it is now (fixed or adaptive)."""
+        batching = self._manifest.batching
+        oldest = self._queue.oldest_enqueued_at()
+        waited = now - oldest if oldest is not None else 0.0
+        if batching.adaptive:
+            return adaptive_plan(
+                batching, self.cost, self.arrivals.rate_per_s(now), len(self._queue), waited
+            )
+        return Plan(
+            batching.max_batch_size, flush_delay_s(batching, len(self._queue), waited) or 0.0
+        )
+
+    def _fail_queued(self, error: BaseException) -> None:
+        for pending in self._queue.drain():
+            self._admission.queued -= 1
+            if not pending.future.done():
+                self._stats.errors += 1
+                pending.future.set_exception(error)
+
+    def _maybe_scale_up(self, now: float) -> None:
+        if self._pool.wants_another(len(self._queue), now):
+            slot = self._pool.add_slot()
+            log.info("scaling %s up to %d instances", self.name, len(self._pool.slots))
+            self._pool.load_in_background(slot)
+            self._serve(slot)
+
+    async def _work(self, slot: Slot) -> None:
+        pool = self._pool
+        while not slot.retired:
+            self._maybe_scale_up(self._clock.now())
+            if not self._queue:
+                if self.closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                instance = await pool.ensure(slot)
+            except FnrtError as exc:
+                if slot.primary:
+                    if pool.instances == 0:  # nobody else can serve them
+                        self._fail_queued(exc)
+                    else:  # the other instances serve; try again at the next arrival
+                        self._wake.clear()
+                        await self._wake.wait()
+                    continue
+                pool.retire(slot)
+                return
+            plan = self._plan(self._clock.now())
+            if plan.wait_s > 1e-6:  # below a microsecond a timer is not worth it
+                self._wake.clear()
+                await self._clock.wait(self._wake, plan.wait_s)
+                continue
+            taken = self._queue.take(plan.size, self._clock.now())
+            self._admission.queued -= taken.removed
+            for pending in taken.expired:
+                self._expire(pending)
+            if taken.batch:
+                await self._run_batch(slot, instance, taken.batch)
+
+    async def _run_batch(self, slot: Slot, instance: Any, batch: list[Pending]) -> None:
+        started = self._clock.now()
+        started_ns = time.time_ns()
+        failure: BaseException | None = None
+        stats = self._stats
+        totals = stats.totals
+        for p in batch:
+            stats.queue_wait.add(started - p.enqueued_at)
+            totals.queue.add(started - p.enqueued_at)
+        ran: Ran | None = None
+        try:
+            ran = await self._pool.run(slot, instance, [p.inputs for p in batch])
+        except Exception as exc:
+            failure = exc
+            stats.errors += len(batch)
+            error = self._batch_error(exc, len(batch))
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(error)
+        else:
+            for p, result in zip(batch, ran.results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(result)
+        finally:
+            elapsed = self._clock.now() - started
+            self.cost.observe(len(batch), elapsed)
+            stats.compute.add(elapsed)
+            stats.batches += 1
+            stats.batch_sizes[len(batch)] += 1
+            if ran is not None:  # handing inputs over: the rest of the batch's time
+                handed_s = max(elapsed - ran.infer_s - ran.output_s, 0.0)
+                totals.batch(len(batch), handed_s, ran.infer_s, ran.output_s)
+            self._events.batch(self.version, batch, started, started_ns, elapsed, failure)
+
+    def _batch_error(self, exc: Exception, size: int) -> HandlerFailed:
+        error_id = new_error_id()
+        if isinstance(exc, InstanceLost):
+            exc.error_id = error_id
+            exc.fields["error_id"] = error_id
+            return exc  # logged by the pool, with its cause
+        log.error(
+            "function %s %s failed on a batch of %d (error id %s)%s",
+            self.name,
+            self.version.version,
+            size,
+            error_id,
+            remote_traceback(exc),
+            exc_info=exc,
+        )
+        return HandlerFailed(self.name, error_id, describe_failure(exc))

@@ -1,0 +1,165 @@
+"""Deploying through this node and moving traffic: blue/green, canaries, hand-set splits.
+
+A deploy stores the version (``deployment.store_version``), cuts its split
+points if it has any, prepares it (load, warm-up, probe: ``rollout.prepare``)
+before it gets traffic, then moves traffic at once or as a :class:`Canary`.
+Every change of routing is a conditional write to the store, applied here
+through the registry (other nodes pick it up from the store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from fnrt.functions.errors import Conflict, FunctionNotFound
+from fnrt.functions.routing import Routing
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.repository import now_iso
+from fnrt.runtime.clock import Clock
+from fnrt.runtime.deployment import Deployed, cut_over, store_version
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.rollout import (
+    Canary,
+    RolloutPolicy,
+    RolloutState,
+    RolloutStatus,
+    prepare,
+)
+from fnrt.runtime.served import ServedFunction
+from fnrt.runtime.split import Splits
+
+
+class Deployer:
+    """Deploys, canaries, traffic splits and rollbacks of the functions a node serves."""
+
+    def __init__(
+        self, registry: Registry, splits: Splits, loader: InstanceLoader, clock: Clock
+    ) -> None:
+        self._registry = registry
+        self._splits = splits
+        self._loader = loader
+        self._clock = clock
+
+    async def deploy(self, vm: VersionManifest, *, policy: str | None = None) -> Deployed:
+        """Store ``vm``, prepare it (blue/green) and move traffic to it.
+
+        ``policy`` overrides the manifest's ``rollout.policy``. The first version
+        of a function with no warm-up or probe is routed at once and loads on
+        its first request. Raises DeployRejected (routing untouched) when the
+        version fails to load, warm up or pass its probe, or cannot be cut at
+        its split points.
+        """
+        registry, repository = self._registry, self._registry.repository
+        created, vm = await asyncio.to_thread(store_version, repository, self._loader, vm)
+        if vm.manifest.split.enabled:
+            await self._splits.check(vm)  # the cuts and heads ready before any device asks
+        try:
+            entry: ServedFunction | None = await registry.entry(vm.name)
+        except FunctionNotFound:
+            entry = None
+        config = vm.manifest.rollout
+        if entry is not None and entry.routing.traffic == {vm.version: 100}:
+            return Deployed(vm.name, vm.version, created, entry.routing, rollout="unchanged")
+        checks: dict[str, Any] = {}
+        if entry is not None or config.warmup_file or config.probe_file:
+            candidate = (
+                registry.held(entry, vm) if entry is not None else registry.new_scheduler(vm)
+            )
+            try:
+                checks = await prepare(candidate, self._loader)
+            except Exception:
+                if entry is None or vm.version not in entry.routing.traffic:
+                    if entry is not None:
+                        entry.schedulers.pop(vm.version, None)
+                    registry.background(candidate.close())
+                raise
+            if entry is None:  # first version: routed below, with its instance
+                routing = await asyncio.to_thread(cut_over, repository, vm)
+                entry = await registry.entry(vm.name)
+                spare = entry.schedulers.get(vm.version)
+                entry.schedulers[vm.version] = candidate
+                if spare is not None and spare is not candidate:
+                    registry.background(spare.close())
+                return Deployed(vm.name, vm.version, created, routing, checks=checks)
+        chosen = RolloutPolicy(policy or config.policy)
+        if entry is None:
+            routing = await asyncio.to_thread(cut_over, repository, vm)
+            await registry.entry(vm.name)
+            return Deployed(vm.name, vm.version, created, routing, checks=checks)
+        if entry.canary is not None:
+            await entry.canary.cancel(f"version {vm.version} was deployed")
+        baseline = entry.primary
+        if chosen is RolloutPolicy.CANARY and baseline.version.version != vm.version:
+            canary = Canary(
+                baseline,
+                entry.schedulers[vm.version],
+                config,
+                self._clock,
+                lambda traffic, _: self._canary_step(entry, canary, traffic),
+            )
+            entry.canary = canary
+            canary.start()
+            entry.last_rollout = canary.status
+            return Deployed(
+                vm.name, vm.version, created, entry.routing, rollout="canary", checks=checks
+            )
+        routing = await registry.write(entry, lambda r: r.cut_over(vm.version, now_iso()))
+        entry.last_rollout = RolloutStatus(RolloutPolicy.IMMEDIATE, vm.version, RolloutState.DONE)
+        return Deployed(vm.name, vm.version, created, routing, checks=checks)
+
+    async def _canary_step(
+        self, entry: ServedFunction, canary: Canary, traffic: dict[str, int]
+    ) -> bool:
+        registry = self._registry
+        if entry.canary is not canary or not registry.is_current(entry):
+            return False
+        new = canary.candidate.version.version
+        if traffic.get(new, 0) == 0:  # rolled back: the failed version leaves no history
+            await registry.write(
+                entry,
+                lambda r: Routing(
+                    traffic=traffic,
+                    previous=tuple(v for v in r.with_traffic(traffic, "").previous if v != new),
+                    updated_at=now_iso(),
+                ),
+            )
+        else:
+            await registry.write(entry, lambda r: r.with_traffic(traffic, now_iso()))
+        return True
+
+    async def set_traffic(self, name: str, traffic: Mapping[str, int]) -> Routing:
+        """A split set by hand (``fnrt traffic``); stops a canary under way."""
+        registry = self._registry
+        entry = await registry.entry(name)
+        for version in traffic:
+            await asyncio.to_thread(registry.repository.get_version, name, version)
+        if entry.canary is not None:
+            await entry.canary.cancel("the traffic was set by hand")
+        shares = {str(v): int(p) for v, p in traffic.items()}
+        Routing(shares)  # validates: shares are percentages summing to 100
+        return await registry.write(entry, lambda r: r.with_traffic(shares, now_iso()))
+
+    async def rollback(self, name: str) -> Routing:
+        """All traffic back to the version served before the last cut-over.
+
+        Instant while that version is still loaded (within its rollback
+        window); otherwise it loads from the disk cache on its next request.
+        """
+        registry = self._registry
+        entry = await registry.entry(name)
+        canary = entry.canary
+        if canary is not None and canary.task is not None and not canary.task.done():
+            await canary.cancel("rolled back by hand")  # back to the version it started from
+            base = canary.baseline.version.version
+            await self._canary_step(entry, canary, {base: 100})
+            entry.canary = None
+            canary.status.state = RolloutState.ROLLED_BACK
+            canary.status.reason = "rolled back by hand"
+            canary.status.percent = 0
+            return entry.routing
+        if not entry.routing.previous:
+            raise Conflict(f"'{name}' has no earlier version to roll back to")
+        return await registry.write(entry, lambda r: r.rolled_back(now_iso()))

@@ -1,0 +1,153 @@
+"""What the scheduler's parts report, and the observer that turns it into telemetry.
+
+The batcher and the instance pool never touch metrics or spans: they report
+events to an :class:`Events` observer. :class:`TelemetryEvents` makes the
+Prometheus series and the queue/load/batch spans of them; :class:`NoEvents`
+drops them (tests, and nodes built without telemetry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any, Protocol
+
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.instance import Runnable
+from fnrt.runtime.queue import Pending
+from fnrt.tracing.spans import fail
+from fnrt.tracing.telemetry import Telemetry
+
+
+class StartKind(StrEnum):
+    """What a call found when it arrived."""
+
+    WARM = "warm"  # an instance loaded by an earlier call
+    PREWARMED = "prewarmed"  # an instance loaded ahead of it by the keeper
+    COLD = "cold"  # no instance: it waits for a load
+
+
+class PrewarmOutcome(StrEnum):
+    HIT = "hit"  # a call used the pre-warmed instance
+    MISS = "miss"  # it was unloaded unused
+
+
+class Events(Protocol):
+    """What the batcher and the instance pool tell the world."""
+
+    def started(self, name: str, kind: StartKind) -> None: ...
+
+    def prewarmed(self, name: str, outcome: PrewarmOutcome) -> None: ...
+
+    def loaded(
+        self, vm: VersionManifest, instance: Runnable, started_ns: int, ended_ns: int
+    ) -> None: ...
+
+    def lost(self, vm: VersionManifest, cause: str) -> None: ...
+
+    def batch(
+        self,
+        vm: VersionManifest,
+        batch: Sequence[Pending],
+        started: float,
+        started_ns: int,
+        elapsed_s: float,
+        failure: BaseException | None,
+    ) -> None: ...
+
+
+class NoEvents:
+    """An observer that drops every event."""
+
+    def started(self, name: str, kind: StartKind) -> None:
+        pass
+
+    def prewarmed(self, name: str, outcome: PrewarmOutcome) -> None:
+        pass
+
+    def loaded(
+        self, vm: VersionManifest, instance: Runnable, started_ns: int, ended_ns: int
+    ) -> None:
+        pass
+
+    def lost(self, vm: VersionManifest, cause: str) -> None:
+        pass
+
+    def batch(
+        self,
+        vm: VersionManifest,
+        batch: Sequence[Pending],
+        started: float,
+        started_ns: int,
+        elapsed_s: float,
+        failure: BaseException | None,
+    ) -> None:
+        pass
+
+
+class TelemetryEvents:
+    """Metrics and (tracing on) spans of the scheduler's events."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+        # The last load of each version: cold requests' "load" spans point at it.
+        self._loads: dict[tuple[str, str], tuple[int, int, dict[str, Any]]] = {}
+
+    def started(self, name: str, kind: StartKind) -> None:
+        self.telemetry.metrics.starts.labels(name, kind.value).inc()
+
+    def prewarmed(self, name: str, outcome: PrewarmOutcome) -> None:
+        self.telemetry.metrics.prewarms.labels(name, outcome.value).inc()
+
+    def loaded(
+        self, vm: VersionManifest, instance: Runnable, started_ns: int, ended_ns: int
+    ) -> None:
+        total_s = instance.timings_s["total_s"]
+        self.telemetry.metrics.load(vm.name, instance.tier, instance.size_bytes, total_s)
+        self._loads[(vm.name, vm.version)] = (
+            started_ns,
+            ended_ns,
+            {
+                "fnrt.load.tier": instance.tier,
+                "fnrt.load.bytes": instance.size_bytes,
+                **{f"fnrt.load.{k}": v for k, v in instance.timings_s.items()},
+            },
+        )
+
+    def lost(self, vm: VersionManifest, cause: str) -> None:
+        self.telemetry.metrics.instance_restarts.labels(vm.name, cause).inc()
+
+    def batch(
+        self,
+        vm: VersionManifest,
+        batch: Sequence[Pending],
+        started: float,
+        started_ns: int,
+        elapsed_s: float,
+        failure: BaseException | None,
+    ) -> None:
+        metrics = self.telemetry.metrics
+        metrics.batch(vm.name, len(batch), elapsed_s, (started - p.enqueued_at for p in batch))
+        metrics.warm_hits(sum(1 for p in batch if not p.cold))
+        tracing = self.telemetry.tracing
+        if not tracing.enabled:
+            return
+        span = tracing.batch_span(vm.name, vm.version, (p.span for p in batch), started_ns)
+        load = self._loads.get((vm.name, vm.version))
+        for p in batch:
+            if p.span is None:
+                continue
+            tracing.child(
+                p.span,
+                "queue",
+                {"fnrt.priority": p.priority.name.lower()},
+                start_ns=p.enqueued_ns,
+                end_ns=started_ns,
+            )
+            if p.cold and load is not None:
+                load_start, load_end, attributes = load
+                tracing.child(p.span, "load", attributes, start_ns=load_start, end_ns=load_end)
+        if span is not None:
+            if failure is not None:
+                fail(span, failure)
+            span.end()

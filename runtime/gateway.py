@@ -1,0 +1,162 @@
+"""The one way in: every data route (invoke, OIP infer, split tails) calls
+:meth:`Gateway.submit`.
+
+In order, a request gets: the version chosen (the routing's split, a sticky
+key, a pinned version, or a split tail of one), the guards (``guards.py``:
+keep-alive accounting, result cache, breaker and fallback), the version's
+admission and queue, and, when the version retired between choosing and
+queueing, one more try on the version that replaced it. A guard added to the
+chain applies to every route at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from fnrt.functions.errors import CircuitOpen, VersionRetired
+from fnrt.functions.handler import Request
+from fnrt.functions.version import VersionManifest
+from fnrt.runtime.clock import Clock
+from fnrt.runtime.guards import (
+    BreakerGuard,
+    Call,
+    Guard,
+    Invoked,
+    KeepAliveGuard,
+    Options,
+    ResultCacheGuard,
+    run_guards,
+)
+from fnrt.runtime.protection import Served
+from fnrt.runtime.queue import Priority
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.scheduler import Scheduler
+from fnrt.runtime.split import ACTIVATION, Splits
+
+__all__ = ["ACTIVATION", "Answered", "Decode", "Decoded", "Gateway", "Options", "Target"]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A request's body decoded for the version chosen to answer it."""
+
+    inputs: Request
+    priority: Priority | None = None  # asked for in the body (OIP parameters): headers win
+    timeout_s: float | None = None
+
+
+#: Turns the request's body into inputs for the version chosen to answer it.
+Decode = Callable[[VersionManifest], Decoded]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request asks for: a function, maybe a pinned version or a split tail."""
+
+    function: str
+    version: str | None = None  # pinned (OIP's /versions/{v}, a device's head version)
+    split: int | None = None  # the tail of split k (inputs: {ACTIVATION: array})
+    headers: Mapping[str, str] | None = None  # the request's (a sticky header picks)
+
+
+@dataclass(frozen=True)
+class Answered:
+    """Who answered a request (the fallback function's scheduler, when it did), and how."""
+
+    scheduler: Scheduler
+    served: Served
+
+
+class Gateway:
+    """Version choice, the guards, and the retired-version retry for every data route."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        splits: Splits,
+        clock: Clock,
+        keeper: Invoked | None = None,
+    ) -> None:
+        self._registry = registry
+        self._splits = splits
+        self._clock = clock
+        self.guards: list[Guard] = [
+            KeepAliveGuard(keeper),
+            ResultCacheGuard(clock),
+            BreakerGuard(clock, self._fallback),
+        ]
+
+    async def choose(self, target: Target) -> Scheduler:
+        """The scheduler that answers ``target`` now."""
+        if target.split is not None:
+            return await self._splits.tail(target.function, target.split, target.version)
+        if target.version is not None:
+            return await self._registry.get_version(target.function, target.version)
+        return await self._registry.route(target.function, target.headers)
+
+    async def submit(self, target: Target, decode: Decode, options: Options) -> Answered:
+        """Answer one request. ``decode`` turns its body into inputs for the chosen
+        version (so inputs are checked against the version that runs them)."""
+        scheduler = await self.choose(target)
+        try:
+            return await self._through(target, scheduler, decode, options)
+        except VersionRetired:
+            if target.version is not None:
+                raise  # pinned: there is no other version to answer
+            successor = await self.choose(target)
+            if successor is scheduler:
+                raise
+            return await self._through(target, successor, decode, options)
+
+    async def _through(
+        self, target: Target, scheduler: Scheduler, decode: Decode, options: Options
+    ) -> Answered:
+        decoded = decode(scheduler.version)
+        inputs = decoded.inputs
+        if target.split is not None:
+            inputs = self._splits.tail_inputs(scheduler.version, target.split, inputs)
+        if options.priority is None or options.timeout_s is None:
+            options = Options(
+                decoded.priority if options.priority is None else options.priority,
+                decoded.timeout_s if options.timeout_s is None else options.timeout_s,
+                options.span,
+            )
+        call = Call(scheduler, inputs, options, target.split)
+        served = await run_guards(self.guards, call, _queue)
+        return Answered(call.answered_by or scheduler, served)
+
+    async def _fallback(self, call: Call) -> Served:
+        """Answer while the version's breaker is open: the last result for the same
+        inputs, another function, or CircuitOpen (503 with Retry-After)."""
+        scheduler = call.scheduler
+        protection = scheduler.protection
+        config = scheduler.version.manifest.breaker
+        if protection.last_results is not None:
+            hit = protection.last_results.get(call.key)
+            if hit is not None:
+                return Served(hit, cached=True, fallback="cache")
+        other_name = config.fallback_function
+        if other_name is not None and other_name != scheduler.name and call.split is None:
+            other = await self.choose(Target(other_name))
+            if other.protection.breaker.allow(self._clock.now()):
+                options = call.options
+                served = await other.submit(
+                    call.inputs,
+                    priority=options.priority,
+                    timeout_s=options.timeout_s,
+                    span=options.span,
+                )
+                call.answered_by = other
+                return Served(served.outputs, served.cold_tier, fallback=config.fallback)
+        breaker = protection.breaker
+        wait_s = max(breaker.opened_at + config.open_s - self._clock.now(), 1.0)
+        raise CircuitOpen(scheduler.name, scheduler.version.version, wait_s)
+
+
+async def _queue(call: Call) -> Served:
+    """The end of the chain: the chosen version's admission and queue."""
+    options = call.options
+    return await call.scheduler.submit(
+        call.inputs, priority=options.priority, timeout_s=options.timeout_s, span=options.span
+    )

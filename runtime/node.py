@@ -1,0 +1,137 @@
+"""The composition root: one place builds a node and hands each part the services it uses.
+
+A :class:`Node` is everything one fnrt server runs: the store (through a
+:class:`~fnrt.loader.repository.Repository`), the loader and its caches, the
+function table (:class:`~fnrt.runtime.registry.Registry`), split tails, the
+one way in for data (:class:`~fnrt.runtime.gateway.Gateway`), the deployer,
+the sweeper and the telemetry. The HTTP layer gets a Node and calls its
+services; nothing reaches through one service to another's parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fnrt.loader.cache import BlobCache, CacheConfig
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.memory import MemoryBudget
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import open_store
+from fnrt.runtime.batcher import Admission
+from fnrt.runtime.clock import Clock, SystemClock
+from fnrt.runtime.deployer import Deployer
+from fnrt.runtime.events import TelemetryEvents
+from fnrt.runtime.gateway import Gateway
+from fnrt.runtime.prewarm.keeper import Keeper
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
+from fnrt.runtime.settings import ServerSettings
+from fnrt.runtime.split import Splits
+from fnrt.runtime.sweeper import Sweeper
+from fnrt.tracing.metrics import FunctionState
+from fnrt.tracing.telemetry import Telemetry
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One server's services."""
+
+    settings: ServerSettings
+    clock: Clock
+    repository: Repository
+    loader: InstanceLoader
+    telemetry: Telemetry
+    admission: Admission
+    memory: MemoryBudget
+    registry: Registry
+    splits: Splits
+    gateway: Gateway
+    deployer: Deployer
+    sweeper: Sweeper
+
+    async def start(self) -> None:
+        """Read the store's functions (loading those that start warm), start the timers."""
+        await self.registry.start(preload=self.settings.preload)
+        self.sweeper.start()
+
+    async def close(self) -> None:
+        """Stop the timers, finish what was accepted, unload everything."""
+        await self.sweeper.close()
+        await self.registry.close()
+        await self.splits.close()
+
+    def schedulers(self) -> list[Scheduler]:
+        """Every scheduler here: function versions (primaries first), then split tails."""
+        return [*self.registry.loaded(), *self.splits.schedulers()]
+
+    def function_states(self) -> list[FunctionState]:
+        """Warm instances and queue depth of every version held here (for /metrics)."""
+        return [
+            FunctionState(s.name, s.version.version, s.instances, s.queued)
+            for s in self.schedulers()
+        ]
+
+
+def build_node(
+    settings: ServerSettings,
+    *,
+    clock: Clock | None = None,
+    telemetry: Telemetry | None = None,
+    loader: InstanceLoader | None = None,
+    keeper: Keeper | None = None,
+    learn_keep_alive: bool = True,
+) -> Node:
+    """A node over the settings' store, cache folder and device.
+
+    Tests pass their own ``clock`` (a manual one), ``telemetry`` (an in-memory
+    span exporter), ``loader`` or ``keeper``; with ``learn_keep_alive`` False
+    every function keeps its fixed ``keep_alive_s`` (no keeper, no pre-warming).
+    """
+    clock = clock or SystemClock()
+    telemetry = telemetry or Telemetry()
+    if loader is None:
+        repository = Repository(open_store(settings.store, settings.s3_config()))
+        cache_dir = Path(settings.cache_dir)
+        blobs = BlobCache(CacheConfig(cache_dir, settings.disk_cache_bytes))
+        loader = InstanceLoader(repository, cache_dir, detect_device(settings.device), blobs)
+    repository = loader.repository
+    if keeper is None and learn_keep_alive:
+        keeper = Keeper(Path(loader.cache_dir) / "prewarm" / "history.json")
+    admission = Admission(settings.max_queued)
+
+    def residents() -> list[Scheduler]:  # read at each load, after everything is built
+        return [*registry.loaded(), *splits.schedulers()]
+
+    memory = MemoryBudget(settings.memory_budget, residents)
+    factory = SchedulerFactory(
+        loader, clock, TelemetryEvents(telemetry), admission, memory.make_room
+    )
+    registry = Registry(repository, factory, clock, keeper)
+    splits = Splits(registry, loader, factory)
+    node = Node(
+        settings=settings,
+        clock=clock,
+        repository=repository,
+        loader=loader,
+        telemetry=telemetry,
+        admission=admission,
+        memory=memory,
+        registry=registry,
+        splits=splits,
+        gateway=Gateway(registry, splits, clock, keeper),
+        deployer=Deployer(registry, splits, loader, clock),
+        sweeper=Sweeper(
+            registry,
+            splits,
+            loader,
+            memory,
+            clock,
+            keeper,
+            sweep_interval_s=settings.sweep_interval_s,
+            watch_interval_s=settings.watch_interval_s,
+        ),
+    )
+    telemetry.metrics.watch(node.function_states)
+    return node

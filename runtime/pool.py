@@ -1,0 +1,393 @@
+"""The instances of one function version: loading, running a batch, replacing, scaling.
+
+The pool holds slots, each the place of one instance (in a thread or a worker
+process: it does not care which, see ``fnrt.loader.process.launch``). The
+first instance loads at the first request; concurrent first requests share
+that one load. More start while the queue stays deep (the pure
+:func:`~fnrt.runtime.scaling.should_add_instance`), idle ones stop
+(:func:`~fnrt.runtime.scaling.should_unload`). An instance that dies or is
+killed fails only its batch; the pool replaces it after a backoff that
+doubles while it keeps dying, and a failed load waits the same backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fnrt.functions.errors import FnrtError, HandlerTimeout, InstanceLost, LoadError
+from fnrt.functions.handler import Request
+from fnrt.functions.manifest import IsolationMode
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.instance import Ran, Runnable
+from fnrt.runtime.clock import Clock
+from fnrt.runtime.events import Events, PrewarmOutcome, StartKind
+from fnrt.runtime.scaling import Activity, should_add_instance, should_unload
+from fnrt.runtime.stats import Stats
+
+log = logging.getLogger("fnrt.pool")
+
+#: Builds one instance of a version on the executor's thread (``launch`` by default).
+LoadInstance = Callable[[VersionManifest, ThreadPoolExecutor], Runnable]
+#: Called before a load with ("name/version", bytes it expects to need); frees memory.
+MakeRoom = Callable[[str, int], Awaitable[None]]
+
+
+class InstanceState(StrEnum):
+    COLD = "cold"
+    LOADING = "loading"
+    WARM = "warm"
+
+
+def new_error_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """``Type: message`` of a handler's exception (a worker's arrives that way already)."""
+    reason = getattr(exc, "reason", None)
+    return reason if isinstance(reason, str) else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(eq=False)
+class Slot:
+    """One instance (or the place for one)."""
+
+    index: int
+    instance: Runnable | None = None
+    loading: asyncio.Future[Runnable] | None = None
+    running: bool = False
+    last_active: float = 0.0
+    retired: bool = False
+    failures: int = 0  # loads failed or instances lost in a row
+    retry_at: float = 0.0  # no load before this clock time (backoff)
+    worker: asyncio.Task[None] | None = field(default=None, repr=False)  # the batcher's
+
+    @property
+    def primary(self) -> bool:
+        return self.index == 0
+
+
+class InstancePool:
+    """Slots and instances of one function version."""
+
+    def __init__(
+        self,
+        version: VersionManifest,
+        load: LoadInstance,
+        clock: Clock,
+        stats: Stats,
+        events: Events,
+        make_room: MakeRoom | None = None,
+    ) -> None:
+        self.version = version
+        self._load_instance = load
+        self._clock = clock
+        self._stats = stats
+        self._events = events
+        self._make_room = make_room
+        self._manifest = version.manifest
+        self.slots: list[Slot] = []
+        self._next_slot = 0
+        self._deep_since: float | None = None
+        self._prewarmed_at: float | None = None  # a pre-warmed instance no call has used yet
+        self._background: set[asyncio.Future[Runnable]] = set()
+        #: Called when slots change (one retired): the batcher's workers look again.
+        self.changed: Callable[[], None] = lambda: None
+
+    # --- what it holds -----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._manifest.name
+
+    @property
+    def state(self) -> InstanceState:
+        if any(s.instance is not None for s in self.slots):
+            return InstanceState.WARM
+        if any(s.loading is not None for s in self.slots):
+            return InstanceState.LOADING
+        return InstanceState.COLD
+
+    @property
+    def instances(self) -> int:
+        return sum(1 for s in self.slots if s.instance is not None)
+
+    def loaded_instances(self) -> list[Runnable]:
+        return [s.instance for s in self.slots if s.instance is not None]
+
+    @property
+    def instance_bytes(self) -> int:
+        """Memory the loaded instances hold (0 when cold)."""
+        return sum(s.instance.size_bytes for s in self.slots if s.instance is not None)
+
+    def activity(self, queued: int) -> Activity:
+        """The version as a whole (any instance loaded, any busy)."""
+        return Activity(
+            loaded=self.instances > 0,
+            busy=any(s.running or s.loading is not None for s in self.slots),
+            queued=queued,
+            last_active_s=max((s.last_active for s in self.slots), default=0.0),
+        )
+
+    # --- starts and pre-warms ----------------------------------------------------------
+
+    def count_start(self, now: float) -> StartKind:
+        """What a call arriving now finds: a loaded instance, a pre-warmed one, or none."""
+        if self.instances == 0:
+            kind = StartKind.COLD
+        elif self._prewarmed_at is not None:
+            kind = StartKind.PREWARMED
+            self._stats.last_prewarm_lead_s = now - self._prewarmed_at
+            self._prewarmed_at = None
+            self._stats.prewarms[PrewarmOutcome.HIT.value] += 1
+            self._events.prewarmed(self.name, PrewarmOutcome.HIT)
+        else:
+            kind = StartKind.WARM
+        self._stats.starts[kind.value] += 1
+        self._events.started(self.name, kind)
+        return kind
+
+    async def prewarm(self) -> bool:
+        """Load ahead of a predicted call; False when it was loaded already."""
+        if self.instances:
+            return False
+        await self.ensure(self.slots[0])
+        self._prewarmed_at = self._clock.now()
+        return True
+
+    # --- loading -----------------------------------------------------------------------
+
+    def add_slot(self) -> Slot:
+        slot = Slot(self._next_slot, last_active=self._clock.now())
+        self._next_slot += 1
+        self.slots.append(slot)
+        return slot
+
+    async def ensure(self, slot: Slot) -> Runnable:
+        """The slot's instance, loaded now if there is none (shares a load under way)."""
+        if slot.instance is not None:
+            return slot.instance
+        if slot.loading is None:
+            slot.loading = asyncio.ensure_future(self._load(slot))
+        return await asyncio.shield(slot.loading)
+
+    def load_in_background(self, slot: Slot) -> None:
+        future = asyncio.ensure_future(self.ensure(slot))
+        self._background.add(future)
+        future.add_done_callback(_quiet)
+        future.add_done_callback(self._background.discard)
+
+    async def _load(self, slot: Slot) -> Runnable:
+        delay = slot.retry_at - self._clock.now()
+        if delay > 0:  # backing off after failures
+            await self._clock.sleep(delay)
+        started_ns = time.time_ns()
+        executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self.name}-{slot.index}")
+        loop = asyncio.get_running_loop()
+        stats = self._stats
+        try:
+            if self._make_room is not None:
+                key = f"{self.name}/{self.version.version}"
+                await self._make_room(key, stats.last_load_bytes or self.version.size_bytes)
+            instance = await loop.run_in_executor(
+                executor, self._load_instance, self.version, executor
+            )
+        except BaseException as exc:
+            executor.shutdown(wait=False)
+            stats.load_failures += 1
+            if isinstance(exc, FnrtError) and not isinstance(exc, InstanceLost):
+                stats.last_load_error = exc.message  # the store's or the manifest's: no backoff
+                raise
+            self._failed(slot)  # the handler's own failure: the next load backs off
+            error_id = new_error_id()
+            log.error(
+                "loading %s %s failed (error id %s)%s",
+                self.name,
+                self.version.version,
+                error_id,
+                remote_traceback(exc),
+                exc_info=exc,
+            )
+            error = LoadError(self.name, error_id, describe_failure(exc))
+            stats.last_load_error = error.message
+            raise error from exc
+        finally:
+            slot.loading = None
+        slot.instance = instance
+        stats.last_load_error = None
+        # A full collection walks every object torch and the model made (~100 ms
+        # with torch loaded): freeze them out of the collector so per-request
+        # garbage never triggers such a pause (the p99 of a busy function).
+        gc.freeze()
+        slot.last_active = self._clock.now()
+        stats.loads += 1
+        stats.last_load_timings_s = dict(instance.timings_s)
+        stats.last_load_tier = instance.tier
+        stats.last_load_bytes = instance.size_bytes
+        stats.cold_starts[instance.tier] += 1
+        self._events.loaded(self.version, instance, started_ns, time.time_ns())
+        log.info(
+            "loaded %s %s (instance %d, %s) in %.3fs",
+            self.name,
+            self.version.version,
+            slot.index,
+            instance.tier,
+            instance.timings_s["total_s"],
+        )
+        return instance
+
+    def _failed(self, slot: Slot) -> None:
+        """One more failure in a row: the next load of the slot waits the backoff."""
+        slot.failures += 1
+        slot.retry_at = self._clock.now() + self._manifest.isolation.backoff_s(slot.failures)
+
+    # --- running -----------------------------------------------------------------------
+
+    async def run(self, slot: Slot, instance: Runnable, batch: list[Request]) -> Ran:
+        """Run one batch on the slot's instance. An instance lost on the way (it died,
+        or ran past ``timeout_s``) is replaced; its InstanceLost is raised."""
+        slot.running = True
+        loop = asyncio.get_running_loop()
+        isolation = self._manifest.isolation
+        try:
+            ran = loop.run_in_executor(instance.executor, instance.run_timed, batch)
+            if isolation.timeout_s and isolation.kind is IsolationMode.THREAD:
+                try:
+                    result = await asyncio.wait_for(ran, isolation.timeout_s)
+                except TimeoutError:
+                    raise HandlerTimeout(self.name, "", isolation.timeout_s) from None
+            else:
+                result = await ran
+        except InstanceLost as exc:
+            await self._lose(slot, instance, exc)
+            raise
+        finally:
+            slot.running = False
+            slot.last_active = self._clock.now()
+        slot.failures = 0
+        return result
+
+    async def _lose(self, slot: Slot, instance: Runnable, error: InstanceLost) -> None:
+        if slot.instance is instance:
+            slot.instance = None
+        self._stats.restarts[error.cause] += 1
+        self._stats.last_restart_reason = error.message
+        self._events.lost(self.version, error.cause)
+        log.error(
+            "%s %s lost instance %d: %s", self.name, self.version.version, slot.index, error.message
+        )
+        await asyncio.to_thread(instance.abandon)
+        self._failed(slot)
+        if not slot.retired:  # restart it now (after the backoff), not at the next request
+            self.load_in_background(slot)
+
+    # --- scaling -----------------------------------------------------------------------
+
+    def wants_another(self, queued: int, now: float) -> bool:
+        """Whether the queue has been deep long enough for one more instance."""
+        scaling = self._manifest.scaling
+        size = self._manifest.batching.max_batch_size
+        if queued >= size:
+            self._deep_since = self._deep_since if self._deep_since is not None else now
+        else:
+            self._deep_since = None
+        return should_add_instance(
+            scaling,
+            instances=len(self.slots),
+            loading=any(s.loading is not None for s in self.slots),
+            queued=queued,
+            batch_size=size,
+            deep_since_s=self._deep_since,
+            now=now,
+        )
+
+    async def scale_to_zero(
+        self, now: float, queued: int, *, force: bool = False, keep_primary: bool = False
+    ) -> bool:
+        """Drop idle instances: extra ones after ``scale_down_after_s``, the last after
+        ``keep_alive_s`` (never below ``min_instances``); ``force`` drops every idle
+        one now. True if any was dropped."""
+        scaling = self._manifest.scaling
+        dropped = False
+        for slot in sorted(self.slots, key=lambda s: -s.index):
+            if slot.instance is None:
+                continue
+            if not force and self.instances <= scaling.min_instances:
+                break
+            if slot.primary and keep_primary:
+                continue  # the keep-alive policy decides for the first instance
+            keep = scaling.keep_alive_s if slot.primary else scaling.scale_down_after_s
+            activity = Activity(True, slot.running, queued, slot.last_active)
+            idle = not activity.busy and not activity.queued
+            if (force and idle) or should_unload(keep, activity, now):
+                await self.drop(slot)
+                dropped = True
+        return dropped
+
+    async def drop(self, slot: Slot) -> None:
+        instance, slot.instance = slot.instance, None
+        if instance is None:
+            return
+        self._stats.unloads += 1
+        if self._prewarmed_at is not None and slot.primary:  # loaded ahead, never used
+            self._prewarmed_at = None
+            self._stats.prewarms[PrewarmOutcome.MISS.value] += 1
+            self._events.prewarmed(self.name, PrewarmOutcome.MISS)
+        if not slot.primary:
+            slot.retired = True
+            self.slots.remove(slot)
+            self.changed()
+        log.info("unloaded %s %s (instance %d)", self.name, self.version.version, slot.index)
+        await asyncio.to_thread(_release, instance)
+
+    def retire(self, slot: Slot) -> None:
+        """Give up an extra slot whose load failed (the others serve)."""
+        slot.retired = True
+        if slot in self.slots:
+            self.slots.remove(slot)
+
+    async def close(self) -> None:
+        """Wait for loads under way, then unload every instance."""
+        for future in list(self._background):
+            future.cancel()
+        for slot in list(self.slots):
+            slot.retired = True
+            if slot.loading is not None:
+                with contextlib.suppress(BaseException):
+                    await slot.loading
+            if slot.instance is not None:
+                await self.drop(slot)
+
+
+def remote_traceback(exc: BaseException) -> str:
+    """A worker's traceback of ``exc`` to append to a log line ("" for local errors)."""
+    text = getattr(exc, "remote_traceback", "")
+    return f"\nin the worker:\n{text}" if text else ""
+
+
+def _quiet(future: asyncio.Future[Runnable]) -> None:
+    """Retrieve a background load's error (it is logged where it happened)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _release(instance: Runnable) -> None:
+    """Close an instance and collect what it held (runs off the event loop).
+
+    The instance's objects were frozen after its load; unfreeze so the one full
+    collection here can free any reference cycles among them, then freeze again.
+    """
+    instance.close()
+    del instance
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()

@@ -1,0 +1,149 @@
+"""The node's periodic work: scale idle instances to zero, pre-warm, retire, watch.
+
+Every ``sweep_interval_s`` the sweeper scales idle instances to zero as their
+keep-alive policies say (a learned policy's plan may also pre-warm a function
+ahead of its predicted call), closes versions whose rollback window passed,
+and sweeps split tails; every ``watch_interval_s`` it asks the registry to
+pick up routing other nodes wrote. Histories of the keep-alive keeper are
+saved every minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.memory import MemoryBudget
+from fnrt.runtime.clock import Clock
+from fnrt.runtime.prewarm.keeper import Keeper
+from fnrt.runtime.prewarm.policies import Policy
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.scheduler import Scheduler
+from fnrt.runtime.split import Splits
+
+log = logging.getLogger("fnrt.sweeper")
+
+#: How often the keep-alive histories are written to the cache folder.
+HISTORY_SAVE_INTERVAL_S = 60.0
+
+
+class Sweeper:
+    """Scale to zero, pre-warm, retire versions and watch the store, on timers."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        splits: Splits,
+        loader: InstanceLoader,
+        memory: MemoryBudget,
+        clock: Clock,
+        keeper: Keeper | None = None,
+        *,
+        sweep_interval_s: float = 1.0,
+        watch_interval_s: float = 1.0,
+    ) -> None:
+        self._registry = registry
+        self._splits = splits
+        self._loader = loader
+        self._memory = memory
+        self._clock = clock
+        self.keeper = keeper
+        self._sweep_interval_s = sweep_interval_s
+        self._watch_interval_s = watch_interval_s
+        self._loops: list[asyncio.Task[None]] = []
+        self._saved_at = 0.0
+
+    def start(self) -> None:
+        self._loops = [
+            asyncio.ensure_future(self._every(self._sweep_interval_s, self.sweep)),
+            asyncio.ensure_future(self._every(self._watch_interval_s, self._registry.watch)),
+        ]
+
+    async def close(self) -> None:
+        for loop in self._loops:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        if self.keeper is not None:
+            await asyncio.to_thread(self.keeper.save)
+
+    async def sweep(self) -> list[str]:
+        """Scale idle instances to zero as their keep-alive policies say, pre-warm those
+        whose next call is predicted, and close versions whose rollback window passed
+        (they finish what they accepted); names unloaded."""
+        registry = self._registry
+        now = self._clock.now()
+        unloaded = []
+        for entry in registry.entries():
+            window = entry.primary.version.manifest.rollout.rollback_window_s
+            for version, left in list(entry.left_at.items()):
+                scheduler = entry.schedulers.get(version)
+                if now - left >= window:
+                    del entry.left_at[version]
+                    if scheduler is not None and version not in entry.routing.traffic:
+                        del entry.schedulers[version]
+                        registry.background(scheduler.close())
+                        unloaded.append(entry.name)
+            for version, scheduler in list(entry.schedulers.items()):
+                if version in entry.left_at:
+                    continue  # kept warm for a rollback
+                learned = self.keeper is not None and scheduler is entry.primary
+                policy = Policy(scheduler.version.manifest.scaling.keep_alive_policy)
+                learned = learned and policy is not Policy.FIXED
+                if await scheduler.scale_to_zero(now, keep_primary=learned):
+                    unloaded.append(scheduler.name)
+                if learned and await self._keep(scheduler, policy, now):
+                    unloaded.append(scheduler.name)
+        held = {(e.name, v) for e in registry.entries() for v in e.schedulers}
+        unloaded += await self._splits.sweep(now, held)
+        if self.keeper is not None and now - self._saved_at >= HISTORY_SAVE_INTERVAL_S:
+            self._saved_at = now
+            await asyncio.to_thread(self.keeper.save)
+        return unloaded
+
+    async def _keep(self, scheduler: Scheduler, policy: Policy, now: float) -> bool:
+        """Act on the keeper's plan for a function's first instance; True if unloaded."""
+        assert self.keeper is not None
+        activity = scheduler.activity()
+        if activity.busy or activity.queued:
+            return False
+        scaling = scheduler.version.manifest.scaling
+        if activity.loaded and scheduler.instances <= scaling.min_instances:
+            return False
+        idle_for = max(now - activity.last_active_s, 0.0)
+        action = self.keeper.act(
+            scheduler.name,
+            policy,
+            keep_alive_s=scaling.keep_alive_s,
+            idle_since_unix=self.keeper.wall() - idle_for,
+            loaded=activity.loaded,
+        )
+        if action.unload:
+            return await scheduler.scale_to_zero(now, force=True)
+        if action.prewarm:
+            self._registry.background(self._prewarm(scheduler))
+        return False
+
+    async def _prewarm(self, scheduler: Scheduler) -> None:
+        """Load ahead of a predicted call, only into memory nobody else is using: when it
+        does not fit the budget, only fetch its files into the disk cache."""
+        needed = scheduler.stats.last_load_bytes or scheduler.version.size_bytes
+        try:
+            if self._memory.fits(needed):
+                if await scheduler.prewarm():
+                    log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
+            else:
+                await asyncio.to_thread(self._loader.prefetch, scheduler.version)
+        except Exception as exc:
+            log.warning("pre-warming %s failed: %s", scheduler.name, exc)
+
+    async def _every(self, interval_s: float, work: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await self._clock.sleep(interval_s)
+            try:
+                await work()
+            except Exception:
+                log.exception("%s failed", getattr(work, "__name__", "periodic work"))

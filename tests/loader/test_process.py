@@ -1,0 +1,151 @@
+"""Worker processes: loading, batches through shared memory, and every way a worker ends."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fnrt.functions.errors import HandlerTimeout, InstanceLost
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.process import ProcessInstance, RemoteError, launch, rss_bytes
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import FileStore
+from support import publish, write_function
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:H"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+
+[isolation]
+mode = "process"
+timeout_s = {timeout_s}
+memory_limit_bytes = {memory_limit_bytes}
+"""
+
+HANDLER = """
+import ctypes, os, threading, time
+import numpy as np
+
+class H:
+    def load(self, artifacts, device):
+        self.pid = os.getpid()
+        self.hoard = []
+
+    def __call__(self, batch):
+        x = batch[0]["x"]
+        what = int(x[0, 0])
+        if what == 1:
+            ctypes.string_at(0)
+        if what == 2:
+            os._exit(1)
+        if what == 3:
+            time.sleep(3600)
+        if what == 4:
+            while True:
+                self.hoard.append(np.ones(8 << 20, dtype=np.uint8))
+        if what == 5:
+            raise ValueError("bad input")
+        if what == 6:
+            return [{"y": np.full((1, 4), self.pid, dtype=np.float32)} for _ in batch]
+        return [{"y": r["x"] * 2} for r in batch]
+"""
+
+
+def _loader(tmp_path: Path, **fields: object) -> tuple[InstanceLoader, object]:
+    repository = Repository(FileStore(tmp_path / "store"))
+    values = {"timeout_s": 0, "memory_limit_bytes": 0, **fields}
+    folder = write_function(tmp_path / "src", "w", HANDLER, MANIFEST, **values)
+    vm = publish(repository, folder)
+    return InstanceLoader(repository, tmp_path / "cache", detect_device("cpu")), vm
+
+
+def _start(tmp_path: Path, **fields: object) -> ProcessInstance:
+    loader, vm = _loader(tmp_path, **fields)
+    instance = launch(loader, vm, ThreadPoolExecutor(1))  # type: ignore[arg-type]
+    assert isinstance(instance, ProcessInstance)
+    return instance
+
+
+def _x(value: float, rows: int = 1) -> dict[str, np.ndarray]:
+    return {"x": np.full((rows, 4), value, dtype=np.float32)}
+
+
+def test_batches_cross_to_the_worker_and_back(tmp_path: Path) -> None:
+    instance = _start(tmp_path)
+    try:
+        assert instance.pid != os.getpid()
+        ran = instance.run_timed([_x(7, 2), _x(8, 3)])
+        np.testing.assert_array_equal(ran.results[0]["y"], np.full((2, 4), 14, np.float32))
+        np.testing.assert_array_equal(ran.results[1]["y"], np.full((3, 4), 16, np.float32))
+        pid = instance.run_timed([_x(6)]).results[0]["y"][0, 0]
+        assert int(pid) == instance.pid
+        big = instance.run_timed([_x(9, 1 << 18)])  # 4 MiB each way: the arenas grow
+        assert big.results[0]["y"].shape == (1 << 18, 4)
+        assert float(big.results[0]["y"].sum()) == 18 * 4 * (1 << 18)
+        assert instance.timings_s["total_s"] > 0
+    finally:
+        instance.close()
+    assert not instance.alive
+    assert not instance.workdir.exists()  # the arenas are gone with the worker
+
+
+def test_a_handler_exception_fails_the_batch_and_the_worker_lives(tmp_path: Path) -> None:
+    instance = _start(tmp_path)
+    try:
+        with pytest.raises(RemoteError, match="ValueError: bad input"):
+            instance.run_timed([_x(5)])
+        assert instance.alive
+        assert instance.run_timed([_x(10)]).results[0]["y"][0, 0] == 20.0
+    finally:
+        instance.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "cause", "words"),
+    [(1, "signal", "SIGSEGV"), (2, "exit", "exited with code 1")],
+)
+def test_a_worker_that_dies_names_the_cause(
+    tmp_path: Path, what: int, cause: str, words: str
+) -> None:
+    instance = _start(tmp_path)
+    try:
+        with pytest.raises(InstanceLost, match=words) as raised:
+            instance.run_timed([_x(what)])
+        assert raised.value.cause == cause
+        assert not instance.alive
+        with pytest.raises(InstanceLost):  # a dead instance fails at once
+            instance.run_timed([_x(0)])
+    finally:
+        instance.close()
+
+
+def test_a_batch_past_its_timeout_kills_the_worker(tmp_path: Path) -> None:
+    instance = _start(tmp_path, timeout_s=0.5)
+    try:
+        with pytest.raises(HandlerTimeout, match=r"timeout of 0\.5 s"):
+            instance.run_timed([_x(3)])
+        assert not instance.alive
+        assert rss_bytes(instance.pid) == 0
+    finally:
+        instance.close()
+
+
+def test_a_worker_past_its_memory_limit_is_killed(tmp_path: Path) -> None:
+    instance = _start(tmp_path, memory_limit_bytes=256 << 20)
+    try:
+        with pytest.raises(InstanceLost, match="memory_limit_bytes") as raised:
+            instance.run_timed([_x(4)])
+        assert raised.value.cause == "memory"
+    finally:
+        instance.close()

@@ -1,0 +1,162 @@
+"""Process isolation through a live server: bad handlers fail alone, neighbours never notice.
+
+One process-mode function segfaults, exits, hangs and allocates without bound
+on request; each gets its clear error and its worker is restarted. Throughout,
+a thread-mode and a process-mode neighbour answer a steady stream of calls
+with zero failures.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from support import LiveServer, error_of, live_server, publish, write_function
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:H"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+
+[isolation]
+mode = "{mode}"
+timeout_s = {timeout_s}
+memory_limit_bytes = {memory_limit_bytes}
+restart_backoff_s = 0.05
+"""
+
+HANDLER = """
+import ctypes, os, time
+import numpy as np
+
+class H:
+    def load(self, artifacts, device):
+        self.hoard = []
+
+    def __call__(self, batch):
+        what = int(batch[0]["x"][0, 0])
+        if what == 1:
+            ctypes.string_at(0)
+        if what == 2:
+            os._exit(1)
+        if what == 3:
+            time.sleep(3600)
+        if what == 4:
+            while True:
+                self.hoard.append(np.ones(8 << 20, dtype=np.uint8))
+        return [{"y": r["x"] * 2} for r in batch]
+"""
+
+
+def _deploy(srv: LiveServer, tmp_path: Path, name: str, **fields: object) -> None:
+    values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0, **fields}
+    folder = write_function(tmp_path / "src", name, HANDLER, MANIFEST, **values)
+    srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+
+
+def _call(c: httpx.Client, name: str, what: float) -> httpx.Response:
+    return c.post(f"/v1/functions/{name}/invoke", json={"x": [[what, 1, 2, 3]]})
+
+
+class Steady:
+    """Calls to a neighbour from a thread until stopped; every answer is recorded."""
+
+    def __init__(self, srv: LiveServer, name: str) -> None:
+        self.name = name
+        self.statuses: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(srv,), daemon=True)
+        self._thread.start()
+
+    def _run(self, srv: LiveServer) -> None:
+        with srv.client() as c:
+            while not self._stop.is_set():
+                r = _call(c, self.name, 10)
+                self.statuses.append(r.status_code if r.json().get("y") == [[20, 2, 4, 6]] else -1)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(30)
+        return self.statuses
+
+
+def test_bad_handlers_fail_alone_and_their_workers_restart(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        _deploy(srv, tmp_path, "bad", timeout_s=1, memory_limit_bytes=256 << 20)
+        _deploy(srv, tmp_path, "calm-thread", mode="thread")
+        _deploy(srv, tmp_path, "calm-process")
+        assert _call(c, "bad", 10).status_code == 200
+        neighbours = [Steady(srv, "calm-thread"), Steady(srv, "calm-process")]
+        try:
+            cases = [
+                (1, 500, "signal", "killed by SIGSEGV"),
+                (2, 500, "exit", "exited with code 1"),
+                (3, 504, "timeout", "ran past its timeout of 1 s"),
+                (4, 500, "memory", "passed isolation.memory_limit_bytes (256 MiB)"),
+            ]
+            for what, status, cause, words in cases:
+                started = time.monotonic()
+                r = _call(c, "bad", what)
+                assert r.status_code == status, error_of(r)
+                body = error_of(r)
+                assert words in body["error"] and body["cause"] == cause, body
+                assert body["error_id"]
+                assert time.monotonic() - started < 10
+                again = _call(c, "bad", 10)  # a new worker answers
+                assert again.status_code == 200, error_of(again)
+        finally:
+            counts = [n.stop() for n in neighbours]
+        for n, statuses in zip(neighbours, counts, strict=True):
+            assert statuses and set(statuses) == {200}, (n.name, statuses)
+        described = c.get("/v1/functions/bad").json()["instance"]
+        assert described["isolation"] == "process"
+        assert described["restarts"] == {"signal": 1, "exit": 1, "timeout": 1, "memory": 1}
+        assert "memory" in described["last_restart_reason"]
+        metrics = c.get("/metrics").text
+        for cause in ("signal", "exit", "timeout", "memory"):
+            assert f'fnrt_instance_restarts_total{{cause="{cause}",function="bad"}} 1.0' in metrics
+        assert c.get("/healthz").status_code == 200
+
+
+def test_a_thread_handler_past_its_timeout_is_replaced(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        _deploy(srv, tmp_path, "slow", mode="thread", timeout_s=0.5)
+        started = time.monotonic()
+        r = _call(c, "slow", 3)
+        assert r.status_code == 504, error_of(r)
+        assert error_of(r)["cause"] == "timeout"
+        assert time.monotonic() - started < 5
+        assert _call(c, "slow", 10).status_code == 200  # a new instance, a new thread
+        assert c.get("/v1/functions/slow").json()["instance"]["restarts"] == {"timeout": 1}
+
+
+def test_a_handler_whose_load_crashes_fails_with_a_clear_error_and_backs_off(
+    tmp_path: Path,
+) -> None:
+    crash_on_load = HANDLER.replace("self.hoard = []", "os._exit(3)")
+    with live_server(tmp_path) as srv, srv.client() as c:
+        folder = write_function(
+            tmp_path / "src",
+            "doomed",
+            crash_on_load,
+            MANIFEST,
+            mode="process",
+            timeout_s=0,
+            memory_limit_bytes=0,
+        )
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        r = _call(c, "doomed", 10)
+        assert r.status_code == 500, error_of(r)
+        assert "failed to load" in error_of(r)["error"]
+        assert "exited with code 3" in error_of(r)["error"]
+        instance = c.get("/v1/functions/doomed").json()["instance"]
+        assert instance["load_failures"] == 1 and instance["state"] == "cold"
+        assert c.get("/healthz").status_code == 200
