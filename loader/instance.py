@@ -13,8 +13,9 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -30,6 +31,13 @@ from fnrt.loader.cache import BlobCache
 from fnrt.loader.repository import Repository
 
 log = logging.getLogger("fnrt.loader")
+
+
+class LoadTier(StrEnum):
+    """Where a loaded instance's bytes came from."""
+
+    L2 = "l2"  # this machine's disk: the disk cache, or a folder store
+    L3 = "l3"  # the object store (fetched for this load)
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,11 @@ class Instance:
 
     version: VersionManifest
     call: Callable[[list[Request]], Sequence[Any]]
-    executor: ThreadPoolExecutor
+    executor: Executor
     unload: Callable[[], None] | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
     size_bytes: int = 0
-    tier: str = "l2"  # where its bytes came from: "l2" local disk, "l3" the object store
+    tier: LoadTier = LoadTier.L2
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
@@ -118,10 +126,10 @@ class Runnable(Protocol):
     """
 
     version: VersionManifest
-    executor: ThreadPoolExecutor
+    executor: Executor
     timings_s: dict[str, float]
     size_bytes: int
-    tier: str
+    tier: LoadTier
 
     @property
     def alive(self) -> bool: ...
@@ -243,7 +251,7 @@ class InstanceLoader:
             code,
             artifacts,
             list(fetches.pinned),
-            "l3" if fetches.fetched else "l2",
+            LoadTier.L3 if fetches.fetched else LoadTier.L2,
             {
                 "fetch_s": fetches.fetch_s,
                 "verify_s": fetches.verify_s,
@@ -251,7 +259,7 @@ class InstanceLoader:
             },
         )
 
-    def load(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+    def load(self, vm: VersionManifest, executor: Executor) -> Instance:
         """Build an instance in this process; call this on ``executor``'s thread.
 
         ``timings_s`` gets fetch_s (L3 downloads), verify_s (hashing), import_s,
@@ -289,7 +297,7 @@ class Materialised:
     code_dir: Path
     artifacts: dict[str, LocalArtifact]
     pinned: list[str]  # blobs pinned in the disk cache while an instance uses them
-    tier: str  # "l2" all on local disk already, "l3" some came from the store
+    tier: LoadTier
     timings_s: dict[str, float]
 
 

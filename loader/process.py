@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
 from fnrt.loader.channel import Channel, ChannelClosed
-from fnrt.loader.instance import InstanceLoader, Ran, Runnable
+from fnrt.loader.instance import InstanceLoader, LoadTier, Ran, Runnable
 
 log = logging.getLogger("fnrt.loader")
 
@@ -79,7 +79,7 @@ class ProcessInstance:
     def __init__(
         self,
         vm: VersionManifest,
-        executor: ThreadPoolExecutor,
+        executor: Executor,
         process: subprocess.Popen[bytes],
         channel: Channel,
         workdir: Path,
@@ -89,7 +89,7 @@ class ProcessInstance:
         self.executor = executor
         self.timings_s: dict[str, float] = {}
         self.size_bytes = 0
-        self.tier = "l2"
+        self.tier = LoadTier.L2
         self._process = process
         self._channel = channel
         self._workdir = workdir
@@ -233,7 +233,7 @@ class ProcessInstance:
         self._release()
 
 
-def spawn(loader: InstanceLoader, vm: VersionManifest, executor: ThreadPoolExecutor) -> Runnable:
+def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Runnable:
     """Start a worker process for ``vm`` and load its handler there (blocking).
 
     The files are materialised here (fetched, verified, pinned in the disk
@@ -289,7 +289,7 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: ThreadPoolExecu
     return instance
 
 
-def launch(loader: InstanceLoader, vm: VersionManifest, executor: ThreadPoolExecutor) -> Runnable:
+def launch(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Runnable:
     """The instance ``vm``'s ``[isolation]`` asks for: a thread here, or a worker process."""
     if vm.manifest.isolation.kind is IsolationMode.PROCESS:
         return spawn(loader, vm, executor)

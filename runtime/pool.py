@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -27,6 +27,7 @@ from fnrt.functions.errors import FnrtError, HandlerTimeout, InstanceLost, LoadE
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
+from fnrt.loader.executor import InstanceThread
 from fnrt.loader.instance import Ran, Runnable
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, PrewarmOutcome, StartKind
@@ -36,7 +37,7 @@ from fnrt.runtime.stats import Stats
 log = logging.getLogger("fnrt.pool")
 
 #: Builds one instance of a version on the executor's thread (``launch`` by default).
-LoadInstance = Callable[[VersionManifest, ThreadPoolExecutor], Runnable]
+LoadInstance = Callable[[VersionManifest, Executor], Runnable]
 #: Called before a load with ("name/version", bytes it expects to need); frees memory.
 MakeRoom = Callable[[str, int], Awaitable[None]]
 
@@ -100,6 +101,9 @@ class InstancePool:
         self._deep_since: float | None = None
         self._prewarmed_at: float | None = None  # a pre-warmed instance no call has used yet
         self._background: set[asyncio.Future[Runnable]] = set()
+        isolation = self._manifest.isolation
+        in_thread = isolation.kind is IsolationMode.THREAD
+        self._thread_timeout_s = isolation.timeout_s if in_thread else 0.0
         #: Called when slots change (one retired): the batcher's workers look again.
         self.changed: Callable[[], None] = lambda: None
 
@@ -129,6 +133,10 @@ class InstancePool:
         """Memory the loaded instances hold (0 when cold)."""
         return sum(s.instance.size_bytes for s in self.slots if s.instance is not None)
 
+    def restarts_by_cause(self) -> dict[str, int]:
+        """Instances lost and replaced, by cause (signal, exit, memory, timeout)."""
+        return dict(self._stats.restarts)
+
     def activity(self, queued: int) -> Activity:
         """The version as a whole (any instance loaded, any busy)."""
         return Activity(
@@ -148,11 +156,11 @@ class InstancePool:
             kind = StartKind.PREWARMED
             self._stats.last_prewarm_lead_s = now - self._prewarmed_at
             self._prewarmed_at = None
-            self._stats.prewarms[PrewarmOutcome.HIT.value] += 1
+            self._stats.prewarms[PrewarmOutcome.HIT] += 1
             self._events.prewarmed(self.name, PrewarmOutcome.HIT)
         else:
             kind = StartKind.WARM
-        self._stats.starts[kind.value] += 1
+        self._stats.starts[kind] += 1
         self._events.started(self.name, kind)
         return kind
 
@@ -191,7 +199,7 @@ class InstancePool:
         if delay > 0:  # backing off after failures
             await self._clock.sleep(delay)
         started_ns = time.time_ns()
-        executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self.name}-{slot.index}")
+        executor = InstanceThread(f"fnrt-{self.name}-{slot.index}")
         loop = asyncio.get_running_loop()
         stats = self._stats
         try:
@@ -257,14 +265,13 @@ class InstancePool:
         or ran past ``timeout_s``) is replaced; its InstanceLost is raised."""
         slot.running = True
         loop = asyncio.get_running_loop()
-        isolation = self._manifest.isolation
         try:
             ran = loop.run_in_executor(instance.executor, instance.run_timed, batch)
-            if isolation.timeout_s and isolation.kind is IsolationMode.THREAD:
+            if self._thread_timeout_s:  # a worker process times its batches itself
                 try:
-                    result = await asyncio.wait_for(ran, isolation.timeout_s)
+                    result = await asyncio.wait_for(ran, self._thread_timeout_s)
                 except TimeoutError:
-                    raise HandlerTimeout(self.name, "", isolation.timeout_s) from None
+                    raise HandlerTimeout(self.name, "", self._thread_timeout_s) from None
             else:
                 result = await ran
         except InstanceLost as exc:
@@ -340,7 +347,7 @@ class InstancePool:
         self._stats.unloads += 1
         if self._prewarmed_at is not None and slot.primary:  # loaded ahead, never used
             self._prewarmed_at = None
-            self._stats.prewarms[PrewarmOutcome.MISS.value] += 1
+            self._stats.prewarms[PrewarmOutcome.MISS] += 1
             self._events.prewarmed(self.name, PrewarmOutcome.MISS)
         if not slot.primary:
             slot.retired = True

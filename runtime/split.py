@@ -15,7 +15,7 @@ import logging
 import statistics
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +28,7 @@ from fnrt.functions.errors import DeployRejected, FnrtError, InvalidInput, NoSuc
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.formats import onnx as onnx_format
-from fnrt.loader.instance import Instance, InstanceLoader
+from fnrt.loader.instance import Instance, InstanceLoader, LoadTier
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 
 log = logging.getLogger("fnrt.split")
@@ -191,7 +191,7 @@ class Splits:
         if scheduler is None or scheduler.closing:
             cuts, providers = split.cuts, self._loader.device.onnx_providers
 
-            def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+            def load(vm: VersionManifest, executor: Executor) -> Instance:
                 return _tail_instance(vm, cuts, k, providers, executor)
 
             scheduler = self._tails[key] = self._schedulers(vm, load)
@@ -252,7 +252,7 @@ def _row_bytes(dtype: str, shape: tuple[int, ...]) -> int:
 
 
 def _tail_instance(
-    vm: VersionManifest, cuts: Cuts, k: int, providers: list[Any], executor: ThreadPoolExecutor
+    vm: VersionManifest, cuts: Cuts, k: int, providers: list[Any], executor: Executor
 ) -> Instance:
     """An instance running the tail of split ``k``: a batch's rows in one session run."""
     started = time.perf_counter()
@@ -272,7 +272,7 @@ def _tail_instance(
     elapsed = time.perf_counter() - started
     size = cuts.tail(k).stat().st_size
     timings = {"fetch_s": 0.0, "verify_s": 0.0, "import_s": 0.0, "load_s": elapsed}
-    return Instance(vm, call, executor, None, {**timings, "total_s": elapsed}, size, "l2")
+    return Instance(vm, call, executor, None, {**timings, "total_s": elapsed}, size, LoadTier.L2)
 
 
 def _profile(cuts: Cuts, providers: list[Any]) -> tuple[float, ...]:
