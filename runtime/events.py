@@ -94,10 +94,10 @@ class TelemetryEvents:
         self._loads: dict[tuple[str, str], tuple[int, int, dict[str, Any]]] = {}
 
     def started(self, name: str, kind: StartKind) -> None:
-        self.telemetry.metrics.starts.labels(name, kind.value).inc()
+        self.telemetry.metrics.starts.labels(name, kind).inc()  # a StrEnum is its value
 
     def prewarmed(self, name: str, outcome: PrewarmOutcome) -> None:
-        self.telemetry.metrics.prewarms.labels(name, outcome.value).inc()
+        self.telemetry.metrics.prewarms.labels(name, outcome).inc()
 
     def loaded(
         self, vm: VersionManifest, instance: Runnable, started_ns: int, ended_ns: int

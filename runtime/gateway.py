@@ -11,7 +11,7 @@ chain applies to every route at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from fnrt.functions.errors import CircuitOpen, VersionRetired
@@ -26,7 +26,7 @@ from fnrt.runtime.guards import (
     KeepAliveGuard,
     Options,
     ResultCacheGuard,
-    run_guards,
+    chain,
 )
 from fnrt.runtime.protection import Served
 from fnrt.runtime.queue import Priority
@@ -37,7 +37,7 @@ from fnrt.runtime.split import ACTIVATION, Splits
 __all__ = ["ACTIVATION", "Answered", "Decode", "Decoded", "Gateway", "Options", "Target"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decoded:
     """A request's body decoded for the version chosen to answer it."""
 
@@ -50,7 +50,7 @@ class Decoded:
 Decode = Callable[[VersionManifest], Decoded]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Target:
     """What a request asks for: a function, maybe a pinned version or a split tail."""
 
@@ -60,7 +60,7 @@ class Target:
     headers: Mapping[str, str] | None = None  # the request's (a sticky header picks)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Answered:
     """Who answered a request (the fallback function's scheduler, when it did), and how."""
 
@@ -81,11 +81,11 @@ class Gateway:
         self._registry = registry
         self._splits = splits
         self._clock = clock
-        self.guards: list[Guard] = [
+        self.guards: tuple[Guard, ...] = (
             KeepAliveGuard(keeper),
             ResultCacheGuard(clock),
             BreakerGuard(clock, self._fallback),
-        ]
+        )
 
     async def choose(self, target: Target) -> Scheduler:
         """The scheduler that answers ``target`` now."""
@@ -99,32 +99,39 @@ class Gateway:
         """Answer one request. ``decode`` turns its body into inputs for the chosen
         version (so inputs are checked against the version that runs them)."""
         scheduler = await self.choose(target)
-        try:
-            return await self._through(target, scheduler, decode, options)
-        except VersionRetired:
-            if target.version is not None:
-                raise  # pinned: there is no other version to answer
-            successor = await self.choose(target)
-            if successor is scheduler:
-                raise
-            return await self._through(target, successor, decode, options)
+        for retried in (False, True):
+            call = self._call(target, scheduler, decode, options)
+            protection = scheduler.protection
+            guarded = protection.chain
+            if guarded is None:
+                guarded = protection.chain = chain(self.guards, scheduler, _queue)
+            try:
+                served = await guarded(call)
+            except VersionRetired:
+                if retried or target.version is not None:
+                    raise  # pinned: there is no other version to answer
+                successor = await self.choose(target)
+                if successor is scheduler:
+                    raise
+                scheduler = successor
+                continue
+            return Answered(call.answered_by or scheduler, served)
+        raise AssertionError("unreachable: the second try returns or raises")
 
-    async def _through(
-        self, target: Target, scheduler: Scheduler, decode: Decode, options: Options
-    ) -> Answered:
+    def _call(self, target: Target, scheduler: Scheduler, decode: Decode, options: Options) -> Call:
         decoded = decode(scheduler.version)
         inputs = decoded.inputs
         if target.split is not None:
             inputs = self._splits.tail_inputs(scheduler.version, target.split, inputs)
-        if options.priority is None or options.timeout_s is None:
+        if (decoded.priority is not None and options.priority is None) or (
+            decoded.timeout_s is not None and options.timeout_s is None
+        ):
             options = Options(
                 decoded.priority if options.priority is None else options.priority,
                 decoded.timeout_s if options.timeout_s is None else options.timeout_s,
                 options.span,
             )
-        call = Call(scheduler, inputs, options, target.split)
-        served = await run_guards(self.guards, call, _queue)
-        return Answered(call.answered_by or scheduler, served)
+        return Call(scheduler, inputs, options, target.split)
 
     async def _fallback(self, call: Call) -> Served:
         """Answer while the version's breaker is open: the last result for the same
@@ -154,9 +161,9 @@ class Gateway:
         raise CircuitOpen(scheduler.name, scheduler.version.version, wait_s)
 
 
-async def _queue(call: Call) -> Served:
+def _queue(call: Call) -> Awaitable[Served]:
     """The end of the chain: the chosen version's admission and queue."""
     options = call.options
-    return await call.scheduler.submit(
+    return call.scheduler.submit(
         call.inputs, priority=options.priority, timeout_s=options.timeout_s, span=options.span
     )

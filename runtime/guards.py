@@ -17,6 +17,7 @@ choice comes before the chain and the retry of a retired version after it
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from fnrt.runtime.result_cache import inputs_key
 from fnrt.runtime.scheduler import Scheduler
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Options:
     """How a request asks to be served."""
 
@@ -40,7 +41,7 @@ class Options:
     span: Any = None  # the request's server span (tracing on)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Call:
     """One request on its way through the guards."""
 
@@ -63,18 +64,26 @@ Proceed = Callable[[Call], Awaitable[Served]]
 
 
 class Guard(Protocol):
-    async def __call__(self, call: Call, proceed: Proceed) -> Served: ...
+    """A step of the chain. One with nothing to do after ``proceed`` returns its
+    awaitable directly (not a coroutine of its own): every coroutine in the chain
+    is a frame each resumption of the request passes through."""
+
+    def applies(self, scheduler: Scheduler) -> bool:
+        """Whether the guard has anything to do for this version (its manifest)."""
+        ...
+
+    def __call__(self, call: Call, proceed: Proceed) -> Awaitable[Served]: ...
 
 
-async def run_guards(guards: Sequence[Guard], call: Call, last: Proceed) -> Served:
-    """``call`` through ``guards`` in order, then ``last``."""
-
-    async def step(index: int, current: Call) -> Served:
-        if index == len(guards):
-            return await last(current)
-        return await guards[index](current, lambda c: step(index + 1, c))
-
-    return await step(0, call)
+def chain(guards: Sequence[Guard], scheduler: Scheduler, last: Proceed) -> Proceed:
+    """One callable that takes a call to ``scheduler`` through the ``guards`` that
+    apply to it, in order, then ``last``. Composed once per version, so a request
+    allocates nothing and passes only the guards that have work for it."""
+    proceed = last
+    for guard in reversed(guards):
+        if guard.applies(scheduler):
+            proceed = functools.partial(guard, proceed=proceed)
+    return proceed
 
 
 class Invoked(Protocol):
@@ -87,10 +96,13 @@ class KeepAliveGuard:
     def __init__(self, keeper: Invoked | None) -> None:
         self._keeper = keeper
 
-    async def __call__(self, call: Call, proceed: Proceed) -> Served:
-        if self._keeper is not None:
-            self._keeper.invoked(call.scheduler.name)
-        return await proceed(call)
+    def applies(self, scheduler: Scheduler) -> bool:
+        return self._keeper is not None
+
+    def __call__(self, call: Call, proceed: Proceed) -> Awaitable[Served]:
+        assert self._keeper is not None
+        self._keeper.invoked(call.scheduler.name)
+        return proceed(call)
 
 
 class ResultCacheGuard:
@@ -99,11 +111,13 @@ class ResultCacheGuard:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
 
+    def applies(self, scheduler: Scheduler) -> bool:
+        return scheduler.protection.result_cache is not None
+
     async def __call__(self, call: Call, proceed: Proceed) -> Served:
         scheduler = call.scheduler
         cache = scheduler.protection.result_cache
-        if cache is None:
-            return await proceed(call)
+        assert cache is not None
         started = self._clock.now()
         hit = cache.get(call.key)
         looked_up = self._clock.now() - started
@@ -129,6 +143,9 @@ class BreakerGuard:
     def __init__(self, clock: Clock, fallback: Fallback) -> None:
         self._clock = clock
         self._fallback = fallback
+
+    def applies(self, scheduler: Scheduler) -> bool:
+        return True  # a disabled breaker still counts outcomes (the canary reads them)
 
     async def __call__(self, call: Call, proceed: Proceed) -> Served:
         protection = call.scheduler.protection

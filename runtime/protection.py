@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fnrt.functions.errors import DeadlineExceeded, FnrtError, HandlerFailed, LoadError
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import Manifest
+from fnrt.loader.instance import LoadTier
 from fnrt.runtime.breaker import Breaker
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.outcomes import OutcomeWindow
@@ -31,7 +33,7 @@ class Served:
     """A request's outputs; the tier its instance was loaded from if it waited for a load."""
 
     outputs: Outputs
-    cold_tier: str | None = None
+    cold_tier: LoadTier | None = None  # set when it waited for a load
     cached: bool = False  # answered from the result cache
     fallback: str | None = None  # "cache" or "function:NAME" when the breaker was open
 
@@ -47,6 +49,9 @@ class Failure:
 
 class Protection:
     """One version's breaker, outcome window, result caches and kept failures."""
+
+    #: The gateway's chain of the guards that apply to this version (made at its first call).
+    chain: Callable[[Any], Awaitable[Served]] | None = None
 
     def __init__(self, manifest: Manifest, clock: Clock) -> None:
         caching = manifest.result_cache

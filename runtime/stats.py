@@ -10,6 +10,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from fnrt.loader.instance import LoadTier
+
 
 class Window:
     """The last ``size`` samples of a duration, summarised as mean, p50, p99 (milliseconds)."""
@@ -97,7 +99,7 @@ class Stats:
     load_failures: int = 0
     unloads: int = 0
     last_load_timings_s: dict[str, float] = field(default_factory=dict)
-    last_load_tier: str | None = None
+    last_load_tier: LoadTier | None = None
     last_load_bytes: int = 0
     last_load_error: str | None = None  # the last load's failure, until a load succeeds
     cold_starts: Counter[str] = field(default_factory=Counter)
