@@ -71,6 +71,35 @@ class Echo:
         return [{"y": r["x"] * self.scale} for r in batch]
 """
 
+#: A handler that misbehaves as its first input's first value says: 1 segfaults, 2 exits,
+#: 3 hangs, 4 allocates without bound, 5 raises, 6 answers its process id; else y = 2x.
+MISBEHAVING_HANDLER = """
+import ctypes, os, time
+import numpy as np
+
+class H:
+    def load(self, artifacts, device):
+        self.pid = os.getpid()
+        self.hoard = []
+
+    def __call__(self, batch):
+        what = int(batch[0]["x"][0, 0])
+        if what == 1:
+            ctypes.string_at(0)
+        if what == 2:
+            os._exit(1)
+        if what == 3:
+            time.sleep(3600)
+        if what == 4:
+            while True:
+                self.hoard.append(np.ones(8 << 20, dtype=np.uint8))
+        if what == 5:
+            raise ValueError("bad input")
+        if what == 6:
+            return [{"y": np.full((1, 4), self.pid, dtype=np.float32)} for _ in batch]
+        return [{"y": r["x"] * 2} for r in batch]
+"""
+
 ECHO_MANIFEST = """
 name = "{name}"
 handler = "handler:Echo"

@@ -15,6 +15,7 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.process import ProcessInstance, RemoteError, launch, rss_bytes
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
+from support import MISBEHAVING_HANDLER as HANDLER
 from support import publish, write_function
 
 MANIFEST = """
@@ -31,34 +32,6 @@ y = {{ dtype = "float32", shape = [-1, 4] }}
 mode = "process"
 timeout_s = {timeout_s}
 memory_limit_bytes = {memory_limit_bytes}
-"""
-
-HANDLER = """
-import ctypes, os, threading, time
-import numpy as np
-
-class H:
-    def load(self, artifacts, device):
-        self.pid = os.getpid()
-        self.hoard = []
-
-    def __call__(self, batch):
-        x = batch[0]["x"]
-        what = int(x[0, 0])
-        if what == 1:
-            ctypes.string_at(0)
-        if what == 2:
-            os._exit(1)
-        if what == 3:
-            time.sleep(3600)
-        if what == 4:
-            while True:
-                self.hoard.append(np.ones(8 << 20, dtype=np.uint8))
-        if what == 5:
-            raise ValueError("bad input")
-        if what == 6:
-            return [{"y": np.full((1, 4), self.pid, dtype=np.float32)} for _ in batch]
-        return [{"y": r["x"] * 2} for r in batch]
 """
 
 
@@ -149,3 +122,60 @@ def test_a_worker_past_its_memory_limit_is_killed(tmp_path: Path) -> None:
         assert raised.value.cause == "memory"
     finally:
         instance.close()
+
+
+WEIGHTS_MANIFEST = """
+name = "{name}"
+handler = "handler:Weights"
+
+[artifacts]
+weights = "weights.safetensors"
+
+[isolation]
+mode = "process"
+"""
+
+WEIGHTS_HANDLER = """
+import numpy as np
+
+class Weights:
+    def load(self, artifacts, device):
+        self.w = artifacts["weights"].arrays()["w"]
+        self.total = float(self.w.sum(dtype=np.float64))  # touches every page
+
+    def __call__(self, batch):
+        return [{"y": np.full((1,), self.total, np.float32)} for _ in batch]
+"""
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: shared pages count split between their mappers."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no Pss line")
+
+
+def test_two_workers_of_one_model_share_its_weight_pages(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    size = 256 << 20
+    folder = tmp_path / "src" / "big"
+    folder.mkdir(parents=True)
+    save_file({"w": np.ones(size // 4, np.float32)}, str(folder / "weights.safetensors"))
+    repository = Repository(FileStore(tmp_path / "store"))
+    vm = publish(
+        repository, write_function(tmp_path / "src", "big", WEIGHTS_HANDLER, WEIGHTS_MANIFEST)
+    )
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    workers = [launch(loader, vm, ThreadPoolExecutor(1)) for _ in range(2)]
+    try:
+        assert all(isinstance(w, ProcessInstance) for w in workers)
+        for w in workers:
+            assert w.run_timed([{}]).results[0]["y"][0] == size // 4
+        pss = sum(pss_bytes(w.pid) for w in workers)  # type: ignore[attr-defined]
+        # Unshared, two copies would be 512 MiB before either interpreter's own pages.
+        assert pss < 1.5 * size, f"two workers hold {pss >> 20} MiB (PSS) of a 256 MiB model"
+    finally:
+        for w in workers:
+            w.close()

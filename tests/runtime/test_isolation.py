@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from support import MISBEHAVING_HANDLER as HANDLER
 from support import LiveServer, error_of, live_server, publish, write_function
 
 MANIFEST = """
@@ -31,28 +32,6 @@ mode = "{mode}"
 timeout_s = {timeout_s}
 memory_limit_bytes = {memory_limit_bytes}
 restart_backoff_s = 0.05
-"""
-
-HANDLER = """
-import ctypes, os, time
-import numpy as np
-
-class H:
-    def load(self, artifacts, device):
-        self.hoard = []
-
-    def __call__(self, batch):
-        what = int(batch[0]["x"][0, 0])
-        if what == 1:
-            ctypes.string_at(0)
-        if what == 2:
-            os._exit(1)
-        if what == 3:
-            time.sleep(3600)
-        if what == 4:
-            while True:
-                self.hoard.append(np.ones(8 << 20, dtype=np.uint8))
-        return [{"y": r["x"] * 2} for r in batch]
 """
 
 

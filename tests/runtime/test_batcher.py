@@ -1,0 +1,130 @@
+"""The batcher alone: admission, batches by the batching policy, deadlines, closing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_pool import Loads
+
+from fnrt.functions.errors import DeadlineExceeded, Overloaded, VersionRetired
+from fnrt.functions.handler import Request
+from fnrt.runtime.batcher import Admission, Batcher
+from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.events import NoEvents
+from fnrt.runtime.pool import InstancePool
+from fnrt.runtime.stats import Stats
+from support import packed, write_function
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:Echo"
+
+[batching]
+max_batch_size = 4
+max_wait_ms = 0
+
+[scaling]
+max_queue = 6
+"""
+
+
+def _batcher(tmp_path: Path, loads: Loads, admission: Admission | None = None) -> Batcher:
+    vm = packed(write_function(tmp_path, "b", manifest=MANIFEST))[0]
+    clock, stats = ManualClock(), Stats()
+    pool = InstancePool(vm, loads, clock, stats, NoEvents())
+    return Batcher(vm, pool, clock, stats, NoEvents(), admission)
+
+
+def _x(i: float) -> Request:
+    return {"x": np.full((1, 4), i, np.float32)}
+
+
+async def _submit(batcher: Batcher, i: float, **options: Any) -> Any:
+    now = 1000.0
+    batcher.admit(now, options.get("timeout_s"))
+    return await batcher.enqueue(_x(i), now, **options)
+
+
+def test_queued_requests_leave_in_batches_of_at_most_the_limit(tmp_path: Path) -> None:
+    gate = threading.Event()
+    sizes: list[int] = []
+
+    def gated(batch: list[Request]) -> Sequence[Any]:
+        gate.wait(10)
+        sizes.append(len(batch))
+        return [{"y": r["x"] + 1} for r in batch]
+
+    async def scenario() -> list[Any]:
+        batcher = _batcher(tmp_path, Loads(gated))
+        first = asyncio.ensure_future(_submit(batcher, 0))
+        for _ in range(100):  # the first batch (of one) is running
+            await asyncio.sleep(0.01)
+            if batcher.queued == 0 and sizes == [] and batcher._pool.instances:
+                break
+        rest = [asyncio.ensure_future(_submit(batcher, i)) for i in range(1, 6)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        out = await asyncio.gather(first, *rest)
+        await batcher.close()
+        return out
+
+    out = asyncio.run(scenario())
+    assert [float(o["y"][0, 0]) for o in out] == [1, 2, 3, 4, 5, 6]
+    assert sizes == [1, 4, 1]
+
+
+def test_admission_bounds_the_queue_per_version_and_per_node(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loading = threading.Event()  # the first load waits: nothing leaves the queue
+        batcher = _batcher(tmp_path, Loads(gate=loading), Admission(max_queued=100))
+        queued = []
+        for _ in range(6):
+            batcher.admit(1000.0, None)
+            queued.append(asyncio.ensure_future(batcher.enqueue(_x(1), 1000.0)))
+            await asyncio.sleep(0)
+        assert batcher.queued == 6
+        with pytest.raises(Overloaded, match="6 requests queued"):
+            batcher.admit(1000.0, None)
+        loading.set()
+        await asyncio.gather(*queued)
+        node = _batcher(tmp_path / "n", Loads(), Admission(max_queued=0))
+        with pytest.raises(Overloaded, match="the server has 0 requests queued"):
+            node.admit(1000.0, None)
+        await batcher.close()
+        await node.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_deadline_that_passes_in_the_queue_is_a_504(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    def gated(batch: list[Request]) -> Sequence[Any]:
+        gate.wait(10)
+        return [{"y": r["x"]} for r in batch]
+
+    async def scenario() -> None:
+        batcher = _batcher(tmp_path, Loads(gated))
+        clock = batcher._clock
+        assert isinstance(clock, ManualClock)
+        blocker = asyncio.ensure_future(_submit(batcher, 0))
+        await asyncio.sleep(0.05)
+        late = asyncio.ensure_future(_submit(batcher, 1, timeout_s=0.5))
+        await asyncio.sleep(0.01)
+        clock.advance(1)
+        with pytest.raises(DeadlineExceeded, match="deadline passed"):
+            await late
+        gate.set()
+        await blocker
+        assert batcher._stats.expired == 1
+        await batcher.close()
+        with pytest.raises(VersionRetired):
+            batcher.admit(clock.now(), None)
+
+    asyncio.run(scenario())

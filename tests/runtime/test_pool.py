@@ -1,0 +1,164 @@
+"""The instance pool alone: no server, a manual clock, real instances of small handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fnrt.functions.errors import HandlerTimeout, LoadError
+from fnrt.functions.handler import Request
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.instance import Instance
+from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.events import NoEvents, StartKind
+from fnrt.runtime.pool import InstancePool, InstanceState
+from fnrt.runtime.stats import Stats
+from support import packed, write_function
+
+ISOLATION = "\n[isolation]\ntimeout_s = {timeout_s}\nrestart_backoff_s = 2\n"
+MANIFEST = """
+name = "{name}"
+handler = "handler:Echo"
+
+[scaling]
+keep_alive_s = 300
+min_instances = 0
+max_instances = 2
+"""
+
+
+def _vm(tmp_path: Path, timeout_s: float = 0) -> VersionManifest:
+    folder = write_function(tmp_path, "p", manifest=MANIFEST + ISOLATION, timeout_s=timeout_s)
+    return packed(folder)[0]
+
+
+def _double(batch: list[Request]) -> Sequence[Any]:
+    return [{"y": r["x"] * 2} for r in batch]
+
+
+class Loads:
+    """A load function: real instances whose handler is ``call``; counts its loads."""
+
+    def __init__(
+        self,
+        call: Callable[[list[Request]], Sequence[Any]] = _double,
+        fail: int = 0,
+        gate: threading.Event | None = None,
+    ) -> None:
+        self.call, self.fail, self.count, self.gate = call, fail, 0, gate
+
+    def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        self.count += 1
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.count <= self.fail:
+            raise OSError("weights are corrupt")
+        timings = {"fetch_s": 0.0, "verify_s": 0.0, "import_s": 0.0, "load_s": 0.0, "total_s": 0.0}
+        return Instance(vm, self.call, executor, None, timings, 100)
+
+
+def _pool(vm: VersionManifest, loads: Loads, clock: ManualClock) -> InstancePool:
+    pool = InstancePool(vm, loads, clock, Stats(), NoEvents())
+    pool.add_slot()
+    return pool
+
+
+X = {"x": np.ones((1, 4), np.float32)}
+
+
+def test_concurrent_first_requests_share_one_load(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loads, clock = Loads(), ManualClock()
+        pool = _pool(_vm(tmp_path), loads, clock)
+        assert pool.count_start(clock.now()) is StartKind.COLD
+        first, second = await asyncio.gather(pool.ensure(pool.slots[0]), pool.ensure(pool.slots[0]))
+        assert first is second and loads.count == 1
+        assert pool.state is InstanceState.WARM and pool.instance_bytes == 100
+        ran = await pool.run(pool.slots[0], first, [X])
+        assert ran.results[0]["y"].tolist() == [[2, 2, 2, 2]]
+        assert pool.count_start(clock.now()) is StartKind.WARM
+        await pool.close()
+        assert pool.state is InstanceState.COLD
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_load_backs_off_before_the_next(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loads, clock = Loads(fail=1), ManualClock()
+        pool = _pool(_vm(tmp_path), loads, clock)
+        slot = pool.slots[0]
+        with pytest.raises(LoadError, match="OSError: weights are corrupt"):
+            await pool.ensure(slot)
+        assert slot.failures == 1 and slot.retry_at == clock.now() + 2
+        again = asyncio.ensure_future(pool.ensure(slot))
+        await asyncio.sleep(0.05)
+        assert loads.count == 1 and pool.state is InstanceState.LOADING  # waiting out 2 s
+        clock.advance(2)
+        await again
+        assert loads.count == 2 and pool.instances == 1
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_past_its_timeout_replaces_the_instance(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def stuck(batch: list[Request]) -> Sequence[Any]:
+        release.wait(30)
+        return _double(batch)
+
+    async def scenario() -> None:
+        loads, clock = Loads(stuck), ManualClock()
+        pool = _pool(_vm(tmp_path, timeout_s=0.2), loads, clock)
+        slot = pool.slots[0]
+        instance = await pool.ensure(slot)
+        with pytest.raises(HandlerTimeout):
+            await pool.run(slot, instance, [X])
+        assert slot.instance is None and not instance.alive
+        assert pool.restarts_by_cause() == {"timeout": 1}
+        assert slot.retry_at == clock.now() + 2  # the restart waits the backoff
+        await asyncio.sleep(0.05)
+        assert loads.count == 1
+        clock.advance(2)
+        for _ in range(100):
+            if pool.instances:
+                break
+            await asyncio.sleep(0.01)
+        assert loads.count == 2 and pool.instances == 1  # restarted without a request
+        release.set()
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_idle_instances_stop_after_their_keep_alive(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loads, clock = Loads(), ManualClock()
+        pool = _pool(_vm(tmp_path), loads, clock)
+        await pool.ensure(pool.slots[0])
+        clock.advance(299)
+        assert not await pool.scale_to_zero(clock.now(), queued=0)
+        assert not await pool.scale_to_zero(clock.now() + 1, queued=3)  # work is waiting
+        clock.advance(1)
+        assert await pool.scale_to_zero(clock.now(), queued=0)
+        assert pool.instances == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_deep_queue_asks_for_another_instance_after_a_while(tmp_path: Path) -> None:
+    clock = ManualClock()
+    pool = _pool(_vm(tmp_path), Loads(), clock)
+    pool.slots[0].instance = object()  # type: ignore[assignment]
+    assert not pool.wants_another(queued=100, now=clock.now())  # deep only since now
+    assert pool.wants_another(queued=100, now=clock.now() + 1)
+    assert not pool.wants_another(queued=1, now=clock.now() + 2)  # drained
