@@ -90,11 +90,12 @@ class Arena:
                     continue
                 slots.append((i, name, dtype_name, list(array.shape), offset))
                 if array.nbytes:
-                    placed.append((offset, array))
+                    placed.append((offset, array))  # written in the native byte order
                 offset += -(-array.nbytes // _ALIGN) * _ALIGN
         self.ensure(offset)
         for at, array in placed:
-            target = np.ndarray(array.shape, array.dtype, buffer=self._map, offset=at)
+            dtype = numpy_dtype(name_of(array.dtype) or "")
+            target = np.ndarray(array.shape, dtype, buffer=self._map, offset=at)
             target[...] = array
         return {"n": len(arrays), "slots": slots, "inline": inline, "arena_bytes": offset}
 

@@ -39,6 +39,9 @@ log = logging.getLogger("fnrt.loader")
 MEMORY_POLL_S = 0.05
 #: How long a closing worker gets for its handler's ``unload`` before it is killed.
 CLOSE_TIMEOUT_S = 10.0
+#: How long a worker gets to import its handler and run ``load`` (``timeout_s`` bounds
+#: batches, which are much shorter than a model's load).
+LOAD_TIMEOUT_S = 600.0
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -136,7 +139,7 @@ class ProcessInstance:
             "responses": str(self._responses.path),
         }
         self._channel.send(start)
-        reply = self._receive(self._isolation.timeout_s or None)
+        reply = self._receive(max(LOAD_TIMEOUT_S, self._isolation.timeout_s))
         if not reply["ok"]:
             raise RemoteError(reply["error"], reply.get("traceback", ""))
         return reply
