@@ -3,13 +3,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from fnrt.runtime.prewarm.policies import Policy
 from fnrt.runtime.prewarm.simulator import simulate, simulate_one
 from fnrt.runtime.prewarm.trace import Trace, read_app_memory, read_invocations, synthetic
 
-SAMPLE = Path(__file__).resolve().parents[4] / "shared" / "traces" / "azure2019-sample"
+SAMPLE = Path(__file__).resolve().parents[3] / "examples" / "traces" / "azure2019-sample"
 
 
 def one(row: list[int]) -> Trace:
@@ -30,7 +29,6 @@ def test_a_fixed_keep_alive_by_hand() -> None:
     assert outcome.function_percentile(75) == 50.0
 
 
-@pytest.mark.skipif(not SAMPLE.is_dir(), reason="shared/traces is laid beside the checkout")
 def test_the_azure_sample_matches_its_published_reference() -> None:
     trace = read_invocations([SAMPLE / "invocations_per_function.csv"])
     read_app_memory(SAMPLE / "app_memory.csv", trace)
