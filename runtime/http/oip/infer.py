@@ -63,8 +63,8 @@ async def _answer(
         trail.function, trail.version = vm.name, vm.version
         request = decode_request(body, length, vm.manifest.inputs)
         decoded.append(request)
-        inputs = coerce_request(vm.manifest.inputs, request.inputs)
-        return Decoded(inputs, request.priority, request.timeout_s)
+        checked = coerce_request(vm.manifest.inputs, request.inputs)
+        return Decoded(checked, request.priority, request.timeout_s)
 
     answered = await node.gateway.submit(Target(name, version, headers=headers), inputs, options)
     scheduler, served = answered.scheduler, answered.served
