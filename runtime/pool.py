@@ -70,6 +70,7 @@ class Slot:
     retired: bool = False
     failures: int = 0  # loads failed or instances lost in a row
     retry_at: float = 0.0  # no load before this clock time (backoff)
+    backing_off: bool = False  # its load is waiting out the backoff
     worker: asyncio.Task[None] | None = field(default=None, repr=False)  # the batcher's
 
     @property
@@ -197,7 +198,11 @@ class InstancePool:
     async def _load(self, slot: Slot) -> Runnable:
         delay = slot.retry_at - self._clock.now()
         if delay > 0:  # backing off after failures
-            await self._clock.sleep(delay)
+            slot.backing_off = True
+            try:
+                await self._clock.sleep(delay)
+            finally:
+                slot.backing_off = False
         started_ns = time.time_ns()
         executor = InstanceThread(f"fnrt-{self.name}-{slot.index}")
         loop = asyncio.get_running_loop()
@@ -368,9 +373,12 @@ class InstancePool:
             future.cancel()
         for slot in list(self.slots):
             slot.retired = True
+            if slot.loading is not None and slot.backing_off:
+                slot.loading.cancel()  # nothing started yet: no need to wait the backoff out
             if slot.loading is not None:
                 with contextlib.suppress(BaseException):
                     await slot.loading
+                slot.loading = None
             if slot.instance is not None:
                 await self.drop(slot)
 

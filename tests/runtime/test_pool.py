@@ -109,6 +109,21 @@ def test_a_failed_load_backs_off_before_the_next(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_closing_does_not_wait_out_a_backoff(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loads, clock = Loads(fail=1), ManualClock()
+        pool = _pool(_vm(tmp_path), loads, clock)
+        with pytest.raises(LoadError):
+            await pool.ensure(pool.slots[0])
+        pool.load_in_background(pool.slots[0])  # waits 2 s of a clock nobody advances
+        await asyncio.sleep(0.01)
+        assert pool.slots[0].backing_off
+        await asyncio.wait_for(pool.close(), 5)
+        assert loads.count == 1 and pool.state is InstanceState.COLD
+
+    asyncio.run(scenario())
+
+
 def test_a_batch_past_its_timeout_replaces_the_instance(tmp_path: Path) -> None:
     release = threading.Event()
 
