@@ -47,6 +47,7 @@ from fnrt.runtime.pool import (
     new_error_id,
     remote_traceback,
 )
+from fnrt.runtime.protection import Served
 from fnrt.runtime.queue import Outputs, Pending, Priority, RequestQueue
 from fnrt.runtime.stats import Stats
 
@@ -112,7 +113,7 @@ class Batcher:
         timeout_s: float | None = None,
         span: Any = None,
         cold: bool = False,
-    ) -> Outputs:
+    ) -> Served:
         """Queue one request admitted at ``now`` (:meth:`admit`) and wait for its outputs.
 
         Raises DeadlineExceeded (``timeout_s`` passed before it was computed) or
@@ -131,9 +132,17 @@ class Batcher:
         self._queue.push(pending)
         self._admission.queued += 1
         self._wake.set()
-        if deadline is not None:
-            await self._await_or_expire(pending, deadline - now)
-        return await future
+        totals = self._stats.totals
+        try:
+            if deadline is not None:
+                await self._await_or_expire(pending, deadline - now)
+            outputs = await future
+        except FnrtError:
+            totals.fail.add(self._clock.now() - now)
+            raise
+        totals.success.add(self._clock.now() - now)
+        totals.last_request_unix_s = time.time()
+        return Served(outputs, self._stats.last_load_tier if cold else None)
 
     def admit(self, now: float, timeout_s: float | None) -> None:
         """Raise unless a request may join the queue now: VersionRetired (closing),

@@ -1,25 +1,28 @@
 """The guards every data request passes, in one order, inside ``Gateway.submit``.
 
-Each guard is an object called with the request (:class:`Call`) and the rest
-of the chain (``proceed``); it may answer without proceeding (a cache hit, a
-fallback), or proceed and look at the outcome. In order:
+A guard looks at a request (:class:`Call`) before it is queued, and may answer
+it there (a cache hit, a fallback); once the request is answered, the guards
+it passed see the outcome, in reverse order, like middleware unwinding. In
+order:
 
 1. :class:`KeepAliveGuard` tells the keep-alive keeper a call came (pre-warm
    predictions learn from it);
-2. :class:`ResultCacheGuard` answers repeated inputs from the version's cache;
+2. :class:`ResultCacheGuard` answers repeated inputs from the version's cache,
+   and keeps what the version computed;
 3. :class:`BreakerGuard` sends calls to the fallback while the version's
    breaker is open, and counts outcomes (breaker, canary window, kept failures).
 
-The end of the chain is the scheduler's own admission and queue. Version
-choice comes before the chain and the retry of a retired version after it
-(``gateway.py``).
+The hooks are plain calls that ``Gateway.submit`` makes from its own
+coroutine: a guard adds no coroutine frame to the request (each frame is one
+more step at every resumption of it, measured on the hot path). Version
+choice comes before the guards, the version's admission and queue after
+them, and the retry of a retired version around them (``gateway.py``).
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,9 +35,10 @@ from fnrt.runtime.result_cache import inputs_key
 from fnrt.runtime.scheduler import Scheduler
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Options:
-    """How a request asks to be served."""
+    """How a request asks to be served (a value: not frozen only because a frozen
+    dataclass is four times slower to build, on the request path)."""
 
     priority: Priority | None = None
     timeout_s: float | None = None
@@ -48,6 +52,7 @@ class Call:
     scheduler: Scheduler  # the version chosen for it
     inputs: Request
     options: Options
+    started: float  # clock time it reached the guards
     split: int | None = None  # a split tail's k
     answered_by: Scheduler | None = None  # set when another function answered (fallback)
     _key: str | None = field(default=None, repr=False)
@@ -60,30 +65,23 @@ class Call:
         return self._key
 
 
-Proceed = Callable[[Call], Awaitable[Served]]
+#: What a guard's ``before`` returns to answer a call itself: the answer, or a
+#: coroutine that makes it (a fallback).
+Answer = Served | Awaitable[Served]
 
 
 class Guard(Protocol):
-    """A step of the chain. One with nothing to do after ``proceed`` returns its
-    awaitable directly (not a coroutine of its own): every coroutine in the chain
-    is a frame each resumption of the request passes through."""
-
     def applies(self, scheduler: Scheduler) -> bool:
         """Whether the guard has anything to do for this version (its manifest)."""
         ...
 
-    def __call__(self, call: Call, proceed: Proceed) -> Awaitable[Served]: ...
+    def before(self, call: Call) -> Answer | None:
+        """None to let the call go on; or its answer."""
+        ...
 
-
-def chain(guards: Sequence[Guard], scheduler: Scheduler, last: Proceed) -> Proceed:
-    """One callable that takes a call to ``scheduler`` through the ``guards`` that
-    apply to it, in order, then ``last``. Composed once per version, so a request
-    allocates nothing and passes only the guards that have work for it."""
-    proceed = last
-    for guard in reversed(guards):
-        if guard.applies(scheduler):
-            proceed = functools.partial(guard, proceed=proceed)
-    return proceed
+    def after(self, call: Call, served: Served | None, error: FnrtError | None, now: float) -> None:
+        """The outcome of a call this guard let through (``served`` or ``error``)."""
+        ...
 
 
 class Invoked(Protocol):
@@ -99,10 +97,13 @@ class KeepAliveGuard:
     def applies(self, scheduler: Scheduler) -> bool:
         return self._keeper is not None
 
-    def __call__(self, call: Call, proceed: Proceed) -> Awaitable[Served]:
+    def before(self, call: Call) -> Answer | None:
         assert self._keeper is not None
         self._keeper.invoked(call.scheduler.name)
-        return proceed(call)
+        return None
+
+    def after(self, call: Call, served: Served | None, error: FnrtError | None, now: float) -> None:
+        pass
 
 
 class ResultCacheGuard:
@@ -114,23 +115,25 @@ class ResultCacheGuard:
     def applies(self, scheduler: Scheduler) -> bool:
         return scheduler.protection.result_cache is not None
 
-    async def __call__(self, call: Call, proceed: Proceed) -> Served:
+    def before(self, call: Call) -> Answer | None:
         scheduler = call.scheduler
         cache = scheduler.protection.result_cache
         assert cache is not None
-        started = self._clock.now()
         hit = cache.get(call.key)
-        looked_up = self._clock.now() - started
+        looked_up = self._clock.now() - call.started
         totals = scheduler.stats.totals
-        if hit is not None:
-            totals.cache_hit.add(looked_up)
-            totals.success.add(looked_up)
-            totals.last_request_unix_s = time.time()
-            return Served(hit, cached=True)
-        totals.cache_miss.add(looked_up)
-        served = await proceed(call)
-        cache.put(call.key, served.outputs)
-        return served
+        if hit is None:
+            totals.cache_miss.add(looked_up)
+            return None
+        totals.cache_hit.add(looked_up)
+        totals.success.add(looked_up)
+        totals.last_request_unix_s = time.time()
+        return Served(hit, cached=True)
+
+    def after(self, call: Call, served: Served | None, error: FnrtError | None, now: float) -> None:
+        cache = call.scheduler.protection.result_cache
+        if served is not None and served.fallback is None and cache is not None:
+            cache.put(call.key, served.outputs)  # what this version computed, not a fallback's
 
 
 #: Answers a call whose version's breaker is open (the gateway's fallback).
@@ -140,26 +143,23 @@ Fallback = Callable[[Call], Awaitable[Served]]
 class BreakerGuard:
     """While the breaker is open, the fallback answers; otherwise outcomes are counted."""
 
-    def __init__(self, clock: Clock, fallback: Fallback) -> None:
-        self._clock = clock
+    def __init__(self, fallback: Fallback) -> None:
         self._fallback = fallback
 
     def applies(self, scheduler: Scheduler) -> bool:
         return True  # a disabled breaker still counts outcomes (the canary reads them)
 
-    async def __call__(self, call: Call, proceed: Proceed) -> Served:
+    def before(self, call: Call) -> Answer | None:
+        if call.scheduler.protection.breaker.allow(call.started):
+            return None
+        return self._fallback(call)
+
+    def after(self, call: Call, served: Served | None, error: FnrtError | None, now: float) -> None:
         protection = call.scheduler.protection
-        started = self._clock.now()
-        if not protection.breaker.allow(started):
-            return await self._fallback(call)
-        try:
-            served = await proceed(call)
-        except FnrtError as exc:
-            now = self._clock.now()
-            protection.failed(now, now - started, exc, call.inputs)
-            raise
-        now = self._clock.now()
-        protection.succeeded(now, now - started)
+        if error is not None:
+            protection.failed(now, now - call.started, error, call.inputs)
+            return
+        assert served is not None
+        protection.succeeded(now, now - call.started)
         if protection.last_results is not None:
             protection.last_results.put(call.key, served.outputs)
-        return served

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +49,8 @@ class Failure:
 class Protection:
     """One version's breaker, outcome window, result caches and kept failures."""
 
-    #: The gateway's chain of the guards that apply to this version (made at its first call).
-    chain: Callable[[Any], Awaitable[Served]] | None = None
+    #: The gateway's guards that apply to this version (chosen at its first call).
+    guards: tuple[Any, ...] | None = None
 
     def __init__(self, manifest: Manifest, clock: Clock) -> None:
         caching = manifest.result_cache

@@ -13,12 +13,11 @@ directly. :class:`SchedulerFactory` builds them with the node's services.
 from __future__ import annotations
 
 import functools
-import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from fnrt.functions.errors import FnrtError
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader, Runnable
@@ -148,30 +147,26 @@ class Scheduler:
 
     # --- serving -----------------------------------------------------------------------
 
-    async def submit(
+    def submit(
         self,
         inputs: Request,
         *,
         priority: Priority | None = None,
         timeout_s: float | None = None,
         span: Any = None,
-    ) -> Served:
-        """Admit one request into the queue and wait for its outputs (no guards: those
-        are ``Gateway.submit``'s). ``span`` is the request's server span (tracing on)."""
+    ) -> Awaitable[Served]:
+        """Admit one request into the queue (raising at once if it may not join) and
+        return what waits for its answer. No guards: those are ``Gateway.submit``'s.
+        ``span`` is the request's server span (tracing on).
+
+        Not a coroutine of its own: the wait is the batcher's, one frame less on
+        every resumption of the request."""
         now = self._clock.now()
         self.batcher.admit(now, timeout_s)
         cold = self.pool.count_start(now) is StartKind.COLD
-        totals = self.stats.totals
-        try:
-            outputs = await self.batcher.enqueue(
-                inputs, now, priority=priority, timeout_s=timeout_s, span=span, cold=cold
-            )
-        except FnrtError:
-            totals.fail.add(self._clock.now() - now)
-            raise
-        totals.success.add(self._clock.now() - now)
-        totals.last_request_unix_s = time.time()
-        return Served(outputs, self.stats.last_load_tier if cold else None)
+        return self.batcher.enqueue(
+            inputs, now, priority=priority, timeout_s=timeout_s, span=span, cold=cold
+        )
 
     async def warm(self) -> None:
         """Load the first instance now if there is none (shares a load under way)."""

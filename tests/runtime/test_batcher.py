@@ -75,7 +75,7 @@ def test_queued_requests_leave_in_batches_of_at_most_the_limit(tmp_path: Path) -
         return out
 
     out = asyncio.run(scenario())
-    assert [float(o["y"][0, 0]) for o in out] == [1, 2, 3, 4, 5, 6]
+    assert [float(o.outputs["y"][0, 0]) for o in out] == [1, 2, 3, 4, 5, 6]
     assert sizes == [1, 4, 1]
 
 
