@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -27,7 +27,6 @@ from fnrt.functions.errors import FnrtError, HandlerTimeout, InstanceLost, LoadE
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.executor import InstanceThread
 from fnrt.loader.instance import Ran, Runnable
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, PrewarmOutcome, StartKind
@@ -204,7 +203,7 @@ class InstancePool:
             finally:
                 slot.backing_off = False
         started_ns = time.time_ns()
-        executor = InstanceThread(f"fnrt-{self.name}-{slot.index}")
+        executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self.name}-{slot.index}")
         loop = asyncio.get_running_loop()
         stats = self._stats
         try:
