@@ -118,13 +118,7 @@ class Gateway:
                         break
                     passed += 1
                 else:
-                    options = call.options
-                    served = await scheduler.submit(
-                        call.inputs,
-                        priority=options.priority,
-                        timeout_s=options.timeout_s,
-                        span=options.span,
-                    )
+                    served = await _queue(scheduler, call)
             except FnrtError as exc:
                 now = self._clock.now()
                 for guard in reversed(guards[:passed]):
@@ -172,15 +166,17 @@ class Gateway:
         if other_name is not None and other_name != scheduler.name and call.split is None:
             other = await self.choose(Target(other_name))
             if other.protection.breaker.allow(self._clock.now()):
-                options = call.options
-                served = await other.submit(
-                    call.inputs,
-                    priority=options.priority,
-                    timeout_s=options.timeout_s,
-                    span=options.span,
-                )
+                served = await _queue(other, call)
                 call.answered_by = other
                 return Served(served.outputs, served.cold_tier, fallback=config.fallback)
         breaker = protection.breaker
         wait_s = max(breaker.opened_at + config.open_s - self._clock.now(), 1.0)
         raise CircuitOpen(scheduler.name, scheduler.version.version, wait_s)
+
+
+def _queue(scheduler: Scheduler, call: Call) -> Awaitable[Served]:
+    """``call`` into ``scheduler``'s admission and queue (the end of the guards)."""
+    options = call.options
+    return scheduler.submit(
+        call.inputs, priority=options.priority, timeout_s=options.timeout_s, span=options.span
+    )
