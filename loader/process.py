@@ -124,11 +124,6 @@ class ProcessInstance:
     def alive(self) -> bool:
         return not self._closed and self._lost is None and self._process.poll() is None
 
-    @property
-    def lost(self) -> InstanceLost | None:
-        """Why the worker is gone, once it is."""
-        return self._lost
-
     # --- serving ------------------------------------------------------------------------
 
     def start(self, start: dict[str, Any]) -> dict[str, Any]:

@@ -101,10 +101,8 @@ def build_node(
         keeper = Keeper(Path(loader.cache_dir) / "prewarm" / "history.json")
     admission = Admission(settings.max_queued)
 
-    def residents() -> list[Scheduler]:  # read at each load, after everything is built
-        return [*registry.loaded(), *splits.schedulers()]
-
-    memory = MemoryBudget(settings.memory_budget, residents)
+    # The budget reads the node's schedulers at each load, after the node is built.
+    memory = MemoryBudget(settings.memory_budget, lambda: node.schedulers())
     factory = SchedulerFactory(
         loader, clock, TelemetryEvents(telemetry), admission, memory.make_room
     )

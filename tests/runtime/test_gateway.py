@@ -6,7 +6,6 @@ function (the cnn-split example) and checks that the guard acted on each.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -174,4 +173,3 @@ def test_counts_of_the_three_routes_add_up_on_their_schedulers(tmp_path: Path, c
         whole = _chosen(srv, Target(NAME))
         tail = _chosen(srv, Target(NAME, split=0))
         assert whole.stats.requests == 2 and tail.stats.requests == 1
-        assert asyncio.iscoroutinefunction(srv.node.gateway.submit)
