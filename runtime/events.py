@@ -94,10 +94,10 @@ class TelemetryEvents:
         self._loads: dict[tuple[str, str], tuple[int, int, dict[str, Any]]] = {}
 
     def started(self, name: str, kind: StartKind) -> None:
-        self.telemetry.metrics.starts.labels(name, kind).inc()  # a StrEnum is its value
+        self.telemetry.metrics.start(name, kind)  # a StrEnum is its value
 
     def prewarmed(self, name: str, outcome: PrewarmOutcome) -> None:
-        self.telemetry.metrics.prewarms.labels(name, outcome).inc()
+        self.telemetry.metrics.prewarm(name, outcome)
 
     def loaded(
         self, vm: VersionManifest, instance: Runnable, started_ns: int, ended_ns: int
@@ -115,7 +115,7 @@ class TelemetryEvents:
         )
 
     def lost(self, vm: VersionManifest, cause: str) -> None:
-        self.telemetry.metrics.instance_restarts.labels(vm.name, cause).inc()
+        self.telemetry.metrics.restart(vm.name, cause)
 
     def batch(
         self,

@@ -109,6 +109,7 @@ class Gateway:
             guards = protection.guards
             if guards is None:  # the guards that apply to this version, chosen once
                 guards = protection.guards = tuple(g for g in self.guards if g.applies(scheduler))
+                protection.unwind = guards[::-1]
             passed = 0  # guards the call went through: they see its outcome
             try:
                 for guard in guards:
@@ -121,7 +122,7 @@ class Gateway:
                     served = await _queue(scheduler, call)
             except FnrtError as exc:
                 now = self._clock.now()
-                for guard in reversed(guards[:passed]):
+                for guard in _passed(protection.unwind, passed):
                     guard.after(call, None, exc, now)
                 if not isinstance(exc, VersionRetired) or retried or target.version is not None:
                     raise  # a pinned version has no other to answer
@@ -132,7 +133,7 @@ class Gateway:
                 continue
             if passed:
                 now = self._clock.now()
-                for guard in reversed(guards[:passed]):
+                for guard in _passed(protection.unwind, passed):
                     guard.after(call, served, None, now)
             return Answered(call.answered_by or scheduler, served)
         raise AssertionError("unreachable: the second try returns or raises")
@@ -174,9 +175,18 @@ class Gateway:
         raise CircuitOpen(scheduler.name, scheduler.version.version, wait_s)
 
 
+def _passed(unwind: tuple[Guard, ...], passed: int) -> tuple[Guard, ...]:
+    """The guards a call went through (the first ``passed``), in reverse order."""
+    return unwind if passed == len(unwind) else unwind[len(unwind) - passed :]
+
+
 def _queue(scheduler: Scheduler, call: Call) -> Awaitable[Served]:
     """``call`` into ``scheduler``'s admission and queue (the end of the guards)."""
     options = call.options
     return scheduler.submit(
-        call.inputs, priority=options.priority, timeout_s=options.timeout_s, span=options.span
+        call.inputs,
+        priority=options.priority,
+        timeout_s=options.timeout_s,
+        span=options.span,
+        now=call.started,
     )

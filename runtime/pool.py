@@ -90,6 +90,7 @@ class InstancePool:
         make_room: MakeRoom | None = None,
     ) -> None:
         self.version = version
+        self.name = version.name
         self._load_instance = load
         self._clock = clock
         self._stats = stats
@@ -110,10 +111,6 @@ class InstancePool:
     # --- what it holds -----------------------------------------------------------------
 
     @property
-    def name(self) -> str:
-        return self._manifest.name
-
-    @property
     def state(self) -> InstanceState:
         if any(s.instance is not None for s in self.slots):
             return InstanceState.WARM
@@ -124,6 +121,12 @@ class InstancePool:
     @property
     def instances(self) -> int:
         return sum(1 for s in self.slots if s.instance is not None)
+
+    def _any_loaded(self) -> bool:
+        for slot in self.slots:  # noqa: SIM110 (no generator frame: this runs per request)
+            if slot.instance is not None:
+                return True
+        return False
 
     def loaded_instances(self) -> list[Runnable]:
         return [s.instance for s in self.slots if s.instance is not None]
@@ -150,7 +153,7 @@ class InstancePool:
 
     def count_start(self, now: float) -> StartKind:
         """What a call arriving now finds: a loaded instance, a pre-warmed one, or none."""
-        if self.instances == 0:
+        if not self._any_loaded():
             kind = StartKind.COLD
         elif self._prewarmed_at is not None:
             kind = StartKind.PREWARMED

@@ -49,8 +49,10 @@ class Failure:
 class Protection:
     """One version's breaker, outcome window, result caches and kept failures."""
 
-    #: The gateway's guards that apply to this version (chosen at its first call).
+    #: The gateway's guards that apply to this version (chosen at its first call),
+    #: and the same in reverse: the order they see outcomes in.
     guards: tuple[Any, ...] | None = None
+    unwind: tuple[Any, ...] = ()
 
     def __init__(self, manifest: Manifest, clock: Clock) -> None:
         caching = manifest.result_cache

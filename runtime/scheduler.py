@@ -52,6 +52,7 @@ class Scheduler:
         make_room: MakeRoom | None = None,
     ) -> None:
         self.version = version
+        self.name = version.name  # fixed: read on every request
         self._clock = clock
         self.stats = Stats()
         events = events or NoEvents()
@@ -60,10 +61,6 @@ class Scheduler:
         self.protection = Protection(version.manifest, clock)
 
     # --- what it is --------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self.version.name
 
     @property
     def state(self) -> InstanceState:
@@ -154,14 +151,17 @@ class Scheduler:
         priority: Priority | None = None,
         timeout_s: float | None = None,
         span: Any = None,
+        now: float | None = None,
     ) -> Awaitable[Served]:
         """Admit one request into the queue (raising at once if it may not join) and
         return what waits for its answer. No guards: those are ``Gateway.submit``'s.
         ``span`` is the request's server span (tracing on).
 
         Not a coroutine of its own: the wait is the batcher's, one frame less on
-        every resumption of the request."""
-        now = self._clock.now()
+        every resumption of the request. ``now``: the clock's time of arrival, when
+        the caller has read it already."""
+        if now is None:
+            now = self._clock.now()
         self.batcher.admit(now, timeout_s)
         cold = self.pool.count_start(now) is StartKind.COLD
         return self.batcher.enqueue(

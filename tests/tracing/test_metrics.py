@@ -80,3 +80,22 @@ def test_metrics_count_requests_batches_and_cold_starts(tmp_path: Path) -> None:
     assert fields["function"] == "echo" and fields["status"] == 200
     assert fields["route"] == "/v1/functions/{name}/invoke" and fields["duration_ms"] > 0
     assert "cold_start" in fields and "trace_id" not in fields  # tracing is off here
+
+
+def test_kept_children_count_per_label_set() -> None:
+    metrics = Metrics(gpu=False)
+    for status in (200, 200, 429):
+        metrics.request("a", "v1", status, 0.01)
+    metrics.request("b", "v1", 200, 0.02)
+    metrics.start("a", "cold")
+    metrics.start("a", "warm")
+    metrics.start("a", "warm")
+    metrics.batch("a", 3, 0.005, [0.001, 0.002, 0.003])
+    got = samples(metrics.exposition().decode())
+    requests = "fnrt_requests_total"
+    assert got[(requests, (("function", "a"), ("status", "200"), ("version", "v1")))] == 2
+    assert got[(requests, (("function", "a"), ("status", "429"), ("version", "v1")))] == 1
+    assert got[(requests, (("function", "b"), ("status", "200"), ("version", "v1")))] == 1
+    assert got[("fnrt_request_duration_seconds_count", (("function", "a"),))] == 3
+    assert got[("fnrt_invocation_starts_total", (("function", "a"), ("kind", "warm")))] == 2
+    assert got[("fnrt_queue_wait_seconds_count", (("function", "a"),))] == 3
