@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
 from fnrt.functions.errors import BadRequest, FnrtError, InvalidInput
+
+if TYPE_CHECKING:
+    from fnrt.functions.limits import TensorLimits
 
 Array = np.ndarray[Any, Any]
 
@@ -100,11 +103,13 @@ def read_outputs(body: bytes) -> dict[str, Array]:
     return out
 
 
-def unpack(body: bytes) -> Array:
-    """The float32 activation a request body carries; BadRequest or InvalidInput if not."""
+def unpack(body: bytes, limits: TensorLimits | None = None) -> Array:
+    """The float32 activation a request body carries; BadRequest or InvalidInput if not
+    (TensorTooLarge past ``limits``)."""
     from fnrt.functions.codec import decode_msgpack  # the server's validating decoder
+    from fnrt.functions.limits import DEFAULT_LIMITS
 
-    payload: Mapping[str, Any] = decode_msgpack(body)
+    payload: Mapping[str, Any] = decode_msgpack(body, limits or DEFAULT_LIMITS)
     activation = payload.get("activation")
     if not isinstance(activation, np.ndarray):
         raise BadRequest("the body must be a msgpack map with an 'activation' array")

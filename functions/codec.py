@@ -22,7 +22,8 @@ import numpy as np
 import orjson
 
 from fnrt.functions.dtypes import BFLOAT16, OBJECT, is_numeric
-from fnrt.functions.errors import BadRequest, UnsupportedMediaType
+from fnrt.functions.errors import BadRequest, FnrtError, UnsupportedMediaType
+from fnrt.functions.limits import DEFAULT_LIMITS, TensorLimits, check_response, check_shape
 
 
 class Format(Enum):
@@ -85,7 +86,7 @@ def _field(obj: Mapping[Any, Any], key: bytes) -> Any:
     return obj.get(key.decode())
 
 
-def _decode_array(obj: Mapping[Any, Any]) -> np.ndarray[Any, Any]:
+def _decode_array(obj: Mapping[Any, Any], limits: TensorLimits) -> np.ndarray[Any, Any]:
     kind = _field(obj, _KIND)
     if kind not in (None, b"", ""):
         raise BadRequest("arrays of object or structured dtype are not accepted")
@@ -104,6 +105,7 @@ def _decode_array(obj: Mapping[Any, Any]) -> np.ndarray[Any, Any]:
         raise BadRequest("array 'data' must be raw bytes")
     if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise BadRequest("array 'shape' must be a list of non-negative integers")
+    check_shape(None, shape, limits)  # before anything is sized by it
     if _field(obj, _ND) is not True:  # a numpy scalar
         if len(data) != dtype.itemsize:
             raise BadRequest("scalar data does not match its dtype's size")
@@ -119,10 +121,16 @@ def _decode_array(obj: Mapping[Any, Any]) -> np.ndarray[Any, Any]:
     return array
 
 
-def _hook(obj: dict[Any, Any]) -> Any:
-    if _ND in obj or "nd" in obj:
-        return _decode_array(obj)
-    return obj
+def _hook(limits: TensorLimits) -> Any:
+    def hook(obj: dict[Any, Any]) -> Any:
+        if _ND in obj or "nd" in obj:
+            return _decode_array(obj, limits)
+        return obj
+
+    return hook
+
+
+_DEFAULT_HOOK = _hook(DEFAULT_LIMITS)
 
 
 def encode_array(array: np.ndarray[Any, Any]) -> dict[bytes, Any]:
@@ -156,11 +164,13 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} as msgpack")
 
 
-def decode_msgpack(body: bytes) -> dict[str, Any]:
-    """A msgpack body as ``{name: value}``; raises BadRequest when malformed."""
+def decode_msgpack(body: bytes, limits: TensorLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """A msgpack body as ``{name: value}``; raises BadRequest when malformed, and
+    TensorTooLarge for an array whose shape is past ``limits``."""
+    hook = _DEFAULT_HOOK if limits is DEFAULT_LIMITS else _hook(limits)
     try:
-        obj = msgpack.unpackb(body, object_hook=_hook, raw=False, strict_map_key=False)
-    except BadRequest:
+        obj = msgpack.unpackb(body, object_hook=hook, raw=False, strict_map_key=False)
+    except FnrtError:
         raise
     except Exception as exc:
         raise BadRequest(f"body is not valid msgpack: {exc}") from None
@@ -234,9 +244,21 @@ def _top_level(obj: Any) -> dict[str, Any]:
     return obj
 
 
-def decode(body: bytes, fmt: Format) -> dict[str, Any]:
-    return decode_json(body) if fmt is Format.JSON else decode_msgpack(body)
+def decode(body: bytes, fmt: Format, limits: TensorLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """A body in ``fmt`` as ``{name: value}`` (JSON arrays are bounded by their bytes;
+    msgpack shapes by ``limits``)."""
+    return decode_json(body) if fmt is Format.JSON else decode_msgpack(body, limits)
 
 
-def encode(payload: Mapping[str, Any], fmt: Format) -> bytes:
-    return encode_json(payload) if fmt is Format.JSON else encode_msgpack(payload)
+def encode(payload: Mapping[str, Any], fmt: Format, limits: TensorLimits = DEFAULT_LIMITS) -> bytes:
+    """``payload`` in ``fmt``; ResponseTooLarge, before encoding, if it would pass
+    ``limits.max_response_bytes``."""
+    if fmt is Format.JSON:
+        check_response(payload, as_json=True, limits=limits, hint=_JSON_HINT)
+        return encode_json(payload)
+    check_response(payload, as_json=False, limits=limits, hint=_SMALLER_HINT)
+    return encode_msgpack(payload)
+
+
+_JSON_HINT = "ask for application/msgpack (binary tensors are far smaller), or send less"
+_SMALLER_HINT = "send less per request"

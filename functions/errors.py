@@ -7,6 +7,7 @@ status codes and bodies; the CLI turns them into messages and exit codes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -80,9 +81,31 @@ class InvalidInput(FnrtError):
 
 
 class PayloadTooLarge(FnrtError):
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, hint: str = "") -> None:
+        message = f"request body is larger than the limit of {limit_bytes} bytes"
+        super().__init__(f"{message}; {hint}" if hint else message, limit_bytes=limit_bytes)
+
+
+class TensorTooLarge(FnrtError):
+    """A tensor's declared shape is past the server's limits (413)."""
+
+    def __init__(self, name: str | None, shape: Iterable[int], reason: str, **limits: int) -> None:
+        dims = list(shape)
+        if name is None:  # an array inside a msgpack body, before its key is known
+            super().__init__(f"an array of shape {dims}: {reason}", **limits)
+        else:
+            super().__init__(f"input '{name}' of shape {dims}: {reason}", input=name, **limits)
+
+
+class ResponseTooLarge(FnrtError):
+    """An answer would be larger than ``max_response_bytes`` once encoded (413)."""
+
+    def __init__(self, estimate_bytes: int, limit_bytes: int, hint: str) -> None:
         super().__init__(
-            f"request body is larger than the limit of {limit_bytes} bytes", limit_bytes=limit_bytes
+            f"the response would be about {estimate_bytes} bytes, over the server's limit of "
+            f"{limit_bytes} (--max-response-bytes); {hint}",
+            estimate_bytes=estimate_bytes,
+            limit_bytes=limit_bytes,
         )
 
 

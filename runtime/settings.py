@@ -6,11 +6,13 @@ variable, which wins over the default.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fnrt.functions.limits import TensorLimits
 from fnrt.loader.stores.s3 import S3Config
 from fnrt.tracing.setup import TraceConfig, trace_config_from_env
 
@@ -39,6 +41,11 @@ class ServerSettings:
     s3_concurrency: int = 8
     admin_token: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
+    #: JSON is parsed holding the GIL (3 s for 59 MB): big tensors go as msgpack.
+    #: The smaller of this and max_body_bytes applies.
+    max_json_body_bytes: int = 8 * 1024 * 1024
+    max_tensor_elements: int = 64 * 1024 * 1024  # cells per tensor, a 0 dimension counting 1
+    max_response_bytes: int = 64 * 1024 * 1024  # estimated before encoding, else 413
     max_queued: int = 10_000
     sweep_interval_s: float = 1.0
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
@@ -62,12 +69,27 @@ class ServerSettings:
             raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
         if self.admin_token == "":
             raise ValueError("admin_token: must not be empty (leave it unset for no token)")
+        if self.max_json_body_bytes < 1024:
+            raise ValueError("max_json_body_bytes: must be at least 1024")
+        TensorLimits(  # raises ValueError on a bad limit
+            max_elements=self.max_tensor_elements, max_response_bytes=self.max_response_bytes
+        )
         if self.max_queued < 1:
             raise ValueError("max_queued: must be at least 1")
         if self.disk_cache_bytes <= 0:
             raise ValueError("disk_cache_bytes: must be > 0")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
             raise ValueError("memory_budget_bytes: must be > 0")
+
+    @property
+    def json_body_limit(self) -> int:
+        return min(self.max_json_body_bytes, self.max_body_bytes)
+
+    @functools.cached_property
+    def tensor_limits(self) -> TensorLimits:
+        return TensorLimits(
+            max_elements=self.max_tensor_elements, max_response_bytes=self.max_response_bytes
+        )
 
     @property
     def memory_budget(self) -> int:
@@ -118,6 +140,10 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         found["max_queued"] = int(env["FNRT_MAX_QUEUED"])
     if "FNRT_MAX_BODY_BYTES" in env:
         found["max_body_bytes"] = int(env["FNRT_MAX_BODY_BYTES"])
+    for key in ("max_json_body_bytes", "max_tensor_elements", "max_response_bytes"):
+        variable = f"FNRT_{key.upper()}"
+        if variable in env:
+            found[key] = int(env[variable])
     if "FNRT_DEVICE" in env:
         found["device"] = env["FNRT_DEVICE"]
     if "FNRT_LOG_LEVEL" in env:

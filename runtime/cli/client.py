@@ -10,6 +10,7 @@ import httpx
 
 from fnrt.functions.codec import Format, decode, encode
 from fnrt.functions.errors import FnrtError
+from fnrt.functions.limits import UNBOUNDED
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.settings import ClientSettings
 
@@ -111,10 +112,10 @@ class Client:
         response = self._send(
             "POST",
             f"/v1/functions/{name}/invoke",
-            content=encode(inputs, fmt),
+            content=encode(inputs, fmt, UNBOUNDED),
             headers={"content-type": fmt.media_type, "accept": fmt.media_type, **(headers or {})},
         )
-        return decode(response.content, fmt), response.headers
+        return decode(response.content, fmt, UNBOUNDED), response.headers
 
 
 def _stream(source: Path | bytes, progress: Callable[[int], None] | None) -> Iterator[bytes]:

@@ -78,6 +78,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("memory_budget_bytes", "memory_budget_bytes"),
         ("admin_token", "admin_token"),
         ("max_body_bytes", "max_body_bytes"),
+        ("max_json_body_bytes", "max_json_body_bytes"),
+        ("max_tensor_elements", "max_tensor_elements"),
+        ("max_response_bytes", "max_response_bytes"),
         ("max_queued", "max_queued"),
         ("device", "device"),
         ("log_level", "log_level"),
@@ -359,6 +362,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-body-bytes",
         type=int,
         help="largest invoke body, else 413 (FNRT_MAX_BODY_BYTES; default 64 MiB)",
+    )
+    p.add_argument(
+        "--max-json-body-bytes",
+        type=int,
+        help="largest JSON body, else 413 pointing to msgpack: JSON is parsed holding the "
+        "event loop (FNRT_MAX_JSON_BODY_BYTES; default 8 MiB)",
+    )
+    p.add_argument(
+        "--max-tensor-elements",
+        type=int,
+        help="elements a tensor's shape may declare, a 0 dimension counting as 1, else 413 "
+        "(FNRT_MAX_TENSOR_ELEMENTS; default 64 Mi)",
+    )
+    p.add_argument(
+        "--max-response-bytes",
+        type=int,
+        help="largest response, estimated before encoding, else 413 "
+        "(FNRT_MAX_RESPONSE_BYTES; default 64 MiB)",
     )
     p.add_argument(
         "--device",

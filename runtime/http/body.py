@@ -14,13 +14,16 @@ class ClientGone(Exception):
     """The client disconnected before its body arrived."""
 
 
-async def read_body(headers: Mapping[str, str], receive: Receive, limit_bytes: int) -> bytes:
-    """The whole body, refused with PayloadTooLarge as soon as it passes the limit."""
+async def read_body(
+    headers: Mapping[str, str], receive: Receive, limit_bytes: int, hint: str = ""
+) -> bytes:
+    """The whole body, refused with PayloadTooLarge (saying ``hint``) as soon as it
+    passes the limit."""
     declared = headers.get("content-length")
     if declared is not None:
         try:
             if int(declared) > limit_bytes:
-                raise PayloadTooLarge(limit_bytes)
+                raise PayloadTooLarge(limit_bytes, hint)
         except ValueError:
             raise BadRequest(f"Content-Length {declared!r} is not a number") from None
     chunks: list[bytes] = []
@@ -32,7 +35,7 @@ async def read_body(headers: Mapping[str, str], receive: Receive, limit_bytes: i
         chunk = message.get("body", b"")
         received += len(chunk)
         if received > limit_bytes:
-            raise PayloadTooLarge(limit_bytes)
+            raise PayloadTooLarge(limit_bytes, hint)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from fnrt.functions.codec import decode, encode, format_of, negotiate
+from fnrt.functions.codec import Format, decode, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, FnrtError
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
@@ -43,6 +43,11 @@ CACHE_HEADER = "x-fnrt-cache"
 #: "cache" or "function:NAME" when the version's circuit breaker was open.
 FALLBACK_HEADER = "x-fnrt-fallback"
 PRIORITY_HEADER = "x-fnrt-priority"
+#: Why a JSON body has a lower limit than msgpack (orjson parses holding the GIL).
+JSON_BODY_HINT = (
+    "JSON bodies have a lower limit (--max-json-body-bytes): send large tensors "
+    "as application/msgpack"
+)
 TIMEOUT_HEADER = "x-fnrt-timeout-ms"
 
 
@@ -74,8 +79,13 @@ async def _answer(
     fmt = format_of(headers.get("content-type"))
     reply = negotiate(headers.get("accept"), fmt)
     options = request_options(headers, trail.span)
-    body = await read_body(headers, receive, node.settings.max_body_bytes)
-    decoded = decode(body, fmt)
+    settings = node.settings
+    limits = settings.tensor_limits
+    if fmt is Format.JSON:
+        body = await read_body(headers, receive, settings.json_body_limit, JSON_BODY_HINT)
+    else:
+        body = await read_body(headers, receive, settings.max_body_bytes)
+    decoded = decode(body, fmt, limits)
 
     def inputs(vm: VersionManifest) -> Decoded:
         trail.function, trail.version = vm.name, vm.version
@@ -86,7 +96,7 @@ async def _answer(
     trail.function, trail.version = answered.scheduler.name, answered.scheduler.version.version
     trail.cold_tier = served.cold_tier
     encoding = node.telemetry.tracing.child(trail.span, "encode")
-    out = encode(served.outputs, reply)
+    out = encode(served.outputs, reply, limits)
     if encoding is not None:
         encoding.set_attribute("fnrt.response.bytes", len(out))
         encoding.end()

@@ -24,6 +24,8 @@ _STATUS: list[tuple[type[e.FnrtError], int]] = [
     (e.NotFound, 404),
     (e.Conflict, 409),
     (e.PayloadTooLarge, 413),
+    (e.TensorTooLarge, 413),
+    (e.ResponseTooLarge, 413),
     (e.UnsupportedMediaType, 415),
     (e.ManifestError, 422),
     (e.HandlerError, 422),

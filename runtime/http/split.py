@@ -65,7 +65,7 @@ async def _answer(
     # upload is network time, which the device estimates its bandwidth from
     if format_of(headers.get("content-type"), default=Format.MSGPACK) is not Format.MSGPACK:
         raise UnsupportedMediaType("a split request's body is application/msgpack")
-    activation = unpack(body)
+    activation = unpack(body, node.settings.tensor_limits)
     trail.function = name
     target = Target(name, version=headers.get(VERSION_HEADER) or None, split=k)
     answered = await node.gateway.submit(
@@ -77,7 +77,7 @@ async def _answer(
     if trail.span is not None:
         trail.span.set_attribute("fnrt.split", k)
         trail.span.set_attribute("fnrt.split.bytes", len(body))
-    out = encode(served.outputs, reply)
+    out = encode(served.outputs, reply, node.settings.tensor_limits)
     extra = served_headers(answered)
     extra[SERVER_MS_HEADER] = _since_ms(started)
     return out, reply.media_type, extra

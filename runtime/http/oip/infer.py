@@ -52,7 +52,12 @@ async def _answer(
     trail: Trail,
 ) -> Answer:
     options = request_options(headers, trail.span)
-    limit = node.settings.max_body_bytes
+    settings = node.settings
+    limit, limits, json_limit = (
+        settings.max_body_bytes,
+        settings.tensor_limits,
+        settings.json_body_limit,  # the JSON part's (all of a body without binary data)
+    )
     body = decompress(
         await read_body(headers, receive, limit), headers.get("content-encoding"), limit
     )
@@ -61,7 +66,7 @@ async def _answer(
 
     def inputs(vm: VersionManifest) -> Decoded:
         trail.function, trail.version = vm.name, vm.version
-        request = decode_request(body, length, vm.manifest.inputs)
+        request = decode_request(body, length, vm.manifest.inputs, limits, json_limit)
         decoded.append(request)
         checked = coerce_request(vm.manifest.inputs, request.inputs)
         return Decoded(checked, request.priority, request.timeout_s)
@@ -77,6 +82,7 @@ async def _answer(
         request,
         served.outputs,
         scheduler.version.manifest.outputs,
+        limits,
     )
     extra = served_headers(answered)
     media_type = "application/json"

@@ -34,7 +34,15 @@ from fnrt.functions.errors import (
     FnrtError,
     InvalidInput,
     PayloadTooLarge,
+    ResponseTooLarge,
     UnsupportedMediaType,
+)
+from fnrt.functions.limits import (
+    DEFAULT_LIMITS,
+    TensorLimits,
+    check_shape,
+    json_bytes,
+    packed_bytes,
 )
 from fnrt.functions.manifest import TensorSpec
 from fnrt.functions.tensors import from_plain
@@ -134,6 +142,11 @@ def serialize_bytes(array: Array) -> bytes:
 
 def deserialize_bytes(data: memoryview, count: int, name: str) -> Array:
     """``count`` length-prefixed elements filling ``data`` exactly; BadRequest otherwise."""
+    if count * _LENGTH.size > len(data):  # before allocating: each element sends 4 bytes
+        raise BadRequest(
+            f"input '{name}': {count} BYTES elements need at least {count * _LENGTH.size} "
+            f"bytes of data, binary_data_size is {len(data)}"
+        )
     out = np.empty(count, dtype=object)
     offset = 0
     for i in range(count):
@@ -170,7 +183,7 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
 
 
 def _decode_input(
-    entry: Any, binary: memoryview, offset: int, spec: TensorSpec | None
+    entry: Any, binary: memoryview, offset: int, spec: TensorSpec | None, limits: TensorLimits
 ) -> tuple[str, Array, int]:
     """One entry of ``inputs``; returns its name, array and the new offset into ``binary``."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -188,6 +201,11 @@ def _decode_input(
             input=name,
         )
     shape = _shape(entry.get("shape"), name)
+    check_shape(name, shape, limits)  # before anything is sized by it
+    if spec is not None and not spec.matches_shape(shape):
+        raise InvalidInput(
+            f"input '{name}': expected shape {list(spec.shape)}, got {list(shape)}", input=name
+        )
     count = math.prod(shape)
     parameters = _parameters(entry.get("parameters"), f"input '{name}'")
     size = parameters.get("binary_data_size")
@@ -303,13 +321,28 @@ def parse_header_length(text: str | None, body_bytes: int) -> int | None:
     return length
 
 
+#: Why the JSON part of an infer request has a lower limit than the whole body.
+JSON_PART_HINT = (
+    "the JSON part has a lower limit (--max-json-body-bytes): send large tensors "
+    "with the binary data extension (binary_data_size)"
+)
+
+
 def decode_request(
-    body: bytes, header_length: int | None, specs: Mapping[str, TensorSpec]
+    body: bytes,
+    header_length: int | None,
+    specs: Mapping[str, TensorSpec],
+    limits: TensorLimits = DEFAULT_LIMITS,
+    json_limit_bytes: int | None = None,
 ) -> InferRequest:
-    """Parse an infer request body; BadRequest (or InvalidInput) names what is wrong."""
+    """Parse an infer request body; BadRequest (or InvalidInput) names what is wrong,
+    TensorTooLarge a shape past ``limits``, PayloadTooLarge a JSON part past
+    ``json_limit_bytes``."""
     view = memoryview(body)
     json_part = view if header_length is None else view[:header_length]
     binary = view[len(json_part) :]
+    if json_limit_bytes is not None and len(json_part) > json_limit_bytes:
+        raise PayloadTooLarge(json_limit_bytes, JSON_PART_HINT)
     try:
         header = orjson.loads(json_part)
     except orjson.JSONDecodeError as exc:
@@ -327,7 +360,7 @@ def decode_request(
     offset = 0
     for entry in raw_inputs:
         spec = specs.get(str(entry.get("name"))) if isinstance(entry, dict) else None
-        name, array, offset = _decode_input(entry, binary, offset, spec)
+        name, array, offset = _decode_input(entry, binary, offset, spec, limits)
         if name in inputs:
             raise BadRequest(f"input '{name}' is given twice")
         inputs[name] = array
@@ -379,8 +412,10 @@ def encode_response(
     request: InferRequest,
     outputs: Mapping[str, Array],
     specs: Mapping[str, TensorSpec],
+    limits: TensorLimits = DEFAULT_LIMITS,
 ) -> tuple[bytes, int | None]:
-    """The response body and, when binary outputs follow the JSON, the JSON's length."""
+    """The response body and, when binary outputs follow the JSON, the JSON's length.
+    ResponseTooLarge, before encoding, past ``limits.max_response_bytes``."""
     if request.outputs is None:
         chosen: Sequence[RequestedOutput] = [RequestedOutput(n, None) for n in outputs]
     else:
@@ -391,6 +426,17 @@ def encode_response(
                 f"output '{unknown[0]}' is not an output of '{model}' "
                 f"(outputs: {', '.join(outputs)})"
             )
+    estimate = 0
+    for wanted in chosen:
+        array = outputs[wanted.name]
+        binary = wanted.binary if wanted.binary is not None else request.binary_output
+        estimate += packed_bytes(array) if binary else json_bytes(array)
+    if estimate > limits.max_response_bytes:
+        raise ResponseTooLarge(
+            estimate,
+            limits.max_response_bytes,
+            "ask for binary outputs (binary_data_output), or send less",
+        )
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for wanted in chosen:
