@@ -47,6 +47,10 @@ class ServerSettings:
     max_tensor_elements: int = 64 * 1024 * 1024  # cells per tensor, a 0 dimension counting 1
     max_response_bytes: int = 64 * 1024 * 1024  # estimated before encoding, else 413
     max_queued: int = 10_000
+    header_timeout_s: float = 10.0  # a request head must arrive within it (slowloris), else 408
+    body_timeout_s: float = 30.0  # the longest pause between reads of a body
+    max_connections: int | None = None  # None: the descriptor limit less fd_reserve
+    fd_reserve: int = 256  # descriptors kept for the store, the cache and workers
     sweep_interval_s: float = 1.0
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     preload: bool = False
@@ -74,6 +78,12 @@ class ServerSettings:
         TensorLimits(  # raises ValueError on a bad limit
             max_elements=self.max_tensor_elements, max_response_bytes=self.max_response_bytes
         )
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("header_timeout_s, body_timeout_s: must be > 0")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections: must be at least 1")
+        if self.fd_reserve < 0:
+            raise ValueError("fd_reserve: must be >= 0")
         if self.max_queued < 1:
             raise ValueError("max_queued: must be at least 1")
         if self.disk_cache_bytes <= 0:
@@ -140,10 +150,20 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         found["max_queued"] = int(env["FNRT_MAX_QUEUED"])
     if "FNRT_MAX_BODY_BYTES" in env:
         found["max_body_bytes"] = int(env["FNRT_MAX_BODY_BYTES"])
-    for key in ("max_json_body_bytes", "max_tensor_elements", "max_response_bytes"):
+    for key in (
+        "max_json_body_bytes",
+        "max_tensor_elements",
+        "max_response_bytes",
+        "max_connections",
+        "fd_reserve",
+    ):
         variable = f"FNRT_{key.upper()}"
         if variable in env:
             found[key] = int(env[variable])
+    for key in ("header_timeout_s", "body_timeout_s"):
+        variable = f"FNRT_{key.upper()}"
+        if variable in env:
+            found[key] = float(env[variable])
     if "FNRT_DEVICE" in env:
         found["device"] = env["FNRT_DEVICE"]
     if "FNRT_LOG_LEVEL" in env:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -12,6 +14,7 @@ import types
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +30,8 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.http.app import build_app
+from fnrt.runtime.http.app import build_app, connection_limits
+from fnrt.runtime.http.connection import guarded_protocol
 from fnrt.runtime.node import Node, build_node
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.registry import Registry
@@ -209,7 +213,7 @@ class LiveServer:
         config = uvicorn.Config(
             app,
             loop="uvloop",
-            http="httptools",
+            http=guarded_protocol(connection_limits(app.state.node.settings)),
             log_level="warning",
             lifespan="on",
             access_log=False,
@@ -310,3 +314,61 @@ def traced_server(tmp: Path) -> Iterator[tuple[LiveServer, Any]]:
         yield server, exporter
     finally:
         server.stop()
+
+
+@dataclass
+class ServeProcess:
+    """``fnrt serve`` as its own process: its URL, and the process."""
+
+    url: str
+    proc: subprocess.Popen[str]
+    log: list[str]
+
+
+@contextmanager
+def serve_process(
+    tmp: Path, *flags: str, env: dict[str, str] | None = None, nofile: int | None = None
+) -> Iterator[ServeProcess]:
+    """``fnrt serve`` on a free port over ``tmp/store`` (open files capped at ``nofile``,
+    soft and hard), until the block ends; then SIGTERM, and SIGKILL past 30 s."""
+    import resource
+
+    def cap_files() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    port = free_port()
+    argv = [sys.executable, "-m", "fnrt.runtime.cli.main", "serve", "--port", str(port)]
+    argv += ["--store", str(tmp / "store"), "--cache-dir", str(tmp / "cache"), *flags]
+    proc = subprocess.Popen(
+        argv,
+        env=os.environ | (env or {}),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=cap_files,
+    )
+    log: list[str] = []
+    # keep reading its log, so a full pipe never blocks the server
+    threading.Thread(target=lambda: log.extend(proc.stderr or []), daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until it answers, or exits
+            if proc.poll() is not None:
+                raise AssertionError(f"fnrt serve exited with {proc.returncode}: {''.join(log)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fnrt serve did not answer in 60 s: {''.join(log)}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        yield ServeProcess(url, proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -81,6 +81,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("max_json_body_bytes", "max_json_body_bytes"),
         ("max_tensor_elements", "max_tensor_elements"),
         ("max_response_bytes", "max_response_bytes"),
+        ("header_timeout_s", "header_timeout_s"),
+        ("body_timeout_s", "body_timeout_s"),
+        ("max_connections", "max_connections"),
+        ("fd_reserve", "fd_reserve"),
         ("max_queued", "max_queued"),
         ("device", "device"),
         ("log_level", "log_level"),
@@ -380,6 +384,32 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="largest response, estimated before encoding, else 413 "
         "(FNRT_MAX_RESPONSE_BYTES; default 64 MiB)",
+    )
+    p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        help="a request head must arrive within this, from its first byte, else 408 and "
+        "the connection closed (FNRT_HEADER_TIMEOUT_S; default 10)",
+    )
+    p.add_argument(
+        "--body-timeout-s",
+        type=float,
+        help="the longest pause between reads of a request body, else the connection "
+        "closed (FNRT_BODY_TIMEOUT_S; default 30)",
+    )
+    p.add_argument(
+        "--max-connections",
+        "--limit-concurrency",
+        type=int,
+        help="open connections at most; at the cap a new one closes the longest idle, or "
+        "gets 503 when all are busy (FNRT_MAX_CONNECTIONS; default: the descriptor limit "
+        "less --fd-reserve)",
+    )
+    p.add_argument(
+        "--fd-reserve",
+        type=int,
+        help="file descriptors kept from connections for the store, the cache and worker "
+        "processes (FNRT_FD_RESERVE; default 256)",
     )
     p.add_argument(
         "--device",

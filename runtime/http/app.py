@@ -15,6 +15,12 @@ from fnrt.functions.errors import FnrtError
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.http import admin, health, openapi, split
 from fnrt.runtime.http.body import Receive
+from fnrt.runtime.http.connection import (
+    ConnectionLimits,
+    connection_cap,
+    guarded_protocol,
+    raise_descriptor_limit,
+)
 from fnrt.runtime.http.invoke import INVOKE_PATH, Scope, Send, serve_invoke
 from fnrt.runtime.http.oip import routes as oip_routes
 from fnrt.runtime.http.oip.infer import INFER_PATH, serve_infer
@@ -77,9 +83,18 @@ class FnrtApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
+def connection_limits(settings: ServerSettings) -> ConnectionLimits:
+    """Read deadlines and the connection cap: below this process's descriptor limit
+    (raised to its hard limit first) by ``fd_reserve``."""
+    descriptors = raise_descriptor_limit()
+    cap = connection_cap(settings.max_connections, descriptors, settings.fd_reserve)
+    return ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, cap)
+
+
 def server_config(app: Starlette, settings: ServerSettings) -> Any:
     """The ``uvicorn.Config`` every fnrt server runs with (``fnrt serve``, ``fnrt dev``):
-    uvloop and httptools, uvicorn's own access log off (fnrt writes its own)."""
+    uvloop and httptools (guarded: ``connection.py``), uvicorn's own access log off
+    (fnrt writes its own)."""
     import uvicorn
 
     return uvicorn.Config(
@@ -87,7 +102,7 @@ def server_config(app: Starlette, settings: ServerSettings) -> Any:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(connection_limits(settings)),
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=30,
