@@ -129,6 +129,10 @@ class Unavailable(FnrtError):
     """The function cannot serve right now (draining, deleted, store unreachable)."""
 
 
+class ClientLeft(FnrtError):
+    """The client disconnected while its request waited: it was dropped, never computed."""
+
+
 class Unauthorized(FnrtError):
     pass
 

@@ -16,9 +16,11 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fnrt.functions.errors import (
+    ClientLeft,
     DeadlineExceeded,
     FnrtError,
     HandlerFailed,
@@ -113,6 +115,7 @@ class Batcher:
         timeout_s: float | None = None,
         span: Any = None,
         cold: bool = False,
+        gone: Callable[[], bool] | None = None,
     ) -> Served:
         """Queue one request admitted at ``now`` (:meth:`admit`) and wait for its outputs.
 
@@ -127,6 +130,7 @@ class Batcher:
         deadline = now + timeout_s if timeout_s is not None else None
         chosen = self.default_priority if priority is None else priority  # HIGH is 0: falsy
         pending = Pending(inputs, future, now, chosen, deadline, cold)
+        pending.gone = gone
         if span is not None:
             pending.span, pending.enqueued_ns = span, time.time_ns()
         self._queue.push(pending)
@@ -205,6 +209,13 @@ class Batcher:
                 )
             )
 
+    def _abandon(self, pending: Pending) -> None:
+        if not pending.future.done():
+            self._stats.abandoned += 1
+            pending.future.set_exception(
+                ClientLeft(f"function '{self.name}': the client left while its request was queued")
+            )
+
     # --- the loop ----------------------------------------------------------------------
 
     def _serve(self, slot: Slot) -> None:
@@ -278,6 +289,8 @@ class Batcher:
             self._admission.queued -= taken.removed
             for pending in taken.expired:
                 self._expire(pending)
+            for pending in taken.abandoned:
+                self._abandon(pending)
             if taken.batch:
                 await self._run_batch(slot, instance, taken.batch)
 

@@ -43,6 +43,7 @@ class Options:
     priority: Priority | None = None
     timeout_s: float | None = None
     span: Any = None  # the request's server span (tracing on)
+    gone: Callable[[], bool] | None = None  # whether the client has disconnected
 
 
 @dataclass(eq=False, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -50,6 +51,7 @@ class Pending:
     started: bool = field(default=False)  # taken into a batch
     span: Any = None  # the request's server span, when tracing is on
     enqueued_ns: int = 0  # wall-clock enqueue time for its queue span (tracing on)
+    gone: Callable[[], bool] | None = None  # whether its client has disconnected
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Taken:
     batch: list[Pending]
     expired: list[Pending]
     removed: int  # everything popped: the batch, the expired, and requests already answered
+    abandoned: list[Pending]  # their clients disconnected while they waited
 
 
 class RequestQueue:
@@ -103,11 +106,13 @@ class RequestQueue:
     def take(self, max_size: int, now: float) -> Taken:
         """Up to ``max_size`` live requests in service order; dead ones are dropped.
 
-        A request whose client has gone (its future is done) is discarded; one
-        whose deadline has passed is returned in ``expired`` for a 504.
+        A request already answered (its future is done) is discarded; one whose
+        deadline has passed is returned in ``expired`` for a 504, and one whose
+        client disconnected in ``abandoned``.
         """
         batch: list[Pending] = []
         expired: list[Pending] = []
+        abandoned: list[Pending] = []
         removed = 0
         while len(batch) < max_size:
             pending = self._pop_next(now)
@@ -119,9 +124,12 @@ class RequestQueue:
             if pending.deadline is not None and now >= pending.deadline:
                 expired.append(pending)
                 continue
+            if pending.gone is not None and pending.gone():
+                abandoned.append(pending)
+                continue
             pending.started = True
             batch.append(pending)
-        return Taken(batch, expired, removed)
+        return Taken(batch, expired, removed, abandoned)
 
     def drain(self) -> list[Pending]:
         """Remove and return everything queued."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +152,7 @@ class Scheduler:
         timeout_s: float | None = None,
         span: Any = None,
         now: float | None = None,
+        gone: Callable[[], bool] | None = None,
     ) -> Awaitable[Served]:
         """Admit one request into the queue (raising at once if it may not join) and
         return what waits for its answer. No guards: those are ``Gateway.submit``'s.
@@ -165,7 +166,7 @@ class Scheduler:
         self.batcher.admit(now, timeout_s)
         cold = self.pool.count_start(now) is StartKind.COLD
         return self.batcher.enqueue(
-            inputs, now, priority=priority, timeout_s=timeout_s, span=span, cold=cold
+            inputs, now, priority=priority, timeout_s=timeout_s, span=span, cold=cold, gone=gone
         )
 
     async def warm(self) -> None:

@@ -94,6 +94,7 @@ class Stats:
     errors: int = 0
     rejected: int = 0  # 429 / 503 at admission
     expired: int = 0  # 504: deadline passed while queued
+    abandoned: int = 0  # 499: the client left while queued (never computed)
     batches: int = 0
     loads: int = 0
     load_failures: int = 0
@@ -119,6 +120,7 @@ class Stats:
             "errors": self.errors,
             "rejected": self.rejected,
             "expired": self.expired,
+            "abandoned": self.abandoned,
             "batches": self.batches,
             "loads": self.loads,
             "load_failures": self.load_failures,

@@ -245,6 +245,9 @@ class LiveServer:
         assert self.loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
+    def open_connections(self) -> int:
+        return len(self._server.server_state.connections)
+
     @property
     def node(self) -> Node:
         node: Node = self.app.state.node

@@ -14,6 +14,16 @@ class ClientGone(Exception):
     """The client disconnected before its body arrived."""
 
 
+def client_gone(receive: Receive) -> Callable[[], bool] | None:
+    """Whether the client has disconnected, where the server tells without a read
+    (uvicorn's request cycle keeps a ``disconnected`` flag); None elsewhere. The batcher
+    asks it before computing a queued request."""
+    cycle = getattr(receive, "__self__", None)
+    if cycle is None or not hasattr(cycle, "disconnected"):
+        return None
+    return lambda: bool(cycle.disconnected)
+
+
 async def read_body(
     headers: Mapping[str, str], receive: Receive, limit_bytes: int, hint: str = ""
 ) -> bytes:

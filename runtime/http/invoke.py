@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from fnrt.functions.codec import Format, decode, encode, format_of, negotiate
-from fnrt.functions.errors import BadRequest, FnrtError
+from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Answered, Decoded, Options, Target
-from fnrt.runtime.http.body import ClientGone, Receive, read_body
+from fnrt.runtime.http.body import ClientGone, Receive, client_gone, read_body
 from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
@@ -51,7 +51,9 @@ JSON_BODY_HINT = (
 TIMEOUT_HEADER = "x-fnrt-timeout-ms"
 
 
-def request_options(headers: Mapping[str, str], span: Any = None) -> Options:
+def request_options(
+    headers: Mapping[str, str], span: Any = None, gone: Callable[[], bool] | None = None
+) -> Options:
     """Priority and timeout from the request headers; BadRequest if malformed."""
     priority = None
     if PRIORITY_HEADER in headers:
@@ -70,7 +72,7 @@ def request_options(headers: Mapping[str, str], span: Any = None) -> Options:
             ) from None
         if not timeout_s > 0:
             raise BadRequest(f"{TIMEOUT_HEADER}: must be > 0")
-    return Options(priority, timeout_s, span)
+    return Options(priority, timeout_s, span, gone)
 
 
 async def _answer(
@@ -78,7 +80,7 @@ async def _answer(
 ) -> Answer:
     fmt = format_of(headers.get("content-type"))
     reply = negotiate(headers.get("accept"), fmt)
-    options = request_options(headers, trail.span)
+    options = request_options(headers, trail.span, client_gone(receive))
     settings = node.settings
     limits = settings.tensor_limits
     if fmt is Format.JSON:
@@ -128,8 +130,8 @@ async def serve_raw(
     try:
         body, media_type, extra = await answer
         status = 200
-    except ClientGone:
-        return CLIENT_GONE
+    except (ClientGone, ClientLeft):
+        return CLIENT_GONE  # nobody to answer
     except FnrtError as exc:
         failed = problem(exc, error_headers)
         fail(span, exc, server_fault=failed.status >= 500)

@@ -32,6 +32,7 @@ _STATUS: list[tuple[type[e.FnrtError], int]] = [
     (e.DeployRejected, 422),
     (e.InvalidInput, 422),
     (e.Overloaded, 429),
+    (e.ClientLeft, 499),
     (e.HandlerTimeout, 504),
     (e.LoadError, 500),
     (e.HandlerFailed, 500),

@@ -24,7 +24,7 @@ from fnrt.edge.activation import unpack
 from fnrt.functions.codec import Format, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 from fnrt.runtime.gateway import ACTIVATION, Decoded, Target
-from fnrt.runtime.http.body import Receive, read_body
+from fnrt.runtime.http.body import Receive, client_gone, read_body
 from fnrt.runtime.http.invoke import (
     VERSION_HEADER,
     Answer,
@@ -59,7 +59,7 @@ async def _answer(
     node: Node, name: str, k: int, headers: Mapping[str, str], receive: Receive, trail: Trail
 ) -> Answer:
     reply = negotiate(headers.get("accept"), Format.MSGPACK)
-    options = request_options(headers, trail.span)
+    options = request_options(headers, trail.span, client_gone(receive))
     body = await read_body(headers, receive, node.settings.max_body_bytes)
     started = time.perf_counter()  # server time starts with the whole body here: the
     # upload is network time, which the device estimates its bandwidth from

@@ -63,3 +63,19 @@ def test_take_drops_gone_clients_and_returns_expired() -> None:
     assert names(taken.batch) == ["ok"] and names(taken.expired) == ["late"]
     assert taken.batch[0].started and len(q) == 0 and taken.removed == 3
     loop.close()
+
+
+def test_take_sets_aside_requests_whose_client_disconnected() -> None:
+    loop = asyncio.new_event_loop()
+    q = RequestQueue(aging_s=1.0)
+    left, stays = (
+        pending(loop, "left", 0.0, Priority.NORMAL),
+        pending(loop, "stays", 0.0, Priority.NORMAL),
+    )
+    left.gone, stays.gone = (lambda: True), (lambda: False)
+    q.push(left)
+    q.push(stays)
+    taken = q.take(1, now=0.0)  # the one that left does not take a place in the batch
+    assert names(taken.batch) == ["stays"] and names(taken.abandoned) == ["left"]
+    assert not left.started and taken.removed == 2
+    loop.close()

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Decoded, Target
-from fnrt.runtime.http.body import Receive, read_body
+from fnrt.runtime.http.body import Receive, client_gone, read_body
 from fnrt.runtime.http.invoke import (
     Answer,
     Scope,
@@ -51,7 +51,7 @@ async def _answer(
     receive: Receive,
     trail: Trail,
 ) -> Answer:
-    options = request_options(headers, trail.span)
+    options = request_options(headers, trail.span, client_gone(receive))
     settings = node.settings
     limit, limits, json_limit = (
         settings.max_body_bytes,

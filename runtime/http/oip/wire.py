@@ -356,6 +356,9 @@ def decode_request(
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
+    for entry in raw_inputs:  # malformed anywhere is a 400 before any limit is a 413
+        if isinstance(entry, dict):
+            _shape(entry.get("shape"), str(entry.get("name")))
     inputs: dict[str, Array] = {}
     offset = 0
     for entry in raw_inputs:

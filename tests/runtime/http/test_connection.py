@@ -138,3 +138,52 @@ def test_the_cap_leaves_descriptors_in_reserve() -> None:
     assert connection_cap(5000, 1024, 256) == 768
     assert connection_cap(100, 1024, 256) == 100
     assert connection_cap(None, 100, 256) == 16  # a floor, for tiny limits
+
+
+COUNTED = """
+import fnrt_test_gates
+
+def handle(batch):
+    fnrt_test_gates.calls.append(len(batch))
+    fnrt_test_gates.gate("abandon").wait(30)
+    return [{"y": r["x"]} for r in batch]
+"""
+
+
+@pytest.mark.parametrize("server", [30.0], indirect=True)
+def test_a_request_whose_client_left_is_dropped_before_compute(
+    tmp_path: Path, server: LiveServer
+) -> None:
+    import fnrt_test_gates  # type: ignore[import-not-found]
+
+    fnrt_test_gates.calls = []
+    folder = write_function(tmp_path / "src", "counted", COUNTED, manifest=GATED_MANIFEST)
+    server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+    release = gate("abandon")
+    scheduler = None
+    with ThreadPoolExecutor(1) as pool, server.client() as c:
+        first = pool.submit(c.post, "/v1/functions/counted/invoke", json={"x": [[0.0]]})
+        scheduler = server.call(server.registry.get("counted"))
+        wait_until(lambda: fnrt_test_gates.calls == [1])  # the handler holds the first
+        body = b'{"x": [[1.0]]}'
+        head = (
+            b"POST /v1/functions/counted/invoke HTTP/1.1\r\nhost: t\r\n"
+            b"content-type: application/json\r\ncontent-length: 14\r\n\r\n"
+        )
+        leaving = [connect(server) for _ in range(4)]  # the cap is 6: the test's 2 + 4
+        for sock in leaving:
+            sock.sendall(head + body)
+        wait_until(lambda: scheduler.queued == 4)
+        open_before = server.open_connections()
+        for sock in leaving:  # they give up while queued
+            sock.close()
+        wait_until(lambda: server.open_connections() == open_before - 4)  # the server saw it
+        release.set()
+        assert first.result().status_code == 200
+        wait_until(lambda: scheduler.queued == 0 and not scheduler.activity().busy)
+        assert fnrt_test_gates.calls == [1]  # none of the 4 was computed (was 4 of 4)
+        assert scheduler.stats.abandoned == 4
+        r = c.post("/v1/functions/counted/invoke", json={"x": [[2.0]]})
+        assert r.status_code == 200
+        metrics = c.get("/metrics").text
+    assert 'fnrt_requests_total{function="counted",status="499"' in metrics
