@@ -278,6 +278,10 @@ class RolloutConfig:
                 raise ManifestError(name, "must be a relative path inside the function folder")
 
 
+#: Bytes of failed requests' inputs a version keeps by default.
+FAILED_INPUTS_BYTES = 16 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class BreakerConfig:
     """The circuit breaker of each version.
@@ -289,7 +293,9 @@ class BreakerConfig:
     function, e.g. a smaller model), or ``""`` (a fast 503). After ``open_s``
     it lets ``half_open_probes`` requests through; it closes when fewer than
     ``close_error_rate`` of them failed, else opens again. The inputs of the
-    newest ``failed_inputs_kept`` failed requests are kept for the admin API.
+    newest ``failed_inputs_kept`` failed requests are kept for the admin API,
+    within ``failed_inputs_bytes`` in all (older ones go first; a request larger
+    than that alone is kept without its inputs).
     """
 
     enabled: bool = True
@@ -302,6 +308,7 @@ class BreakerConfig:
     fallback: str = ""
     failed_inputs_kept: int = 32
     cache_bytes: int = 16 * 1024 * 1024
+    failed_inputs_bytes: int = FAILED_INPUTS_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -314,7 +321,7 @@ class BreakerConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0 < value <= 1:
                 raise ManifestError(name, "must be a fraction above 0, at most 1")
-        for name in ("min_requests", "half_open_probes", "cache_bytes"):
+        for name in ("min_requests", "half_open_probes", "cache_bytes", "failed_inputs_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ManifestError(name, "must be an integer >= 1")
@@ -488,7 +495,12 @@ class Manifest:
             "requests": asdict(self.requests),
             "result_cache": asdict(self.result_cache),
             "rollout": {**asdict(self.rollout), "steps_percent": list(self.rollout.steps_percent)},
-            "breaker": asdict(self.breaker),
+            # failed_inputs_bytes only when set: versions deployed before it keep their ids
+            "breaker": {
+                k: v
+                for k, v in asdict(self.breaker).items()
+                if k != "failed_inputs_bytes" or v != FAILED_INPUTS_BYTES
+            },
             # Only when set, so versions deployed before [isolation] keep their ids.
             **(
                 {"isolation": asdict(self.isolation)} if self.isolation != IsolationConfig() else {}

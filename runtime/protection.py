@@ -10,6 +10,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fnrt.functions.errors import DeadlineExceeded, FnrtError, HandlerFailed, LoadError
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import Manifest
@@ -43,7 +45,23 @@ class Failure:
 
     at_unix_s: float
     error: dict[str, Any]
-    inputs: Request
+    inputs: Request | None  # None: larger than failed_inputs_bytes alone
+    inputs_bytes: int = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        return self.inputs_bytes if self.inputs is not None else 0
+
+
+def request_bytes(inputs: Request) -> int:
+    """Bytes the arrays of a request hold (bytes elements by their lengths)."""
+    total = 0
+    for value in inputs.values():
+        if isinstance(value, np.ndarray) and value.dtype.kind == "O":
+            total += sum(len(item) for item in value.reshape(-1))
+        else:
+            total += int(getattr(value, "nbytes", 0))
+    return total
 
 
 class Protection:
@@ -62,7 +80,10 @@ class Protection:
         breaker = manifest.breaker
         self.breaker = Breaker(breaker)
         self.outcomes = OutcomeWindow()  # read by the canary judge
-        self.failures: deque[Failure] = deque(maxlen=breaker.failed_inputs_kept)
+        self.failures: deque[Failure] = deque()
+        self._max_failures = breaker.failed_inputs_kept
+        self._max_failure_bytes = breaker.failed_inputs_bytes
+        self.failure_bytes = 0
         # The last result per input, answered while the breaker is open (fallback "cache").
         self.last_results = (
             ResultCache(breaker.cache_bytes, LAST_RESULT_TTL_S, clock)
@@ -80,12 +101,26 @@ class Protection:
             return
         self.outcomes.record(now, True, latency_s)
         self.breaker.record(now, True)
-        if self.failures.maxlen:
-            self.failures.append(Failure(time.time(), error.to_dict(), inputs))
+        if self._max_failures:
+            self._keep(Failure(time.time(), error.to_dict(), inputs, request_bytes(inputs)))
+
+    def _keep(self, failure: Failure) -> None:
+        """Keep ``failure``, the oldest going first past the count or the bytes."""
+        if failure.inputs_bytes > self._max_failure_bytes:  # alone past the bound
+            failure = Failure(failure.at_unix_s, failure.error, None, failure.inputs_bytes)
+        failures = self.failures
+        while failures and (
+            len(failures) >= self._max_failures
+            or self.failure_bytes + failure.kept_bytes > self._max_failure_bytes
+        ):
+            self.failure_bytes -= failures.popleft().kept_bytes
+        failures.append(failure)
+        self.failure_bytes += failure.kept_bytes
 
     def describe(self, now: float) -> dict[str, Any]:
         return {
             "result_cache": self.result_cache.describe() if self.result_cache else None,
             "breaker": self.breaker.describe(now),
             "failures_kept": len(self.failures),
+            "failures_kept_bytes": self.failure_bytes,
         }

@@ -72,7 +72,8 @@ class ServedFunction:
                         "version": scheduler.version.version,
                         "at_unix_s": round(failure.at_unix_s, 3),
                         "error": failure.error,
-                        "inputs": failure.inputs,
+                        "inputs": failure.inputs,  # None: too large to keep
+                        "inputs_bytes": failure.inputs_bytes,
                     }
                 )
         out.sort(key=lambda f: float(f["at_unix_s"]), reverse=True)

@@ -88,8 +88,13 @@ class Client:
     def rollback(self, name: str) -> dict[str, Any]:
         return dict(self._send("POST", f"/v1/functions/{name}/rollback").json())
 
-    def failures(self, name: str, version: str | None = None) -> dict[str, Any]:
-        params = {"version": version} if version else None
+    def failures(
+        self, name: str, version: str | None = None, limit: int = 20, offset: int = 0
+    ) -> dict[str, Any]:
+        """One page of the kept failures (``next_offset`` says where the next starts)."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if version:
+            params["version"] = version
         return dict(self._send("GET", f"/v1/functions/{name}/failures", params=params).json())
 
     def list(self) -> list[dict[str, Any]]:

@@ -75,8 +75,13 @@ def register(sub: Any, client_of: ClientOf, add_client_options: Callable[[Any], 
         return 0
 
     def failures(args: argparse.Namespace) -> int:
-        with client_of(args) as client:
-            print(json.dumps(client.failures(args.name, args.version), indent=2))
+        with client_of(args) as client:  # every page
+            page = client.failures(args.name, args.version)
+            kept = list(page["failures"])
+            while page["next_offset"] is not None:
+                page = client.failures(args.name, args.version, offset=page["next_offset"])
+                kept += page["failures"]
+        print(json.dumps({"name": args.name, "failures": kept}, indent=2))
         return 0
 
     p = sub.add_parser(

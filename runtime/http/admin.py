@@ -160,11 +160,38 @@ async def rollback(request: Request) -> Response:
 
 @admin
 async def failures(request: Request) -> Response:
-    """The newest failed requests (error and inputs), per version, newest first."""
+    """The newest failed requests (error and inputs), per version, newest first, a page
+    at a time: ``?limit=`` (default 20, at most 100) from ``?offset=``."""
     fmt = negotiate(request.headers.get("accept"), Format.JSON)
     name = request.path_params["name"]
+    limit = _query_int(request, "limit", FAILURES_PAGE, 1, FAILURES_PAGE_MAX)
+    offset = _query_int(request, "offset", 0, 0, 1 << 31)
     kept = await node_of(request).registry.failures(name, request.query_params.get("version"))
-    return Response(encode({"name": name, "failures": kept}, fmt), media_type=fmt.media_type)
+    page = kept[offset : offset + limit]
+    after = offset + len(page)
+    body = {
+        "name": name,
+        "failures": page,
+        "total": len(kept),
+        "next_offset": after if after < len(kept) else None,
+    }
+    return Response(encode(body, fmt), media_type=fmt.media_type)
+
+
+FAILURES_PAGE, FAILURES_PAGE_MAX = 20, 100
+
+
+def _query_int(request: Request, key: str, default: int, low: int, high: int) -> int:
+    text = request.query_params.get(key)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadRequest(f"?{key}={text!r} is not an integer") from None
+    if not low <= value <= high:
+        raise BadRequest(f"?{key}= must be from {low} to {high}")
+    return value
 
 
 @admin

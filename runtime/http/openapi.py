@@ -105,13 +105,16 @@ def _v1_versions() -> dict[str, Schema]:
                 ok(
                     {
                         "type": "object",
-                        "required": ["name", "failures"],
+                        "required": ["name", "failures", "total", "next_offset"],
                         "properties": {
                             "name": {"type": "string"},
                             "failures": {"type": "array", "items": {"type": "object"}},
+                            "total": {"type": "integer"},
+                            "next_offset": {"type": ["integer", "null"]},
                         },
                     }
                 ),
+                400,
                 404,
                 415,
                 parameters=[
@@ -120,7 +123,19 @@ def _v1_versions() -> dict[str, Schema]:
                         "in": "query",
                         "schema": {"type": "string"},
                         "description": "only this version's",
-                    }
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+                        "description": "failures per page (default 20)",
+                    },
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 2147483648},
+                        "description": "where the page starts (the last page's next_offset)",
+                    },
                 ],
             ),
         },
