@@ -13,13 +13,14 @@ import gzip
 import hashlib
 import io
 import tarfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fnrt.functions.errors import FnrtError
+from fnrt.functions.errors import BadBundle, FnrtError, ManifestError
 from fnrt.functions.manifest import Manifest
-from fnrt.functions.version import ArtifactRef, FileRef
+from fnrt.functions.version import ArtifactRef, FileRef, check_rel
 
 #: Always left out of a bundle.
 DEFAULT_EXCLUDE = (
@@ -135,7 +136,29 @@ def pack(folder: Path, manifest: Manifest) -> Bundle:
     return Bundle(code, code_ref, artifacts, files)
 
 
-def unpack_code(code: bytes, dest: Path) -> None:
-    """Extract a code bundle into ``dest`` (regular files only, no paths outside)."""
-    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(code)), mode="r") as tar:
-        tar.extractall(dest, filter="data")
+#: The most a code bundle may unpack to (code, not weights: those are artifacts).
+MAX_CODE_BYTES = 256 * 1024 * 1024
+
+
+def unpack_code(code: bytes, dest: Path, max_bytes: int = MAX_CODE_BYTES) -> None:
+    """Extract a code bundle into ``dest``: regular files and folders only, every name
+    a plain relative path, at most ``max_bytes`` in all. Raises BadBundle (400) naming
+    the entry at fault before anything is written."""
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(code), mode="r:gz")  # noqa: SIM115 (closed below)
+        members = tar.getmembers()
+    except (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise BadBundle(f"it is not a readable .tar.gz ({exc})") from None
+    with tar:
+        total = 0
+        for member in members:
+            if not (member.isfile() or member.isdir()):
+                raise BadBundle(f"entry {member.name!r} is not a regular file or folder")
+            try:
+                check_rel(member.name.rstrip("/"))
+            except ManifestError:
+                raise BadBundle(f"entry {member.name!r} is not a plain relative path") from None
+            total += member.size
+            if total > max_bytes:
+                raise BadBundle(f"it unpacks to more than {max_bytes} bytes")
+        tar.extractall(dest, members=members, filter="data")

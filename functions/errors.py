@@ -69,6 +69,13 @@ class BadRequest(FnrtError):
     """The request body cannot be decoded at all (malformed JSON or msgpack)."""
 
 
+class BadBundle(BadRequest):
+    """A code bundle that is not a plain .tar.gz of files inside its folder."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the code bundle is refused: {reason}")
+
+
 class InvalidInput(FnrtError):
     """A decoded request does not match the function's declared inputs."""
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fnrt.functions.errors import FnrtError
+from fnrt.functions.errors import FnrtError, ManifestError
 from fnrt.functions.manifest import Manifest, parse_manifest
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -27,6 +27,22 @@ def check_digest(digest: str) -> str:
     if not isinstance(digest, str) or not _DIGEST.match(digest):
         raise FnrtError(f"{digest!r} is not a sha256 hex digest", digest=str(digest))
     return digest
+
+
+def check_rel(rel: str) -> str:
+    """Return ``rel`` if it is a plain relative path inside its folder: no absolute
+    path, no ``..`` or ``.`` part, no empty part, no backslash or NUL. Raises
+    ManifestError (422): a version whose artifact could write outside its tree."""
+    parts = rel.split("/")
+    if (
+        not isinstance(rel, str)
+        or rel.startswith("/")
+        or "\\" in rel
+        or "\0" in rel
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise ManifestError("artifacts", f"file {rel!r} is not a plain relative path")
+    return rel
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,8 @@ class FileRef:
         check_digest(self.digest)
         if self.size_bytes < 0:
             raise ValueError("size_bytes must be >= 0")
+        if self.rel:
+            check_rel(self.rel)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rel": self.rel, "digest": self.digest, "size_bytes": self.size_bytes}
@@ -72,6 +90,13 @@ class ArtifactRef:
             "is_dir": self.is_dir,
             "files": [f.to_dict() for f in self.files],
         }
+
+    def __post_init__(self) -> None:
+        rels = [f.rel for f in self.files]
+        if not self.is_dir and rels != [""]:
+            raise ManifestError("artifacts", f"{self.path!r}: a file artifact is one file")
+        if self.is_dir and ("" in rels or len(set(rels)) != len(rels)):
+            raise ManifestError("artifacts", f"{self.path!r}: folder files need distinct names")
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> ArtifactRef:

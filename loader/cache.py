@@ -93,6 +93,7 @@ class BlobCache:
                 found.append((max(st.st_atime, st.st_mtime), path.name, st.st_size))
         with self._mutex:
             self._lru = OrderedDict((name, size) for _, name, size in sorted(found))
+        self._make_room(0)  # the budget holds from the start, not only at the next fetch
 
     @property
     def size_bytes(self) -> int:

@@ -25,7 +25,7 @@ from fnrt.functions.bundle import unpack_code
 from fnrt.functions.errors import BlobNotFound
 from fnrt.functions.handler import Device, Request, bundle_package, import_handler
 from fnrt.functions.tensors import coerce_result
-from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest
+from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_rel
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.cache import BlobCache
 from fnrt.loader.repository import Repository
@@ -214,7 +214,7 @@ class InstanceLoader:
 
         def link_all(tmp: Path) -> None:
             for rel, target in targets:
-                link = tmp / rel
+                link = tmp / check_rel(rel)  # again here: a stored manifest may be old
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(target)
 

@@ -10,15 +10,18 @@ services; nothing reaches through one service to another's parts.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from fnrt.loader.cache import BlobCache, CacheConfig
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.leftovers import remove_leftovers
 from fnrt.loader.memory import MemoryBudget
 from fnrt.loader.repository import Repository
-from fnrt.loader.stores import open_store
+from fnrt.loader.stores import FileStore, open_store
 from fnrt.runtime.batcher import Admission
 from fnrt.runtime.clock import Clock, SystemClock
 from fnrt.runtime.deployer import Deployer
@@ -32,6 +35,8 @@ from fnrt.runtime.split import Splits
 from fnrt.runtime.sweeper import Sweeper
 from fnrt.tracing.metrics import FunctionState
 from fnrt.tracing.telemetry import Telemetry
+
+log = logging.getLogger("fnrt.node")
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,7 +57,15 @@ class Node:
     sweeper: Sweeper
 
     async def start(self) -> None:
-        """Read the store's functions (loading those that start warm), start the timers."""
+        """Remove what killed processes left behind, read the store's functions (loading
+        those that start warm), start the timers."""
+        store = self.repository.store
+        store_root = store.root if isinstance(store, FileStore) else None
+        freed = await asyncio.to_thread(
+            remove_leftovers, Path(self.settings.cache_dir) / "uploads", store_root
+        )
+        if freed:
+            log.warning("removed %d bytes of temporary files left by killed processes", freed)
         await self.registry.start(preload=self.settings.preload)
         self.sweeper.start()
 

@@ -375,3 +375,22 @@ def serve_process(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def hostile_bundle(*entries: tuple[str, bytes | None, str | None]) -> bytes:
+    """A .tar.gz of (name, data, symlink target) entries, as an attacker would write it."""
+    import gzip
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data, link in entries:
+            info = tarfile.TarInfo(name)
+            if link is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            else:
+                info.size = len(data or b"")
+                tar.addfile(info, io.BytesIO(data or b""))
+    return gzip.compress(raw.getvalue())

@@ -131,7 +131,9 @@ class FileStore:
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
     """Write ``path`` whole or not at all: a temporary name beside it, fsync'd, renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # the writer's pid in the name: a node removes those of dead writers at start
+    prefix = f".{path.name}.{os.getpid()}."
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:

@@ -71,7 +71,8 @@ async def put_blob(request: Request) -> Response:
         return JSONResponse({"digest": digest, "created": False})
     spool_dir = node.settings.cache_dir / "uploads"
     spool_dir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=spool_dir, prefix=f"{digest[:16]}.")
+    # the pid in the name: a node removes the spools of dead processes at start
+    fd, name = tempfile.mkstemp(dir=spool_dir, prefix=f"{digest[:16]}.{os.getpid()}.")
     spool = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -171,3 +171,16 @@ def test_two_processes_warming_the_same_blob_download_it_once(
     assert outcomes == ["fetched", "hit"]
     assert proxy.gets(b"/fnrt/blob") == 3  # one download: three 5 MiB ranges
     assert (tmp_path / "cache" / "blobs" / digest_of(data)).read_bytes() == data
+
+
+def test_the_budget_holds_from_the_start(tmp_path: Path) -> None:
+    """A smaller --disk-cache-bytes than the folder holds trims it at start (was: only
+    at the next fetch)."""
+    cache = BlobCache(CacheConfig(tmp_path, budget_bytes=10_000))
+    blobs = [bytes([i]) * 1000 for i in range(5)]
+    for b in blobs:
+        cache.get(digest_of(b), writer(b))
+    smaller = BlobCache(CacheConfig(tmp_path, budget_bytes=2500))
+    assert smaller.size_bytes <= 2500
+    assert digest_of(blobs[-1]) in smaller and digest_of(blobs[0]) not in smaller
+    assert len(list((tmp_path / "blobs").iterdir())) <= 2 * 2  # each blob and its .ok

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from fnrt.runtime.cli.client import Client, RemoteError
 from fnrt.runtime.cli.upload import upload_bundle
 from fnrt.runtime.settings import ClientSettings
-from support import live_server, packed, write_function
+from support import hostile_bundle, live_server, packed, write_function
 
 
 def deploy_folder(client: Client, folder: Path) -> dict:
@@ -172,3 +173,28 @@ def test_admin_token_guards_admin_routes_but_not_invoke(tmp_path: Path) -> None:
             assert (
                 c.post("/v1/functions/echo/invoke", json={"x": [[1, 2, 3, 4]]}).status_code == 200
             )
+
+
+def test_deploys_that_would_write_outside_their_folders_are_refused(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "echo", files={"w/a.bin": b"a", "w/b.bin": b"b"})
+    manifest = (folder / "fnrt.toml").read_text() + '\n[artifacts]\nweights = "w"\n'
+    (folder / "fnrt.toml").write_text(manifest)
+    vm, bundle = packed(folder)
+    with live_server(tmp_path) as srv, srv.client() as c:
+        for ref, source in bundle.blob_sources():
+            srv.node.repository.put_blob(ref.digest, source)
+        body = vm.to_dict()
+        body.pop("version")
+        traversal = json.loads(json.dumps(body))
+        traversal["artifacts"]["weights"]["files"][0]["rel"] = "../../x"
+        r = c.post("/v1/functions", json=traversal)
+        assert r.status_code == 422 and "plain relative path" in r.json()["error"]
+        hostile = hostile_bundle(("../evil.py", b"x = 1", None))
+        digest = hashlib.sha256(hostile).hexdigest()
+        srv.node.repository.put_blob(digest, hostile)
+        tar = json.loads(json.dumps(body))
+        tar["bundle"] = {"rel": "", "digest": digest, "size_bytes": len(hostile)}
+        r = c.post("/v1/functions", json=tar)  # was a 500, then a reset connection
+        assert r.status_code == 400 and "not a plain relative path" in r.json()["error"]
+        assert c.post("/v1/functions", json=body).status_code == 201  # same connection
+        assert not (tmp_path / "evil.py").exists() and not (tmp_path / "x").exists()
