@@ -22,6 +22,7 @@ from fnrt.loader.leftovers import remove_leftovers
 from fnrt.loader.memory import MemoryBudget
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore, open_store
+from fnrt.runtime.access import InvokeKeys
 from fnrt.runtime.batcher import Admission
 from fnrt.runtime.clock import Clock, SystemClock
 from fnrt.runtime.deployer import Deployer
@@ -55,6 +56,7 @@ class Node:
     gateway: Gateway
     deployer: Deployer
     sweeper: Sweeper
+    invoke_keys: InvokeKeys | None = None  # None: invokes need no key
 
     async def start(self) -> None:
         """Remove what killed processes left behind, read the store's functions (loading
@@ -132,6 +134,7 @@ def build_node(
         registry=registry,
         splits=splits,
         gateway=Gateway(registry, splits, clock, keeper),
+        invoke_keys=invoke_keys(settings),
         deployer=Deployer(registry, splits, loader, clock),
         sweeper=Sweeper(
             registry,
@@ -146,3 +149,10 @@ def build_node(
     )
     telemetry.metrics.watch(node.function_states)
     return node
+
+
+def invoke_keys(settings: ServerSettings) -> InvokeKeys | None:
+    """The settings' invoke keys, or None when invokes need no key."""
+    if settings.invoke_keys_file is None:
+        return None
+    return InvokeKeys.load(settings.invoke_keys_file, settings.admin_token)

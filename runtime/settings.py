@@ -40,6 +40,10 @@ class ServerSettings:
     s3_part_size_bytes: int = 16 * 1024 * 1024
     s3_concurrency: int = 8
     admin_token: str | None = None
+    invoke_keys_file: Path | None = None  # JSON: {"function" or "*": [keys]}
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call ("*": any)
+    ssl_certfile: Path | None = None  # TLS: both, or neither
+    ssl_keyfile: Path | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     #: JSON is parsed holding the GIL (3 s for 59 MB): big tensors go as msgpack.
     #: The smaller of this and max_body_bytes applies.
@@ -71,6 +75,8 @@ class ServerSettings:
             raise ValueError("watch_interval_s: must be > 0")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile: give both, or neither")
         if self.admin_token == "":
             raise ValueError("admin_token: must not be empty (leave it unset for no token)")
         if self.max_json_body_bytes < 1024:
@@ -146,6 +152,12 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         found["s3_endpoint"] = env["FNRT_S3_ENDPOINT"]
     if env.get("FNRT_ADMIN_TOKEN"):
         found["admin_token"] = env["FNRT_ADMIN_TOKEN"]
+    if env.get("FNRT_ADMIN_TOKEN_FILE"):
+        found["admin_token"] = read_token_file(Path(env["FNRT_ADMIN_TOKEN_FILE"]))
+    if env.get("FNRT_INVOKE_KEYS_FILE"):
+        found["invoke_keys_file"] = Path(env["FNRT_INVOKE_KEYS_FILE"])
+    if env.get("FNRT_CORS_ORIGINS"):
+        found["cors_origins"] = split_origins(env["FNRT_CORS_ORIGINS"])
     if "FNRT_MAX_QUEUED" in env:
         found["max_queued"] = int(env["FNRT_MAX_QUEUED"])
     if "FNRT_MAX_BODY_BYTES" in env:
@@ -173,6 +185,23 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
     if env.get("FNRT_REQUEST_LOG", "") in ("0", "false"):
         found["request_log"] = False
     return found
+
+
+def read_token_file(path: Path) -> str:
+    """A token kept in a file (so it is not in ``ps``): its first line, stripped."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"token file {path}: {exc}") from None
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
+def split_origins(text: str) -> tuple[str, ...]:
+    """``https://a.example, https://b.example`` as a tuple of origins."""
+    return tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
 
 
 def env_trace_settings(env: Mapping[str, str] = os.environ) -> dict[str, object]:

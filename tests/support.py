@@ -330,7 +330,12 @@ class ServeProcess:
 
 @contextmanager
 def serve_process(
-    tmp: Path, *flags: str, env: dict[str, str] | None = None, nofile: int | None = None
+    tmp: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    nofile: int | None = None,
+    scheme: str = "http",
+    verify: Any = True,
 ) -> Iterator[ServeProcess]:
     """``fnrt serve`` on a free port over ``tmp/store`` (open files capped at ``nofile``,
     soft and hard), until the block ends; then SIGTERM, and SIGKILL past 30 s."""
@@ -353,7 +358,7 @@ def serve_process(
     log: list[str] = []
     # keep reading its log, so a full pipe never blocks the server
     threading.Thread(target=lambda: log.extend(proc.stderr or []), daemon=True).start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{scheme}://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:  # until it answers, or exits
@@ -362,7 +367,7 @@ def serve_process(
             if time.monotonic() > deadline:
                 raise AssertionError(f"fnrt serve did not answer in 60 s: {''.join(log)}")
             try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{url}/healthz", timeout=1, verify=verify).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.05)

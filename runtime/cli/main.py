@@ -34,7 +34,9 @@ from fnrt.runtime.settings import (
     env_s3_endpoint,
     env_server_settings,
     env_trace_settings,
+    read_token_file,
     s3_config,
+    split_origins,
 )
 from fnrt.tracing.setup import TraceConfig
 
@@ -42,6 +44,8 @@ EPILOG = "Docs: README.md and docs/ in the fnrt repository."
 #: ``fnrt serve``'s exit status when the server never started (the port taken, say),
 #: as uvicorn's own.
 STARTUP_FAILURE = 3
+#: ``fnrt serve``'s exit status for settings it refuses to run with.
+USAGE_ERROR = 2
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -85,6 +89,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("body_timeout_s", "body_timeout_s"),
         ("max_connections", "max_connections"),
         ("fd_reserve", "fd_reserve"),
+        ("invoke_keys_file", "invoke_keys_file"),
+        ("ssl_certfile", "ssl_certfile"),
+        ("ssl_keyfile", "ssl_keyfile"),
         ("max_queued", "max_queued"),
         ("device", "device"),
         ("log_level", "log_level"),
@@ -92,6 +99,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None:
             found[key] = value
+    if args.admin_token_file is not None:
+        found["admin_token"] = read_token_file(args.admin_token_file)
+    if args.cors_origins is not None:
+        found["cors_origins"] = split_origins(args.cors_origins)
     if args.preload:
         found["preload"] = True
     if args.log_json:
@@ -114,9 +125,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(**found)  # type: ignore[arg-type]
     configure_logging(settings.log_level, json_lines=settings.log_json)
     if settings.admin_open and not _is_loopback(settings.host):
+        if not args.insecure_open_admin:
+            print(
+                f"error: refusing to serve {settings.host} without an admin token: anyone who "
+                "reaches it could deploy code and run it here. Set --admin-token-file, "
+                "FNRT_ADMIN_TOKEN_FILE or FNRT_ADMIN_TOKEN (or, on a network you trust, "
+                "pass --insecure-open-admin)",
+                file=sys.stderr,
+            )
+            return USAGE_ERROR
         print(
-            f"warning: admin routes are open to anyone who reaches {settings.host}; "
-            "set --admin-token or FNRT_ADMIN_TOKEN",
+            f"WARNING: admin routes (deploy: running code) are open to anyone who reaches "
+            f"{settings.host} (--insecure-open-admin)",
             file=sys.stderr,
         )
     app = build_app(settings)
@@ -355,8 +375,33 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"local cache folder (FNRT_CACHE_DIR; e.g. {default_cache_dir()})",
     )
     p.add_argument(
-        "--admin-token", help="require this bearer token on admin routes (FNRT_ADMIN_TOKEN)"
+        "--admin-token",
+        help="require this bearer token on admin routes (FNRT_ADMIN_TOKEN; visible in ps: "
+        "prefer --admin-token-file)",
     )
+    p.add_argument(
+        "--admin-token-file",
+        type=Path,
+        help="read the admin token from this file's first line (FNRT_ADMIN_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--insecure-open-admin",
+        action="store_true",
+        help="serve a non-loopback address with no admin token (anyone who reaches it can "
+        "deploy code); without it, fnrt serve refuses to start so",
+    )
+    p.add_argument(
+        "--invoke-keys-file",
+        type=Path,
+        help='JSON {"function" or "*": ["key", ...]}: those functions answer only '
+        "'Authorization: Bearer <key>' (FNRT_INVOKE_KEYS_FILE)",
+    )
+    p.add_argument(
+        "--cors-origins",
+        help="browser origins allowed to call, comma-separated, or '*' (FNRT_CORS_ORIGINS)",
+    )
+    p.add_argument("--ssl-certfile", type=Path, help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--ssl-keyfile", type=Path, help="the certificate's private key (PEM)")
     p.add_argument(
         "--max-queued",
         type=int,

@@ -9,7 +9,9 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from fnrt.functions.errors import FnrtError
 from fnrt.runtime.clock import Clock
@@ -21,9 +23,10 @@ from fnrt.runtime.http.connection import (
     guarded_protocol,
     raise_descriptor_limit,
 )
-from fnrt.runtime.http.invoke import INVOKE_PATH, Scope, Send, serve_invoke
+from fnrt.runtime.http.invoke import INVOKE_PATH, SERVED_HEADERS, Scope, Send, serve_invoke
 from fnrt.runtime.http.oip import routes as oip_routes
 from fnrt.runtime.http.oip.infer import INFER_PATH, serve_infer
+from fnrt.runtime.http.oip.wire import HEADER_LENGTH
 from fnrt.runtime.http.problems import (
     fnrt_error_handler,
     http_error_handler,
@@ -61,9 +64,29 @@ _RAW_ROUTES = [
 
 class FnrtApp(Starlette):
     """Starlette, with invokes and infers (the hot path) answered before its middleware
-    and router."""
+    and router; behind CORS when origins are allowed (``allow_origins``)."""
+
+    _cors: ASGIApp | None = None
+
+    def allow_origins(self, origins: tuple[str, ...]) -> None:
+        """Answer CORS preflights and mark responses for these browser origins ("*": any)."""
+        if origins:
+            self._cors = CORSMiddleware(
+                self._dispatch,
+                allow_origins=list(origins),
+                allow_methods=["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS"],
+                allow_headers=["*"],
+                expose_headers=[*SERVED_HEADERS, "retry-after", HEADER_LENGTH],
+                max_age=600,
+            )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._cors is not None:
+            await self._cors(scope, receive, send)
+        else:
+            await self._dispatch(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             match = INVOKE_PATH.fullmatch(path)
@@ -80,7 +103,7 @@ class FnrtApp(Starlette):
                 name, k = match.groups()
                 await split.serve_split(self.state.node, name, k, scope, receive, send)
                 return
-        await super().__call__(scope, receive, send)
+        await Starlette.__call__(self, scope, receive, send)
 
 
 def connection_limits(settings: ServerSettings) -> ConnectionLimits:
@@ -106,6 +129,8 @@ def server_config(app: Starlette, settings: ServerSettings) -> Any:
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=30,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )
 
 
@@ -165,5 +190,6 @@ def build_app(
         lifespan=lifespan,
     )
     app.state.node = node
+    app.allow_origins(node.settings.cors_origins)
     app.state.started = False
     return app

@@ -42,6 +42,14 @@ COLD_START_HEADER = "x-fnrt-cold-start"
 CACHE_HEADER = "x-fnrt-cache"
 #: "cache" or "function:NAME" when the version's circuit breaker was open.
 FALLBACK_HEADER = "x-fnrt-fallback"
+#: What a browser client may read of an answer (CORS ``expose_headers``).
+SERVED_HEADERS = (
+    "x-fnrt-version",
+    "x-fnrt-function",
+    "x-fnrt-cold-start",
+    "x-fnrt-cache",
+    "x-fnrt-fallback",
+)
 PRIORITY_HEADER = "x-fnrt-priority"
 #: Why a JSON body has a lower limit than msgpack (orjson parses holding the GIL).
 JSON_BODY_HINT = (
@@ -80,6 +88,8 @@ async def _answer(
 ) -> Answer:
     fmt = format_of(headers.get("content-type"))
     reply = negotiate(headers.get("accept"), fmt)
+    if node.invoke_keys is not None:
+        node.invoke_keys.check(name, headers)
     options = request_options(headers, trail.span, client_gone(receive))
     settings = node.settings
     limits = settings.tensor_limits

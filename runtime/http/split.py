@@ -59,6 +59,8 @@ async def _answer(
     node: Node, name: str, k: int, headers: Mapping[str, str], receive: Receive, trail: Trail
 ) -> Answer:
     reply = negotiate(headers.get("accept"), Format.MSGPACK)
+    if node.invoke_keys is not None:
+        node.invoke_keys.check(name, headers)
     options = request_options(headers, trail.span, client_gone(receive))
     body = await read_body(headers, receive, node.settings.max_body_bytes)
     started = time.perf_counter()  # server time starts with the whole body here: the

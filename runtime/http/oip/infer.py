@@ -51,6 +51,8 @@ async def _answer(
     receive: Receive,
     trail: Trail,
 ) -> Answer:
+    if node.invoke_keys is not None:
+        node.invoke_keys.check(name, headers)
     options = request_options(headers, trail.span, client_gone(receive))
     settings = node.settings
     limit, limits, json_limit = (
