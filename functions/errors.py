@@ -233,6 +233,14 @@ class InstanceLost(HandlerFailed):
         self.reason = reason
 
 
+class InstanceStopped(Unavailable):
+    """A batch was stopped while it ran (an unload, a shutdown): 503, retry elsewhere or
+    later; the instance was abandoned."""
+
+    def __init__(self, function: str, reason: str) -> None:
+        super().__init__(f"function '{function}': {reason}; retry", function=function)
+
+
 class HandlerTimeout(InstanceLost, DeadlineExceeded):
     """A batch ran past the function's ``isolation.timeout_s``: 504, instance replaced."""
 

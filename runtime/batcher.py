@@ -25,6 +25,7 @@ from fnrt.functions.errors import (
     FnrtError,
     HandlerFailed,
     InstanceLost,
+    InstanceStopped,
     Overloaded,
     Unavailable,
     VersionRetired,
@@ -244,6 +245,10 @@ class Batcher:
             batching.max_batch_size, flush_delay_s(batching, len(self._queue), waited) or 0.0
         )
 
+    def fail_queued(self, error: BaseException) -> None:
+        """Answer every queued request with ``error`` now (a shutdown cutting them off)."""
+        self._fail_queued(error)
+
     def _fail_queued(self, error: BaseException) -> None:
         for pending in self._queue.drain():
             self._admission.queued -= 1
@@ -328,7 +333,9 @@ class Batcher:
                 totals.batch(len(batch), handed_s, ran.infer_s, ran.output_s)
             self._events.batch(self.version, batch, started, started_ns, elapsed, failure)
 
-    def _batch_error(self, exc: Exception, size: int) -> HandlerFailed:
+    def _batch_error(self, exc: Exception, size: int) -> FnrtError:
+        if isinstance(exc, InstanceStopped):
+            return exc  # an unload or a shutdown stopped it: 503, logged by the pool
         error_id = new_error_id()
         if isinstance(exc, InstanceLost):
             exc.error_id = error_id

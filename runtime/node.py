@@ -39,6 +39,9 @@ from fnrt.tracing.telemetry import Telemetry
 
 log = logging.getLogger("fnrt.node")
 
+#: How long closing waits for accepted work before cutting it off (503).
+CLOSE_TIMEOUT_S = 30.0
+
 
 @dataclass(frozen=True, eq=False)
 class Node:
@@ -71,9 +74,27 @@ class Node:
         await self.registry.start(preload=self.settings.preload)
         self.sweeper.start()
 
-    async def close(self) -> None:
-        """Stop the timers, finish what was accepted, unload everything."""
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for queued and running work to finish, then cut off
+        what is left (503: retry elsewhere) and abandon instances that still run. True
+        when everything finished in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(s.queued or s.activity().busy for s in self.schedulers()):
+            if loop.time() >= deadline:
+                busy = [s.key for s in self.schedulers() if s.queued or s.activity().busy]
+                log.warning("shutdown: cutting off %s after %.1f s", ", ".join(busy), timeout_s)
+                for scheduler in self.schedulers():
+                    scheduler.stop("the server is shutting down")
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the timers, finish what was accepted (cut off past ``timeout_s``), unload
+        everything."""
         await self.sweeper.close()
+        await self.drain(timeout_s)
         await self.registry.close()
         await self.splits.close()
 

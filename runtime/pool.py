@@ -23,7 +23,13 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fnrt.functions.errors import FnrtError, HandlerTimeout, InstanceLost, LoadError
+from fnrt.functions.errors import (
+    FnrtError,
+    HandlerTimeout,
+    InstanceLost,
+    InstanceStopped,
+    LoadError,
+)
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
@@ -71,6 +77,8 @@ class Slot:
     retry_at: float = 0.0  # no load before this clock time (backoff)
     backing_off: bool = False  # its load is waiting out the backoff
     worker: asyncio.Task[None] | None = field(default=None, repr=False)  # the batcher's
+    running_future: asyncio.Future[Ran] | None = field(default=None, repr=False)  # its batch
+    stop_reason: str | None = None  # why its running batch is being stopped (stop_running)
 
     @property
     def primary(self) -> bool:
@@ -273,7 +281,9 @@ class InstancePool:
         slot.running = True
         loop = asyncio.get_running_loop()
         try:
-            ran = loop.run_in_executor(instance.executor, instance.run_timed, batch)
+            ran = slot.running_future = loop.run_in_executor(
+                instance.executor, instance.run_timed, batch
+            )
             if self._thread_timeout_s:  # a worker process times its batches itself
                 try:
                     result = await asyncio.wait_for(ran, self._thread_timeout_s)
@@ -284,11 +294,45 @@ class InstancePool:
         except InstanceLost as exc:
             await self._lose(slot, instance, exc)
             raise
+        except asyncio.CancelledError:
+            reason = slot.stop_reason
+            if reason is None:  # the batcher's own task was cancelled
+                raise
+            slot.stop_reason = None
+            await self._stopped(slot, instance)
+            raise InstanceStopped(self.name, reason) from None
         finally:
             slot.running = False
+            slot.running_future = None
             slot.last_active = self._clock.now()
         slot.failures = 0
         return result
+
+    def stop_running(self, reason: str) -> int:
+        """Stop every batch running now (a handler that may never return): its requests
+        get InstanceStopped (503), its instance is abandoned and not restarted. The
+        number of batches stopped."""
+        stopped = 0
+        for slot in self.slots:
+            running = slot.running_future
+            if running is not None and not running.done():
+                slot.stop_reason = reason
+                running.cancel()  # the thread runs on, if it must; nobody waits for it
+                stopped += 1
+        return stopped
+
+    async def _stopped(self, slot: Slot, instance: Runnable) -> None:
+        if slot.instance is instance:
+            slot.instance = None
+        self._stats.unloads += 1
+        log.warning(
+            "%s %s: stopped instance %d while it ran a batch",
+            self.name,
+            self.version.version,
+            slot.index,
+        )
+        await asyncio.to_thread(instance.abandon)
+        self.changed()
 
     async def _lose(self, slot: Slot, instance: Runnable, error: InstanceLost) -> None:
         if slot.instance is instance:

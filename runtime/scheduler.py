@@ -12,12 +12,14 @@ directly. :class:`SchedulerFactory` builds them with the node's services.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fnrt.functions.errors import Unavailable
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader, Runnable
@@ -186,6 +188,30 @@ class Scheduler:
         return await self.pool.scale_to_zero(
             now, self.batcher.queued, force=force, keep_primary=keep_primary
         )
+
+    async def unload(self, wait_s: float) -> int:
+        """Scale to zero now, waiting up to ``wait_s`` for running batches to finish and
+        stopping those that do not (503 for their requests); the batches stopped."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s  # real time: this waits on running handlers
+        await self.scale_to_zero(self._clock.now(), force=True)
+        while self.pool.instances and self.activity().busy and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            await self.scale_to_zero(self._clock.now(), force=True)
+        stopped = self.pool.stop_running("unloaded while its batch ran")
+        settle = loop.time() + 1.0
+        while self.activity().busy and loop.time() < settle:  # the stopped batches unwind
+            await asyncio.sleep(0.01)
+        await self.scale_to_zero(self._clock.now(), force=True)
+        return stopped
+
+    def stop(self, reason: str) -> None:
+        """Cut off everything now: queued requests and running batches answer 503
+        (``reason``), running instances are abandoned. For a shutdown past its time."""
+        self.batcher.closing = True
+        self.batcher.fail_queued(Unavailable(f"function '{self.name}': {reason}; retry"))
+        self.pool.stop_running(reason)
+        self.batcher.wake()
 
     async def close(self) -> None:
         """Stop taking requests, finish the queued ones, then unload."""

@@ -13,10 +13,9 @@ from fnrt.functions.errors import FnrtError
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    import uvicorn
 
     from fnrt.runtime.dev import Reload, watch
-    from fnrt.runtime.http.app import build_app, server_config
+    from fnrt.runtime.http.app import build_app, make_server
     from fnrt.runtime.settings import ServerSettings
     from fnrt.tracing.logs import configure_logging
 
@@ -35,7 +34,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     app = build_app(settings)
     node = app.state.node
-    server = uvicorn.Server(server_config(app, settings))
+    server = make_server(app, settings)
 
     def report(reload: Reload) -> None:
         if reload.error is not None:

@@ -10,8 +10,11 @@ import argparse
 import contextlib
 import ipaddress
 import json
+import logging
+import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +69,8 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
 
-    from fnrt.runtime.http.app import build_app, server_config
+    from fnrt.runtime.http.app import build_app, make_server
     from fnrt.tracing.logs import configure_logging
 
     found = env_server_settings()
@@ -89,6 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("body_timeout_s", "body_timeout_s"),
         ("max_connections", "max_connections"),
         ("fd_reserve", "fd_reserve"),
+        ("shutdown_timeout_s", "shutdown_timeout_s"),
         ("invoke_keys_file", "invoke_keys_file"),
         ("ssl_certfile", "ssl_certfile"),
         ("ssl_keyfile", "ssl_keyfile"),
@@ -144,10 +147,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"fnrt: serving store {settings.store} on http://{settings.host}:{settings.port}",
         file=sys.stderr,
     )
-    server = uvicorn.Server(server_config(app, settings))
+    server = make_server(app, settings)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
         server.run()
-    return 0 if server.started else STARTUP_FAILURE
+    code = 0 if server.started else STARTUP_FAILURE
+    exit_past_stuck_threads(code)
+    return code
+
+
+def exit_past_stuck_threads(code: int) -> None:
+    """Exit now if a handler's thread is stuck (abandoned at shutdown): Python would
+    otherwise wait for it at exit, for ever. Logs and telemetry are flushed by then."""
+    stuck = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and t.is_alive() and not t.daemon
+    ]
+    if stuck:
+        print(f"fnrt: exiting past threads still running: {', '.join(stuck)}", file=sys.stderr)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _is_loopback(host: str) -> bool:
@@ -449,6 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="open connections at most; at the cap a new one closes the longest idle, or "
         "gets 503 when all are busy (FNRT_MAX_CONNECTIONS; default: the descriptor limit "
         "less --fd-reserve)",
+    )
+    p.add_argument(
+        "--shutdown-timeout-s",
+        type=float,
+        help="after SIGTERM, how long work in flight may finish; then what is still "
+        "queued or running answers 503 and the server exits, whatever handlers do "
+        "(FNRT_SHUTDOWN_TIMEOUT_S; default 30)",
     )
     p.add_argument(
         "--fd-reserve",

@@ -228,12 +228,23 @@ async def warm(request: Request) -> Response:
 
 @admin
 async def unload(request: Request) -> Response:
-    """Scale the function to zero now (when it is idle; its files stay in the disk cache)."""
+    """Scale the function to zero now; its files stay in the disk cache. A batch still
+    running after ``?wait_s=`` (default 10) is stopped: its requests get 503 and its
+    instance is abandoned (a handler that never returns cannot hold it)."""
     node = node_of(request)
+    wait_s = _query_int(request, "wait_s", UNLOAD_WAIT_S, 0, 3600)
     scheduler = await node.registry.get(request.path_params["name"])
-    unloaded = await scheduler.scale_to_zero(node.clock.now(), force=True)
-    body = {"name": scheduler.name, "unloaded": unloaded, "state": scheduler.state.value}
+    stopped = await scheduler.unload(wait_s)
+    body = {
+        "name": scheduler.name,
+        "unloaded": scheduler.instances == 0,
+        "stopped_batches": stopped,
+        "state": scheduler.state.value,
+    }
     return JSONResponse(body)
+
+
+UNLOAD_WAIT_S = 10
 
 
 routes = [

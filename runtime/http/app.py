@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator
+import math
+import signal
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -128,10 +131,39 @@ def server_config(app: Starlette, settings: ServerSettings) -> Any:
         http=guarded_protocol(connection_limits(settings)),
         log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_s),
         ssl_certfile=settings.ssl_certfile,
         ssl_keyfile=settings.ssl_keyfile,
     )
+
+
+def make_server(app: Starlette, settings: ServerSettings) -> Any:
+    """A ``uvicorn.Server`` for ``app`` whose shutdown ends within its timeout whatever
+    handlers do: while uvicorn waits for requests in flight, the node drains, and past
+    ``shutdown_timeout_s`` (less a second to answer) what is still queued or running
+    answers 503 and hung instances are abandoned."""
+    import uvicorn
+
+    node: Node = app.state.node
+
+    class FnrtServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                # SIGTERM is the way to stop a server (Kubernetes, systemd): once it has
+                # stopped gracefully, exit 0 rather than die of the signal re-raised.
+                self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            drain_s = max(settings.shutdown_timeout_s - 1.0, 0.5)
+            draining = asyncio.ensure_future(node.drain(drain_s))
+            try:
+                await super().shutdown(sockets)
+            finally:
+                draining.cancel()
+
+    return FnrtServer(server_config(app, settings))
 
 
 def build_telemetry(settings: ServerSettings) -> Telemetry:
@@ -170,7 +202,7 @@ def build_app(
             yield
         finally:
             app.state.started = False
-            await serving.close()
+            await serving.close(settings.shutdown_timeout_s)
             serving.telemetry.close()  # export the spans and log lines still buffered
 
     app = FnrtApp(

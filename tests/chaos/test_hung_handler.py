@@ -1,0 +1,68 @@
+"""A handler that never returns cannot hold an unload or a shutdown."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from fnrt.runtime.cli.main import main
+from support import MISBEHAVING_HANDLER, serve_process, wait_until, write_function
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:H"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[batching]
+max_batch_size = 1
+"""
+HANG = {"x": [[3, 0, 0, 0]]}  # 3: the handler sleeps for an hour
+FINE = {"x": [[7, 0, 0, 0]]}  # 7: it answers
+
+
+def describe(url: str, name: str) -> dict:
+    return httpx.get(f"{url}/v1/functions/{name}").json()
+
+
+def test_unload_stops_a_batch_that_never_returns(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "hangs", MISBEHAVING_HANDLER, manifest=MANIFEST)
+    with serve_process(tmp_path, "--log-level", "warning") as server, ThreadPoolExecutor(2) as pool:
+        assert main(["deploy", str(folder), "--server", server.url, "-q"]) == 0
+        url = f"{server.url}/v1/functions/hangs"
+        hung = pool.submit(httpx.post, f"{url}/invoke", json=HANG, timeout=60)
+        wait_until(lambda: describe(server.url, "hangs")["instance"]["requests"] >= 1, 30)
+        r = httpx.post(f"{url}/unload", params={"wait_s": 0}, timeout=30)
+        assert r.json()["unloaded"] is True and r.json()["stopped_batches"] == 1  # was false
+        answer = hung.result()
+        assert answer.status_code == 503 and "retry" in answer.json()["error"]
+        ok = httpx.post(f"{url}/invoke", json=FINE, timeout=30)
+        assert ok.status_code == 200  # a new instance serves
+
+
+def test_shutdown_ends_in_its_time_whatever_the_handler_does(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "hangs", MISBEHAVING_HANDLER, manifest=MANIFEST)
+    flags = ("--log-level", "warning", "--shutdown-timeout-s", "2")
+    with serve_process(tmp_path, *flags) as server, ThreadPoolExecutor(2) as pool:
+        assert main(["deploy", str(folder), "--server", server.url, "-q"]) == 0
+        url = f"{server.url}/v1/functions/hangs/invoke"
+        hung = pool.submit(httpx.post, url, json=HANG, timeout=60)
+        wait_until(lambda: describe(server.url, "hangs")["instance"]["requests"] >= 1, 30)
+        queued = pool.submit(httpx.post, url, json=FINE, timeout=60)
+        wait_until(lambda: describe(server.url, "hangs")["instance"]["queued"] == 1, 30)
+        server.proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        try:
+            code = server.proc.wait(30)  # was: alive until SIGKILL
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the server did not exit after SIGTERM") from None
+        assert code == 0, "".join(server.log)[-2000:]
+        assert time.monotonic() - started < 30
+        assert hung.result().status_code == 503
+        assert queued.result().status_code == 503  # cut off at shutdown: retryable, not 500
