@@ -189,21 +189,22 @@ class Scheduler:
             now, self.batcher.queued, force=force, keep_primary=keep_primary
         )
 
-    async def unload(self, wait_s: float) -> int:
+    async def unload(self, wait_s: float) -> tuple[bool, int]:
         """Scale to zero now, waiting up to ``wait_s`` for running batches to finish and
-        stopping those that do not (503 for their requests); the batches stopped."""
+        stopping those that do not (503 for their requests). Whether any instance was
+        unloaded, and the batches stopped."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s  # real time: this waits on running handlers
-        await self.scale_to_zero(self._clock.now(), force=True)
+        dropped = await self.scale_to_zero(self._clock.now(), force=True)
         while self.pool.instances and self.activity().busy and loop.time() < deadline:
             await asyncio.sleep(0.05)
-            await self.scale_to_zero(self._clock.now(), force=True)
+            dropped |= await self.scale_to_zero(self._clock.now(), force=True)
         stopped = self.pool.stop_running("unloaded while its batch ran")
         settle = loop.time() + 1.0
         while self.activity().busy and loop.time() < settle:  # the stopped batches unwind
             await asyncio.sleep(0.01)
-        await self.scale_to_zero(self._clock.now(), force=True)
-        return stopped
+        dropped |= await self.scale_to_zero(self._clock.now(), force=True)
+        return dropped or stopped > 0, stopped
 
     def stop(self, reason: str) -> None:
         """Cut off everything now: queued requests and running batches answer 503

@@ -234,10 +234,10 @@ async def unload(request: Request) -> Response:
     node = node_of(request)
     wait_s = _query_int(request, "wait_s", UNLOAD_WAIT_S, 0, 3600)
     scheduler = await node.registry.get(request.path_params["name"])
-    stopped = await scheduler.unload(wait_s)
+    unloaded, stopped = await scheduler.unload(wait_s)
     body = {
         "name": scheduler.name,
-        "unloaded": scheduler.instances == 0,
+        "unloaded": unloaded,
         "stopped_batches": stopped,
         "state": scheduler.state.value,
     }

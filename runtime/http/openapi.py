@@ -303,7 +303,19 @@ def _v1() -> dict[str, Schema]:
         "/v1/functions/{name}/unload": {
             "parameters": [NAME],
             "post": admin_op(
-                "Scale to zero now (when idle)", "unload", ok({"type": "object"}), 404
+                "Scale to zero now; a batch still running after wait_s is stopped (503)",
+                "unload",
+                ok({"type": "object"}),
+                400,
+                404,
+                parameters=[
+                    {
+                        "name": "wait_s",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 3600},
+                        "description": "seconds to wait for running batches (default 10)",
+                    }
+                ],
             ),
         },
         **_v1_versions(),

@@ -66,3 +66,45 @@ def test_shutdown_ends_in_its_time_whatever_the_handler_does(tmp_path: Path) -> 
         assert time.monotonic() - started < 30
         assert hung.result().status_code == 503
         assert queued.result().status_code == 503  # cut off at shutdown: retryable, not 500
+
+
+CRASHING = """
+name = "{name}"
+handler = "handler:H"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[batching]
+max_batch_size = 1
+
+[isolation]
+mode = "process"
+restart_backoff_s = 0.05
+max_backoff_s = 0.2
+
+[breaker]
+min_requests = 5
+"""
+
+
+def test_a_function_whose_instances_keep_dying_is_marked_failing(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "crashes", MISBEHAVING_HANDLER, manifest=CRASHING)
+    ok = write_function(tmp_path / "src", "fine", MISBEHAVING_HANDLER, manifest=MANIFEST)
+    with serve_process(tmp_path, "--log-level", "warning") as server:
+        for f in (folder, ok):
+            assert main(["deploy", str(f), "--server", server.url, "-q"]) == 0
+        statuses = []
+        for _ in range(12):  # 1: every call segfaults its worker
+            r = httpx.post(f"{server.url}/v1/functions/crashes/invoke", json={"x": [[1, 0, 0, 0]]})
+            statuses.append(r.status_code)
+            fine = httpx.post(f"{server.url}/v1/functions/fine/invoke", json=FINE)
+            assert fine.status_code == 200  # its neighbour never notices
+        assert set(statuses[:5]) == {500}  # the worker dies, is restarted, dies again
+        assert statuses[-1] == 503  # then the circuit opens: a clear, fast 503
+        last = httpx.post(f"{server.url}/v1/functions/crashes/invoke", json={"x": [[1, 0, 0, 0]]})
+        assert "circuit" in last.json()["error"] and "retry-after" in last.headers
+        described = describe(server.url, "crashes")["instance"]
+        assert described["breaker"]["state"] == "open"
+        assert described["restarts"]["signal"] >= 5
+        assert "SIGSEGV" in described["last_restart_reason"]

@@ -45,6 +45,7 @@ def test_deploy_list_describe_warm_delete(tmp_path: Path) -> None:
             assert c.post("/v1/functions/echo/unload").json() == {
                 "name": "echo",
                 "unloaded": True,
+                "stopped_batches": 0,
                 "state": "cold",
             }
             assert c.post("/v1/functions/echo/unload").json()["unloaded"] is False
