@@ -100,7 +100,7 @@ class ServerSettings:
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
             raise ValueError("memory_budget_bytes: must be > 0")
 
-    @property
+    @functools.cached_property
     def json_body_limit(self) -> int:
         return min(self.max_json_body_bytes, self.max_body_bytes)
 

@@ -16,15 +16,16 @@ failed. :class:`GuardedProtocol` is uvicorn's httptools protocol with:
 
 The cap sits below the process's descriptor limit by a reserve for the
 store, the disk cache and worker processes (:func:`connection_cap`). A
-request that arrives whole in one read, the usual case, arms no timer.
+request that arrives whole in one read, the usual case, arms no timer, and
+only ``data_received`` runs in Python per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import resource
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,21 +84,24 @@ _HEAD_TIMEOUT = (
 )
 
 
+_SEEN = itertools.count()  # orders connections by when they were last seen
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with read deadlines and an evicting connection cap.
 
-    Subclassed per server by :func:`guarded_protocol`, which sets ``limits`` and
-    the server's shared table of idle connections (oldest first)."""
+    Subclassed per server by :func:`guarded_protocol`, which sets ``limits``. Only
+    ``data_received`` runs per request (the hot path): whether a head or a body is
+    half read is told from uvicorn's own request cycle, and the idle connection to
+    evict is looked for only at the cap."""
 
     limits: ConnectionLimits = ConnectionLimits()
-    idle: OrderedDict[GuardedProtocol, None] = OrderedDict()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._began_at = 0.0  # loop time the current request (or the connection) began
-        self._last_read_at = 0.0
-        self._in_head = True  # a fresh connection waits for its first request head
-        self._in_body = False
+        self._last_seen = 0.0  # loop time of the last read (or of the connection)
+        self._order = 0  # when it was last seen, as a sequence (loop time is coarse)
+        self._head_since: float | None = None  # a request head began arriving then
         self._timer: asyncio.TimerHandle | None = None
 
     # --- the connection ----------------------------------------------------------------
@@ -109,60 +113,60 @@ class GuardedProtocol(HttpToolsProtocol):
             transport.write(_BUSY)
             transport.close()
             return
-        self._began_at = self._last_read_at = self.loop.time()
-        self.idle[self] = None
+        self._last_seen = self._head_since = self.loop.time()  # its first head is due
+        self._order = next(_SEEN)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.idle.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         super().connection_lost(exc)
 
+    @property
+    def _idle(self) -> bool:
+        """No request in progress: fresh, sending a head, or kept alive between requests."""
+        cycle = self.cycle
+        return cycle is None or cycle.response_complete
+
     def _evict_one(self) -> bool:
         """Close the connection idle longest (not this one); False when none is idle."""
-        for other in self.idle:
-            if other is not self:
-                del self.idle[other]
-                other.transport.close()
-                return True
-        return False
+        idle = [
+            c
+            for c in self.connections
+            if c is not self and isinstance(c, GuardedProtocol) and c._idle
+        ]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c._order)
+        oldest.transport.close()
+        return True
 
     # --- reading -----------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self._last_read_at = self.loop.time()
+        now = self._last_seen = self.loop.time()
+        self._order = next(_SEEN)
+        before = self.cycle
         super().data_received(data)
-        if (self._in_head or self._in_body) and self._timer is None:
+        cycle = self.cycle
+        if cycle is not before:  # a request head completed in this read
+            self._head_since = None
+        elif self._head_since is None and (cycle is None or cycle.response_complete):
+            self._head_since = now  # between requests: a head began
+        if self._timer is None and self._deadline() is not None:
             self._arm()  # a request left half read: it gets a deadline
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._began_at = self._last_read_at
-        self._in_head = True
-
-    def on_headers_complete(self) -> None:
-        self._in_head, self._in_body = False, True
-        self.idle.pop(self, None)  # a request in progress: not to be evicted
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self._in_body = False
-        super().on_message_complete()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self.idle[self] = None  # kept alive: idle again, newest last
 
     # --- deadlines ---------------------------------------------------------------------
 
     def _deadline(self) -> float | None:
-        if self._in_head:
-            return self._began_at + self.limits.header_timeout_s
-        if self._in_body:
-            return self._last_read_at + self.limits.body_timeout_s
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if cycle.more_body:  # its body is still arriving
+                return self._last_seen + self.limits.body_timeout_s
+            return None  # read whole: being answered
+        if self._head_since is not None:
+            return self._head_since + self.limits.header_timeout_s
         return None
 
     def _arm(self) -> None:
@@ -180,9 +184,8 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.loop.time() < deadline:  # it moved on since: wait for the rest
             self._timer = self.loop.call_at(deadline, self._check)
             return
-        if self._in_head:
-            if self.cycle is None or self.cycle.response_complete:
-                self.transport.write(_HEAD_TIMEOUT)
+        if self._idle:
+            self.transport.write(_HEAD_TIMEOUT)
             log.info(
                 "closing a connection: no request head within %ss", self.limits.header_timeout_s
             )
@@ -192,9 +195,5 @@ class GuardedProtocol(HttpToolsProtocol):
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
-    """A :class:`GuardedProtocol` class for one server: its limits, its idle table."""
-    return type(
-        "FnrtHttpProtocol",
-        (GuardedProtocol,),
-        {"limits": limits, "idle": OrderedDict()},
-    )
+    """A :class:`GuardedProtocol` class for one server's limits."""
+    return type("FnrtHttpProtocol", (GuardedProtocol,), {"limits": limits})
