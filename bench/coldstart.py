@@ -194,6 +194,7 @@ def main() -> None:
             assert tier == "l2", tier
             add("fnrt L2 wake -> first response", elapsed)
             add("fnrt L2 wake: handler load (map)", t["load_s"])
+            add("fnrt L2 wake: content check (xxh3, every load)", t["verify_s"])
 
             def baseline() -> None:
                 sd = torch.load(checkpoint, mmap=False, weights_only=True)
@@ -244,6 +245,8 @@ def main() -> None:
         print(f"L3 fetch speed vs boto3 download_file:      {download / fetch:.2f}x")
         print(f"raw read throughput of the cached file:     {size / read / 1e9:.2f} GB/s")
         print(f"L2 wake effective throughput:               {size / l2 / 1e9:.2f} GB/s")
+        check = med["fnrt L2 wake: content check (xxh3, every load)"]
+        print(f"content check at every load, share of L2 wake: {check / l2:.0%}")
         if args.plot:
             plot(med, args.plot)
     finally:

@@ -163,6 +163,18 @@ class StoreError(FnrtError):
     """The object store failed (not a missing key: that is NotFound)."""
 
 
+class CorruptBlob(FnrtError):
+    """A stored file no longer holds what its digest says: it is never served (500)."""
+
+    def __init__(self, digest: str, path: str, how: str) -> None:
+        super().__init__(
+            f"blob sha256:{digest} at {path} is corrupt ({how}): refusing to serve it; "
+            "restore the file or deploy the version again",
+            digest=digest,
+            path=path,
+        )
+
+
 class LoadError(FnrtError):
     """The handler's ``load`` raised; ``error_id`` points at the logged traceback."""
 

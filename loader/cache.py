@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fnrt.functions.bundle import file_digest
 from fnrt.functions.errors import IntegrityError
 from fnrt.functions.version import check_digest
+from fnrt.loader.integrity import fingerprint, quick_digest, read_record, write_record
 
 log = logging.getLogger("fnrt.cache")
 
@@ -55,10 +55,6 @@ class CacheResult:
     fetched: bool  # False: it was already on disk (an L2 hit)
     fetch_s: float = 0.0
     verify_s: float = 0.0
-
-
-def _stamp(st: os.stat_result) -> str:
-    return f"{st.st_size} {st.st_mtime_ns} {st.st_ino}"
 
 
 class BlobCache:
@@ -137,13 +133,13 @@ class BlobCache:
             try:
                 fetch(tmp)
                 fetched = time.perf_counter()
-                actual = file_digest(tmp)
-                if actual != digest:
-                    raise IntegrityError(digest, actual)
+                found = fingerprint(tmp)
+                if found.sha256 != digest:
+                    raise IntegrityError(digest, found.sha256)
                 with tmp.open("rb+") as f:
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
-                self._record(path)
+                write_record(path.with_suffix(".ok"), path, found.xxh3)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
@@ -159,26 +155,20 @@ class BlobCache:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _record(self, path: Path) -> None:
-        record = path.with_suffix(".ok")
-        tmp = self.tmp / f"{path.name[:16]}.{uuid.uuid4().hex[:8]}.ok"
-        tmp.write_text(_stamp(path.stat()))
-        os.replace(tmp, record)
-
     def _verified(self, path: Path, digest: str) -> bool:
-        """True if ``path`` holds ``digest``: by its record when the file is unchanged,
-        else by hashing it (a mismatch deletes it)."""
-        try:
-            st = path.stat()
-        except FileNotFoundError:
+        """True if ``path`` holds ``digest``: by its recorded xxh3 (read at every load,
+        ``integrity.py``), else by its sha256; a mismatch deletes it."""
+        if not path.exists():
             return False
         record = path.with_suffix(".ok")
-        with contextlib.suppress(FileNotFoundError):
-            if record.read_text() == _stamp(st):
-                return True
-        if file_digest(path) == digest:
-            self._record(path)
+        known = read_record(record)
+        if known is not None and quick_digest(path) == known:
             return True
+        if known is None:  # first seen (or an older record): the full check
+            found = fingerprint(path)
+            if found.sha256 == digest:
+                write_record(record, path, found.xxh3)
+                return True
         log.warning("cached blob %s does not match its digest; fetching it again", digest)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

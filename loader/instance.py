@@ -28,6 +28,7 @@ from fnrt.functions.tensors import coerce_result
 from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_rel
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.cache import BlobCache
+from fnrt.loader.integrity import Verifier
 from fnrt.loader.repository import Repository
 
 log = logging.getLogger("fnrt.loader")
@@ -174,10 +175,15 @@ class InstanceLoader:
         self.cache_dir = cache_dir
         self.device = device
         self.blob_cache = blob_cache
+        self.verifier = Verifier(Path(cache_dir) / "verified")  # blobs of a folder store
 
     def _blob_path(self, ref: FileRef, fetches: _Fetches | None = None) -> Path:
         local = self.repository.blob_path(ref.digest)
         if local is not None:
+            started = time.perf_counter()
+            self.verifier.check(local, ref.digest)  # read in place: checked at every load
+            if fetches is not None:
+                fetches.verify_s += time.perf_counter() - started
             return local
         if self.blob_cache is None:
             raise BlobNotFound(ref.digest)

@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from fnrt.functions.bundle import pack
 from fnrt.functions.manifest import load_manifest
 from fnrt.functions.version import VersionManifest
+from fnrt.loader.cache import BlobCache, CacheConfig
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
@@ -399,3 +400,20 @@ def hostile_bundle(*entries: tuple[str, bytes | None, str | None]) -> bytes:
                 info.size = len(data or b"")
                 tar.addfile(info, io.BytesIO(data or b""))
     return gzip.compress(raw.getvalue())
+
+
+def s3_registry(
+    tmp: Path, url: str, clock: Clock, memory_budget_bytes: int | None = None
+) -> Node:
+    """A node over the S3 store at ``url`` (bucket fnrt, prefix fns) with a disk cache."""
+    from s3support import FAST_RETRY
+
+    from fnrt.loader.stores.s3 import S3Config, S3Store
+
+    store = S3Store(
+        "fnrt", "fns", S3Config(endpoint_url=url, retry=FAST_RETRY, part_size_bytes=5 * 2**20)
+    )
+    repository = Repository(store)
+    cache = BlobCache(CacheConfig(tmp / "cache"))
+    loader = InstanceLoader(repository, tmp / "cache", detect_device("cpu"), cache)
+    return make_node(tmp, clock, loader=loader, memory_budget_bytes=memory_budget_bytes)

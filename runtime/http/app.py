@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import math
 import signal
@@ -67,29 +68,9 @@ _RAW_ROUTES = [
 
 class FnrtApp(Starlette):
     """Starlette, with invokes and infers (the hot path) answered before its middleware
-    and router; behind CORS when origins are allowed (``allow_origins``)."""
-
-    _cors: ASGIApp | None = None
-
-    def allow_origins(self, origins: tuple[str, ...]) -> None:
-        """Answer CORS preflights and mark responses for these browser origins ("*": any)."""
-        if origins:
-            self._cors = CORSMiddleware(
-                self._dispatch,
-                allow_origins=list(origins),
-                allow_methods=["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS"],
-                allow_headers=["*"],
-                expose_headers=[*SERVED_HEADERS, "retry-after", HEADER_LENGTH],
-                max_age=600,
-            )
+    and router."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._cors is not None:
-            await self._cors(scope, receive, send)
-        else:
-            await self._dispatch(scope, receive, send)
-
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             match = INVOKE_PATH.fullmatch(path)
@@ -107,6 +88,28 @@ class FnrtApp(Starlette):
                 await split.serve_split(self.state.node, name, k, scope, receive, send)
                 return
         await Starlette.__call__(self, scope, receive, send)
+
+
+class CorsFnrtApp(FnrtApp):
+    """:class:`FnrtApp` behind CORS: preflights answered and responses marked for the
+    allowed browser origins. A class of its own, so a server without CORS pays no
+    frame for it on the hot path."""
+
+    origins: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def _cors(self) -> ASGIApp:
+        return CORSMiddleware(
+            super().__call__,
+            allow_origins=list(self.origins),
+            allow_methods=["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=[*SERVED_HEADERS, "retry-after", HEADER_LENGTH],
+            max_age=600,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._cors(scope, receive, send)
 
 
 def connection_limits(settings: ServerSettings) -> ConnectionLimits:
@@ -205,7 +208,11 @@ def build_app(
             await serving.close(settings.shutdown_timeout_s)
             serving.telemetry.close()  # export the spans and log lines still buffered
 
-    app = FnrtApp(
+    origins = node.settings.cors_origins
+    app_class: type[FnrtApp] = (
+        type("FnrtApp", (CorsFnrtApp,), {"origins": origins}) if origins else FnrtApp
+    )
+    app = app_class(
         routes=[
             *_RAW_ROUTES,
             *admin.routes,
@@ -222,6 +229,5 @@ def build_app(
         lifespan=lifespan,
     )
     app.state.node = node
-    app.allow_origins(node.settings.cors_origins)
     app.state.started = False
     return app

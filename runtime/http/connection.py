@@ -100,7 +100,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._last_seen = 0.0  # loop time of the last read (or of the connection)
-        self._order = 0  # when it was last seen, as a sequence (loop time is coarse)
+        self._order = 0  # its place among connections made in the same loop tick
         self._head_since: float | None = None  # a request head began arriving then
         self._timer: asyncio.TimerHandle | None = None
 
@@ -138,24 +138,28 @@ class GuardedProtocol(HttpToolsProtocol):
         ]
         if not idle:
             return False
-        oldest = min(idle, key=lambda c: c._order)
+        oldest = min(idle, key=lambda c: (c._last_seen, c._order))
         oldest.transport.close()
         return True
 
     # --- reading -----------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        now = self._last_seen = self.loop.time()
-        self._order = next(_SEEN)
+        self._last_seen = self.loop.time()
         before = self.cycle
         super().data_received(data)
         cycle = self.cycle
-        if cycle is not before:  # a request head completed in this read
+        if cycle is not before:  # a request head completed in this read: the usual case
             self._head_since = None
-        elif self._head_since is None and (cycle is None or cycle.response_complete):
-            self._head_since = now  # between requests: a head began
-        if self._timer is None and self._deadline() is not None:
-            self._arm()  # a request left half read: it gets a deadline
+            if cycle.more_body and self._timer is None:
+                self._arm()  # its body is still to come: it gets a deadline
+        elif self._timer is None:  # a head (or a body) still arriving
+            self._partial_read(cycle)
+
+    def _partial_read(self, cycle: Any) -> None:
+        if self._head_since is None and (cycle is None or cycle.response_complete):
+            self._head_since = self._last_seen  # between requests: a head began
+        self._arm()
 
     # --- deadlines ---------------------------------------------------------------------
 

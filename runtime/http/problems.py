@@ -35,6 +35,7 @@ _STATUS: list[tuple[type[e.FnrtError], int]] = [
     (e.ClientLeft, 499),
     (e.HandlerTimeout, 504),
     (e.LoadError, 500),
+    (e.CorruptBlob, 500),
     (e.HandlerFailed, 500),
     (e.Unavailable, 503),
     (e.StoreError, 503),

@@ -8,14 +8,9 @@ from pathlib import Path
 import pytest
 from s3support import FaultProxy, MotoEndpoint
 
-from fnrt.loader.cache import BlobCache, CacheConfig
-from fnrt.loader.device import detect_device
-from fnrt.loader.instance import InstanceLoader
-from fnrt.loader.repository import Repository
 from fnrt.runtime.cli.main import main
 from fnrt.runtime.clock import ManualClock
-from fnrt.runtime.node import Node
-from support import LiveServer, gates, live_server, make_node, write_function
+from support import LiveServer, gates, live_server, s3_registry, write_function
 
 X = {"x": [[1.0, 2.0, 3.0, 4.0]]}
 
@@ -49,22 +44,6 @@ def deploy_to_s3(tmp: Path, s3: MotoEndpoint, name: str, size: int) -> None:
     folder = write_function(tmp / "src", name, WEIGHTED, MANIFEST, files={"w.bin": weights})
     argv = ["deploy", str(folder), "--store", "s3://fnrt/fns", "--s3-endpoint", s3.url, "-q"]
     assert main(argv) == 0
-
-
-def s3_registry(
-    tmp: Path, url: str, clock: ManualClock, memory_budget_bytes: int | None = None
-) -> Node:
-    from s3support import FAST_RETRY
-
-    from fnrt.loader.stores.s3 import S3Config, S3Store
-
-    store = S3Store(
-        "fnrt", "fns", S3Config(endpoint_url=url, retry=FAST_RETRY, part_size_bytes=5 * 2**20)
-    )
-    repository = Repository(store)
-    cache = BlobCache(CacheConfig(tmp / "cache"))
-    loader = InstanceLoader(repository, tmp / "cache", detect_device("cpu"), cache)
-    return make_node(tmp, clock, loader=loader, memory_budget_bytes=memory_budget_bytes)
 
 
 def invoke(srv: LiveServer, name: str) -> tuple[int, str | None]:
