@@ -28,7 +28,7 @@ from fnrt.functions.tensors import coerce_result
 from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_rel
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.cache import BlobCache
-from fnrt.loader.integrity import Verifier
+from fnrt.loader.integrity import Verifier, tree_differences
 from fnrt.loader.repository import Repository
 
 log = logging.getLogger("fnrt.loader")
@@ -206,11 +206,20 @@ class InstanceLoader:
                 self.blob_cache.unpin(digest)
 
     def code_dir(self, vm: VersionManifest, fetches: _Fetches | None = None) -> Path:
-        """The version's code, unpacked once per bundle digest (atomically)."""
-        return _materialise(
-            self.cache_dir / "code" / vm.bundle.digest,
-            lambda tmp: unpack_code(self._blob_path(vm.bundle, fetches).read_bytes(), tmp),
-        )
+        """The version's code, unpacked once per bundle digest (atomically), and checked
+        against its bundle at every load: a tree changed since is unpacked again."""
+        bundle = self._blob_path(vm.bundle, fetches).read_bytes()
+        dest = self.cache_dir / "code" / vm.bundle.digest
+        if dest.is_dir():
+            changed = tree_differences(dest, bundle)
+            if changed:
+                log.warning(
+                    "code of %s changed in the cache (%s): unpacking it again",
+                    vm.version,
+                    ", ".join(changed[:5]),
+                )
+                shutil.rmtree(dest, ignore_errors=True)
+        return _materialise(dest, lambda tmp: unpack_code(bundle, tmp))
 
     def artifact_path(self, ref: ArtifactRef, fetches: _Fetches | None = None) -> Path:
         """A local path for an artifact: the blob itself, or a folder of links to blobs."""

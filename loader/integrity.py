@@ -90,3 +90,28 @@ class Verifier:
         if found.sha256 != digest:
             raise CorruptBlob(digest, str(path), f"it hashes to sha256:{found.sha256}")
         write_record(record, path, found.xxh3)
+
+
+def tree_differences(folder: Path, bundle: bytes) -> list[str]:
+    """Files of ``folder`` that differ from the code bundle it was unpacked from:
+    changed, missing or added (``__pycache__`` aside). Empty when it is intact."""
+    import gzip
+    import io
+    import tarfile
+
+    expected: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(bundle)), mode="r") as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                data = tar.extractfile(member)
+                assert data is not None
+                expected[member.name] = xxhash.xxh3_128_hexdigest(data.read())
+    found: dict[str, str] = {}
+    for path in folder.rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            found[path.relative_to(folder).as_posix()] = xxhash.xxh3_128_hexdigest(
+                path.read_bytes()
+            )
+    return sorted(
+        name for name in expected.keys() | found.keys() if expected.get(name) != found.get(name)
+    )

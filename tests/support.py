@@ -402,9 +402,7 @@ def hostile_bundle(*entries: tuple[str, bytes | None, str | None]) -> bytes:
     return gzip.compress(raw.getvalue())
 
 
-def s3_registry(
-    tmp: Path, url: str, clock: Clock, memory_budget_bytes: int | None = None
-) -> Node:
+def s3_registry(tmp: Path, url: str, clock: Clock, memory_budget_bytes: int | None = None) -> Node:
     """A node over the S3 store at ``url`` (bucket fnrt, prefix fns) with a disk cache."""
     from s3support import FAST_RETRY
 

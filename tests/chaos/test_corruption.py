@@ -78,3 +78,19 @@ def test_a_corrupt_disk_cache_blob_is_fetched_again(tmp_path: Path, s3: MotoEndp
         assert r.json() == {"y": [[8, 9, 10, 11]]}  # fetched again from the store
         assert r.headers["x-fnrt-cold-start"] == "l3"
         assert cached.read_bytes() == WEIGHTS
+
+
+def test_code_edited_in_the_cache_is_unpacked_again(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "echo")
+    with live_server(tmp_path) as srv, srv.client() as c:
+        vm = publish(srv.node.repository, folder)
+        srv.call(srv.node.deployer.deploy(vm))
+        assert c.post("/v1/functions/echo/invoke", json=X).json() == {"y": [[2, 4, 6, 8]]}
+        assert c.post("/v1/functions/echo/unload").json()["unloaded"]
+        handler = tmp_path / "cache" / "code" / vm.bundle.digest / "handler.py"
+        st = handler.stat()
+        handler.write_text(handler.read_text().replace("* self.scale", "* 1000"))
+        os.utime(handler, ns=(st.st_atime_ns, st.st_mtime_ns))
+        r = c.post("/v1/functions/echo/invoke", json=X)
+        assert r.json() == {"y": [[2, 4, 6, 8]]}  # was: the edited code ran
+        assert "* 1000" not in handler.read_text()
