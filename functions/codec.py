@@ -141,7 +141,8 @@ def encode_array(array: np.ndarray[Any, Any]) -> dict[bytes, Any]:
     """
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
+    if not array.flags.c_contiguous:  # (ascontiguousarray would make a 0-d array 1-d)
+        array = np.ascontiguousarray(array)
     type_name = array.dtype.str
     if array.dtype == BFLOAT16:
         type_name, array = "bfloat16", array.view(np.uint16)

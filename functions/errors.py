@@ -116,6 +116,15 @@ class ResponseTooLarge(FnrtError):
         )
 
 
+class BodyTimeout(FnrtError):
+    """A request body stalled longer than the server waits between reads (408)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            f"the request body stalled for {timeout_s:g} s (--body-timeout-s)", timeout_s=timeout_s
+        )
+
+
 class UnsupportedMediaType(FnrtError):
     """The body's Content-Type or the requested Accept type is not one fnrt speaks."""
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from fnrt.functions.errors import BadRequest, PayloadTooLarge
+from fnrt.functions.errors import BadRequest, BodyTimeout, PayloadTooLarge
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -25,10 +26,15 @@ def client_gone(receive: Receive) -> Callable[[], bool] | None:
 
 
 async def read_body(
-    headers: Mapping[str, str], receive: Receive, limit_bytes: int, hint: str = ""
+    headers: Mapping[str, str],
+    receive: Receive,
+    limit_bytes: int,
+    hint: str = "",
+    timeout_s: float | None = None,
 ) -> bytes:
     """The whole body, refused with PayloadTooLarge (saying ``hint``) as soon as it
-    passes the limit."""
+    passes the limit, and with BodyTimeout (408) when it stalls for ``timeout_s``
+    between reads. The first read waits on no timer: a small body is there whole."""
     declared = headers.get("content-length")
     if declared is not None:
         try:
@@ -38,8 +44,8 @@ async def read_body(
             raise BadRequest(f"Content-Length {declared!r} is not a number") from None
     chunks: list[bytes] = []
     received = 0
+    message = await receive()
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
         chunk = message.get("body", b"")
@@ -49,3 +55,10 @@ async def read_body(
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if timeout_s is None:
+            message = await receive()
+            continue
+        try:
+            message = await asyncio.wait_for(receive(), timeout_s)
+        except TimeoutError:
+            raise BodyTimeout(timeout_s) from None

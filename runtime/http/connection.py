@@ -6,18 +6,19 @@ forever; and every held connection is a file descriptor. 1,100 of them
 against a limit of 1,024 left none for the store: 39 of 40 normal requests
 failed. :class:`GuardedProtocol` is uvicorn's httptools protocol with:
 
-- a deadline for the request head, from its first byte (or from the
-  connection, for the first request): ``header_timeout_s``, answered 408;
-- a deadline between reads of a body: ``body_timeout_s``, the connection
-  closed (the handler's read sees the client gone, 499);
+- a deadline for a request: a connection with none in progress (fresh, sending
+  a head, or idle between requests) for ``header_timeout_s`` is answered 408
+  and closed. A head dribbled a byte at a time never completes, so it is cut
+  off however it trickles;
 - a cap on open connections. At the cap a new connection closes the one idle
-  longest (fresh, reading a head, or kept alive between requests); only when
-  every connection has a request in progress is the new one refused (503).
+  longest; only when every connection has a request in progress is the new
+  one refused (503).
 
-The cap sits below the process's descriptor limit by a reserve for the
-store, the disk cache and worker processes (:func:`connection_cap`). A
-request that arrives whole in one read, the usual case, arms no timer, and
-only ``data_received`` runs in Python per request.
+A request's body has a deadline between reads too, ``body_timeout_s``, kept
+by ``body.read_body`` (a request read whole in one go, the usual case, waits
+on no timer). The cap sits below the process's descriptor limit by a reserve
+for the store, the disk cache and worker processes (:func:`connection_cap`).
+Nothing here runs per request: a sweep every ``SWEEP_S`` checks the deadlines.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import itertools
 import logging
 import resource
 from dataclasses import dataclass
-from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -66,6 +66,10 @@ def connection_cap(asked: int | None, descriptors: int, reserve: int) -> int:
     return room if asked is None else min(asked, room)
 
 
+#: How often connections are checked against their deadline: it is enforced within
+#: this much after it passes.
+SWEEP_S = 0.25
+
 _BUSY_BODY = b'{"error": "the server has as many connections as it allows, all busy; retry later"}'
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
@@ -84,44 +88,34 @@ _HEAD_TIMEOUT = (
 )
 
 
-_SEEN = itertools.count()  # orders connections by when they were last seen
+_ORDER = itertools.count()  # orders connections made within one tick of the loop's clock
 
 
 class GuardedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with read deadlines and an evicting connection cap.
+    """uvicorn's httptools protocol with a request deadline and an evicting connection cap.
 
-    Subclassed per server by :func:`guarded_protocol`, which sets ``limits``. Only
-    ``data_received`` runs per request (the hot path): whether a head or a body is
-    half read is told from uvicorn's own request cycle, and the idle connection to
-    evict is looked for only at the cap."""
+    Subclassed per server by :func:`guarded_protocol`, which sets ``limits``.
+    Nothing of it runs per request: a sweep (one timer for the server, every
+    ``SWEEP_S``) reads each connection's state from uvicorn's own request cycle,
+    and the idle connection to evict is looked for only at the cap."""
 
     limits: ConnectionLimits = ConnectionLimits()
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._last_seen = 0.0  # loop time of the last read (or of the connection)
-        self._order = 0  # its place among connections made in the same loop tick
-        self._head_since: float | None = None  # a request head began arriving then
-        self._timer: asyncio.TimerHandle | None = None
-
-    # --- the connection ----------------------------------------------------------------
+    sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._since = self.loop.time()  # in its current state (idle, or busy) since
+        self._state: object = None  # the request cycle the sweep saw last
+        self._order = next(_ORDER)
         if len(self.connections) > self.limits.max_connections and not self._evict_one():
             log.warning("refusing a connection: %d open, all busy", len(self.connections) - 1)
             transport.write(_BUSY)
             transport.close()
             return
-        self._last_seen = self._head_since = self.loop.time()  # its first head is due
-        self._order = next(_SEEN)
-        self._arm()
+        if self.sweeping[0] is None:
+            self._schedule_sweep()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        super().connection_lost(exc)
+    # --- the cap -----------------------------------------------------------------------
 
     @property
     def _idle(self) -> bool:
@@ -138,66 +132,41 @@ class GuardedProtocol(HttpToolsProtocol):
         ]
         if not idle:
             return False
-        oldest = min(idle, key=lambda c: (c._last_seen, c._order))
+        oldest = min(idle, key=lambda c: (c._since, c._order))
         oldest.transport.close()
         return True
 
-    # --- reading -----------------------------------------------------------------------
-
-    def data_received(self, data: bytes) -> None:
-        self._last_seen = self.loop.time()
-        before = self.cycle
-        super().data_received(data)
-        cycle = self.cycle
-        if cycle is not before:  # a request head completed in this read: the usual case
-            self._head_since = None
-            if cycle.more_body and self._timer is None:
-                self._arm()  # its body is still to come: it gets a deadline
-        elif self._timer is None:  # a head (or a body) still arriving
-            self._partial_read(cycle)
-
-    def _partial_read(self, cycle: Any) -> None:
-        if self._head_since is None and (cycle is None or cycle.response_complete):
-            self._head_since = self._last_seen  # between requests: a head began
-        self._arm()
-
     # --- deadlines ---------------------------------------------------------------------
 
-    def _deadline(self) -> float | None:
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            if cycle.more_body:  # its body is still arriving
-                return self._last_seen + self.limits.body_timeout_s
-            return None  # read whole: being answered
-        if self._head_since is not None:
-            return self._head_since + self.limits.header_timeout_s
-        return None
+    def _schedule_sweep(self) -> None:
+        self.sweeping[0] = self.loop.call_later(SWEEP_S, self._sweep)
 
-    def _arm(self) -> None:
-        deadline = self._deadline()
-        if deadline is not None:
-            self._timer = self.loop.call_at(deadline, self._check)
+    def _sweep(self) -> None:
+        """Close the connections past a deadline; again in ``SWEEP_S`` while any is open."""
+        self.sweeping[0] = None
+        now = self.loop.time()
+        for connection in list(self.connections):
+            if isinstance(connection, GuardedProtocol):
+                connection._check(now)
+        if self.connections:
+            self._schedule_sweep()
 
-    def _check(self) -> None:
-        self._timer = None
+    def _check(self, now: float) -> None:
         if self.transport.is_closing():
             return
-        deadline = self._deadline()
-        if deadline is None:  # the request was read in time
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:  # a request in progress
+            self._state, self._since = cycle, now  # (its body has read_body's deadline)
             return
-        if self.loop.time() < deadline:  # it moved on since: wait for the rest
-            self._timer = self.loop.call_at(deadline, self._check)
+        if cycle is not self._state:  # a request completed since the last look
+            self._state, self._since = cycle, now
             return
-        if self._idle:
+        if now - self._since >= self.limits.header_timeout_s:
             self.transport.write(_HEAD_TIMEOUT)
-            log.info(
-                "closing a connection: no request head within %ss", self.limits.header_timeout_s
-            )
-        else:
-            log.info("closing a connection: its body stalled for %ss", self.limits.body_timeout_s)
-        self.transport.close()
+            log.info("closing a connection: no request within %ss", self.limits.header_timeout_s)
+            self.transport.close()
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
     """A :class:`GuardedProtocol` class for one server's limits."""
-    return type("FnrtHttpProtocol", (GuardedProtocol,), {"limits": limits})
+    return type("FnrtHttpProtocol", (GuardedProtocol,), {"limits": limits, "sweeping": [None]})

@@ -94,9 +94,13 @@ async def _answer(
     settings = node.settings
     limits = settings.tensor_limits
     if fmt is Format.JSON:
-        body = await read_body(headers, receive, settings.json_body_limit, JSON_BODY_HINT)
+        body = await read_body(
+            headers, receive, settings.json_body_limit, JSON_BODY_HINT, settings.body_timeout_s
+        )
     else:
-        body = await read_body(headers, receive, settings.max_body_bytes)
+        body = await read_body(
+            headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
+        )
     decoded = decode(body, fmt, limits)
 
     def inputs(vm: VersionManifest) -> Decoded:

@@ -21,6 +21,7 @@ _STATUS: list[tuple[type[e.FnrtError], int]] = [
     (e.BadRequest, 400),
     (e.IntegrityError, 400),
     (e.Unauthorized, 401),
+    (e.BodyTimeout, 408),
     (e.NotFound, 404),
     (e.Conflict, 409),
     (e.PayloadTooLarge, 413),

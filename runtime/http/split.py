@@ -62,7 +62,10 @@ async def _answer(
     if node.invoke_keys is not None:
         node.invoke_keys.check(name, headers)
     options = request_options(headers, trail.span, client_gone(receive))
-    body = await read_body(headers, receive, node.settings.max_body_bytes)
+    settings = node.settings
+    body = await read_body(
+        headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     started = time.perf_counter()  # server time starts with the whole body here: the
     # upload is network time, which the device estimates its bandwidth from
     if format_of(headers.get("content-type"), default=Format.MSGPACK) is not Format.MSGPACK:

@@ -89,3 +89,9 @@ def test_content_negotiation() -> None:
     assert negotiate("text/html, application/json;q=0.9", Format.MSGPACK) is Format.JSON
     with pytest.raises(UnsupportedMediaType):
         negotiate("text/html", Format.JSON)
+
+
+def test_a_zero_dimensional_array_keeps_its_shape() -> None:
+    """Found by the decoder fuzz: 0-d arrays came back with shape [1]."""
+    back = decode_msgpack(encode_msgpack({"y": np.float32(2.5) * np.ones(())}))["y"]
+    assert back.shape == () and float(back) == 2.5

@@ -61,7 +61,9 @@ async def _answer(
         settings.json_body_limit,  # the JSON part's (all of a body without binary data)
     )
     body = decompress(
-        await read_body(headers, receive, limit), headers.get("content-encoding"), limit
+        await read_body(headers, receive, limit, timeout_s=settings.body_timeout_s),
+        headers.get("content-encoding"),
+        limit,
     )
     length = parse_header_length(headers.get(HEADER_LENGTH), len(body))
     decoded: list[InferRequest] = []  # the request as the chosen version decoded it
