@@ -16,7 +16,6 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 from fnrt.functions.errors import (
@@ -51,7 +50,7 @@ from fnrt.runtime.pool import (
     remote_traceback,
 )
 from fnrt.runtime.protection import Served
-from fnrt.runtime.queue import Outputs, Pending, Priority, RequestQueue
+from fnrt.runtime.queue import Client, Outputs, Pending, Priority, RequestQueue
 from fnrt.runtime.stats import Stats
 
 log = logging.getLogger("fnrt.batcher")
@@ -116,7 +115,7 @@ class Batcher:
         timeout_s: float | None = None,
         span: Any = None,
         cold: bool = False,
-        gone: Callable[[], bool] | None = None,
+        client: Client | None = None,
     ) -> Served:
         """Queue one request admitted at ``now`` (:meth:`admit`) and wait for its outputs.
 
@@ -131,7 +130,7 @@ class Batcher:
         deadline = now + timeout_s if timeout_s is not None else None
         chosen = self.default_priority if priority is None else priority  # HIGH is 0: falsy
         pending = Pending(inputs, future, now, chosen, deadline, cold)
-        pending.gone = gone
+        pending.client = client
         if span is not None:
             pending.span, pending.enqueued_ns = span, time.time_ns()
         self._queue.push(pending)

@@ -150,7 +150,7 @@ class Gateway:
                 decoded.priority if options.priority is None else options.priority,
                 decoded.timeout_s if options.timeout_s is None else options.timeout_s,
                 options.span,
-                options.gone,
+                options.client,
             )
         return Call(scheduler, inputs, options, self._clock.now(), target.split)
 
@@ -190,5 +190,5 @@ def _queue(scheduler: Scheduler, call: Call) -> Awaitable[Served]:
         timeout_s=options.timeout_s,
         span=options.span,
         now=call.started,
-        gone=options.gone,
+        client=options.client,
     )

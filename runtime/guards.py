@@ -30,7 +30,7 @@ from fnrt.functions.errors import FnrtError
 from fnrt.functions.handler import Request
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.protection import Served
-from fnrt.runtime.queue import Priority
+from fnrt.runtime.queue import Client, Priority
 from fnrt.runtime.result_cache import inputs_key
 from fnrt.runtime.scheduler import Scheduler
 
@@ -43,7 +43,7 @@ class Options:
     priority: Priority | None = None
     timeout_s: float | None = None
     span: Any = None  # the request's server span (tracing on)
-    gone: Callable[[], bool] | None = None  # whether the client has disconnected
+    client: Client | None = None  # its connection (whether the client left)
 
 
 @dataclass(eq=False, slots=True)

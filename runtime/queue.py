@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +37,12 @@ class Priority(IntEnum):
             raise ValueError(f"priority {text!r} is not high, normal or low") from None
 
 
+class Client(Protocol):
+    """A request's connection, as the queue sees it: whether it has gone."""
+
+    disconnected: bool
+
+
 @dataclass(eq=False)
 class Pending:
     """One queued request."""
@@ -51,7 +56,7 @@ class Pending:
     started: bool = field(default=False)  # taken into a batch
     span: Any = None  # the request's server span, when tracing is on
     enqueued_ns: int = 0  # wall-clock enqueue time for its queue span (tracing on)
-    gone: Callable[[], bool] | None = None  # whether its client has disconnected
+    client: Client | None = None  # its connection, when the server tells if it left
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,8 @@ class RequestQueue:
             if pending.deadline is not None and now >= pending.deadline:
                 expired.append(pending)
                 continue
-            if pending.gone is not None and pending.gone():
+            client = pending.client
+            if client is not None and client.disconnected:
                 abandoned.append(pending)
                 continue
             pending.started = True

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from fnrt.runtime.events import Events, NoEvents, StartKind
 from fnrt.runtime.outcomes import OutcomeWindow
 from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance, MakeRoom
 from fnrt.runtime.protection import Failure, Protection, Served
-from fnrt.runtime.queue import Priority
+from fnrt.runtime.queue import Client, Priority
 from fnrt.runtime.result_cache import ResultCache
 from fnrt.runtime.scaling import Activity
 from fnrt.runtime.stats import Stats
@@ -154,7 +154,7 @@ class Scheduler:
         timeout_s: float | None = None,
         span: Any = None,
         now: float | None = None,
-        gone: Callable[[], bool] | None = None,
+        client: Client | None = None,
     ) -> Awaitable[Served]:
         """Admit one request into the queue (raising at once if it may not join) and
         return what waits for its answer. No guards: those are ``Gateway.submit``'s.
@@ -168,7 +168,7 @@ class Scheduler:
         self.batcher.admit(now, timeout_s)
         cold = self.pool.count_start(now) is StartKind.COLD
         return self.batcher.enqueue(
-            inputs, now, priority=priority, timeout_s=timeout_s, span=span, cold=cold, gone=gone
+            inputs, now, priority=priority, timeout_s=timeout_s, span=span, cold=cold, client=client
         )
 
     async def warm(self) -> None:

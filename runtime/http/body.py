@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from fnrt.functions.errors import BadRequest, BodyTimeout, PayloadTooLarge
+from fnrt.runtime.queue import Client
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
@@ -15,14 +16,12 @@ class ClientGone(Exception):
     """The client disconnected before its body arrived."""
 
 
-def client_gone(receive: Receive) -> Callable[[], bool] | None:
-    """Whether the client has disconnected, where the server tells without a read
-    (uvicorn's request cycle keeps a ``disconnected`` flag); None elsewhere. The batcher
-    asks it before computing a queued request."""
+def client_of(receive: Receive) -> Client | None:
+    """The request's connection where the server tells, without a read, whether the
+    client left (uvicorn's request cycle keeps a ``disconnected`` flag); None elsewhere.
+    The batcher looks at it before computing a queued request."""
     cycle = getattr(receive, "__self__", None)
-    if cycle is None or not hasattr(cycle, "disconnected"):
-        return None
-    return lambda: bool(cycle.disconnected)
+    return cycle if hasattr(cycle, "disconnected") else None
 
 
 async def read_body(

@@ -18,11 +18,11 @@ from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Answered, Decoded, Options, Target
-from fnrt.runtime.http.body import ClientGone, Receive, client_gone, read_body
+from fnrt.runtime.http.body import ClientGone, Receive, client_of, read_body
 from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
-from fnrt.runtime.queue import Priority
+from fnrt.runtime.queue import Client, Priority
 from fnrt.tracing.spans import TRACERESPONSE, fail, traceresponse
 
 Scope = MutableMapping[str, Any]
@@ -60,7 +60,7 @@ TIMEOUT_HEADER = "x-fnrt-timeout-ms"
 
 
 def request_options(
-    headers: Mapping[str, str], span: Any = None, gone: Callable[[], bool] | None = None
+    headers: Mapping[str, str], span: Any = None, client: Client | None = None
 ) -> Options:
     """Priority and timeout from the request headers; BadRequest if malformed."""
     priority = None
@@ -80,7 +80,7 @@ def request_options(
             ) from None
         if not timeout_s > 0:
             raise BadRequest(f"{TIMEOUT_HEADER}: must be > 0")
-    return Options(priority, timeout_s, span, gone)
+    return Options(priority, timeout_s, span, client)
 
 
 async def _answer(
@@ -90,7 +90,7 @@ async def _answer(
     reply = negotiate(headers.get("accept"), fmt)
     if node.invoke_keys is not None:
         node.invoke_keys.check(name, headers)
-    options = request_options(headers, trail.span, client_gone(receive))
+    options = request_options(headers, trail.span, client_of(receive))
     settings = node.settings
     limits = settings.tensor_limits
     if fmt is Format.JSON:

@@ -24,7 +24,7 @@ from fnrt.edge.activation import unpack
 from fnrt.functions.codec import Format, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 from fnrt.runtime.gateway import ACTIVATION, Decoded, Target
-from fnrt.runtime.http.body import Receive, client_gone, read_body
+from fnrt.runtime.http.body import Receive, client_of, read_body
 from fnrt.runtime.http.invoke import (
     VERSION_HEADER,
     Answer,
@@ -61,7 +61,7 @@ async def _answer(
     reply = negotiate(headers.get("accept"), Format.MSGPACK)
     if node.invoke_keys is not None:
         node.invoke_keys.check(name, headers)
-    options = request_options(headers, trail.span, client_gone(receive))
+    options = request_options(headers, trail.span, client_of(receive))
     settings = node.settings
     body = await read_body(
         headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s

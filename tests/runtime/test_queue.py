@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from fnrt.runtime.queue import Pending, Priority, RequestQueue
 
@@ -72,7 +73,10 @@ def test_take_sets_aside_requests_whose_client_disconnected() -> None:
         pending(loop, "left", 0.0, Priority.NORMAL),
         pending(loop, "stays", 0.0, Priority.NORMAL),
     )
-    left.gone, stays.gone = (lambda: True), (lambda: False)
+    left.client, stays.client = (
+        SimpleNamespace(disconnected=True),
+        SimpleNamespace(disconnected=False),
+    )
     q.push(left)
     q.push(stays)
     taken = q.take(1, now=0.0)  # the one that left does not take a place in the batch

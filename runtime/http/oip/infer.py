@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Decoded, Target
-from fnrt.runtime.http.body import Receive, client_gone, read_body
+from fnrt.runtime.http.body import Receive, client_of, read_body
 from fnrt.runtime.http.invoke import (
     Answer,
     Scope,
@@ -53,7 +53,7 @@ async def _answer(
 ) -> Answer:
     if node.invoke_keys is not None:
         node.invoke_keys.check(name, headers)
-    options = request_options(headers, trail.span, client_gone(receive))
+    options = request_options(headers, trail.span, client_of(receive))
     settings = node.settings
     limit, limits, json_limit = (
         settings.max_body_bytes,
