@@ -81,8 +81,9 @@ y = {{ dtype = "float32", shape = [-1, 10] }}
 
 
 def schemathesis_run(url: str, *selection: str) -> subprocess.CompletedProcess[str]:
-    argv = [str(Path(sys.executable).parent / "st"), "run", f"{url}/openapi.json"]
-    argv += ["--checks", "all", "--exclude-checks", "positive_data_acceptance"]
+    config = Path(__file__).parent / "schemathesis.toml"
+    argv = [str(Path(sys.executable).parent / "st"), "--config-file", str(config)]
+    argv += ["run", f"{url}/openapi.json", "--checks", "all"]
     argv += ["--max-examples", "30", "--seed", "1", "--workers", "1", *selection]
     env = os.environ | {
         "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
@@ -95,10 +96,9 @@ def schemathesis_run(url: str, *selection: str) -> subprocess.CompletedProcess[s
 def test_the_server_lives_up_to_its_document(tmp_path: Path) -> None:
     """schemathesis's every phase (examples, coverage, fuzzing, stateful) and check.
 
-    Left out: ``positive_data_acceptance``, since validity here is more than a JSON
-    schema says (data must fill its shape, blobs must be uploaded before a deploy),
-    so a schema-valid request may rightly get a 4xx. Deletes run last, so the
-    other operations find the function there.
+    ``positive_data_acceptance`` is on, with the 4xx a schema-valid request may rightly
+    get (``schemathesis.toml``: validity here is more than a JSON schema says). Deletes
+    run last, so the other operations find the function there.
     """
     folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
     with live_server(tmp_path, max_body_bytes=1 << 20) as srv:
