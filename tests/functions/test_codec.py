@@ -93,5 +93,5 @@ def test_content_negotiation() -> None:
 
 def test_a_zero_dimensional_array_keeps_its_shape() -> None:
     """Found by the decoder fuzz: 0-d arrays came back with shape [1]."""
-    back = decode_msgpack(encode_msgpack({"y": np.float32(2.5) * np.ones(())}))["y"]
+    back = decode_msgpack(encode_msgpack({"y": np.full((), 2.5, dtype=np.float32)}))["y"]
     assert back.shape == () and float(back) == 2.5
