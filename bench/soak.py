@@ -85,15 +85,18 @@ def main() -> None:
         body = json.dumps({"x": x.tolist()}).encode()
         script = write_script(work, "json", "application/json", body)
         wrk(invoke, script, args.connections, 3)  # warm up
-        capacity = wrk(invoke, script, args.connections, 10).rps
+        full = wrk(invoke, script, args.connections, 10)
+        capacity = full.rps
         rate = capacity * args.load
-        delay_ms = max(int(args.connections * 1000 / rate), 1)
+        # each connection waits its delay after each answer: its period is the
+        # delay plus the latency (about the p50 at capacity, an upper bound below it)
+        delay_ms = max(int(args.connections * 1000 / rate - full.p50_ms / 2), 1)
         paced = work / "paced.lua"
         paced.write_text(script.read_text() + DELAY.format(delay_ms=delay_ms))
         print(
             f"capacity {capacity:.0f} req/s at {args.connections} connections; holding "
-            f"{args.load:.0%}: about {args.connections * 1000 / delay_ms:.0f} req/s "
-            f"({delay_ms} ms between requests per connection) for {args.minutes} min\n"
+            f"{args.load:.0%} ({rate:.0f} req/s): {delay_ms} ms between a connection's "
+            f"requests, for {args.minutes} min (the req/s column is what it got)\n"
         )
         header = ("min", "req/s", "p50 ms", "p99 ms", "RSS MiB", "fds", "thr")
         print("{:>3} {:>7} {:>7} {:>7} {:>8} {:>5} {:>4}".format(*header))

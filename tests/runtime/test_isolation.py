@@ -139,3 +139,33 @@ def test_a_handler_whose_load_crashes_fails_with_a_clear_error_and_backs_off(
         instance = c.get("/v1/functions/doomed").json()["instance"]
         assert instance["load_failures"] == 1 and instance["state"] == "cold"
         assert c.get("/healthz").status_code == 200
+
+
+LEAKY = """
+import os, threading, time
+import numpy as np
+
+class H:
+    def __call__(self, batch):
+        for _ in range(3):  # threads the handler never stops
+            threading.Thread(target=time.sleep, args=(3600,)).start()
+        return [{"y": np.full((1, 4), os.getpid(), dtype=np.float32)} for _ in batch]
+"""
+
+
+def test_threads_a_handler_leaks_end_with_its_worker(tmp_path: Path) -> None:
+    folder = write_function(
+        tmp_path / "src", "leaky", LEAKY, MANIFEST, mode="process", timeout_s=0,
+        memory_limit_bytes=0,
+    )  # fmt: skip
+    with live_server(tmp_path) as srv, srv.client() as c:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        pid = int(_call(c, "leaky", 7).json()["y"][0][0])
+        assert len(list(Path(f"/proc/{pid}/task").iterdir())) >= 4  # its leaked threads
+        server_threads = threading.active_count()
+        assert c.post("/v1/functions/leaky/unload").json()["unloaded"]
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pid}").exists()  # the worker, and every thread in it, is gone
+        assert threading.active_count() <= server_threads  # none of them was the server's
