@@ -147,6 +147,8 @@ def plot(rows: list[dict[str, float]], out: Path) -> None:
     fig, (mem, lat) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     mem.plot(minutes, [r["rss_mib"] for r in rows], marker="o")
     mem.set_ylabel("RSS, MiB (workers included)")
+    mem.set_ylim(0, max(r["rss_mib"] for r in rows) * 1.25)  # growth shows against zero
+    mem.ticklabel_format(axis="y", useOffset=False)
     lat.plot(minutes, [r["p50_ms"] for r in rows], marker="o", label="p50")
     lat.plot(minutes, [r["p99_ms"] for r in rows], marker="o", label="p99")
     lat.set_ylabel("latency, ms")
