@@ -454,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--header-timeout-s",
         type=float,
-        help="a request head must arrive within this, from its first byte, else 408 and "
+        help="a connection with no request in progress this long (a head still "
+        "arriving, or none sent since the connection or the last answer) gets 408 and "
         "the connection closed (FNRT_HEADER_TIMEOUT_S; default 10)",
     )
     p.add_argument(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import resource
 from dataclasses import dataclass
@@ -70,22 +71,21 @@ def connection_cap(asked: int | None, descriptors: int, reserve: int) -> int:
 #: this much after it passes.
 SWEEP_S = 0.25
 
-_BUSY_BODY = b'{"error": "the server has as many connections as it allows, all busy; retry later"}'
-_BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: "
-    + str(len(_BUSY_BODY)).encode()
-    + b"\r\n\r\n"
-    + _BUSY_BODY
+
+def _closing_answer(status: str, error: str, *headers: str) -> bytes:
+    """A whole HTTP/1.1 response written straight to a connection about to close."""
+    body = json.dumps({"error": error}).encode()
+    head = [f"HTTP/1.1 {status}", "content-type: application/json", *headers]
+    head += ["connection: close", f"content-length: {len(body)}"]
+    return "\r\n".join(head).encode() + b"\r\n\r\n" + body
+
+
+_BUSY = _closing_answer(
+    "503 Service Unavailable",
+    "the server has as many connections as it allows, all busy; retry later",
+    "retry-after: 1",
 )
-_HEAD_TIMEOUT_BODY = b'{"error": "the request head did not arrive in time"}'
-_HEAD_TIMEOUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-    b"connection: close\r\ncontent-length: "
-    + str(len(_HEAD_TIMEOUT_BODY)).encode()
-    + b"\r\n\r\n"
-    + _HEAD_TIMEOUT_BODY
-)
+_HEAD_TIMEOUT = _closing_answer("408 Request Timeout", "the request head did not arrive in time")
 
 
 _ORDER = itertools.count()  # orders connections made within one tick of the loop's clock
