@@ -109,6 +109,32 @@ class H:
         return [{"y": r["x"] * 2} for r in batch]
 """
 
+#: A handler whose output depends on its weights file (w[0] is added to x).
+WEIGHTED_HANDLER = """
+import numpy as np
+import fnrt_test_gates
+
+class Weighted:
+    def load(self, artifacts, device):
+        self.w = np.fromfile(artifacts["w"].path, dtype=np.uint8)
+        fnrt_test_gates.loads.append(len(self.w))
+
+    def __call__(self, batch):
+        return [{"y": r["x"] + float(self.w[0])} for r in batch]
+"""
+
+WEIGHTED_MANIFEST = """
+name = "{name}"
+handler = "handler:Weighted"
+
+[artifacts]
+w = "w.bin"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+"""
+
+
 ECHO_MANIFEST = """
 name = "{name}"
 handler = "handler:Echo"

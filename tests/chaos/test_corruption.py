@@ -9,28 +9,15 @@ from pathlib import Path
 from s3support import MotoEndpoint
 
 from fnrt.runtime.clock import ManualClock
-from support import live_server, publish, s3_registry, write_function
+from support import (
+    WEIGHTED_HANDLER,
+    WEIGHTED_MANIFEST,
+    live_server,
+    publish,
+    s3_registry,
+    write_function,
+)
 
-WEIGHTED = """
-import numpy as np
-
-class Weighted:
-    def load(self, artifacts, device):
-        self.w = np.fromfile(artifacts["w"].path, dtype=np.uint8)
-
-    def __call__(self, batch):
-        return [{"y": r["x"] + float(self.w[0])} for r in batch]
-"""
-MANIFEST = """
-name = "{name}"
-handler = "handler:Weighted"
-
-[artifacts]
-w = "w.bin"
-
-[inputs]
-x = {{ dtype = "float32", shape = [-1, 4] }}
-"""
 X = {"x": [[1.0, 2.0, 3.0, 4.0]]}
 WEIGHTS = bytes([7]) * (1 << 20)
 
@@ -45,7 +32,7 @@ def corrupt_in_place(path: Path) -> None:
 
 def test_a_corrupt_folder_store_blob_is_refused_naming_it(tmp_path: Path) -> None:
     folder = write_function(
-        tmp_path / "src", "weighted", WEIGHTED, MANIFEST, files={"w.bin": WEIGHTS}
+        tmp_path / "src", "weighted", WEIGHTED_HANDLER, WEIGHTED_MANIFEST, files={"w.bin": WEIGHTS}
     )
     digest = hashlib.sha256(WEIGHTS).hexdigest()
     with live_server(tmp_path) as srv, srv.client() as c:
@@ -62,7 +49,7 @@ def test_a_corrupt_disk_cache_blob_is_fetched_again(tmp_path: Path, s3: MotoEndp
     from fnrt.runtime.cli.main import main
 
     folder = write_function(
-        tmp_path / "src", "weighted", WEIGHTED, MANIFEST, files={"w.bin": WEIGHTS}
+        tmp_path / "src", "weighted", WEIGHTED_HANDLER, WEIGHTED_MANIFEST, files={"w.bin": WEIGHTS}
     )
     argv = ["deploy", str(folder), "--store", "s3://fnrt/fns", "--s3-endpoint", s3.url, "-q"]
     assert main(argv) == 0

@@ -68,16 +68,9 @@ def test_shutdown_ends_in_its_time_whatever_the_handler_does(tmp_path: Path) -> 
         assert queued.result().status_code == 503  # cut off at shutdown: retryable, not 500
 
 
-CRASHING = """
-name = "{name}"
-handler = "handler:H"
-
-[inputs]
-x = {{ dtype = "float32", shape = [-1, 4] }}
-
-[batching]
-max_batch_size = 1
-
+CRASHING = (
+    MANIFEST
+    + """
 [isolation]
 mode = "process"
 restart_backoff_s = 0.05
@@ -86,6 +79,7 @@ max_backoff_s = 0.2
 [breaker]
 min_requests = 5
 """
+)
 
 
 def test_a_function_whose_instances_keep_dying_is_marked_failing(tmp_path: Path) -> None:

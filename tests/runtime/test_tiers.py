@@ -10,38 +10,24 @@ from s3support import FaultProxy, MotoEndpoint
 
 from fnrt.runtime.cli.main import main
 from fnrt.runtime.clock import ManualClock
-from support import LiveServer, gates, live_server, s3_registry, write_function
+from support import (
+    WEIGHTED_HANDLER,
+    WEIGHTED_MANIFEST,
+    LiveServer,
+    gates,
+    live_server,
+    s3_registry,
+    write_function,
+)
 
 X = {"x": [[1.0, 2.0, 3.0, 4.0]]}
-
-WEIGHTED = """
-import numpy as np
-import fnrt_test_gates
-
-class Weighted:
-    def load(self, artifacts, device):
-        self.w = np.fromfile(artifacts["w"].path, dtype=np.uint8)
-        fnrt_test_gates.loads.append(len(self.w))
-
-    def __call__(self, batch):
-        return [{"y": r["x"] + float(self.w[0])} for r in batch]
-"""
-
-MANIFEST = """
-name = "{name}"
-handler = "handler:Weighted"
-
-[artifacts]
-w = "w.bin"
-
-[inputs]
-x = {{ dtype = "float32", shape = [-1, 4] }}
-"""
 
 
 def deploy_to_s3(tmp: Path, s3: MotoEndpoint, name: str, size: int) -> None:
     weights = bytes([7]) + os.urandom(size - 1)
-    folder = write_function(tmp / "src", name, WEIGHTED, MANIFEST, files={"w.bin": weights})
+    folder = write_function(
+        tmp / "src", name, WEIGHTED_HANDLER, WEIGHTED_MANIFEST, files={"w.bin": weights}
+    )
     argv = ["deploy", str(folder), "--store", "s3://fnrt/fns", "--s3-endpoint", s3.url, "-q"]
     assert main(argv) == 0
 
@@ -125,7 +111,11 @@ def test_deploy_to_s3_uploads_only_missing_blobs(
     tmp_path: Path, s3: MotoEndpoint, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = write_function(
-        tmp_path / "src", "f", WEIGHTED, MANIFEST, files={"w.bin": os.urandom(1000)}
+        tmp_path / "src",
+        "f",
+        WEIGHTED_HANDLER,
+        WEIGHTED_MANIFEST,
+        files={"w.bin": os.urandom(1000)},
     )
     argv = ["deploy", str(folder), "--store", "s3://fnrt/fns", "--s3-endpoint", s3.url, "--json"]
     assert main(argv) == 0
