@@ -287,8 +287,10 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     return instance
 
 
-def launch(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Runnable:
-    """The instance ``vm``'s ``[isolation]`` asks for: a thread here, or a worker process."""
-    if vm.manifest.isolation.kind is IsolationMode.PROCESS:
+def launch(
+    loader: InstanceLoader, kind: IsolationMode, vm: VersionManifest, executor: Executor
+) -> Runnable:
+    """An instance of ``vm`` where ``kind`` says: a thread here, or a worker process."""
+    if kind is IsolationMode.PROCESS:
         return spawn(loader, vm, executor)
     return loader.load(vm, executor)

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.cache import BlobCache, CacheConfig
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader
@@ -140,7 +141,12 @@ def build_node(
     # The budget reads the node's schedulers at each load, after the node is built.
     memory = MemoryBudget(settings.memory_budget, lambda: node.schedulers())
     factory = SchedulerFactory(
-        loader, clock, TelemetryEvents(telemetry), admission, memory.make_room
+        loader,
+        clock,
+        TelemetryEvents(telemetry),
+        admission,
+        memory.make_room,
+        isolation=IsolationMode(settings.isolation),
     )
     registry = Registry(repository, factory, clock, keeper)
     splits = Splits(registry, loader, factory)

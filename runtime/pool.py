@@ -31,7 +31,6 @@ from fnrt.functions.errors import (
     LoadError,
 )
 from fnrt.functions.handler import Request
-from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable
 from fnrt.runtime.clock import Clock
@@ -96,6 +95,8 @@ class InstancePool:
         stats: Stats,
         events: Events,
         make_room: MakeRoom | None = None,
+        *,
+        in_thread: bool = False,
     ) -> None:
         self.version = version
         self.name = version.name
@@ -110,9 +111,8 @@ class InstancePool:
         self._deep_since: float | None = None
         self._prewarmed_at: float | None = None  # a pre-warmed instance no call has used yet
         self._background: set[asyncio.Future[Runnable]] = set()
-        isolation = self._manifest.isolation
-        in_thread = isolation.kind is IsolationMode.THREAD
-        self._thread_timeout_s = isolation.timeout_s if in_thread else 0.0
+        # A worker bounds its own batches; a thread's are bounded here.
+        self._thread_timeout_s = self._manifest.isolation.timeout_s if in_thread else 0.0
         #: Called when slots change (one retired): the batcher's workers look again.
         self.changed: Callable[[], None] = lambda: None
 
@@ -147,6 +147,11 @@ class InstancePool:
     def restarts_by_cause(self) -> dict[str, int]:
         """Instances lost and replaced, by cause (signal, exit, memory, timeout)."""
         return dict(self._stats.restarts)
+
+    @property
+    def running(self) -> int:
+        """Batches running now."""
+        return sum(1 for s in self.slots if s.running)
 
     def activity(self, queued: int) -> Activity:
         """The version as a whole (any instance loaded, any busy)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from fnrt.functions.errors import Unavailable
 from fnrt.functions.handler import Request
+from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader, Runnable
 from fnrt.loader.process import launch
@@ -39,6 +40,8 @@ from fnrt.runtime.stats import Stats
 
 __all__ = ["Scheduler", "SchedulerFactory", "Served"]
 
+THREAD = IsolationMode.THREAD
+
 
 class Scheduler:
     """The pool, batcher and guard state of one function version."""
@@ -52,13 +55,17 @@ class Scheduler:
         events: Events | None = None,
         admission: Admission | None = None,
         make_room: MakeRoom | None = None,
+        isolation: IsolationMode = DEFAULT_ISOLATION,
     ) -> None:
         self.version = version
         self.name = version.name  # fixed: read on every request
         self._clock = clock
+        self.isolation = isolation  # where this version's instances run
         self.stats = Stats()
         events = events or NoEvents()
-        self.pool = InstancePool(version, load, clock, self.stats, events, make_room)
+        self.pool = InstancePool(
+            version, load, clock, self.stats, events, make_room, in_thread=isolation is THREAD
+        )
         self.batcher = Batcher(version, self.pool, clock, self.stats, events, admission)
         self.protection = Protection(version.manifest, clock)
 
@@ -225,10 +232,11 @@ class Scheduler:
         last_active = self.activity().last_active_s
         return {
             "version": self.version.version,
-            "isolation": self.version.manifest.isolation.mode,
+            "isolation": self.isolation.value,
             "state": self.state.value,
             "instances": self.instances,
             "queued": self.queued,
+            "running": self.pool.running,
             "queued_by_priority": self.batcher.depth_by_priority(),
             "idle_s": round(max(now - last_active, 0.0), 3),
             "instance_bytes": self.instance_bytes,
@@ -251,15 +259,19 @@ class SchedulerFactory:
     events: Events
     admission: Admission
     make_room: MakeRoom | None = None
+    isolation: IsolationMode = DEFAULT_ISOLATION  # where instances run unless a manifest says
 
     def __call__(self, vm: VersionManifest, load: LoadInstance | None = None) -> Scheduler:
-        """A scheduler of ``vm``; ``load`` builds its instances (default: the handler,
-        in a thread or a worker process as its ``[isolation]`` says)."""
+        """A scheduler of ``vm``; ``load`` builds its instances in a thread (default:
+        the handler, in a thread or a worker process as its ``[isolation]`` or the
+        node says)."""
+        kind = THREAD if load else vm.manifest.isolation.kind_under(self.isolation)
         return Scheduler(
             vm,
-            load or functools.partial(launch, self.loader),
+            load or functools.partial(launch, self.loader, kind),
             self.clock,
             events=self.events,
             admission=self.admission,
             make_room=self.make_room,
+            isolation=kind,
         )

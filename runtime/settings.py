@@ -59,6 +59,7 @@ class ServerSettings:
     sweep_interval_s: float = 1.0
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     preload: bool = False
+    isolation: str = "process"  # where instances run unless a manifest says: process, thread
     device: str = "auto"
     log_level: str = "info"
     log_json: bool = False
@@ -74,6 +75,8 @@ class ServerSettings:
             raise ValueError("sweep_interval_s: must be > 0")
         if self.watch_interval_s <= 0:
             raise ValueError("watch_interval_s: must be > 0")
+        if self.isolation not in ("process", "thread"):
+            raise ValueError(f"isolation: {self.isolation!r} is not process or thread")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
@@ -179,6 +182,8 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         variable = f"FNRT_{key.upper()}"
         if variable in env:
             found[key] = float(env[variable])
+    if "FNRT_ISOLATION" in env:
+        found["isolation"] = env["FNRT_ISOLATION"]
     if "FNRT_DEVICE" in env:
         found["device"] = env["FNRT_DEVICE"]
     if "FNRT_LOG_LEVEL" in env:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -162,12 +163,20 @@ def write_function(
     files: dict[str, bytes] | None = None,
     **fields: Any,
 ) -> Path:
-    """A function folder ``root/name`` with ``handler.py``, ``fnrt.toml`` and extra files."""
+    """A function folder ``root/name`` with ``handler.py``, ``fnrt.toml`` and extra files.
+
+    A handler that imports ``fnrt_test_gates`` at its top needs the test's memory,
+    so it runs in a thread unless its manifest has an ``[isolation]`` table.
+    """
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "handler.py").write_text(textwrap.dedent(handler))
     values = {"name": name, "max_batch_size": 8, "keep_alive_s": 300, "max_queue": 64, **fields}
-    (folder / "fnrt.toml").write_text(textwrap.dedent(manifest or ECHO_MANIFEST).format(**values))
+    text = textwrap.dedent(manifest or ECHO_MANIFEST).format(**values)
+    needs_gates = re.search(r"^import fnrt_test_gates", textwrap.dedent(handler), re.M)
+    if needs_gates and "[isolation]" not in text:
+        text += '\n[isolation]\nmode = "thread"\n'
+    (folder / "fnrt.toml").write_text(text)
     for rel, data in (files or {}).items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_bytes(data)

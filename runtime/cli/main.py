@@ -96,6 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("ssl_certfile", "ssl_certfile"),
         ("ssl_keyfile", "ssl_keyfile"),
         ("max_queued", "max_queued"),
+        ("isolation", "isolation"),
         ("device", "device"),
         ("log_level", "log_level"),
     ]:
@@ -484,6 +485,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="file descriptors kept from connections for the store, the cache and worker "
         "processes (FNRT_FD_RESERVE; default 256)",
+    )
+    p.add_argument(
+        "--isolation",
+        choices=["process", "thread"],
+        help="where a function's instances run unless its manifest's [isolation] mode says: "
+        "a worker process each (a crash, a hang or a leak stays there), or a thread of the "
+        "server (FNRT_ISOLATION; default process)",
     )
     p.add_argument(
         "--device",

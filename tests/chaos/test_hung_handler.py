@@ -37,7 +37,7 @@ def test_unload_stops_a_batch_that_never_returns(tmp_path: Path) -> None:
         assert main(["deploy", str(folder), "--server", server.url, "-q"]) == 0
         url = f"{server.url}/v1/functions/hangs"
         hung = pool.submit(httpx.post, f"{url}/invoke", json=HANG, timeout=60)
-        wait_until(lambda: describe(server.url, "hangs")["instance"]["requests"] >= 1, 30)
+        wait_until(lambda: describe(server.url, "hangs")["instance"]["running"] == 1, 30)
         r = httpx.post(f"{url}/unload", params={"wait_s": 0}, timeout=30)
         assert r.json()["unloaded"] is True and r.json()["stopped_batches"] == 1  # was false
         answer = hung.result()
@@ -53,7 +53,7 @@ def test_shutdown_ends_in_its_time_whatever_the_handler_does(tmp_path: Path) -> 
         assert main(["deploy", str(folder), "--server", server.url, "-q"]) == 0
         url = f"{server.url}/v1/functions/hangs/invoke"
         hung = pool.submit(httpx.post, url, json=HANG, timeout=60)
-        wait_until(lambda: describe(server.url, "hangs")["instance"]["requests"] >= 1, 30)
+        wait_until(lambda: describe(server.url, "hangs")["instance"]["running"] == 1, 30)
         queued = pool.submit(httpx.post, url, json=FINE, timeout=60)
         wait_until(lambda: describe(server.url, "hangs")["instance"]["queued"] == 1, 30)
         server.proc.send_signal(signal.SIGTERM)

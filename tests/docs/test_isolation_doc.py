@@ -26,4 +26,4 @@ def test_the_isolation_examples_parse(doc: str) -> None:
         section = re.split(r"\n(?=\[)", section)[0]  # up to the next table
         data = tomllib.loads(section)
         manifest = parse_manifest({"name": "doc", "handler": "handler:H", **data})
-        assert manifest.isolation.kind in IsolationMode
+        assert manifest.isolation.kind_under() in IsolationMode

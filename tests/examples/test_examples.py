@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from fnrt.loader.process import ProcessInstance
 from fnrt.runtime.cli.main import main
 from support import LiveServer, live_server
 
@@ -104,15 +105,26 @@ def test_batched_rows_match_the_network(server: LiveServer) -> None:
 
 
 def test_weights_are_mapped_not_copied(server: LiveServer) -> None:
-    """The mlp instance's parameters are views of the stored safetensors file."""
+    """The mlp worker maps the stored safetensors file (its parameters are views of it:
+    tests/loader/test_process.py shows two workers sharing those pages)."""
     with httpx.Client(base_url=server.url) as c:
         c.post("/v1/functions/mlp/invoke", json={"x": sample().tolist()})
     scheduler = server.call(server.registry.get("mlp"))
     (instance,) = scheduler.loaded_instances()
-    weight = instance.call.model[0].weight  # type: ignore[attr-defined]
-    assert (
-        not weight.untyped_storage().resizable()
-    )  # from_numpy over the memmap, not a torch allocation
+    assert isinstance(instance, ProcessInstance)  # the default isolation
     path = server.node.repository.blob_path(instance.version.artifacts["weights"].digest)
-    maps = Path("/proc/self/maps").read_text()
-    assert str(path) in maps
+    assert str(path) in Path(f"/proc/{instance.pid}/maps").read_text()
+
+
+def test_weights_are_views_of_the_file_in_thread_mode(tmp_path: Path, built: Path) -> None:
+    """In a thread, the instance's parameters are views of the mapped file, not copies."""
+    with live_server(tmp_path, isolation="thread") as server:
+        assert main(["deploy", str(built / "mlp"), "--server", server.url, "--quiet"]) == 0
+        with httpx.Client(base_url=server.url) as c:
+            c.post("/v1/functions/mlp/invoke", json={"x": sample().tolist()})
+        scheduler = server.call(server.registry.get("mlp"))
+        (instance,) = scheduler.loaded_instances()
+        weight = instance.call.model[0].weight  # type: ignore[attr-defined]
+        assert not weight.untyped_storage().resizable()  # from_numpy over the memmap
+        path = server.node.repository.blob_path(instance.version.artifacts["weights"].digest)
+        assert str(path) in Path("/proc/self/maps").read_text()

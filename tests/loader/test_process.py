@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fnrt.functions.errors import HandlerTimeout, InstanceLost
+from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.process import ProcessInstance, RemoteError, launch, rss_bytes
@@ -45,7 +46,7 @@ def _loader(tmp_path: Path, **fields: object) -> tuple[InstanceLoader, object]:
 
 def _start(tmp_path: Path, **fields: object) -> ProcessInstance:
     loader, vm = _loader(tmp_path, **fields)
-    instance = launch(loader, vm, ThreadPoolExecutor(1))  # type: ignore[arg-type]
+    instance = launch(loader, IsolationMode.PROCESS, vm, ThreadPoolExecutor(1))  # type: ignore[arg-type]
     assert isinstance(instance, ProcessInstance)
     return instance
 
@@ -168,7 +169,7 @@ def test_two_workers_of_one_model_share_its_weight_pages(tmp_path: Path) -> None
         repository, write_function(tmp_path / "src", "big", WEIGHTS_HANDLER, WEIGHTS_MANIFEST)
     )
     loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
-    workers = [launch(loader, vm, ThreadPoolExecutor(1)) for _ in range(2)]
+    workers = [launch(loader, IsolationMode.PROCESS, vm, ThreadPoolExecutor(1)) for _ in range(2)]
     try:
         assert all(isinstance(w, ProcessInstance) for w in workers)
         for w in workers:

@@ -8,11 +8,13 @@ with zero failures.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from support import MISBEHAVING_HANDLER as HANDLER
 from support import LiveServer, error_of, live_server, publish, write_function
@@ -169,3 +171,36 @@ def test_threads_a_handler_leaks_end_with_its_worker(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert not Path(f"/proc/{pid}").exists()  # the worker, and every thread in it, is gone
         assert threading.active_count() <= server_threads  # none of them was the server's
+
+
+PLAIN = MANIFEST[: MANIFEST.index("[isolation]")]  # no [isolation]: the node decides
+
+
+def _pid_of(c: httpx.Client, name: str) -> int:
+    r = _call(c, name, 6)
+    assert r.status_code == 200, error_of(r)
+    return int(r.json()["y"][0][0])
+
+
+@pytest.mark.parametrize("node_default", ["process", "thread"])
+def test_a_manifest_without_isolation_runs_where_the_node_says(
+    tmp_path: Path, node_default: str
+) -> None:
+    settings = {} if node_default == "process" else {"isolation": "thread"}  # process: default
+    with live_server(tmp_path, **settings) as srv, srv.client() as c:
+        repository = srv.node.repository
+        plain = write_function(tmp_path / "src", "plain", HANDLER, PLAIN)
+        srv.call(srv.node.deployer.deploy(publish(repository, plain)))
+        _deploy(srv, tmp_path, "pinned", mode="thread")  # the manifest's mode wins
+        capped = MANIFEST.replace('mode = "{mode}"\n', "")  # a memory limit needs a process
+        folder = write_function(
+            tmp_path / "src", "capped", HANDLER, capped, timeout_s=0, memory_limit_bytes=512 << 20
+        )
+        srv.call(srv.node.deployer.deploy(publish(repository, folder)))
+        where = {
+            name: "thread" if _pid_of(c, name) == os.getpid() else "process"
+            for name in ("plain", "pinned", "capped")
+        }
+        assert where == {"plain": node_default, "pinned": "thread", "capped": "process"}
+        for name, mode in where.items():
+            assert c.get(f"/v1/functions/{name}").json()["instance"]["isolation"] == mode

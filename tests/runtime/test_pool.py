@@ -65,7 +65,7 @@ class Loads:
 
 
 def _pool(vm: VersionManifest, loads: Loads, clock: ManualClock) -> InstancePool:
-    pool = InstancePool(vm, loads, clock, Stats(), NoEvents())
+    pool = InstancePool(vm, loads, clock, Stats(), NoEvents(), in_thread=True)
     pool.add_slot()
     return pool
 
