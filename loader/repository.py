@@ -5,15 +5,19 @@ Layout (see DESIGN.md)::
     blobs/sha256/<hex>                    immutable artifacts and code bundles
     functions/<name>/versions/<v>.json    immutable version manifests
     functions/<name>/routing.json         which versions get what share of traffic
+    changes.json                          the change feed: which routing moved lately
 
 The store is the source of truth: any number of nodes serve the same functions
-by reading it, and ``routing.json`` only changes by a conditional write.
+by reading it, and ``routing.json`` only changes by a conditional write, after
+which the change is appended to ``changes.json`` (``fnrt.loader.changes``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
+import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,9 +33,13 @@ from fnrt.functions.errors import (
 from fnrt.functions.manifest import NAME_PATTERN, check_name
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest, check_digest
+from fnrt.loader.changes import FEED_KEY, Feed
 from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed
 
 _CAS_ATTEMPTS = 16
+#: The feed is one object every deploy writes: more tries, with jittered waits.
+_FEED_ATTEMPTS = 64
+_FEED_BACKOFF_S = 0.02
 
 
 def blob_key(digest: str) -> str:
@@ -197,8 +205,43 @@ class Repository:
                     self.store.put(key, routing.to_json(), if_match=etag)
             except PreconditionFailed:
                 continue
+            self.record_change(name)
             return routing
         raise Conflict(f"routing of '{name}' kept changing; gave up after {_CAS_ATTEMPTS} tries")
+
+    # --- the change feed -----------------------------------------------------
+
+    def record_change(self, name: str) -> int:
+        """Append ``name`` to the change feed (a conditional write); its generation."""
+        for attempt in range(_FEED_ATTEMPTS):
+            try:
+                data, etag = self.store.get(FEED_KEY)
+                feed: Feed | None = Feed.from_json(data)
+            except KeyNotFound:
+                feed, etag = None, ""
+            after = (feed or Feed()).appended(name, now_iso())
+            try:
+                if feed is None:
+                    self.store.put(FEED_KEY, after.to_json(), if_absent=True)
+                else:
+                    self.store.put(FEED_KEY, after.to_json(), if_match=etag)
+            except PreconditionFailed:
+                time.sleep(random.uniform(0, _FEED_BACKOFF_S * min(attempt + 1, 8)))
+                continue
+            return after.generation
+        raise Conflict(f"the change feed kept changing; gave up after {_FEED_ATTEMPTS} tries")
+
+    def read_feed(self, etag: str = "") -> tuple[Feed, str] | None:
+        """The change feed and its ETag, or None while its ETag is still ``etag``
+        (one conditional GET). A store with no feed yet has an empty one."""
+        try:
+            found = self.store.get_if_changed(FEED_KEY, etag) if etag else self.store.get(FEED_KEY)
+        except KeyNotFound:
+            return None if etag == "-" else (Feed(), "-")
+        if found is None:
+            return None
+        data, new_etag = found
+        return Feed.from_json(data), new_etag
 
     def list_functions(self) -> list[str]:
         suffix = "/routing.json"
@@ -214,3 +257,4 @@ class Repository:
         self.store.delete(function_prefix(name) + "routing.json")
         for version in self.list_versions(name):
             self.store.delete(f"functions/{name}/versions/{version}.json")
+        self.record_change(name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fnrt.functions.manifest import IsolationMode
@@ -29,6 +29,7 @@ from fnrt.runtime.clock import Clock, SystemClock
 from fnrt.runtime.deployer import Deployer
 from fnrt.runtime.events import TelemetryEvents
 from fnrt.runtime.gateway import Gateway
+from fnrt.runtime.lifecycle import Lifecycle
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
@@ -61,6 +62,7 @@ class Node:
     deployer: Deployer
     sweeper: Sweeper
     invoke_keys: InvokeKeys | None = None  # None: invokes need no key
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
 
     async def start(self) -> None:
         """Remove what killed processes left behind, read the store's functions (loading
@@ -72,8 +74,10 @@ class Node:
         )
         if freed:
             log.warning("removed %d bytes of temporary files left by killed processes", freed)
-        await self.registry.start(preload=self.settings.preload)
+        warming = await self.registry.start(preload=self.settings.preload)
+        self.lifecycle.warming = set(warming)
         self.sweeper.start()
+        self.lifecycle.started()
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for queued and running work to finish, then cut off
@@ -175,6 +179,7 @@ def build_node(
         ),
     )
     telemetry.metrics.watch(node.function_states)
+    telemetry.metrics.watch_store(lambda: repository.store.requests)
     return node
 
 

@@ -4,7 +4,9 @@ A function is found in the store the first time it is asked for, so a node
 serves whatever the store holds without being told; any stored version can
 also be served by its id. Each request goes to a version chosen by the
 function's traffic split (random, or by a sticky header's hash). Routing
-written by other nodes (or by this node's deployer) is applied here:
+written by other nodes (or by this node's deployer) is applied here, found
+through the store's change feed (``fnrt.loader.changes``: one conditional GET
+per poll, whatever the number of functions):
 versions that gain traffic get a scheduler, versions that lose it are marked
 with the time they left (the sweeper closes them after the rollback window).
 
@@ -55,16 +57,22 @@ class Registry:
         self._functions: dict[str, ServedFunction] = {}
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._generation = 0  # the change feed's generation applied here
+        self._feed_etag = ""  # its ETag when read ("": not read yet)
 
-    def background(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` without awaiting it, holding a reference until it ends."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
-    async def start(self, *, preload: bool = False) -> None:
-        """Read every function's routing; load those that ask to start warm."""
+    async def start(self, *, preload: bool = False) -> list[asyncio.Future[None]]:
+        """Read every function's routing; load those that ask to start warm (the
+        loads, running on)."""
+        await self._read_feed()  # before the routing: a change made meanwhile is seen again
         names = await asyncio.to_thread(self.repository.list_functions)
+        warming: list[asyncio.Future[None]] = []
         for name in names:
             try:
                 scheduler = await self.get(name)
@@ -72,7 +80,8 @@ class Registry:
                 log.error("cannot serve %s: %s", name, exc)
                 continue
             if preload or scheduler.version.manifest.scaling.load_at_start:
-                self.background(warm_logged(scheduler))
+                warming.append(self.background(warm_logged(scheduler)))
+        return warming
 
     async def close(self) -> None:
         for entry in self._functions.values():
@@ -217,10 +226,43 @@ class Registry:
             log.info("%s: %s now serves %s", entry.name, routing.primary, dict(routing.traffic))
         entry.routing, entry.etag = routing, etag
 
+    async def _read_feed(self) -> list[ServedFunction] | None:
+        """Read the change feed if it moved: the functions served here that changed
+        since the last read (all of them when the feed no longer reaches back), or
+        None when it did not move."""
+        polled = await asyncio.to_thread(self.repository.read_feed, self._feed_etag)
+        if polled is None:
+            return None
+        feed, etag = polled
+        moved = feed.since(self._generation) if self._feed_etag else None
+        if moved is None:  # first read, or too far behind: everything served here
+            targets = list(self._functions.values())
+        else:
+            targets = [self._functions[n] for n in moved if n in self._functions]
+        self._generation, self._feed_etag = feed.generation, etag
+        return targets
+
+    async def store_answers(self) -> None:
+        """One conditional read of the change feed; raises what the store raised."""
+        await asyncio.to_thread(self.repository.read_feed, self._feed_etag or "-")
+
     async def watch(self) -> list[str]:
-        """Pick up routing that changed in the store (another node's deploy); names changed."""
+        """Apply routing changed in the store (another node's deploy, ``fnrt deploy
+        --store``): one conditional GET of the change feed, then a read of each
+        function it names that is served here. The names of those that changed."""
+        generation, etag = self._generation, self._feed_etag
+        targets = await self._read_feed()
+        if not targets:
+            return []
+        try:
+            return await self._refresh(targets)
+        except BaseException:
+            self._generation, self._feed_etag = generation, etag  # read again next time
+            raise
+
+    async def _refresh(self, entries: list[ServedFunction]) -> list[str]:
         changed = []
-        for entry in list(self._functions.values()):
+        for entry in entries:
             try:
                 if await self.refresh(entry):
                     changed.append(entry.name)

@@ -55,7 +55,8 @@ class ServerSettings:
     body_timeout_s: float = 30.0  # the longest pause between reads of a body
     max_connections: int | None = None  # None: the descriptor limit less fd_reserve
     fd_reserve: int = 256  # descriptors kept for the store, the cache and workers
-    shutdown_timeout_s: float = 30.0  # after SIGTERM, work still running answers 503
+    drain_delay_s: float = 0.0  # after SIGTERM, /readyz 503 but still accepting this long
+    shutdown_timeout_s: float = 30.0  # then, work still running past it answers 503
     sweep_interval_s: float = 1.0
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     preload: bool = False
@@ -90,6 +91,8 @@ class ServerSettings:
         )
         if self.shutdown_timeout_s <= 0:
             raise ValueError("shutdown_timeout_s: must be > 0")
+        if self.drain_delay_s < 0:
+            raise ValueError("drain_delay_s: must be >= 0")
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("header_timeout_s, body_timeout_s: must be > 0")
         if self.max_connections is not None and self.max_connections < 1:
@@ -178,7 +181,13 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         variable = f"FNRT_{key.upper()}"
         if variable in env:
             found[key] = int(env[variable])
-    for key in ("header_timeout_s", "body_timeout_s", "shutdown_timeout_s"):
+    for key in (
+        "header_timeout_s",
+        "body_timeout_s",
+        "drain_delay_s",
+        "shutdown_timeout_s",
+        "watch_interval_s",
+    ):
         variable = f"FNRT_{key.upper()}"
         if variable in env:
             found[key] = float(env[variable])

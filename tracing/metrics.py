@@ -9,12 +9,12 @@ Names follow Prometheus conventions: ``fnrt_`` prefix, base units
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -78,6 +78,19 @@ class _StateCollector:
             depth.add_metric([state.function, state.version], state.queued)
         yield warm
         yield depth
+
+
+class _StoreCollector:
+    def __init__(self, requests: Callable[[], Mapping[str, int]]) -> None:
+        self._requests = requests
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "fnrt_store_requests", "Requests sent to the object store", labels=["operation"]
+        )
+        for operation, count in sorted(self._requests().items()):
+            family.add_metric([operation], count)
+        yield family
 
 
 class _GpuCollector:
@@ -215,6 +228,10 @@ class Metrics:
     def watch(self, state: StateSource) -> None:
         """Report ``state()`` (warm instances, queue depth) at every scrape."""
         self.registry.register(_StateCollector(state))
+
+    def watch_store(self, requests: Callable[[], Mapping[str, int]]) -> None:
+        """Report the store's request counts by operation at every scrape."""
+        self.registry.register(_StoreCollector(requests))
 
     def request(self, function: str, version: str, status: int, seconds: float) -> None:
         self._requests(function, version, str(status)).inc()

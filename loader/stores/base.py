@@ -8,6 +8,7 @@ several nodes at once.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
@@ -39,9 +40,16 @@ class ObjectStore(Protocol):
     """A place that keeps fnrt's state: blobs, version manifests, routing."""
 
     uri: str
+    #: Requests made to the store, by operation (S3: every HTTP request sent).
+    requests: Counter[str]
 
     def get(self, key: str) -> tuple[bytes, str]:
         """The object's bytes and its ETag; raises KeyNotFound."""
+        ...
+
+    def get_if_changed(self, key: str, etag: str) -> tuple[bytes, str] | None:
+        """Like ``get``, or None when the object's ETag is still ``etag`` (a
+        conditional GET: S3 answers 304 and sends no body)."""
         ...
 
     def put(

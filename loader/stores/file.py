@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -31,16 +32,22 @@ class FileStore:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().resolve()
         self.uri = self.root.as_uri()
+        self.requests: Counter[str] = Counter()  # metadata reads and writes, by operation
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
     def get(self, key: str) -> tuple[bytes, str]:
+        self.requests["GetObject"] += 1
         try:
             data = self._path(key).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             raise KeyNotFound(self.uri, key) from None
         return data, _etag(data)
+
+    def get_if_changed(self, key: str, etag: str) -> tuple[bytes, str] | None:
+        data, current = self.get(key)
+        return None if current == etag else (data, current)
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
@@ -61,6 +68,7 @@ class FileStore:
         self, key: str, data: bytes, *, if_match: str | None = None, if_absent: bool = False
     ) -> str:
         path = self._path(key)
+        self.requests["PutObject"] += 1
         if if_match is None and not if_absent:
             self._write_atomic(path, [data])
             return _etag(data)
@@ -92,6 +100,7 @@ class FileStore:
         return self._path(key).is_file()
 
     def list(self, prefix: str) -> list[str]:
+        self.requests["ListObjectsV2"] += 1
         base = self.root / prefix if prefix else self.root
         if not prefix.endswith("/") and prefix:
             base = base.parent

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -102,6 +103,15 @@ class S3Store:
             region_name=self.config.region,
             config=boto_config,
         )
+        self.requests: Counter[str] = Counter()
+        self._counting = threading.Lock()
+        self.client.meta.events.register("before-send.s3", self._count)
+
+    def _count(self, event_name: str, **_: Any) -> None:
+        """Count one HTTP request about to be sent (``before-send.s3.GetObject``...).
+        Returns None: anything else would stand in for the response."""
+        with self._counting:
+            self.requests[event_name.rsplit(".", 1)[-1]] += 1
 
     def _key(self, key: str) -> str:
         check_key(key)
@@ -129,6 +139,20 @@ class S3Store:
     def get(self, key: str) -> tuple[bytes, str]:
         def op() -> tuple[bytes, str]:
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return response["Body"].read(), str(response["ETag"]).strip('"')
+
+        return self._call("GET", key, op)
+
+    def get_if_changed(self, key: str, etag: str) -> tuple[bytes, str] | None:
+        def op() -> tuple[bytes, str] | None:
+            try:
+                response = self.client.get_object(
+                    Bucket=self.bucket, Key=self._key(key), IfNoneMatch=f'"{etag}"'
+                )
+            except Exception as exc:
+                if _code(exc) in ("304", "NotModified"):
+                    return None
+                raise
             return response["Body"].read(), str(response["ETag"]).strip('"')
 
         return self._call("GET", key, op)

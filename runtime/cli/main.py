@@ -92,6 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("max_connections", "max_connections"),
         ("fd_reserve", "fd_reserve"),
         ("shutdown_timeout_s", "shutdown_timeout_s"),
+        ("drain_delay_s", "drain_delay_s"),
+        ("watch_interval_s", "watch_interval_s"),
         ("invoke_keys_file", "invoke_keys_file"),
         ("ssl_certfile", "ssl_certfile"),
         ("ssl_keyfile", "ssl_keyfile"),
@@ -474,10 +476,24 @@ def build_parser() -> argparse.ArgumentParser:
         "less --fd-reserve)",
     )
     p.add_argument(
+        "--drain-delay-s",
+        type=float,
+        help="after SIGTERM, /readyz answers 503 at once but the node goes on accepting "
+        "and serving this long, so load balancers drop it first; set it to the time your "
+        "endpoints take to update, about 5 on Kubernetes (FNRT_DRAIN_DELAY_S; default 0)",
+    )
+    p.add_argument(
+        "--watch-interval-s",
+        type=float,
+        help="how often the store's change feed is polled for deploys, traffic changes "
+        "and deletes made through other nodes: one request per poll, whatever the number "
+        "of functions (FNRT_WATCH_INTERVAL_S; default 1)",
+    )
+    p.add_argument(
         "--shutdown-timeout-s",
         type=float,
-        help="after SIGTERM, how long work in flight may finish; then what is still "
-        "queued or running answers 503 and the server exits, whatever handlers do "
+        help="after SIGTERM and the drain delay, how long work in flight may finish; then "
+        "what is still queued or running answers 503 and the server exits, whatever handlers do "
         "(FNRT_SHUTDOWN_TIMEOUT_S; default 30)",
     )
     p.add_argument(

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import gc
+import logging
 import math
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +24,7 @@ from fnrt.runtime.http import admin, health, openapi, split
 from fnrt.runtime.http.body import Receive
 from fnrt.runtime.http.connection import (
     ConnectionLimits,
+    close_after_answer,
     connection_cap,
     guarded_protocol,
     raise_descriptor_limit,
@@ -43,6 +45,8 @@ from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.setup import build_tracer
 from fnrt.tracing.spans import Tracing
 from fnrt.tracing.telemetry import Telemetry
+
+log = logging.getLogger("fnrt.server")
 
 
 async def _invoke_route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -131,7 +135,7 @@ def server_config(app: Starlette, settings: ServerSettings) -> Any:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=guarded_protocol(connection_limits(settings)),
+        http=guarded_protocol(connection_limits(settings), app.state.node.lifecycle),
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_s),
@@ -141,15 +145,24 @@ def server_config(app: Starlette, settings: ServerSettings) -> Any:
 
 
 def make_server(app: Starlette, settings: ServerSettings) -> Any:
-    """A ``uvicorn.Server`` for ``app`` whose shutdown ends within its timeout whatever
-    handlers do: while uvicorn waits for requests in flight, the node drains, and past
-    ``shutdown_timeout_s`` (less a second to answer) what is still queued or running
-    answers 503 and hung instances are abandoned."""
+    """A ``uvicorn.Server`` for ``app`` that stops as an orchestrator expects.
+
+    At SIGTERM (or SIGINT) ``/readyz`` answers 503 at once; for ``drain_delay_s``
+    the node goes on accepting and serving (endpoints take that long to drop it),
+    answering with ``Connection: close``; then it stops accepting and finishes what
+    it accepted. Shutdown ends within its timeout whatever handlers do: while
+    uvicorn waits for requests in flight the node drains, and past
+    ``shutdown_timeout_s`` (less a second to answer) what is still queued or
+    running answers 503 and hung instances are abandoned."""
     import uvicorn
 
     node: Node = app.state.node
 
     class FnrtServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            node.lifecycle.drain()
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             with super().capture_signals():
@@ -159,6 +172,14 @@ def make_server(app: Starlette, settings: ServerSettings) -> Any:
                 self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
         async def shutdown(self, sockets: Any = None) -> None:
+            node.lifecycle.drain()
+            close_after_answer(self.server_state.connections)
+            loop = asyncio.get_running_loop()
+            accepting_until = loop.time() + settings.drain_delay_s
+            if settings.drain_delay_s:
+                log.info("draining: still accepting for %.1f s", settings.drain_delay_s)
+            while loop.time() < accepting_until and not self.force_exit:
+                await asyncio.sleep(0.05)
             drain_s = max(settings.shutdown_timeout_s - 1.0, 0.5)
             draining = asyncio.ensure_future(node.drain(drain_s))
             try:
@@ -200,12 +221,12 @@ def build_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await serving.start()
         gc.freeze()  # start-up objects never need collecting (see InstancePool._load)
-        app.state.started = True
         try:
             yield
         finally:
-            app.state.started = False
+            serving.lifecycle.drain()
             await serving.close(settings.shutdown_timeout_s)
+            serving.lifecycle.stopped()
             serving.telemetry.close()  # export the spans and log lines still buffered
 
     origins = node.settings.cors_origins
@@ -229,5 +250,4 @@ def build_app(
         lifespan=lifespan,
     )
     app.state.node = node
-    app.state.started = False
     return app

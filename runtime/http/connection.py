@@ -28,9 +28,12 @@ import itertools
 import json
 import logging
 import resource
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from fnrt.runtime.lifecycle import Lifecycle
 
 log = logging.getLogger("fnrt.http")
 
@@ -91,22 +94,51 @@ _HEAD_TIMEOUT = _closing_answer("408 Request Timeout", "the request head did not
 _ORDER = itertools.count()  # orders connections made within one tick of the loop's clock
 
 
+#: When the server stops, how long a connection accepted but not yet read may still
+#: send its first request (it was opened to send one).
+FIRST_REQUEST_GRACE_S = 0.5
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a request deadline and an evicting connection cap.
 
-    Subclassed per server by :func:`guarded_protocol`, which sets ``limits``.
-    Nothing of it runs per request: a sweep (one timer for the server, every
-    ``SWEEP_S``) reads each connection's state from uvicorn's own request cycle,
-    and the idle connection to evict is looked for only at the cap."""
+    Subclassed per server by :func:`guarded_protocol`, which sets ``limits`` and
+    the node's ``lifecycle``. Per request it only looks whether the node is
+    draining (then the answer says ``Connection: close``, so the client goes
+    elsewhere next time); a sweep (one timer for the server, every ``SWEEP_S``)
+    reads each connection's state from uvicorn's own request cycle, and the idle
+    connection to evict is looked for only at the cap."""
 
     limits: ConnectionLimits = ConnectionLimits()
+    lifecycle: Lifecycle | None = None
+    _closing_at: float | None = None  # the server stops: close when idle past this time
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        lifecycle = self.lifecycle
+        if self.cycle is not None and (
+            (lifecycle is not None and lifecycle.draining) or self._closing_at is not None
+        ):
+            self.cycle.keep_alive = False  # this answer closes the connection
+
+    def shutdown(self) -> None:
+        """The server stops (uvicorn closes idle connections at once). A connection
+        accepted whose first request has not been read yet was opened to send one:
+        it gets ``FIRST_REQUEST_GRACE_S`` to arrive and be answered."""
+        if self.cycle is None and not self.transport.is_closing():
+            self._closing_at = self.loop.time() + FIRST_REQUEST_GRACE_S
+            if self.sweeping[0] is None:
+                self._schedule_sweep()
+            return
+        super().shutdown()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._since = self.loop.time()  # in its current state (idle, or busy) since
         self._state: object = None  # the request cycle the sweep saw last
         self._order = next(_ORDER)
+        self._closing_at = None  # the server stops: close when idle past it
         if len(self.connections) > self.limits.max_connections and not self._evict_one():
             log.warning("refusing a connection: %d open, all busy", len(self.connections) - 1)
             transport.write(_BUSY)
@@ -155,6 +187,10 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle
+        stopping = self._closing_at is not None and now >= self._closing_at
+        if stopping and (cycle is None or cycle.response_complete):
+            self.transport.close()
+            return
         if cycle is not None and not cycle.response_complete:  # a request in progress
             self._state, self._since = cycle, now  # (its body has read_body's deadline)
             return
@@ -167,6 +203,20 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
-    """A :class:`GuardedProtocol` class for one server's limits."""
-    return type("FnrtHttpProtocol", (GuardedProtocol,), {"limits": limits, "sweeping": [None]})
+def guarded_protocol(
+    limits: ConnectionLimits, lifecycle: Lifecycle | None = None
+) -> type[GuardedProtocol]:
+    """A :class:`GuardedProtocol` class for one server's limits and node."""
+    return type(
+        "FnrtHttpProtocol",
+        (GuardedProtocol,),
+        {"limits": limits, "lifecycle": lifecycle, "sweeping": [None]},
+    )
+
+
+def close_after_answer(connections: Iterable[object]) -> None:
+    """Requests in progress on ``connections`` answer with ``Connection: close``."""
+    for connection in connections:
+        cycle = getattr(connection, "cycle", None)
+        if cycle is not None and not cycle.response_started:
+            cycle.keep_alive = False

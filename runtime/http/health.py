@@ -1,5 +1,6 @@
-"""``/healthz`` (the process answers), ``/readyz`` (it can serve: the store answers)
-and ``/metrics`` (Prometheus text)."""
+"""``/healthz`` (the process answers), ``/readyz`` (it can serve: started, not
+draining, the functions that load at start warm, the store answers) and
+``/metrics`` (Prometheus text)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fnrt.runtime.http.state import node_of
+from fnrt.runtime.lifecycle import Phase
 from fnrt.tracing.metrics import CONTENT_TYPE
 
 
@@ -17,23 +19,33 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-async def not_ready(request: Request) -> str | None:
-    """Why the node cannot serve yet ("starting", or the store's error), or None when it can."""
-    if not request.app.state.started:
-        return "starting"
-    try:
-        await asyncio.wait_for(asyncio.to_thread(node_of(request).repository.list_functions), 5)
+#: The longest a readiness probe waits on the store.
+STORE_CHECK_TIMEOUT_S = 5.0
+
+
+async def not_ready(request: Request) -> tuple[str, str] | None:
+    """Why the node cannot take requests (a status and what it means), or None."""
+    node = node_of(request)
+    lifecycle = node.lifecycle
+    if lifecycle.draining:
+        return "draining", "the node is stopping: send requests to another"
+    if lifecycle.phase is Phase.STARTING:
+        return "starting", "reading the store"
+    warming = lifecycle.still_warming()
+    if warming:
+        return "starting", f"{warming} function(s) that load at start are still loading"
+    try:  # one conditional GET (a 304 while nothing changed)
+        await asyncio.wait_for(node.registry.store_answers(), STORE_CHECK_TIMEOUT_S)
     except Exception as exc:
-        return f"store: {exc}"
+        return "unavailable", f"store: {exc or type(exc).__name__}"
     return None
 
 
 async def readyz(request: Request) -> JSONResponse:
     reason = await not_ready(request)
-    if reason == "starting":
-        return JSONResponse({"status": "starting"}, status_code=503)
     if reason is not None:
-        return JSONResponse({"status": "unavailable", "error": reason}, status_code=503)
+        status, error = reason
+        return JSONResponse({"status": status, "error": error}, status_code=503)
     return JSONResponse({"status": "ready"})
 
 

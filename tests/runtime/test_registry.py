@@ -11,8 +11,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fnrt.functions.routing import Routing
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import ManualClock
-from support import gate, gates, live_server, make_node, publish, wait_until, write_function
+from support import (
+    ECHO_HANDLER,
+    gate,
+    gates,
+    live_server,
+    make_node,
+    publish,
+    wait_until,
+    write_function,
+)
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 
@@ -241,3 +252,40 @@ def test_a_slow_watch_read_never_undoes_a_newer_cut_over(tmp_path: Path) -> None
         primary = srv.call(node.registry.get("tracked"))
         assert second.version != first.version
         assert primary.version.version == second.version
+
+
+def test_a_watch_reads_the_feed_then_only_the_functions_that_moved(tmp_path: Path) -> None:
+    # 30 functions served here; another writer (a node, `fnrt deploy --store`) moves one.
+    node = make_node(tmp_path)
+    other = Repository(FileStore(tmp_path / "store"))  # the same store, another writer
+    versions = {}
+    for i in range(30):
+        folder = write_function(tmp_path / "src", f"f{i}")
+        versions[f"f{i}"] = publish(other, folder)
+        other.put_version(versions[f"f{i}"])
+        other.update_routing(f"f{i}", lambda _, v=versions[f"f{i}"].version: Routing({v: 100}))
+    with live_server(tmp_path, node=node) as srv:
+        assert len(srv.call(node.registry.summaries())) == 30  # all read at start
+        store = node.repository.store
+        before = store.requests.copy()
+        assert srv.call(node.registry.watch()) == []
+        assert store.requests - before == {"GetObject": 1}  # the feed, and nothing else
+
+        tripled = ECHO_HANDLER.replace("2.0", "3.0")
+        second = publish(other, write_function(tmp_path / "src2", "f7", tripled))
+        other.put_version(second)
+        other.update_routing("f7", lambda _: Routing({second.version: 100}))
+        before = store.requests.copy()
+        assert srv.call(node.registry.watch()) == ["f7"]
+        assert store.requests - before == {"GetObject": 3}  # feed, f7's routing, its version
+        assert srv.call(node.registry.get("f7")).version.version == second.version
+
+        other.delete_function("f3")
+        assert srv.call(node.registry.watch()) == ["f3"]
+        assert "f3" not in [s["name"] for s in srv.call(node.registry.summaries())]
+        with srv.client() as c:
+            gets = store.requests["GetObject"]
+            assert (
+                f'fnrt_store_requests_total{{operation="GetObject"}} {gets}.0'
+                in c.get("/metrics").text
+            )

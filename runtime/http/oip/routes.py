@@ -48,7 +48,7 @@ async def live(request: Request) -> Response:
 async def ready(request: Request) -> Response:
     reason = await not_ready(request)
     if reason is not None:
-        return JSONResponse({"ready": False, "error": reason}, status_code=503)
+        return JSONResponse({"ready": False, "error": reason[1]}, status_code=503)
     return JSONResponse({"ready": True})
 
 
