@@ -30,6 +30,7 @@ import logging
 import resource
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -94,6 +95,45 @@ _HEAD_TIMEOUT = _closing_answer("408 Request Timeout", "the request head did not
 _ORDER = itertools.count()  # orders connections made within one tick of the loop's clock
 
 
+class OneWrite:
+    """A transport whose writes within one turn of the event loop leave together.
+
+    uvicorn writes a response's head when the app starts it and its body when
+    the app sends it: two writes, two segments. A node killed between them
+    leaves its peer a head without a body, which no proxy can pass on to
+    another node (nginx has already started answering its client). Held to the
+    end of the turn, head and body leave in one ``writev``: a kill lands before
+    the answer (the proxy retries elsewhere) or after it, never inside. One
+    system call per answer instead of two.
+    """
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._pending is None:
+            self._pending = [data]
+            self._loop.call_soon(self._flush)
+        else:
+            self._pending.append(data)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending and not self._transport.is_closing():
+            self._transport.writelines(pending)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 #: When the server stops, how long a connection accepted but not yet read may still
 #: send its first request (it was opened to send one).
 FIRST_REQUEST_GRACE_S = 0.5
@@ -135,6 +175,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = OneWrite(transport, self.loop)  # type: ignore[assignment]
         self._since = self.loop.time()  # in its current state (idle, or busy) since
         self._state: object = None  # the request cycle the sweep saw last
         self._order = next(_ORDER)

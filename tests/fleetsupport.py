@@ -1,0 +1,179 @@
+"""A fleet on this machine: moto's S3 server, several ``fnrt serve`` nodes on it, and
+nginx (Debian's package) running ``infra/nginx/fnrt.conf`` rendered for local ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from s3support import CREDENTIALS
+
+from support import ServeProcess, free_port, serve_process
+
+ROOT = Path(__file__).resolve().parents[1]
+NGINX_CONF = ROOT / "infra" / "nginx" / "fnrt.conf"
+HASH_LINE = "    hash $fnrt_function consistent;"
+
+
+def nginx_binary() -> str:
+    """nginx's path, or skip the test saying how to get it."""
+    found = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
+    if found is None:
+        pytest.skip("nginx is not installed (apt-get install nginx; .ci/run installs it)")
+    return found
+
+
+def render_nginx(work: Path, port: int, nodes: list[str], routing: str) -> Path:
+    """``infra/nginx/fnrt.conf`` for ``nodes`` (host:port), listening on ``port``; its
+    main configuration, with every path nginx writes inside ``work``."""
+    conf = NGINX_CONF.read_text()
+    assert HASH_LINE in conf and "    listen 8080;" in conf
+    if routing == "round_robin":
+        conf = conf.replace(HASH_LINE, "    # round robin")
+    conf = conf.replace("    listen 8080;", f"    listen 127.0.0.1:{port};")
+    (work / "fnrt.conf").write_text(conf)
+    (work / "fnrt-nodes.conf").write_text(
+        "".join(f"server {node} max_fails=1 fail_timeout=5s;\n" for node in nodes)
+    )
+    main = work / "nginx.conf"
+    main.write_text(
+        textwrap.dedent(f"""\
+        user root;
+        worker_processes 1;
+        daemon off;
+        pid {work}/nginx.pid;
+        error_log {work}/error.log warn;
+        events {{ worker_connections 4096; }}
+        http {{
+            access_log off;
+            client_body_temp_path {work}/body;
+            proxy_temp_path {work}/proxy;
+            fastcgi_temp_path {work}/fastcgi;
+            uwsgi_temp_path {work}/uwsgi;
+            scgi_temp_path {work}/scgi;
+            include {work}/fnrt.conf;
+        }}
+        """)
+    )
+    return main
+
+
+@dataclass
+class Fleet:
+    """The S3 store's URL, the nodes, and nginx in front of them."""
+
+    work: Path
+    s3_url: str
+    nodes: list[ServeProcess]
+    url: str  # nginx
+    exits: contextlib.ExitStack = field(repr=False)
+
+    @property
+    def store(self) -> str:
+        return "s3://fnrt/fleet"
+
+    def loads(self, name: str) -> list[int]:
+        """How many times each node has loaded ``name`` (asked of each node directly)."""
+        counts = []
+        for node in self.nodes:
+            if node.proc.poll() is not None:
+                counts.append(-1)
+                continue
+            r = httpx.get(f"{node.url}/v1/functions/{name}", timeout=10)
+            counts.append(int(r.json()["instance"]["loads"]) if r.status_code == 200 else 0)
+        return counts
+
+
+def _moto(work: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=os.environ | CREDENTIALS,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{url}/moto-api/", timeout=1)
+            break
+        except httpx.TransportError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise AssertionError("moto's server did not start") from None
+            time.sleep(0.05)
+    import boto3
+
+    boto3.client(
+        "s3", endpoint_url=url, region_name="us-east-1", **_boto_credentials()
+    ).create_bucket(Bucket="fnrt")
+    return url, proc
+
+
+def _boto_credentials() -> dict[str, str]:
+    return {
+        "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    }
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def fleet(tmp: Path, nodes: int = 3, routing: str = "hash", *flags: str) -> Iterator[Fleet]:
+    """``nodes`` fnrt nodes on one moto S3 store behind nginx, until the block ends."""
+    binary = nginx_binary()
+    with contextlib.ExitStack() as exits:
+        s3_url, moto = _moto(tmp)
+        exits.callback(_stop, moto)
+        servers = []
+        for i in range(nodes):
+            node_dir = tmp / f"node{i}"
+            node_dir.mkdir()
+            node_flags = (
+                "--store", "s3://fnrt/fleet", "--s3-endpoint", s3_url,
+                "--watch-interval-s", "0.5", "--log-level", "warning", "--no-request-log",
+                *flags,
+            )  # fmt: skip
+            servers.append(
+                exits.enter_context(serve_process(node_dir, *node_flags, env=CREDENTIALS))
+            )
+        work = tmp / "nginx"
+        work.mkdir()
+        port = free_port()
+        conf = render_nginx(work, port, [s.url.removeprefix("http://") for s in servers], routing)
+        nginx = subprocess.Popen([binary, "-c", str(conf), "-p", str(work)])
+        exits.callback(_stop, nginx)  # type: ignore[arg-type]
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                httpx.get(f"{url}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or nginx.poll() is not None:
+                    log = (work / "error.log").read_text() if (work / "error.log").exists() else ""
+                    raise AssertionError(f"nginx did not start: {log}") from None
+                time.sleep(0.05)
+        yield Fleet(tmp, s3_url, servers, url, exits)
