@@ -195,15 +195,24 @@ class RequestsConfig:
 
 @dataclass(frozen=True)
 class ResultCacheConfig:
-    """Opt-in cache of outputs by a hash of the inputs, for deterministic handlers."""
+    """Opt-in cache of outputs by a hash of the inputs, for deterministic handlers.
+
+    ``backend = "memory"``: each node keeps its own, bounded by ``max_bytes``.
+    ``"redis"``: one cache every node shares, in the Redis of ``fnrt serve
+    --redis-url`` (entries past ``max_bytes`` are not stored; Redis's own
+    ``maxmemory-policy`` evicts); a node without one keeps a memory cache.
+    """
 
     enabled: bool = False
     max_bytes: int = 64 * 1024 * 1024
     ttl_s: float = 60.0
+    backend: str = "memory"
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ManifestError("enabled", "must be true or false")
+        if self.backend not in ("memory", "redis"):
+            raise ManifestError("backend", f"{self.backend!r} is not 'memory' or 'redis'")
         if not isinstance(self.max_bytes, int) or self.max_bytes < 1:
             raise ManifestError("max_bytes", "must be a positive integer")
         if not isinstance(self.ttl_s, int | float) or self.ttl_s <= 0:
@@ -504,7 +513,12 @@ class Manifest:
             "batching": asdict(self.batching),
             "scaling": asdict(self.scaling),
             "requests": asdict(self.requests),
-            "result_cache": asdict(self.result_cache),
+            # backend only when not "memory": versions deployed before it keep their ids
+            "result_cache": {
+                k: v
+                for k, v in asdict(self.result_cache).items()
+                if k != "backend" or v != "memory"
+            },
             "rollout": {**asdict(self.rollout), "steps_percent": list(self.rollout.steps_percent)},
             # failed_inputs_bytes only when set: versions deployed before it keep their ids
             "breaker": {

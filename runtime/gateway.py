@@ -115,8 +115,10 @@ class Gateway:
                 for guard in guards:
                     answer = guard.before(call)
                     if answer is not None:
-                        served = answer if isinstance(answer, Served) else await answer
-                        break
+                        found = answer if isinstance(answer, Served) else await answer
+                        if found is not None:
+                            served = found
+                            break
                     passed += 1
                 else:
                     served = await _queue(scheduler, call)

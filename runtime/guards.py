@@ -31,7 +31,7 @@ from fnrt.functions.handler import Request
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.protection import Served
 from fnrt.runtime.queue import Client, Priority
-from fnrt.runtime.result_cache import inputs_key
+from fnrt.runtime.result_cache import Outputs, SharedResults, inputs_key
 from fnrt.runtime.scheduler import Scheduler
 
 
@@ -67,8 +67,9 @@ class Call:
 
 
 #: What a guard's ``before`` returns to answer a call itself: the answer, or a
-#: coroutine that makes it (a fallback).
-Answer = Served | Awaitable[Served]
+#: coroutine that makes it (a fallback) or finds there is none (None: go on, as a
+#: miss of a shared cache).
+Answer = Served | Awaitable[Served | None]
 
 
 class Guard(Protocol):
@@ -117,10 +118,17 @@ class ResultCacheGuard:
         return scheduler.protection.result_cache is not None
 
     def before(self, call: Call) -> Answer | None:
-        scheduler = call.scheduler
-        cache = scheduler.protection.result_cache
+        cache = call.scheduler.protection.result_cache
         assert cache is not None
-        hit = cache.get(call.key)
+        if isinstance(cache, SharedResults):  # a round trip to Redis
+            return self._shared(call, cache)
+        return self._answer(call, cache.get(call.key))
+
+    async def _shared(self, call: Call, cache: SharedResults) -> Served | None:
+        return self._answer(call, await cache.get(call.key))
+
+    def _answer(self, call: Call, hit: Outputs | None) -> Served | None:
+        scheduler = call.scheduler
         looked_up = self._clock.now() - call.started
         totals = scheduler.stats.totals
         if hit is None:

@@ -32,6 +32,7 @@ from fnrt.runtime.gateway import Gateway
 from fnrt.runtime.lifecycle import Lifecycle
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.registry import Registry
+from fnrt.runtime.result_cache import redis_client
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 from fnrt.runtime.settings import ServerSettings
 from fnrt.runtime.split import Splits
@@ -151,6 +152,7 @@ def build_node(
         admission,
         memory.make_room,
         isolation=IsolationMode(settings.isolation),
+        redis=redis_client(settings.redis_url) if settings.redis_url else None,
     )
     registry = Registry(repository, factory, clock, keeper)
     splits = Splits(registry, loader, factory)

@@ -20,7 +20,7 @@ from fnrt.runtime.breaker import Breaker
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.outcomes import OutcomeWindow
 from fnrt.runtime.queue import Outputs
-from fnrt.runtime.result_cache import ResultCache
+from fnrt.runtime.result_cache import ResultCache, SharedResults
 
 #: How long a last result is kept for the breaker's "cache" fallback.
 LAST_RESULT_TTL_S = 24 * 3600.0
@@ -72,11 +72,18 @@ class Protection:
     guards: tuple[Any, ...] | None = None
     unwind: tuple[Any, ...] = ()
 
-    def __init__(self, manifest: Manifest, clock: Clock) -> None:
+    def __init__(
+        self, manifest: Manifest, clock: Clock, *, redis: Any = None, version: str = ""
+    ) -> None:
+        """``redis``: the node's shared Redis client, for ``backend = "redis"`` (None:
+        the node has none, and such a version keeps a memory cache)."""
         caching = manifest.result_cache
-        self.result_cache = (
-            ResultCache(caching.max_bytes, caching.ttl_s, clock) if caching.enabled else None
-        )
+        self.result_cache: ResultCache | SharedResults | None = None
+        if caching.enabled and caching.backend == "redis" and redis is not None:
+            prefix = f"fnrt:results:{manifest.name}:{version}:"
+            self.result_cache = SharedResults(redis, prefix, caching.max_bytes, caching.ttl_s)
+        elif caching.enabled:
+            self.result_cache = ResultCache(caching.max_bytes, caching.ttl_s, clock)
         breaker = manifest.breaker
         self.breaker = Breaker(breaker)
         self.outcomes = OutcomeWindow()  # read by the canary judge

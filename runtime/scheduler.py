@@ -34,7 +34,7 @@ from fnrt.runtime.outcomes import OutcomeWindow
 from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance, MakeRoom
 from fnrt.runtime.protection import Failure, Protection, Served
 from fnrt.runtime.queue import Client, Priority
-from fnrt.runtime.result_cache import ResultCache
+from fnrt.runtime.result_cache import ResultCache, SharedResults
 from fnrt.runtime.scaling import Activity
 from fnrt.runtime.stats import Stats
 
@@ -56,6 +56,7 @@ class Scheduler:
         admission: Admission | None = None,
         make_room: MakeRoom | None = None,
         isolation: IsolationMode = DEFAULT_ISOLATION,
+        redis: Any = None,
     ) -> None:
         self.version = version
         self.name = version.name  # fixed: read on every request
@@ -67,7 +68,7 @@ class Scheduler:
             version, load, clock, self.stats, events, make_room, in_thread=isolation is THREAD
         )
         self.batcher = Batcher(version, self.pool, clock, self.stats, events, admission)
-        self.protection = Protection(version.manifest, clock)
+        self.protection = Protection(version.manifest, clock, redis=redis, version=version.version)
 
     # --- what it is --------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ class Scheduler:
         return self.protection.failures
 
     @property
-    def result_cache(self) -> ResultCache | None:
+    def result_cache(self) -> ResultCache | SharedResults | None:
         return self.protection.result_cache
 
     @property
@@ -260,6 +261,7 @@ class SchedulerFactory:
     admission: Admission
     make_room: MakeRoom | None = None
     isolation: IsolationMode = DEFAULT_ISOLATION  # where instances run unless a manifest says
+    redis: Any = None  # the shared result cache's client (``--redis-url``), if any
 
     def __call__(self, vm: VersionManifest, load: LoadInstance | None = None) -> Scheduler:
         """A scheduler of ``vm``; ``load`` builds its instances in a thread (default:
@@ -274,4 +276,5 @@ class SchedulerFactory:
             admission=self.admission,
             make_room=self.make_room,
             isolation=kind,
+            redis=self.redis,
         )

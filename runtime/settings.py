@@ -59,6 +59,7 @@ class ServerSettings:
     shutdown_timeout_s: float = 30.0  # then, work still running past it answers 503
     sweep_interval_s: float = 1.0
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
+    redis_url: str | None = None  # the shared result cache (redis://host:6379/0)
     preload: bool = False
     isolation: str = "process"  # where instances run unless a manifest says: process, thread
     device: str = "auto"
@@ -191,6 +192,8 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         variable = f"FNRT_{key.upper()}"
         if variable in env:
             found[key] = float(env[variable])
+    if env.get("FNRT_REDIS_URL"):
+        found["redis_url"] = env["FNRT_REDIS_URL"]
     if "FNRT_ISOLATION" in env:
         found["isolation"] = env["FNRT_ISOLATION"]
     if "FNRT_DEVICE" in env:

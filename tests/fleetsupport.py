@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -177,3 +178,57 @@ def fleet(tmp: Path, nodes: int = 3, routing: str = "hash", *flags: str) -> Iter
                     raise AssertionError(f"nginx did not start: {log}") from None
                 time.sleep(0.05)
         yield Fleet(tmp, s3_url, servers, url, exits)
+
+
+def redis_binary() -> str:
+    """redis-server's path, or skip the test saying how to get it."""
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK) else None
+    )
+    if found is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    return found
+
+
+class RedisServer:
+    """Debian's redis-server on a free port of 127.0.0.1, nothing saved to disk;
+    ``stop`` and ``start`` again on the same port (a restart)."""
+
+    def __init__(self, work: Path) -> None:
+        self.binary = redis_binary()
+        self.work = work
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "no", "--dir", str(self.work), "--loglevel", "warning"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1) as s,
+            ):
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError("redis-server did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)  # type: ignore[arg-type]
+            self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server(work: Path) -> Iterator[RedisServer]:
+    server = RedisServer(work)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

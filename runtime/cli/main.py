@@ -99,6 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ("ssl_keyfile", "ssl_keyfile"),
         ("max_queued", "max_queued"),
         ("isolation", "isolation"),
+        ("redis_url", "redis_url"),
         ("device", "device"),
         ("log_level", "log_level"),
     ]:
@@ -501,6 +502,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="file descriptors kept from connections for the store, the cache and worker "
         "processes (FNRT_FD_RESERVE; default 256)",
+    )
+    p.add_argument(
+        "--redis-url",
+        help='the Redis that functions with [result_cache] backend = "redis" share with '
+        "every node, e.g. redis://cache:6379/0; while it is down, calls are served "
+        "uncached (FNRT_REDIS_URL; default none: such functions cache in memory)",
     )
     p.add_argument(
         "--isolation",
