@@ -1,10 +1,12 @@
-"""The simulator's results as a table and as a plot of cold starts against idle memory."""
+"""The simulators' results: tables, and plots (cold starts against idle memory for the
+policies; cold starts by tier, memory and imbalance for fleets)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+from fnrt.runtime.prewarm.fleet import FleetOutcome
 from fnrt.runtime.prewarm.simulator import Outcome
 
 
@@ -73,6 +75,55 @@ def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
     ax.set_title(title or "keep-alive policies: cold starts against idle memory")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def fleet_table(outcomes: Sequence[FleetOutcome]) -> str:
+    """One row per fleet run: cold starts by tier, fetches, memory, imbalance."""
+    rows = [list(outcomes[0].row())] if outcomes else [[]]
+    rows += [list(o.row().values()) for o in outcomes]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    )
+
+
+def fleet_plot(outcomes: Sequence[FleetOutcome], path: Path) -> Path:
+    """Cold starts by tier, memory held and load imbalance, one bar per fleet run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{o.config.routing.value.replace('_', chr(10))}\n{o.config.nodes}" for o in outcomes]
+    x = range(len(outcomes))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6))
+    width = 0.4
+    axes[0].bar([i - width / 2 for i in x], [o.cold_l2 for o in outcomes], width,
+                label="cold starts from L2 (node disk)", color="tab:blue")  # fmt: skip
+    axes[0].bar([i + width / 2 for i in x], [o.l3_fetches for o in outcomes], width,
+                label="fetches from L3 (the store)", color="tab:red")  # fmt: skip
+    axes[0].set_yscale("log")
+    axes[0].set_title("cold starts and store fetches (log)")
+    axes[0].legend(fontsize=8)
+    axes[1].bar(x, [o.memory_gb_hours for o in outcomes], color="tab:green")
+    axes[1].set_title("memory held by instances, GB-hours")
+    axes[2].bar(x, [o.imbalance for o in outcomes], color="tab:orange")
+    axes[2].axhline(1.0, color="grey", linewidth=0.8)
+    axes[2].set_title("busiest node's calls / mean")
+    for ax in axes:
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("routing across a fleet (routing, nodes): what the nodes load, fetch and hold")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
