@@ -111,7 +111,7 @@ class Node:
     def function_states(self) -> list[FunctionState]:
         """Warm instances and queue depth of every version held here (for /metrics)."""
         return [
-            FunctionState(s.name, s.version.version, s.instances, s.queued)
+            FunctionState(s.name, s.version.version, s.instances, s.queued, s.pool.running)
             for s in self.schedulers()
         ]
 

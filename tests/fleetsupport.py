@@ -47,7 +47,7 @@ def render_nginx(work: Path, port: int, nodes: list[str], routing: str) -> Path:
     conf = conf.replace("    listen 8080;", f"    listen 127.0.0.1:{port};")
     (work / "fnrt.conf").write_text(conf)
     (work / "fnrt-nodes.conf").write_text(
-        "".join(f"server {node} max_fails=1 fail_timeout=5s;\n" for node in nodes)
+        "".join(f"server {node} max_fails=3 fail_timeout=1s;\n" for node in nodes)
     )
     main = work / "nginx.conf"
     main.write_text(

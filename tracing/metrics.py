@@ -35,6 +35,7 @@ class FunctionState:
     version: str
     warm_instances: int
     queued: int
+    running: int = 0  # batches running now
 
 
 StateSource = Callable[[], Iterable[FunctionState]]
@@ -73,11 +74,17 @@ class _StateCollector:
         depth = GaugeMetricFamily(
             "fnrt_queue_depth", "Requests waiting in the queue", labels=["function", "version"]
         )
+        running = GaugeMetricFamily(
+            "fnrt_running_batches", "Batches running now", labels=["function", "version"]
+        )
         for state in self._source():
-            warm.add_metric([state.function, state.version], state.warm_instances)
-            depth.add_metric([state.function, state.version], state.queued)
+            labels = [state.function, state.version]
+            warm.add_metric(labels, state.warm_instances)
+            depth.add_metric(labels, state.queued)
+            running.add_metric(labels, state.running)
         yield warm
         yield depth
+        yield running
 
 
 class _StoreCollector:

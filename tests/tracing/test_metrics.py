@@ -70,6 +70,7 @@ def test_metrics_count_requests_batches_and_cold_starts(tmp_path: Path) -> None:
     assert value("fnrt_cache_hits_total", tier="l1") == 4  # the other 4 found it loaded
     assert value("fnrt_warm_instances", function="echo", version=version) == 1
     assert value("fnrt_queue_depth", function="echo", version=version) == 0
+    assert value("fnrt_running_batches", function="echo", version=version) == 0
     assert value("process_resident_memory_bytes") > 0
     assert telemetry.access is not None
     telemetry.access.flush()

@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
 from fleetsupport import Fleet, fleet
 
 from fnrt.runtime.cli.main import main
@@ -26,7 +25,7 @@ def _invoke(c: httpx.Client, url: str, name: str = "echo") -> httpx.Response:
     return c.post(f"{url}/v1/functions/{name}/invoke", json=X, timeout=60)
 
 
-def test_a_deploy_through_one_node_reaches_every_node(tmp_path: Path) -> None:
+def test_a_deploy_through_one_node_reaches_every_node_and_hashing_holds(tmp_path: Path) -> None:
     with fleet(tmp_path) as f:
         a, b, c = f.nodes
         _deploy(write_function(tmp_path / "src", "echo"), a.url)
@@ -44,21 +43,32 @@ def test_a_deploy_through_one_node_reaches_every_node(tmp_path: Path) -> None:
             assert time.monotonic() - swapped < 2 * 0.5 + 0.5  # two polls, and a load
             assert _invoke(client, f.url).json() == {"y": [[3, 6, 9, 12]]}
 
+            # hash routing: calls for a function load it on one node only
+            names = [f"fn{i}" for i in range(3)]
+            for name in names:
+                _deploy(write_function(tmp_path / "src", name), b.url)
+            _call_each(f, client, names, 4)
+            for name in names:
+                assert sorted(f.loads(name)) == [0, 0, 1], name
 
-@pytest.mark.parametrize("routing", ["hash", "round_robin"])
-def test_hash_routing_loads_a_function_on_one_node(tmp_path: Path, routing: str) -> None:
-    with fleet(tmp_path, 3, routing) as f, httpx.Client() as client:
-        for i in range(4):
-            _deploy(write_function(tmp_path / "src", f"fn{i}"), f.nodes[0].url)
-        for _ in range(6):
-            for i in range(4):
-                assert _invoke(client, f.url, f"fn{i}").status_code == 200
-        loads = {f"fn{i}": f.loads(f"fn{i}") for i in range(4)}
-        for name, per_node in loads.items():
-            if routing == "hash":
-                assert sorted(per_node) == [0, 0, 1], (name, per_node)  # one node holds it
-            else:
-                assert per_node == [1, 1, 1], (name, per_node)  # every node loads it
+            # a saturated node passes a hot function on
+            _spills_when_saturated(f, tmp_path)
+
+
+def _call_each(f: Fleet, client: httpx.Client, names: list[str], times: int) -> None:
+    for _ in range(times):
+        for name in names:
+            assert _invoke(client, f.url, name).status_code == 200
+
+
+def test_round_robin_loads_a_function_on_every_node(tmp_path: Path) -> None:
+    with fleet(tmp_path, 3, "round_robin") as f, httpx.Client() as client:
+        names = [f"fn{i}" for i in range(4)]  # 4 names over 3 nodes: each meets every node
+        for name in names:
+            _deploy(write_function(tmp_path / "src", name), f.nodes[0].url)
+        _call_each(f, client, names, 3)
+        for name in names:
+            assert f.loads(name) == [1, 1, 1], name  # every node loads every function
 
 
 def _hammer(url: str, clients: int, stop: threading.Event) -> list[int | str]:
@@ -142,3 +152,36 @@ def test_a_node_stopped_under_load_fails_no_request_and_was_unready_first(
             probing.result(10)
         assert outcomes and set(outcomes) == {200}, sorted(set(map(str, outcomes)))
         assert seen["unready"] < seen["refused"] - 0.5  # unready through the drain delay
+
+
+SLOW_HANDLER = """
+import time
+
+class Slow:
+    def load(self, artifacts, device):
+        pass
+
+    def __call__(self, batch):
+        time.sleep(0.3)
+        return [{"y": r["x"]} for r in batch]
+"""
+
+
+def _spills_when_saturated(f: Fleet, tmp_path: Path) -> None:
+    """One request at a time per node, two waiting: the node the hash picks answers
+    429 past that, and nginx passes the request to the next node on the ring."""
+    manifest = (
+        'name = "{name}"\nhandler = "handler:Slow"\n[batching]\nmax_batch_size = 1\n'
+        "[scaling]\nmax_queue = {max_queue}\n"
+    )
+    folder = write_function(tmp_path / "src", "hot", SLOW_HANDLER, manifest, max_queue=2)
+    _deploy(folder, f.nodes[0].url)
+    with httpx.Client() as client:
+        assert _invoke(client, f.url, "hot").status_code == 200
+    home = _holder(f, "hot")
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: httpx.post(
+            f"{f.url}/v1/functions/hot/invoke", json=X, timeout=60), range(6)))  # fmt: skip
+    assert [r.status_code for r in answers] == [200] * 6
+    loads = f.loads("hot")
+    assert loads[home] == 1 and sum(1 for n in loads if n > 0) >= 2, loads  # spilled over
