@@ -21,6 +21,10 @@ def _deploy(folder: Path, server: str) -> None:
     assert main(["deploy", str(folder), "--server", server, "-q"]) == 0
 
 
+def _version(url: str) -> str:
+    return str(httpx.get(f"{url}/v1/functions/echo", timeout=10).json()["version"])
+
+
 def _invoke(c: httpx.Client, url: str, name: str = "echo") -> httpx.Response:
     return c.post(f"{url}/v1/functions/{name}/invoke", json=X, timeout=60)
 
@@ -37,11 +41,13 @@ def test_a_deploy_through_one_node_reaches_every_node_and_hashing_holds(tmp_path
             # a hot swap through C reaches A and B within two poll intervals (0.5 s)
             tripled = ECHO_HANDLER.replace("2.0", "3.0")
             _deploy(write_function(tmp_path / "v2", "echo", tripled), c.url)
-            swapped = time.monotonic()
+            swapped = time.monotonic()  # the routing was written before the deploy returned
+            new = httpx.get(f"{c.url}/v1/functions/echo").json()["version"]
             for node in (a, b):
-                wait_until(lambda n=node: _invoke(client, n.url).json()["y"][0][0] == 3, 5)
-            assert time.monotonic() - swapped < 2 * 0.5 + 0.5  # two polls, and a load
-            assert _invoke(client, f.url).json() == {"y": [[3, 6, 9, 12]]}
+                wait_until(lambda n=node: _version(n.url) == new, 5)
+            assert time.monotonic() - swapped < 2 * 0.5 + 0.5  # two polls (and slack)
+            for url in (a.url, b.url, f.url):  # and they serve it
+                assert _invoke(client, url).json() == {"y": [[3, 6, 9, 12]]}
 
             # hash routing: calls for a function load it on one node only
             names = [f"fn{i}" for i in range(3)]
