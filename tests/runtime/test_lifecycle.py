@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -88,6 +89,8 @@ def test_sigterm_unready_at_once_then_serves_through_the_drain_delay(tmp_path: P
         wait_until(lambda: _refused(server.url), 10)
         assert time.monotonic() - started >= 1.9  # not before the delay
         assert server.proc.wait(15) == 0
+    history = tmp_path / "cache" / "prewarm" / "history.json"  # saved on the way out
+    assert "echo" in json.loads(history.read_text())["functions"]
 
 
 def test_requests_accepted_before_sigterm_all_finish(tmp_path: Path) -> None:
