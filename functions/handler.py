@@ -13,7 +13,10 @@ A handler is a class::
             ...
 
 or a plain function ``def handle(batch) -> list`` for handlers with no state,
-or a per-request function wrapped by :func:`per_request`. A request is a mapping
+or a per-request function wrapped by :func:`per_request`. ``__call__``,
+``handle``, ``load`` and ``unload`` may be ``async def``: they run on an event
+loop of the instance's own, never on the server's. Generators (streamed
+results) are refused until generative functions exist. A request is a mapping
 of input name to a read-only numpy array; a result is a mapping of output name
 to an array-like (numpy array, torch tensor, list). The handler returns exactly
 one result per request, in order.
@@ -131,11 +134,21 @@ def _defines_call(cls: type) -> bool:
     return any("__call__" in vars(base) for base in cls.__mro__[:-1])
 
 
+def _refuse_generator(fn: object, where: str) -> None:
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise HandlerError(
+            f"{where} is a generator: streamed results are not supported yet; "
+            "return (or, in an async handler, return from the coroutine) one result "
+            "per request"
+        )
+
+
 def check_contract(obj: object, where: str) -> None:
     """Raise HandlerError unless ``obj`` is a handler class or batch function."""
     if inspect.isclass(obj):
         if not _defines_call(obj) or obj.__call__ is Handler.__call__:
             raise HandlerError(f"handler class {where} must define __call__(self, batch)")
+        _refuse_generator(obj.__call__, f"{where}.__call__")
         try:
             inspect.signature(obj).bind()
         except TypeError:
@@ -154,6 +167,7 @@ def check_contract(obj: object, where: str) -> None:
                 raise HandlerError(f"{where}.load must take (self, artifacts, device)") from None
         return
     if callable(obj):
+        _refuse_generator(obj, where)
         try:
             inspect.signature(obj).bind([])
         except (TypeError, ValueError):

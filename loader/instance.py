@@ -6,6 +6,7 @@ calls it on the instance's own executor thread, never on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import os
@@ -338,15 +339,50 @@ def build_handler(
     mark = time.perf_counter()
     unload: Callable[[], None] | None = None
     handler = obj() if inspect.isclass(obj) else obj  # a class is instantiated once
+    per_batch = handler if handler is obj else type(handler).__call__
+    hooks = [per_batch, getattr(handler, "load", None), getattr(handler, "unload", None)]
+    loop = asyncio.new_event_loop() if any(map(inspect.iscoroutinefunction, hooks)) else None
     if handler is not obj:
         load = getattr(handler, "load", None)
         if load is not None:
-            load(artifacts, device)
+            _run(loop, load, artifacts, device)
         unload = getattr(handler, "unload", None)
     load_s = time.perf_counter() - mark
     call = cast(Callable[[list[Request]], Sequence[Any]], handler)
+    if loop is not None:  # async hooks run on the instance's own loop, on its thread
+        call, unload = _on_loop(loop, call, unload)
     size = held_bytes(handler) or vm.size_bytes  # an onnxruntime session hides its tensors
     return Built(call, unload, size, import_s, load_s)
+
+
+def _run(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call ``fn``; a coroutine it returns runs to completion on ``loop``."""
+    result = fn(*args)
+    if inspect.iscoroutine(result):
+        assert loop is not None, "a coroutine from a handler that declared no async hook"
+        return loop.run_until_complete(result)
+    return result
+
+
+def _on_loop(
+    loop: asyncio.AbstractEventLoop,
+    call: Callable[[list[Request]], Any],
+    unload: Callable[[], Any] | None,
+) -> tuple[Callable[[list[Request]], Sequence[Any]], Callable[[], None]]:
+    """An async handler's batch call and unload as blocking calls on ``loop`` (one per
+    instance: batches of an instance run one at a time, on its executor's thread)."""
+
+    def run_batch(batch: list[Request]) -> Sequence[Any]:
+        return cast(Sequence[Any], _run(loop, call, batch))
+
+    def close() -> None:
+        try:
+            if unload is not None:
+                _run(loop, unload)
+        finally:
+            loop.close()
+
+    return run_batch, close
 
 
 def _materialise(dest: Path, fill: Callable[[Path], None]) -> Path:

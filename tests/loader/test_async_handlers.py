@@ -1,0 +1,93 @@
+"""``async def`` handlers run on an event loop of their instance's own; generators are
+refused at deploy (they used to pass deploy and then fail every call with a 500)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fnrt.runtime.cli.main import main
+from support import live_server, write_function
+
+ASYNC_CLASS = """
+import asyncio, os, threading
+
+class Model:
+    async def load(self, artifacts, device):
+        await asyncio.sleep(0)
+        self.scale = 2.0
+
+    async def __call__(self, batch):
+        await asyncio.sleep(0.001)  # awaits work, on its own loop
+        where = [float(id(asyncio.get_running_loop()) % 1000003), float(os.getpid())]
+        return [{"y": r["x"] * self.scale, "where": where} for r in batch]
+
+    async def unload(self):
+        await asyncio.sleep(0)
+"""
+
+ASYNC_FUNCTION = """
+import asyncio
+
+async def handle(batch):
+    await asyncio.sleep(0)
+    return [{"y": r["x"] + 1} for r in batch]
+"""
+
+GENERATOR = """
+def handle(batch):
+    for r in batch:
+        yield {"y": r["x"]}
+"""
+
+ASYNC_GENERATOR = """
+class Model:
+    async def __call__(self, batch):
+        for r in batch:
+            yield {"y": r["x"]}
+"""
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:{attribute}"
+
+[isolation]
+mode = "{mode}"
+"""
+
+X = {"x": [[1.0, 2.0, 3.0, 4.0]]}
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_async_handlers_answer_from_their_own_loop(tmp_path: Path, mode: str) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        for name, source, attribute in (
+            ("cls", ASYNC_CLASS, "Model"),
+            ("fn", ASYNC_FUNCTION, "handle"),
+        ):
+            folder = write_function(tmp_path / "src", name, source, MANIFEST,
+                                    attribute=attribute, mode=mode)  # fmt: skip
+            assert main(["deploy", str(folder), "--server", srv.url, "-q"]) == 0
+        r = c.post("/v1/functions/cls/invoke", json=X)
+        assert r.status_code == 200, r.text
+        assert r.json()["y"] == [[2, 4, 6, 8]]
+        server_loop = float(id(srv.loop) % 1000003)
+        assert r.json()["where"][0] != server_loop  # never the server's event loop
+        assert c.post("/v1/functions/fn/invoke", json=X).json() == {"y": [[2, 3, 4, 5]]}
+        assert c.post("/v1/functions/cls/unload").json()["unloaded"] is True  # async unload
+
+
+@pytest.mark.parametrize(
+    ("source", "attribute"), [(GENERATOR, "handle"), (ASYNC_GENERATOR, "Model")]
+)
+def test_a_generator_handler_is_refused_at_deploy(
+    tmp_path: Path, source: str, attribute: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = write_function(tmp_path / "src", "gen", source, MANIFEST,
+                            attribute=attribute, mode="thread")  # fmt: skip
+    with live_server(tmp_path) as srv:
+        assert main(["deploy", str(folder), "--server", srv.url, "-q"]) != 0
+        assert "is a generator: streamed results are not supported yet" in capsys.readouterr().err
+        assert httpx.get(f"{srv.url}/v1/functions/gen").status_code == 404  # nothing deployed
