@@ -7,11 +7,13 @@ names a server, store or token also reads an ``FNRT_*`` variable.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import ipaddress
 import json
 import logging
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -58,6 +60,16 @@ def _client(args: argparse.Namespace) -> Client:
     if args.token:
         found["token"] = args.token
     return Client(ClientSettings(**found))  # type: ignore[arg-type]
+
+
+def _printable(value: object) -> object:
+    """An element JSON has no type for: bytes as text, or as base64 when not UTF-8."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(value).decode("ascii")}
+    raise TypeError(f"cannot print {type(value).__name__} as JSON")
 
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
@@ -146,17 +158,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"{settings.host} (--insecure-open-admin)",
             file=sys.stderr,
         )
+    try:  # before anything starts: a busy port is the first thing said, and the last
+        sock = listening_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(
+            f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return STARTUP_FAILURE
     app = build_app(settings)
-    print(
-        f"fnrt: serving store {settings.store} on http://{settings.host}:{settings.port}",
-        file=sys.stderr,
-    )
+    port = sock.getsockname()[1]
+    print(f"fnrt: serving store {settings.store} on http://{settings.host}:{port}", file=sys.stderr)
     server = make_server(app, settings)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
-        server.run()
+        server.run(sockets=[sock])
     code = 0 if server.started else STARTUP_FAILURE
     exit_past_stuck_threads(code)
     return code
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (uvicorn listens on it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def exit_past_stuck_threads(code: int) -> None:
@@ -315,7 +346,7 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         print(f"wrote {', '.join(outputs)} to {args.output}", file=sys.stderr)
     else:
         plain = {k: np.asarray(v).tolist() for k, v in outputs.items()}
-        print(json.dumps(plain))
+        print(json.dumps(plain, default=_printable))
     if args.verbose:
         found = ids(span)
         trace = f", trace {found[0]}" if found else ""

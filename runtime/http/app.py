@@ -159,6 +159,11 @@ def make_server(app: Starlette, settings: ServerSettings) -> Any:
     node: Node = app.state.node
 
     class FnrtServer(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if sockets is not None and self.started:  # bound by fnrt serve: say so as uvicorn
+                self._log_started_message(sockets)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             node.lifecycle.drain()
             super().handle_exit(sig, frame)

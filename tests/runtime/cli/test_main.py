@@ -112,3 +112,28 @@ def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]
         build_parser().parse_args([command, "--help"])
     assert info.value.code == 0
     assert "usage: fnrt " + command in capsys.readouterr().out
+
+
+BYTES_HANDLER = """
+import numpy as np
+
+def handle(batch):
+    return [{"s": np.array([b"plain text", b"\\xff\\xfe"], dtype=object)} for _ in batch]
+"""
+BYTES_MANIFEST = """
+name = "{name}"
+handler = "handler:handle"
+
+[outputs]
+s = {{ dtype = "bytes", shape = [-1] }}
+"""
+
+
+def test_invoke_prints_a_bytes_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # was: TypeError: Object of type bytes is not JSON serializable
+    folder = write_function(tmp_path / "src", "texts", BYTES_HANDLER, BYTES_MANIFEST)
+    with live_server(tmp_path) as srv:
+        assert run(capsys, "deploy", str(folder), "--server", srv.url)[0] == 0
+        code, out, _ = run(capsys, "invoke", "texts", "--json", '{"x": [1]}', "--server", srv.url)
+        assert code == 0
+        assert json.loads(out) == {"s": ["plain text", {"base64": "//4="}]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -50,3 +51,18 @@ def test_serve_process_with_flags_and_environment(
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
+
+
+def test_a_busy_port_is_said_first_and_nothing_starts(tmp_path: Path) -> None:
+    # was: "serving ... on http://..." and "Application startup complete", then the error
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-m", "fnrt.runtime.cli.main", "serve", "--port", str(port)]
+        argv += ["--store", str(tmp_path / "store"), "--cache-dir", str(tmp_path / "cache")]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert (
+        done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
