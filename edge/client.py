@@ -493,8 +493,8 @@ class EdgeClient:
         if response.status in (200, 204):
             return response
         message = _error_message(response)
-        if response.status == 404:
-            raise NoSuchSplit(self.name, message)
+        if response.status == 404:  # the server's message already names the function
+            raise NoSuchSplit(self.name, message.removeprefix(f"function '{self.name}': "))
         if response.status in (429, 503):
             raise Unavailable(message)
         raise FnrtError(f"the server answered {response.status}: {message}")

@@ -57,3 +57,18 @@ def test_edge_commands_have_help(command: str, capsys: pytest.CaptureFixture[str
         build_parser().parse_args(["edge", command, "--help"])
     assert info.value.code == 0
     assert "--emulate-bandwidth" in capsys.readouterr().out
+
+
+def test_plan_of_a_function_without_splits_names_it_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # was: "function 'echo': function 'echo': has no split points"
+    from support import write_function
+
+    folder = write_function(tmp_path / "src", "echo")
+    with live_server(tmp_path) as srv:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        cache = ("--cache-dir", str(tmp_path / "edge"))
+        assert main(["edge", "plan", "echo", "--server", srv.url, *cache]) == 1
+        err = capsys.readouterr().err
+        assert err.count("function 'echo'") == 1 and "has no split points" in err, err
