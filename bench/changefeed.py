@@ -18,15 +18,13 @@ import argparse
 import random
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import httpx
-from loadgen import free_port, start_fnrt, wait_ready
+from loadgen import start_fnrt, start_moto, wait_ready
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "bench",
@@ -126,16 +124,8 @@ def main() -> None:
 
     env = os.environ | CREDENTIALS
     os.environ.update(CREDENTIALS)
-    moto_port = free_port()
-    moto = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{moto_port}"
+    endpoint, moto = start_moto(env)
     try:
-        wait_ready(f"{endpoint}/moto-api/", moto)
         import boto3
 
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from loadgen import deploy, free_port, start_fnrt, wait_ready
+from loadgen import deploy, start_fnrt, start_moto
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "bench" / "coldstart_model"
@@ -149,16 +149,8 @@ def main() -> None:
         onnx_mib = (onnx_dir / "model.onnx").stat().st_size / MiB
         print(f"safetensors {size / MiB:.0f} MiB, onnx {onnx_mib:.0f} MiB")
 
-        moto_port = free_port()
-        moto = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        endpoint, moto = start_moto(env)
         procs.append(moto)
-        endpoint = f"http://127.0.0.1:{moto_port}"
-        wait_ready(f"{endpoint}/moto-api/", moto)
         s3 = boto3.client("s3", endpoint_url=endpoint)
         s3.create_bucket(Bucket="bench")
 

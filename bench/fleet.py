@@ -25,7 +25,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-from loadgen import ROOT, Result, copy_mlp, free_port, report, require_wrk, start_fnrt, wait_ready
+from loadgen import (
+    ROOT,
+    Result,
+    copy_mlp,
+    free_port,
+    report,
+    require_wrk,
+    start_fnrt,
+    start_moto,
+    wait_ready,
+    wrk,
+)
 
 sys.path.insert(0, str(ROOT / "tests"))
 from fleetsupport import render_nginx  # the fleet tests render nginx the same way
@@ -51,12 +62,6 @@ end
 """
 
 
-def run_wrk(url: str, script: Path, connections: int, duration_s: int) -> Result:
-    from loadgen import wrk
-
-    return wrk(url, script, connections, duration_s)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=64)
@@ -72,16 +77,8 @@ def main() -> None:
     env = os.environ | CREDENTIALS | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        moto_port = free_port()
-        moto = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        endpoint, moto = start_moto(env)
         procs.append(moto)
-        endpoint = f"http://127.0.0.1:{moto_port}"
-        wait_ready(f"{endpoint}/moto-api/", moto)
         import boto3
 
         os.environ.update(CREDENTIALS)
@@ -119,18 +116,16 @@ def main() -> None:
         variants = {"direct": 0, "nginx+1": 1, "nginx+2": 2, "nginx+3": 3}
         results: dict[str, list[Result]] = {name: [] for name in variants}
         for url in nodes:  # every node loads every function before any round
-            run_wrk(url, script, 8, 2)
+            wrk(url, script, 8, 2)
         for _ in range(args.rounds):
             for name, count in variants.items():
                 if count == 0:
-                    results[name].append(
-                        run_wrk(nodes[0], script, args.connections, args.duration_s)
-                    )
+                    results[name].append(wrk(nodes[0], script, args.connections, args.duration_s))
                     continue
                 url, nginx = through_nginx(count)
                 try:
-                    run_wrk(url, script, 8, 1)  # nginx's upstream connections
-                    results[name].append(run_wrk(url, script, args.connections, args.duration_s))
+                    wrk(url, script, 8, 1)  # nginx's upstream connections
+                    results[name].append(wrk(url, script, args.connections, args.duration_s))
                 finally:
                     nginx.terminate()
                     nginx.wait(10)

@@ -137,6 +137,17 @@ def median(results: list[Result]) -> Result:
     return ordered[len(ordered) // 2]
 
 
+def start_moto(env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes]]:
+    """moto's S3 server in its own process on a free port; its URL and process, once
+    it answers."""
+    port = free_port()
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    wait_ready(f"{endpoint}/moto-api/", proc)
+    return endpoint, proc
+
+
 def start_fnrt(
     store: str, cache_dir: Path, env: dict[str, str], *extra: str, stderr: Any = None
 ) -> tuple[str, subprocess.Popen[bytes]]:

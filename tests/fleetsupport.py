@@ -12,8 +12,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -76,15 +76,9 @@ def render_nginx(work: Path, port: int, nodes: list[str], routing: str) -> Path:
 class Fleet:
     """The S3 store's URL, the nodes, and nginx in front of them."""
 
-    work: Path
     s3_url: str
     nodes: list[ServeProcess]
     url: str  # nginx
-    exits: contextlib.ExitStack = field(repr=False)
-
-    @property
-    def store(self) -> str:
-        return "s3://fnrt/fleet"
 
     def loads(self, name: str) -> list[int]:
         """How many times each node has loaded ``name`` (asked of each node directly)."""
@@ -98,7 +92,23 @@ class Fleet:
         return counts
 
 
-def _moto(work: Path) -> tuple[str, subprocess.Popen[bytes]]:
+def _wait_answering(
+    url: str, proc: subprocess.Popen[bytes], timeout_s: float, why: Callable[[], str]
+) -> None:
+    """Until ``url`` answers at all; AssertionError(``why()``) if ``proc`` exits first
+    or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise AssertionError(why()) from None
+            time.sleep(0.05)
+
+
+def _moto() -> tuple[str, subprocess.Popen[bytes]]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -107,15 +117,7 @@ def _moto(work: Path) -> tuple[str, subprocess.Popen[bytes]]:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(f"{url}/moto-api/", timeout=1)
-            break
-        except httpx.TransportError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise AssertionError("moto's server did not start") from None
-            time.sleep(0.05)
+    _wait_answering(f"{url}/moto-api/", proc, 30, lambda: "moto's server did not start")
     import boto3
 
     boto3.client(
@@ -146,7 +148,7 @@ def fleet(tmp: Path, nodes: int = 3, routing: str = "hash", *flags: str) -> Iter
     """``nodes`` fnrt nodes on one moto S3 store behind nginx, until the block ends."""
     binary = nginx_binary()
     with contextlib.ExitStack() as exits:
-        s3_url, moto = _moto(tmp)
+        s3_url, moto = _moto()
         exits.callback(_stop, moto)
         servers = []
         for i in range(nodes):
@@ -167,17 +169,14 @@ def fleet(tmp: Path, nodes: int = 3, routing: str = "hash", *flags: str) -> Iter
         nginx = subprocess.Popen([binary, "-c", str(conf), "-p", str(work)])
         exits.callback(_stop, nginx)  # type: ignore[arg-type]
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or nginx.poll() is not None:
-                    log = (work / "error.log").read_text() if (work / "error.log").exists() else ""
-                    raise AssertionError(f"nginx did not start: {log}") from None
-                time.sleep(0.05)
-        yield Fleet(tmp, s3_url, servers, url, exits)
+        error_log = work / "error.log"
+        _wait_answering(
+            f"{url}/healthz",
+            nginx,
+            10,
+            lambda: f"nginx did not start: {error_log.read_text() if error_log.exists() else ''}",
+        )
+        yield Fleet(s3_url, servers, url)
 
 
 def redis_binary() -> str:

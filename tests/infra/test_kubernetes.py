@@ -7,6 +7,7 @@ their CRDs, checked into ``infra/kubernetes/schemas`` with their source.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -55,6 +56,7 @@ def render(overlay: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
+@functools.cache
 def _schema(kind_key: str) -> dict[str, Any]:
     crd = yaml.safe_load((K8S / "schemas" / CRDS[kind_key]).read_text())
     version = kind_key.split("/")[1]
