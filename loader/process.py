@@ -157,9 +157,13 @@ class ProcessInstance:
         try:
             return self._channel.recv(timeout_s)
         except TimeoutError:
+            over = self._over_memory()  # past both limits: memory is the cause to report
             self._kill()
             assert timeout_s is not None
-            self._lost = HandlerTimeout(self.version.name, "", timeout_s)
+            if over is not None:
+                self._lost = InstanceLost(self.version.name, "", over, cause="memory")
+            else:
+                self._lost = HandlerTimeout(self.version.name, "", timeout_s)
             raise self._lost from None
         except ChannelClosed:
             raise self._died() from None
@@ -176,16 +180,22 @@ class ProcessInstance:
 
     # --- limits -------------------------------------------------------------------------
 
-    def _watch_memory(self) -> None:
+    def _over_memory(self) -> str | None:
+        """Why the worker must be killed for its memory, or None while under its limit."""
         limit = self._isolation.memory_limit_bytes
+        used = rss_bytes(self.pid)
+        if not limit or used <= limit:
+            return None
+        return (
+            f"the worker was killed: its resident memory ({used >> 20} MiB) passed "
+            f"isolation.memory_limit_bytes ({limit >> 20} MiB)"
+        )
+
+    def _watch_memory(self) -> None:
         while not self._stop.wait(MEMORY_POLL_S):
-            used = rss_bytes(self.pid)
-            if used > limit:
-                self._killed_for = (
-                    "memory",
-                    f"the worker was killed: its resident memory ({used >> 20} MiB) passed "
-                    f"isolation.memory_limit_bytes ({limit >> 20} MiB)",
-                )
+            over = self._over_memory()
+            if over is not None:
+                self._killed_for = ("memory", over)
                 self._kill()
                 return
             if self._process.poll() is not None:
