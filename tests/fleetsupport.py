@@ -20,7 +20,7 @@ import httpx
 import pytest
 from s3support import CREDENTIALS
 
-from support import ServeProcess, free_port, serve_process
+from support import ServeProcess, free_port, launch_serve, stop_serve, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_CONF = ROOT / "infra" / "nginx" / "fnrt.conf"
@@ -150,18 +150,20 @@ def fleet(tmp: Path, nodes: int = 3, routing: str = "hash", *flags: str) -> Iter
     with contextlib.ExitStack() as exits:
         s3_url, moto = _moto()
         exits.callback(_stop, moto)
+        node_flags = (
+            "--store", "s3://fnrt/fleet", "--s3-endpoint", s3_url,
+            "--watch-interval-s", "0.5", "--log-level", "warning", "--no-request-log",
+            "--isolation", "thread",  # routing is under test here; workers only cost time
+            *flags,
+        )  # fmt: skip
         servers = []
-        for i in range(nodes):
+        for i in range(nodes):  # all start at once; then each is waited for
             node_dir = tmp / f"node{i}"
             node_dir.mkdir()
-            node_flags = (
-                "--store", "s3://fnrt/fleet", "--s3-endpoint", s3_url,
-                "--watch-interval-s", "0.5", "--log-level", "warning", "--no-request-log",
-                *flags,
-            )  # fmt: skip
-            servers.append(
-                exits.enter_context(serve_process(node_dir, *node_flags, env=CREDENTIALS))
-            )
+            servers.append(launch_serve(node_dir, *node_flags, env=CREDENTIALS))
+            exits.callback(stop_serve, servers[-1])
+        for server in servers:
+            wait_serving(server)
         work = tmp / "nginx"
         work.mkdir()
         port = free_port()

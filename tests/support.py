@@ -364,17 +364,15 @@ class ServeProcess:
     log: list[str]
 
 
-@contextmanager
-def serve_process(
+def launch_serve(
     tmp: Path,
     *flags: str,
     env: dict[str, str] | None = None,
     nofile: int | None = None,
     scheme: str = "http",
-    verify: Any = True,
-) -> Iterator[ServeProcess]:
-    """``fnrt serve`` on a free port over ``tmp/store`` (open files capped at ``nofile``,
-    soft and hard), until the block ends; then SIGTERM, and SIGKILL past 30 s."""
+) -> ServeProcess:
+    """Start ``fnrt serve`` on a free port over ``tmp/store`` (open files capped at
+    ``nofile``, soft and hard); :func:`wait_serving` waits for it to answer."""
     import resource
 
     def cap_files() -> None:
@@ -394,28 +392,53 @@ def serve_process(
     log: list[str] = []
     # keep reading its log, so a full pipe never blocks the server
     threading.Thread(target=lambda: log.extend(proc.stderr or []), daemon=True).start()
-    url = f"{scheme}://127.0.0.1:{port}"
+    return ServeProcess(f"{scheme}://127.0.0.1:{port}", proc, log)
+
+
+def wait_serving(server: ServeProcess, verify: Any = True) -> None:
+    """Until ``/healthz`` answers; AssertionError with its log if it exits or takes 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        if server.proc.poll() is not None:
+            raise AssertionError(
+                f"fnrt serve exited with {server.proc.returncode}: {''.join(server.log)}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fnrt serve did not answer in 60 s: {''.join(server.log)}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1, verify=verify).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.05)
+
+
+def stop_serve(server: ServeProcess) -> None:
+    """SIGTERM, and SIGKILL past 30 s."""
+    if server.proc.poll() is None:
+        server.proc.terminate()
+        try:
+            server.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+
+
+@contextmanager
+def serve_process(
+    tmp: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    nofile: int | None = None,
+    scheme: str = "http",
+    verify: Any = True,
+) -> Iterator[ServeProcess]:
+    """``fnrt serve`` (see :func:`launch_serve`), answering, until the block ends."""
+    server = launch_serve(tmp, *flags, env=env, nofile=nofile, scheme=scheme)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # until it answers, or exits
-            if proc.poll() is not None:
-                raise AssertionError(f"fnrt serve exited with {proc.returncode}: {''.join(log)}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"fnrt serve did not answer in 60 s: {''.join(log)}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1, verify=verify).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
-        yield ServeProcess(url, proc, log)
+        wait_serving(server, verify)
+        yield server
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_serve(server)
 
 
 def hostile_bundle(*entries: tuple[str, bytes | None, str | None]) -> bytes:

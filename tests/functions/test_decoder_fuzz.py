@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 
 import msgpack
 import numpy as np
@@ -20,8 +21,9 @@ from fnrt.functions.manifest import TensorSpec
 from fnrt.functions.tensors import coerce_request
 from fnrt.runtime.http.oip.wire import decode_request
 
+#: CI-sized; FNRT_FUZZ_EXAMPLES=20000 for a long run.
 FUZZ = settings(
-    max_examples=1000,
+    max_examples=int(os.environ.get("FNRT_FUZZ_EXAMPLES", "400")),
     derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
