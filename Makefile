@@ -30,7 +30,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	mkdir -p .typecheck/fnrt
-	for d in functions loader runtime tracing edge; do ln -sfn ../../$$d .typecheck/fnrt/$$d; done
+	for d in client functions loader runtime tracing edge; do ln -sfn ../../$$d .typecheck/fnrt/$$d; done
 	$(BIN)/mypy
 
 ## make bench: the invoke benchmark (needs wrk: apt-get install wrk)

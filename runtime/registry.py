@@ -29,7 +29,7 @@ from fnrt.loader.repository import Repository
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 from fnrt.runtime.served import ServedFunction
-from fnrt.runtime.traffic import bucket_of, choose_version
+from fnrt.runtime.traffic import STICKY_HEADER, bucket_of, choose_version
 
 log = logging.getLogger("fnrt.registry")
 
@@ -126,15 +126,19 @@ class Registry:
     async def route(self, name: str, headers: Mapping[str, str] | None = None) -> Scheduler:
         """The scheduler that answers this request, chosen by the traffic split.
 
-        With a ``sticky_header`` in the primary version's manifest, the header's
-        value picks the version (one user, one version); otherwise a random draw.
+        The request's sticky key picks the version (one user, one version): the
+        header the primary version's manifest names in ``sticky_header``, else
+        ``x-fnrt-sticky`` (what ``fnrt.client`` sends); without one, a random draw.
         """
         entry = await self.entry(name)
         traffic = entry.routing.traffic
         if len(traffic) == 1:
             return entry.primary
-        sticky = entry.primary.version.manifest.rollout.sticky_header
-        key = headers.get(sticky.lower()) if sticky and headers is not None else None
+        key = None
+        if headers is not None:
+            sticky = entry.primary.version.manifest.rollout.sticky_header
+            key = headers.get(sticky.lower()) if sticky else None
+            key = key or headers.get(STICKY_HEADER)
         return entry.schedulers[choose_version(traffic, bucket_of(key))]
 
     async def get_version(self, name: str, version: str) -> Scheduler:

@@ -11,14 +11,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("functions", "loader", "runtime", "edge", "tracing")
+FOLDERS = ("client", "functions", "loader", "runtime", "edge", "tracing")
 #: Which folders each folder may import (DESIGN.md "Layout").
 ALLOWED = {
     "functions": set(),
+    "client": {"functions"},
     "tracing": set(),
     "loader": {"functions", "tracing"},
     "edge": {"functions", "tracing"},
-    "runtime": {"functions", "loader", "edge", "tracing"},
+    "runtime": {"client", "functions", "loader", "edge", "tracing"},
 }
 
 

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from fnrt.client import Client, ServerError
 from fnrt.functions.bundle import pack
 from fnrt.functions.codec import Format, decode_json, decode_msgpack
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.manifest import load_manifest
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.cli import dev, edge, simulate, versions
-from fnrt.runtime.cli.client import Client, RemoteError
 from fnrt.runtime.cli.upload import upload_bundle
 from fnrt.runtime.settings import (
     DEFAULT_SERVER,
@@ -59,7 +59,8 @@ def _client(args: argparse.Namespace) -> Client:
         found["server"] = args.server
     if args.token:
         found["token"] = args.token
-    return Client(ClientSettings(**found))  # type: ignore[arg-type]
+    settings = ClientSettings(**found)  # type: ignore[arg-type]
+    return Client(settings.server, token=settings.token, timeout_s=settings.timeout_s)
 
 
 def _printable(value: object) -> object:
@@ -332,7 +333,7 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     inject(span, trace_headers)
     try:
         with _client(args) as client:
-            outputs, headers = client.invoke(args.name, inputs, fmt, trace_headers)
+            result = client.invoke(args.name, inputs, format=fmt, headers=trace_headers)
     except Exception as exc:
         fail(span, exc)
         raise
@@ -342,15 +343,15 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         tracing.shutdown()
     if args.output:
         save: Any = np.savez  # numpy's stub types **kwds as bool
-        save(args.output, **{k: np.asarray(v) for k, v in outputs.items()})
-        print(f"wrote {', '.join(outputs)} to {args.output}", file=sys.stderr)
+        save(args.output, **{k: np.asarray(v) for k, v in result.items()})
+        print(f"wrote {', '.join(result)} to {args.output}", file=sys.stderr)
     else:
-        plain = {k: np.asarray(v).tolist() for k, v in outputs.items()}
+        plain = {k: np.asarray(v).tolist() for k, v in result.items()}
         print(json.dumps(plain, default=_printable))
     if args.verbose:
         found = ids(span)
         trace = f", trace {found[0]}" if found else ""
-        print(f"served by {headers.get('x-fnrt-version')}{trace}", file=sys.stderr)
+        print(f"served by {result.version}{trace}", file=sys.stderr)
     return 0
 
 
@@ -673,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except RemoteError as exc:
+    except ServerError as exc:
         print(f"fnrt: error {exc.status}: {exc.message}", file=sys.stderr)
         return 1
     except FnrtError as exc:

@@ -7,8 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from fnrt.client import Client
 from fnrt.functions.errors import FnrtError
-from fnrt.runtime.cli.client import Client
 
 ClientOf = Callable[[argparse.Namespace], Client]
 

@@ -107,7 +107,8 @@ async def _answer(
         trail.function, trail.version = vm.name, vm.version
         return Decoded(coerce_request(vm.manifest.inputs, decoded))
 
-    answered = await node.gateway.submit(Target(name, headers=headers), inputs, options)
+    target = Target(name, version=headers.get(VERSION_HEADER) or None, headers=headers)
+    answered = await node.gateway.submit(target, inputs, options)
     served = answered.served
     trail.function, trail.version = answered.scheduler.name, answered.scheduler.version.version
     trail.cold_tier = served.cold_tier

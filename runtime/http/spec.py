@@ -92,6 +92,18 @@ INVOKE_HEADERS = [
         "schema": {"type": "number", "exclusiveMinimum": 0},
         "description": "drop the request (504) if it has not started computing in time",
     },
+    {
+        "name": "x-fnrt-version",
+        "in": "header",
+        "schema": {"type": "string"},
+        "description": "answer with this stored version, whatever the traffic split (404 if none)",
+    },
+    {
+        "name": "x-fnrt-sticky",
+        "in": "header",
+        "schema": {"type": "string"},
+        "description": "during a traffic split, the same key is always served by the same version",
+    },
 ]
 
 

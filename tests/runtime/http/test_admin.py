@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fnrt.runtime.cli.client import Client, RemoteError
+from fnrt.client import Client, ServerError
 from fnrt.runtime.cli.upload import upload_bundle
-from fnrt.runtime.settings import ClientSettings
 from support import hostile_bundle, live_server, packed, write_function
 
 
@@ -22,7 +21,7 @@ def deploy_folder(client: Client, folder: Path) -> dict:
 
 def test_deploy_list_describe_warm_delete(tmp_path: Path) -> None:
     folder = write_function(tmp_path / "src", "echo")
-    with live_server(tmp_path) as srv, Client(ClientSettings(server=srv.url)) as client:
+    with live_server(tmp_path) as srv, Client(srv.url) as client:
         result = deploy_folder(client, folder)
         assert result["created"] is True
         again = deploy_folder(client, folder)
@@ -52,7 +51,7 @@ def test_deploy_list_describe_warm_delete(tmp_path: Path) -> None:
 
         client.delete("echo")
         assert client.list() == []
-        with pytest.raises(RemoteError) as info:
+        with pytest.raises(ServerError) as info:
             client.describe("echo")
         assert info.value.status == 404
         with srv.client() as c:
@@ -70,7 +69,7 @@ def test_upload_only_sends_missing_blobs(tmp_path: Path) -> None:
             'handler = "handler:Echo"', 'handler = "handler:Echo"\n\n[artifacts]\nw = "w.bin"'
         )
     )
-    with live_server(tmp_path) as srv, Client(ClientSettings(server=srv.url)) as client:
+    with live_server(tmp_path) as srv, Client(srv.url) as client:
         vm, bundle = packed(folder)
         assert upload_bundle(client, bundle, show_progress=False) == (2, vm.size_bytes)
         assert upload_bundle(client, bundle, show_progress=False) == (0, 0)
@@ -123,8 +122,8 @@ def test_deploy_reports_handler_errors_and_routes_nothing(
     tmp_path: Path, handler: str, manifest_edit: str | None, status: int, words: str
 ) -> None:
     folder = write_function(tmp_path / "src", "echo", handler)
-    with live_server(tmp_path) as srv, Client(ClientSettings(server=srv.url)) as client:
-        with pytest.raises(RemoteError) as info:
+    with live_server(tmp_path) as srv, Client(srv.url) as client:
+        with pytest.raises(ServerError) as info:
             deploy_folder(client, folder)
         assert info.value.status == status
         assert words in info.value.message
@@ -133,7 +132,7 @@ def test_deploy_reports_handler_errors_and_routes_nothing(
 
 def test_deploy_body_with_a_bad_manifest_names_the_field(tmp_path: Path) -> None:
     folder = write_function(tmp_path / "src", "echo")
-    with live_server(tmp_path) as srv, Client(ClientSettings(server=srv.url)) as client:
+    with live_server(tmp_path) as srv, Client(srv.url) as client:
         vm, bundle = packed(folder)
         upload_bundle(client, bundle, show_progress=False)
         body = vm.to_dict()
@@ -155,17 +154,17 @@ def test_admin_token_guards_admin_routes_but_not_invoke(tmp_path: Path) -> None:
     folder = write_function(tmp_path / "src", "echo")
     with live_server(tmp_path, admin_token="s3cret") as srv:
         with (
-            Client(ClientSettings(server=srv.url)) as anonymous,
-            pytest.raises(RemoteError) as info,
+            Client(srv.url) as anonymous,
+            pytest.raises(ServerError) as info,
         ):
             deploy_folder(anonymous, folder)
         assert info.value.status == 401
         with (
-            Client(ClientSettings(server=srv.url, token="wrong")) as wrong,
-            pytest.raises(RemoteError),
+            Client(srv.url, token="wrong") as wrong,
+            pytest.raises(ServerError),
         ):
             wrong.list()
-        with Client(ClientSettings(server=srv.url, token="s3cret")) as admin:
+        with Client(srv.url, token="s3cret") as admin:
             deploy_folder(admin, folder)
             assert [f["name"] for f in admin.list()] == ["echo"]
         with srv.client() as c:

@@ -1,0 +1,127 @@
+"""The asyncio client: the same calls as :class:`fnrt.client.Client`'s data side, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+
+from fnrt.client.calls import (
+    DEFAULT_URL,
+    Call,
+    Priority,
+    checked,
+    invoke_call,
+    result_of,
+    unreachable,
+)
+from fnrt.client.result import Result
+from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retry_after_s
+from fnrt.functions.codec import Format
+
+
+class AsyncClient:
+    """Talks to one fnrt server from asyncio code; many calls share one connection pool.
+
+    >>> async with AsyncClient("http://127.0.0.1:8000") as fnrt:
+    ...     results = await asyncio.gather(*(fnrt.invoke("mlp", x=x) for x in batches))
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout_s: float = 300.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.retry = retry
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
+        )
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def invoke(
+        self,
+        name: str,
+        /,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        priority: Priority | None = None,
+        deadline_s: float | None = None,
+        version: str | None = None,
+        sticky: str | None = None,
+        timeout_s: float | None = None,
+        idempotent: bool = True,
+        format: Format = Format.MSGPACK,
+        headers: Mapping[str, str] | None = None,
+        **arrays: Any,
+    ) -> Result:
+        """Call function ``name``; the options are :meth:`fnrt.client.Client.invoke`'s."""
+        call = invoke_call(
+            name,
+            {**arrays, **(inputs or {})},
+            priority=priority,
+            deadline_s=deadline_s,
+            version=version,
+            sticky=sticky,
+            timeout_s=timeout_s,
+            idempotent=idempotent,
+            fmt=format,
+            headers=headers,
+        )
+        return result_of(await self._send(call))
+
+    async def ready(self) -> bool:
+        """Whether the server is ready to serve (``/readyz``)."""
+        try:
+            return (await self._http.get("/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def list(self) -> list[dict[str, Any]]:
+        response = await self._send(Call("GET", "/v1/functions", True))
+        return list(response.json()["functions"])
+
+    async def describe(self, name: str) -> dict[str, Any]:
+        return dict((await self._send(Call("GET", f"/v1/functions/{name}", True))).json())
+
+    async def versions(self, name: str) -> dict[str, Any]:
+        call = Call("GET", f"/v1/functions/{name}/versions", True)
+        return dict((await self._send(call)).json())
+
+    async def _send(self, call: Call) -> httpx.Response:
+        attempts = Attempts(self.retry, call.idempotent, self._rng)
+        while True:
+            try:
+                response = await self._http.send(call.request(self._http))
+            except httpx.ConnectError as exc:
+                wait = attempts.after_no_connection()
+                if wait is None:
+                    raise unreachable(self.url, exc) from None
+            except httpx.TransportError as exc:
+                raise unreachable(self.url, exc) from None
+            else:
+                header = response.headers.get("retry-after")
+                wait = attempts.after_status(response.status_code, retry_after_s(header))
+                if wait is None:
+                    return checked(response)
+            await self._sleep(wait)

@@ -1,0 +1,141 @@
+"""What a client sends and how it reads the answer: the part the sync and async clients share.
+
+A :class:`Call` is one request, built by the functions here, sent by either
+client (with retries), and read back by :func:`checked` / :func:`result_of`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from fnrt.client.errors import ServerError, Unreachable, error_for
+from fnrt.client.result import Result
+from fnrt.client.retry import retry_after_s
+from fnrt.functions.codec import Format, decode, encode
+from fnrt.functions.errors import FnrtError
+from fnrt.functions.limits import UNBOUNDED
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+#: Request headers the server reads on an invoke.
+PRIORITY_HEADER = "x-fnrt-priority"
+DEADLINE_HEADER = "x-fnrt-timeout-ms"
+VERSION_HEADER = "x-fnrt-version"
+STICKY_HEADER = "x-fnrt-sticky"
+
+Priority = Literal["high", "normal", "low"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request; ``idempotent`` says whether sending it twice is harmless."""
+
+    method: str
+    path: str
+    idempotent: bool
+    params: Mapping[str, Any] | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    content: bytes | Iterator[bytes] | None = None
+    json: Any = None
+    timeout_s: float | None = None  # None: the client's
+
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        timeout = httpx.USE_CLIENT_DEFAULT if self.timeout_s is None else self.timeout_s
+        return http.build_request(
+            self.method,
+            self.path,
+            params=self.params,
+            headers=self.headers,
+            content=self.content,
+            json=self.json,
+            timeout=timeout,
+        )
+
+
+def invoke_call(
+    name: str,
+    inputs: Mapping[str, Any],
+    *,
+    priority: Priority | None,
+    deadline_s: float | None,
+    version: str | None,
+    sticky: str | None,
+    timeout_s: float | None,
+    idempotent: bool,
+    fmt: Format,
+    headers: Mapping[str, str] | None,
+) -> Call:
+    """An invoke of ``name``; the deadline defaults to the timeout (an answer nobody
+    waits for is not worth computing)."""
+    sent = {"content-type": fmt.media_type, "accept": fmt.media_type, **(headers or {})}
+    if priority is not None:
+        sent[PRIORITY_HEADER] = priority
+    if deadline_s is None:
+        deadline_s = timeout_s
+    if deadline_s is not None:
+        if not deadline_s > 0:
+            raise ValueError("deadline_s must be > 0 seconds")
+        sent[DEADLINE_HEADER] = f"{deadline_s * 1000:.0f}"
+    if version is not None:
+        sent[VERSION_HEADER] = version
+    if sticky is not None:
+        sent[STICKY_HEADER] = sticky
+    return Call(
+        "POST",
+        f"/v1/functions/{name}/invoke",
+        idempotent,
+        headers=sent,
+        content=encode(inputs, fmt, UNBOUNDED),
+        timeout_s=timeout_s,
+    )
+
+
+def checked(response: httpx.Response) -> httpx.Response:
+    """The response, or the typed error its status and body say."""
+    if response.status_code < 400:
+        return response
+    raise error_of(response)
+
+
+def error_of(response: httpx.Response) -> ServerError:
+    try:
+        body = body_of(response)
+    except FnrtError:
+        body = {}
+    if not isinstance(body, Mapping):
+        body = {}
+    if "error" not in body and response.text:
+        body = {"error": response.text[:500]}
+    wait = retry_after_s(response.headers.get("retry-after"))
+    return error_for(response.status_code, body, response.reason_phrase, wait)
+
+
+def body_of(response: httpx.Response) -> Any:
+    """A JSON or msgpack answer, decoded (numpy arrays for msgpack tensors)."""
+    content_type = response.headers.get("content-type", "")
+    fmt = Format.MSGPACK if "msgpack" in content_type else Format.JSON
+    return decode(response.content, fmt, UNBOUNDED)
+
+
+def result_of(response: httpx.Response) -> Result:
+    headers = response.headers
+    return Result(
+        outputs=dict(body_of(response)),
+        function=headers.get("x-fnrt-function", ""),
+        version=headers.get("x-fnrt-version", ""),
+        cold_start=headers.get("x-fnrt-cold-start"),
+        cache_hit=headers.get("x-fnrt-cache") == "hit",
+        fallback=headers.get("x-fnrt-fallback"),
+        headers=dict(headers),
+    )
+
+
+def unreachable(url: str, exc: httpx.TransportError) -> Unreachable:
+    """The error for a call that got no answer (``exc`` says why)."""
+    if isinstance(exc, httpx.ConnectError):
+        return Unreachable(f"cannot reach the fnrt server at {url}: {exc}")
+    return Unreachable(f"no answer from the fnrt server at {url}: {exc!r}")
