@@ -209,6 +209,29 @@ class NotJsonText(BadRequest):
         )
 
 
+class NotJsonNumber(BadRequest):
+    """NaN and the infinities cannot travel in JSON: it has no literal for them."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"output '{name}' holds NaN or infinite values, which JSON cannot carry; "
+            "ask for msgpack (or binary data on /v2)",
+            output=name,
+        )
+
+
+def check_json_numbers(name: str, value: Any) -> None:
+    """Raise NotJsonNumber if ``value`` is a float array holding NaN or an infinity
+    (orjson would write them as ``null`` without a word)."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "fV" and value.size:
+        try:
+            finite = bool(np.isfinite(value).all())
+        except TypeError:  # a structured or void dtype: not numbers
+            return
+        if not finite:
+            raise NotJsonNumber(name)
+
+
 def decode_json(body: bytes) -> dict[str, Any]:
     """A JSON body as ``{name: nested lists}``; raises BadRequest when malformed."""
     try:
@@ -219,7 +242,11 @@ def decode_json(body: bytes) -> dict[str, Any]:
 
 
 def encode_json(payload: Any) -> bytes:
-    """Encode plain data or numpy arrays as compact JSON."""
+    """Encode plain data or numpy arrays as compact JSON; NotJsonNumber for an array
+    holding NaN or an infinity, NotJsonText for bytes that are not UTF-8."""
+    if isinstance(payload, Mapping):
+        for name, value in payload.items():
+            check_json_numbers(str(name), value)
     try:
         try:
             return orjson.dumps(payload, default=_json_default, option=_JSON_OPTIONS)

@@ -65,10 +65,22 @@ def from_plain(name: str, inferred: Array, spec: TensorSpec | None) -> Array:
             f"input '{name}': expected dtype {spec.dtype}, got {inferred.dtype.kind}-kind values",
             input=name,
         )
-    converted = inferred.astype(target)
+    with np.errstate(over="ignore"):
+        converted = inferred.astype(target)
     if target.kind in "biu" and inferred.size and not np.array_equal(converted, inferred):
         raise InvalidInput(f"input '{name}': values out of range for {spec.dtype}", input=name)
+    if (target.kind == "f" or floating) and not np.isfinite(converted).all():
+        # JSON has no literal for infinity: a finite number that became one overflowed
+        raise InvalidInput(
+            f"input '{name}': values out of range for {spec.dtype} (they would become "
+            f"infinite; its largest is {_largest(target):.4g})",
+            input=name,
+        )
     return converted
+
+
+def _largest(dtype: np.dtype[Any]) -> float:
+    return float(np.finfo(dtype).max) if dtype.kind == "f" else 3.3895313892515355e38
 
 
 def _describe(array: Array) -> str:

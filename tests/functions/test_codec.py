@@ -7,6 +7,7 @@ import pytest
 
 from fnrt.functions.codec import (
     Format,
+    NotJsonNumber,
     decode_json,
     decode_msgpack,
     encode_json,
@@ -95,3 +96,16 @@ def test_a_zero_dimensional_array_keeps_its_shape() -> None:
     """Found by the decoder fuzz: 0-d arrays came back with shape [1]."""
     back = decode_msgpack(encode_msgpack({"y": np.full((), 2.5, dtype=np.float32)}))["y"]
     assert back.shape == () and float(back) == 2.5
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_json_refuses_nan_and_infinities_rather_than_writing_null(bad: float) -> None:
+    import ml_dtypes
+
+    for dtype in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16):
+        with pytest.raises(NotJsonNumber, match="output 'y' holds NaN or infinite"):
+            encode_json({"y": np.array([1.0, bad], dtype=dtype)})
+    assert encode_json({"y": np.array([1.0, 2.5], np.float32)}) == b'{"y":[1.0,2.5]}'
+    assert encode_json({"n": np.array([0, 1], np.int64), "s": "text"}) == b'{"n":[0,1],"s":"text"}'
+    kept = decode_msgpack(encode_msgpack({"y": np.array([bad], np.float32)}))["y"]
+    np.testing.assert_array_equal(kept, [bad])  # msgpack carries them as they are

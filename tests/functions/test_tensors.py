@@ -42,6 +42,17 @@ def test_out_of_range_integers_are_refused() -> None:
         coerce_request({"p": TensorSpec("uint8", (-1,))}, {"p": [1, 300]})
 
 
+@pytest.mark.parametrize(
+    ("dtype", "value"), [("float32", 1e39), ("float16", 70000), ("bfloat16", -1e39)]
+)
+def test_json_numbers_that_overflow_their_float_dtype_are_refused(dtype: str, value: float) -> None:
+    with pytest.raises(InvalidInput, match=f"out of range for {dtype} \\(they would become"):
+        coerce_request({"x": TensorSpec(dtype, (-1,))}, {"x": [1.0, value]})
+    # near the largest finite value is kept (rounding is not a loss JSON can see)
+    kept = coerce_request({"x": TensorSpec("float32", (-1,))}, {"x": [3.4e38]})["x"]
+    assert np.isfinite(kept).all()
+
+
 def test_undeclared_inputs_pass_through() -> None:
     assert coerce_request({}, {"a": [1.0]})["a"].dtype == np.float64
     with pytest.raises(InvalidInput, match="no inputs"):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fnrt.functions.codec import NotJsonText
+from fnrt.functions.codec import NotJsonText, check_json_numbers
 from fnrt.functions.dtypes import DTYPE_OF_DATATYPE, OIP_DATATYPES, name_of, numpy_dtype
 from fnrt.functions.errors import (
     BadRequest,
@@ -391,9 +391,10 @@ def datatype_of(array: Array, spec: TensorSpec | None) -> str:
     return OIP_DATATYPES[name]
 
 
-def _json_data(array: Array, datatype: str) -> list[Any]:
+def _json_data(name: str, array: Array, datatype: str) -> list[Any]:
     flat = array.reshape(-1)
     if datatype != "BYTES":
+        check_json_numbers(name, flat)
         return flat.tolist()
     try:
         return [item.decode("utf-8") for item in flat]
@@ -459,7 +460,7 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = _json_data(array, datatype)
+            entry["data"] = _json_data(wanted.name, array, datatype)
         entries.append(entry)
     header: dict[str, Any] = {"model_name": model, "model_version": version}
     if request.id is not None:

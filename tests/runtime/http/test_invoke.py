@@ -324,3 +324,25 @@ def test_bytes_and_bfloat16_tensors_over_json_and_msgpack(tmp_path: Path) -> Non
                 "error": "input 's': expected strings or bytes, got int",
                 "input": "s",
             }
+
+
+def test_json_never_loses_a_number_without_a_word(server: LiveServer) -> None:
+    from fnrt.functions.codec import encode_msgpack
+
+    with server.client() as c:
+        r = c.post("/v1/functions/echo/invoke", json={"x": [[1e39, 1, 2, 3]]})
+        assert r.status_code == 422, r.text  # was 200 with null
+        assert "out of range for float32" in error_of(r)["error"]
+        nan = np.array([[np.nan, 1, 2, 3]], np.float32)
+        body = encode_msgpack({"x": nan})
+        msgpack_headers = {"content-type": "application/msgpack"}
+        r = c.post("/v1/functions/echo/invoke", content=body, headers=msgpack_headers)
+        assert r.status_code == 200  # msgpack carries NaN as it is
+        json_answer = {**msgpack_headers, "accept": "application/json"}
+        r = c.post("/v1/functions/echo/invoke", content=body, headers=json_answer)
+        assert r.status_code == 400
+        assert error_of(r)["error"].startswith("output 'y' holds NaN or infinite values")
+        oip = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1e39] * 4}]}
+        r = c.post("/v2/models/echo/infer", json=oip)
+        assert r.status_code == 422 and "out of range" in error_of(r)["error"]
+        assert c.get("/healthz").status_code == 200
