@@ -10,6 +10,7 @@ through the registry (other nodes pick it up from the store).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -162,4 +163,15 @@ class Deployer:
             return entry.routing
         if not entry.routing.previous:
             raise Conflict(f"'{name}' has no earlier version to roll back to")
-        return await registry.write(entry, lambda r: r.rolled_back(now_iso()))
+        left = entry.routing.primary
+        routing = await registry.write(entry, lambda r: r.rolled_back(now_iso()))
+        last = entry.last_rollout
+        entry.last_rollout = RolloutStatus(
+            last.policy if last is not None and last.to == left else RolloutPolicy.IMMEDIATE,
+            left,
+            RolloutState.ROLLED_BACK,
+            percent=0,
+            reason=f"rolled back by hand to {routing.primary}",
+            finished_unix_s=round(time.time(), 3),
+        )
+        return routing

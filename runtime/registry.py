@@ -303,7 +303,7 @@ class Registry:
             "instance": scheduler.describe(),
             "traffic": dict(entry.routing.traffic),
             "previous": list(entry.routing.previous),
-            "rollout": entry.last_rollout.to_dict() if entry.last_rollout else None,
+            "rollout": entry.rollout_view(),
             "versions": versions,
             "keep_alive": {
                 "policy": manifest.scaling.keep_alive_policy,

@@ -32,6 +32,21 @@ class ServedFunction:
     def primary(self) -> Scheduler:
         return self.schedulers[self.routing.primary]
 
+    def rollout_view(self) -> dict[str, Any] | None:
+        """The rollout under way or last finished, as ``describe`` and ``versions`` show it.
+
+        A finished rollout whose version has no traffic now (rolled back on another
+        node, or a split set by hand since) says so, rather than a stale "done".
+        """
+        if self.last_rollout is None:
+            return None
+        view = self.last_rollout.to_dict()
+        if view["state"] == "done" and not self.routing.traffic.get(self.last_rollout.to, 0):
+            view["state"] = "superseded"
+            shares = ", ".join(f"{v} {p}%" for v, p in self.routing.traffic.items())
+            view["reason"] = f"traffic has moved off it since: {shares}"
+        return view
+
     def listing(self, manifests: Mapping[str, VersionManifest], now: float) -> dict[str, Any]:
         """``manifests`` (every stored version) with share, state here and breaker;
         the rollout under way or last finished."""
@@ -56,7 +71,7 @@ class ServedFunction:
             "name": self.name,
             "traffic": dict(self.routing.traffic),
             "previous": list(self.routing.previous),
-            "rollout": self.last_rollout.to_dict() if self.last_rollout else None,
+            "rollout": self.rollout_view(),
             "versions": rows,
         }
 

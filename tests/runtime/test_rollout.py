@@ -323,6 +323,24 @@ def test_traffic_versions_and_rollback_routes(tmp_path: Path) -> None:
         assert c.post("/v1/functions?policy=sideways", json={}).status_code == 400
 
 
+def test_after_a_rollback_the_listing_no_longer_says_done(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        v1 = deploy(srv, adder(tmp_path, "model", 1))
+        v2 = deploy(srv, adder(tmp_path, "model", 2))
+        rollout = c.get("/v1/functions/model/versions").json()["rollout"]
+        assert (rollout["policy"], rollout["to"], rollout["state"]) == ("immediate", v2, "done")
+        assert c.post("/v1/functions/model/rollback").status_code == 200
+        for path in ("/v1/functions/model/versions", "/v1/functions/model"):
+            rollout = c.get(path).json()["rollout"]
+            assert (rollout["to"], rollout["state"]) == (v2, "rolled_back"), rollout
+            assert rollout["reason"] == f"rolled back by hand to {v1}"
+        v3 = deploy(srv, adder(tmp_path, "model", 3))
+        srv.call(srv.node.deployer.set_traffic("model", {v1: 100}))  # moved off by hand
+        rollout = c.get("/v1/functions/model/versions").json()["rollout"]
+        assert (rollout["to"], rollout["state"]) == (v3, "superseded"), rollout
+        assert rollout["reason"] == f"traffic has moved off it since: {v1} 100%"
+
+
 def test_sticky_header_keeps_a_user_on_one_version(tmp_path: Path) -> None:
     sticky = 'sticky_header = "x-user"'
     with live_server(tmp_path) as srv, srv.client() as c:
