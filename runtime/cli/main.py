@@ -28,7 +28,7 @@ from fnrt.functions.codec import Format, decode_json, decode_msgpack
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.manifest import load_manifest
 from fnrt.functions.version import VersionManifest
-from fnrt.runtime.cli import dev, edge, simulate, versions
+from fnrt.runtime.cli import dev, edge, simulate, summary, versions
 from fnrt.runtime.cli.upload import upload_bundle
 from fnrt.runtime.settings import (
     DEFAULT_SERVER,
@@ -379,7 +379,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_describe(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        print(json.dumps(client.describe(args.name), indent=2))
+        described = client.describe(args.name)
+    print(json.dumps(described, indent=2) if args.json else summary.describe_text(described))
     return 0
 
 
@@ -648,9 +649,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "describe",
         help="show one function",
-        description="Show a function's manifest, versions, traffic and instance statistics.",
+        description="Summarise a function: its inputs and outputs, traffic, rollout, "
+        "requests, latency, loads and restarts. --json prints the whole document "
+        "(the manifest with every default, and every counter).",
     )
     p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="the whole describe document as JSON")
     _add_client_options(p)
     p.set_defaults(func=cmd_describe)
 

@@ -58,8 +58,18 @@ def test_deploy_invoke_ls_describe_rm(tmp_path: Path, capsys: pytest.CaptureFixt
         rows = [line.split()[:3] for line in out.splitlines()]
         assert rows[:2] == [["NAME", "VERSION", "STATE"], ["echo", version, "warm"]]
         assert rows[2][0::2] == ["echo2", "cold"]
-        code, out, _ = run(capsys, "describe", "echo", *s)
+        code, out, _ = run(capsys, "describe", "echo", *s, "--json")
         assert json.loads(out)["instance"]["requests"] == 3
+        code, out, _ = run(capsys, "describe", "echo", *s)
+        lines = out.splitlines()
+        assert code == 0 and len(lines) < 20, out
+        assert lines[0].startswith(f"echo  {version}  warm (1 instance, ")
+        assert "  inputs      x float32[-1, 4]" in lines
+        assert f"  traffic     {version} 100%" in lines
+        assert any(line.startswith("  requests    3 served, 0 errors") for line in lines)
+        assert any(line.startswith("  latency     queue p50 ") for line in lines)
+        code, out, _ = run(capsys, "describe", "echo2", *s)  # never called: nothing loaded
+        assert "  loads       0" in out and "latency" not in out
         assert run(capsys, "rm", "echo2", *s)[:2] == (0, "removed echo2\n")
         assert "echo2" not in run(capsys, "ls", "--json", *s)[1]
 
