@@ -96,8 +96,10 @@ class EdgeConfig:
 class EdgeResult:
     """One call's outputs, where it was split, and where its time went (ms).
 
-    ``total_ms`` of a client's first call includes fetching the plan and heads
-    and timing them; ``head_ms`` is the model's run here alone."""
+    ``total_ms`` is ``plan_ms + head_ms + encode_ms + request_ms`` and the
+    decoding of the answer. ``plan_ms`` is near 0 but on a client's first call
+    (and after the version changes), which fetches the plan and the heads and
+    times each head here; ``head_ms`` is the model's run here alone."""
 
     outputs: dict[str, Array]
     split: int
@@ -107,6 +109,14 @@ class EdgeResult:
     server_ms: float  # the server's own part of request_ms
     total_ms: float
     offline: bool = False
+    plan_ms: float = 0.0  # choosing the split: fetching plan and heads, timing them
+    encode_ms: float = 0.0  # packing the activation for the wire
+
+    @property
+    def other_ms(self) -> float:
+        """What the parts do not account for (decoding the answer, the client's own work)."""
+        parts = self.plan_ms + self.head_ms + self.encode_ms + self.request_ms
+        return max(self.total_ms - parts, 0.0)
 
 
 class EdgeUnavailable(Unavailable):
@@ -296,7 +306,8 @@ class EdgeClient:
         head_started = time.perf_counter()
         span = self._span("edge.head", root, {"fnrt.split": k})
         activation = self._head(k, inputs)
-        head_ms = (time.perf_counter() - head_started) * 1000.0
+        head_ended = time.perf_counter()
+        head_ms = (head_ended - head_started) * 1000.0
         if span is not None:
             span.end()
         if k > 0:
@@ -318,6 +329,8 @@ class EdgeClient:
             request_s * 1000.0,
             server_ms,
             (time.perf_counter() - started) * 1000.0,
+            plan_ms=(head_started - started) * 1000.0,
+            encode_ms=(sent_at - head_ended) * 1000.0,
         )
 
     def _feed(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
@@ -390,6 +403,7 @@ class EdgeClient:
     ) -> EdgeResult:
         last = self.splits - 1
         span = self._span("edge.head", root, {"fnrt.split": last})
+        planned = time.perf_counter()
         feed = self._feed(inputs)
         mark = time.perf_counter()
         ran = self._timed_run(self._session(last), list(self.data["outputs"]), feed)
@@ -400,7 +414,15 @@ class EdgeClient:
         total = (time.perf_counter() - started) * 1000.0
         outputs = {n: np.asarray(v) for n, v in zip(self.data["outputs"], ran, strict=True)}
         return EdgeResult(
-            outputs, last, str(self.data["version"]), model_ms, 0.0, 0.0, total, offline=offline
+            outputs,
+            last,
+            str(self.data["version"]),
+            model_ms,
+            0.0,
+            0.0,
+            total,
+            offline=offline,
+            plan_ms=(planned - started) * 1000.0,
         )
 
     # --- heads ---------------------------------------------------------------------------

@@ -15,11 +15,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fnrt.runtime.settings import DEFAULT_SERVER, default_cache_dir, env_trace_settings
+
+if TYPE_CHECKING:
+    from fnrt.edge.client import EdgeResult
 
 ReadInputs = Callable[[argparse.Namespace], dict[str, Any]]
 
@@ -55,12 +58,8 @@ def cmd_run(args: argparse.Namespace, read_inputs: ReadInputs) -> int:
                 result = client.run(inputs)
                 if args.verbose:
                     where = "offline, all here" if result.offline else f"split {result.split}"
-                    print(
-                        f"{where} of {client.splits - 1}: {result.total_ms:.1f} ms "
-                        f"(head {result.head_ms:.1f}, request {result.request_ms:.1f}, "
-                        f"server {result.server_ms:.1f}); link {_link(client)}",
-                        file=sys.stderr,
-                    )
+                    print(f"{where} of {client.splits - 1}: {_accounted(result)}", file=sys.stderr)
+                    print(f"  link {_link(client)}", file=sys.stderr)
     finally:
         tracer.shutdown()
     if args.output:
@@ -93,6 +92,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"{predicted:>13.2f}{mark}"
         )
     return 0
+
+
+def _accounted(r: EdgeResult) -> str:
+    """Where one call's time went, every part named (the first call plans: it fetches
+    the plan and the heads and times them)."""
+    parts = [("plan", r.plan_ms), ("head", r.head_ms), ("encode", r.encode_ms)]
+    parts += [("request", r.request_ms), ("other", r.other_ms)]
+    named = ", ".join(f"{name} {ms:.1f}" for name, ms in parts if ms >= 0.05 or name == "head")
+    server = f" (server {r.server_ms:.1f} of the request)" if r.request_ms else ""
+    return f"{r.total_ms:.1f} ms = {named}{server}"
 
 
 def _link(client: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,11 @@ def test_edge_run_and_plan(tmp_path: Path, cnn: Path, capsys: pytest.CaptureFixt
         assert code == 0, err
         np.testing.assert_allclose(json.loads(out)["y"], expected, atol=1e-5)
         assert "split" in err and "MB/s" in err
+        # every millisecond of the first call is accounted for, planning first
+        total, parts = re.search(r": ([\d.]+) ms = (.*?)(?: \(server|$)", err, re.M).groups()
+        named = dict(part.rsplit(" ", 1) for part in parts.split(", "))
+        assert list(named)[:2] == ["plan", "head"] and float(named["plan"]) > 0, err
+        assert abs(sum(map(float, named.values())) - float(total)) < 0.05 * len(named) + 0.01
         given = ("--json", json.dumps({"x": x.tolist()}), "-o", str(tmp_path / "y.npz"))
         code = main(["edge", "run", "cnn-split", *given, "--split", "3", "--encoding", "int8", *s])
         assert code == 0
