@@ -4,7 +4,9 @@ Starts ``fnrt serve`` on 127.0.0.1 (port ``FNRT_PORT``, default 8000) over the
 embedded store in ``./.fnrt/store``, deploys ``examples/mlp``,
 ``examples/mlp-onnx`` and ``examples/cnn-split``, invokes each once and
 prints the result, runs one edge split call of ``cnn-split``
-(``fnrt edge run``), then keeps serving until Ctrl-C.
+(``fnrt edge run``), then keeps serving until Ctrl-C. The request log (a JSON
+line per request) goes to ``.fnrt/requests.log``, so that load on the demo
+leaves this terminal readable.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PORT = int(os.environ.get("FNRT_PORT", "8000"))
 SERVER = f"http://127.0.0.1:{PORT}"
+REQUEST_LOG = ROOT / ".fnrt" / "requests.log"
 
 
 def run(*args: str, stderr: bool = False) -> str:
@@ -55,7 +58,9 @@ def main() -> None:
     run(str(BIN / "python"), str(ROOT / "examples/cnn-split/export.py"))
 
     print(f"== starting fnrt serve on {SERVER}")
-    server = subprocess.Popen([str(BIN / "fnrt"), "serve", "--port", str(PORT)])
+    serve = [str(BIN / "fnrt"), "serve", "--port", str(PORT)]
+    serve += ["--request-log-file", str(REQUEST_LOG)]
+    server = subprocess.Popen(serve)
     try:
         wait_ready(server)
         x = [[round((i % 7) / 7, 3) for i in range(64)]]
@@ -77,7 +82,9 @@ def main() -> None:
             f"  curl -s -X POST {SERVER}/v1/functions/mlp/invoke \\\n"
             "       -H 'content-type: application/json' -d @examples/mlp/sample.json\n"
         )
-        print(f"  {BIN / 'fnrt'} ls --server {SERVER}\n\nCtrl-C stops the server.")
+        print(f"  {BIN / 'fnrt'} ls --server {SERVER}")
+        print(f"  tail -f {REQUEST_LOG.relative_to(ROOT)}   # a JSON line per request")
+        print("\nCtrl-C stops the server.")
         server.wait()
     except KeyboardInterrupt:
         pass

@@ -1,6 +1,6 @@
 """fnrt's state in an object store: blobs, version manifests, routing.
 
-Layout (see DESIGN.md)::
+Layout (see docs/storage.md)::
 
     blobs/sha256/<hex>                    immutable artifacts and code bundles
     functions/<name>/versions/<v>.json    immutable version manifests

@@ -66,6 +66,7 @@ class ServerSettings:
     log_level: str = "info"
     log_json: bool = False
     request_log: bool = True  # one JSON line per request (fnrt.access, info)
+    request_log_file: Path | None = None  # appended to, instead of stderr
     trace: TraceConfig = field(default_factory=TraceConfig)
 
     def __post_init__(self) -> None:
@@ -204,6 +205,8 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
         found["log_json"] = True
     if env.get("FNRT_REQUEST_LOG", "") in ("0", "false"):
         found["request_log"] = False
+    if env.get("FNRT_REQUEST_LOG_FILE"):
+        found["request_log_file"] = Path(env["FNRT_REQUEST_LOG_FILE"])
     return found
 
 

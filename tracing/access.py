@@ -21,8 +21,11 @@ import orjson
 class AccessLog:
     """Buffered JSON lines to ``stream`` (stderr by default)."""
 
-    def __init__(self, stream: BinaryIO | None = None, interval_s: float = 0.2) -> None:
+    def __init__(
+        self, stream: BinaryIO | None = None, interval_s: float = 0.2, *, owns_stream: bool = False
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr.buffer
+        self._owns_stream = owns_stream  # a file opened for it: closed with it
         self.interval_s = interval_s
         self._lines: deque[bytes] = deque()
         self._second = -1
@@ -66,3 +69,5 @@ class AccessLog:
         self._stop.set()
         self._thread.join(5)
         self.flush()
+        if self._owns_stream:
+            self.stream.close()

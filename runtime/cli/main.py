@@ -129,6 +129,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         found["log_json"] = True
     if args.no_request_log:
         found["request_log"] = False
+    if args.request_log_file:
+        found["request_log_file"] = Path(args.request_log_file)
     trace = env_trace_settings()
     for flag, key in [
         ("trace", "exporter"),
@@ -569,6 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-request-log",
         action="store_true",
         help="no JSON line per request (FNRT_REQUEST_LOG=0)",
+    )
+    p.add_argument(
+        "--request-log-file",
+        metavar="PATH",
+        help="append the request log (a JSON line per request) to PATH instead of stderr "
+        "(FNRT_REQUEST_LOG_FILE)",
     )
     p.add_argument(
         "--trace",

@@ -200,8 +200,17 @@ def build_telemetry(settings: ServerSettings) -> Telemetry:
     return Telemetry(
         Tracing(build_tracer(settings.trace)),
         Metrics(),
-        AccessLog() if settings.request_log else None,
+        _access_log(settings),
     )
+
+
+def _access_log(settings: ServerSettings) -> AccessLog | None:
+    if not settings.request_log:
+        return None
+    if settings.request_log_file is None:
+        return AccessLog()
+    settings.request_log_file.parent.mkdir(parents=True, exist_ok=True)
+    return AccessLog(settings.request_log_file.open("ab"), owns_stream=True)
 
 
 def build_app(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ def test_serve_process_with_flags_and_environment(
         "FNRT_STORE": str(tmp_path / "store"),
         "FNRT_ADMIN_TOKEN": "s3cret",
         "FNRT_MAX_BODY_BYTES": "2048",
+        "FNRT_REQUEST_LOG_FILE": str(tmp_path / "logs" / "requests.log"),
     }
     argv = [sys.executable, "-m", "fnrt.runtime.cli.main", "serve", "--port", str(port)]
     argv += ["--cache-dir", str(tmp_path / "cache"), "--log-level", "info"]
@@ -51,6 +53,9 @@ def test_serve_process_with_flags_and_environment(
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
+    # the request log went to its file, a JSON line per request, none to the terminal
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "requests.log").open()]
+    assert [line["status"] for line in lines] == [200, 413] and lines[0]["function"] == "echo"
 
 
 def test_a_busy_port_is_said_first_and_nothing_starts(tmp_path: Path) -> None:
