@@ -99,7 +99,7 @@ def register(sub: Any) -> None:
         "(invocations_per_function_md.anon.d*.csv, day files in order) through the same "
         "keep-alive and pre-warm policies the server uses, and report per policy the "
         "cold-start percentage (overall and the 75th-percentile function), the memory "
-        "kept idle (GB-minutes with --memory, else instance-minutes) and the pre-warms "
+        "kept idle (GB-hours with --memory, else instance-hours) and the pre-warms "
         "never used. --synthetic N makes up a trace of N functions instead. With --nodes, "
         "replay it over a fleet instead: each node with its own memory (L1) and disk (L2) "
         "budgets and the keep-alive policy on the calls it gets, calls routed by hash, "

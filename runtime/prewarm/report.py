@@ -11,9 +11,10 @@ from fnrt.runtime.prewarm.simulator import Outcome
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
+    """One row per policy; idle memory in hours, as the plot and the fleet table."""
     memory = all(o.idle_gb_minutes is not None for o in outcomes)
-    head = ["policy", "cold %", "p75 fn cold %", "idle inst-min"]
-    head += ["idle GB-min"] if memory else []
+    head = ["policy", "cold %", "p75 fn cold %", "idle inst-h"]
+    head += ["idle GB-h"] if memory else []
     head += ["pre-warms", "unused"]
     rows = [head]
     for o in outcomes:
@@ -21,9 +22,10 @@ def table(outcomes: Sequence[Outcome]) -> str:
             o.label,
             f"{o.cold_percent:.3f}",
             f"{o.function_percentile(75):.1f}",
-            f"{o.idle_minutes:,.0f}",
+            f"{o.idle_minutes / 60:,.0f}",
         ]
-        row += [f"{o.idle_gb_minutes:,.0f}"] if memory and o.idle_gb_minutes is not None else []
+        if memory and o.idle_gb_minutes is not None:
+            row += [f"{o.idle_gb_minutes / 60:,.0f}"]
         row += [f"{o.prewarms:,}", f"{o.prewarms_unused:,}"]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -67,9 +69,18 @@ def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
                 xytext=(4, 4),
                 fontsize=8,
             )
-    for o in outcomes:
-        if not o.label.startswith("fixed"):
-            ax.plot([idle(o)], [o.cold_percent], "s", markersize=8, label=o.label)
+    # hollow markers, each smaller than the last: policies at the same point stay visible
+    others = [o for o in outcomes if not o.label.startswith("fixed")]
+    for i, o in enumerate(others):
+        ax.plot(
+            [idle(o)],
+            [o.cold_percent],
+            "sDo^vP"[i % 6],
+            markersize=14 - 2 * (i % 5),
+            markerfacecolor="none",
+            markeredgewidth=1.8,
+            label=o.label,
+        )
     ax.set_xlabel("idle memory, " + ("GB-hours" if memory else "instance-hours"))
     ax.set_ylabel("cold starts, % of invocations")
     ax.set_title(title or "keep-alive policies: cold starts against idle memory")

@@ -59,3 +59,18 @@ def test_workers_give_the_same_answer() -> None:
     )
     assert [o.row() for o in alone] == [o.row() for o in pooled]
     assert [o.label for o in alone] == ["fixed 5 min", "fixed 10 min", "histogram"]
+
+
+def test_the_table_and_the_plot_count_idle_memory_in_the_same_unit(tmp_path: Path) -> None:
+    from fnrt.runtime.prewarm.report import plot, table
+
+    trace = read_invocations([SAMPLE / "invocations_per_function.csv"])
+    read_app_memory(SAMPLE / "app_memory.csv", trace)
+    (fixed,) = simulate(trace, [Policy.FIXED], fixed_keep_alive_min=(10,))
+    head, row = table([fixed]).splitlines()
+    assert "idle inst-h" in head and "idle GB-h" in head  # the plot's axis: GB-hours
+    assert "GB-min" not in head and "1,926" in row.split()  # 115,572 GB-minutes / 60
+    # two policies at the same point are both drawn (hollow markers, smaller on top)
+    same = simulate(trace, [Policy.HISTOGRAM, Policy.HISTOGRAM], fixed_keep_alive_min=())
+    assert same[0].row() == same[1].row()
+    assert plot([fixed, *same], tmp_path / "p.png").stat().st_size > 10_000
