@@ -6,10 +6,11 @@ PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
 .PHONY: demo test pytest lint bench clean
 
+# The demo's extras: torch (examples/mlp) and onnx (mlp-onnx, cnn-split and its edge call).
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(PIP) -e .
+	$(PIP) -e '.[torch,onnx]'
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed

@@ -40,6 +40,7 @@ from fnrt.edge.link import LinkConfig, LinkEstimate
 from fnrt.edge.planner import Link, Plan, Profile, choose_split
 from fnrt.edge.transport import HttpTransport, Response, Transport
 from fnrt.functions.errors import FnrtError, IntegrityError, NoSuchSplit, Unavailable
+from fnrt.functions.extras import require
 
 log = logging.getLogger("fnrt.edge")
 
@@ -436,8 +437,7 @@ class EdgeClient:
 
     def _load_heads(self, *, online: bool) -> None:
         """Open every head that fits, from the cache or (online) downloaded and verified."""
-        import onnxruntime as ort
-
+        ort = require("onnxruntime", "running a model's head on this device", extra="edge")
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.config.threads
         options.inter_op_num_threads = 1

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from fnrt.functions.errors import ManifestError
+from fnrt.functions.extras import require
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Cuts:
     """
 
     def __init__(self, model_path: Path, points: tuple[str, ...], folder: Path) -> None:
-        import onnx
+        onnx = require("onnx", "cutting a model at its split points")
 
         self.model_path = model_path
         self.folder = folder

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from fnrt.functions.errors import HandlerError
+from fnrt.functions.extras import install_hint
 from fnrt.functions.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -200,8 +201,9 @@ def import_handler(code_dir: Path, manifest: Manifest, package: str) -> object:
         module = importlib.import_module(qualified)
     except Exception as exc:
         sys.modules.pop(qualified, None)
+        hint = install_hint(exc) if isinstance(exc, ImportError) else ""
         raise HandlerError(
-            f"cannot import handler module '{manifest.module}': {type(exc).__name__}: {exc}"
+            f"cannot import handler module '{manifest.module}': {type(exc).__name__}: {exc}{hint}"
         ) from exc
     if not hasattr(module, manifest.attribute):
         raise HandlerError(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fnrt.functions.codec import decode_msgpack, encode_msgpack
+from fnrt.functions.extras import require
 from fnrt.functions.limits import UNBOUNDED
 from fnrt.runtime.clock import Clock
 
@@ -167,8 +168,7 @@ class SharedResults:
 
 def redis_client(url: str) -> Any:
     """An asyncio Redis client for ``url`` (connections made at first use)."""
-    import redis.asyncio
-
-    return redis.asyncio.Redis.from_url(
+    aioredis = require("redis.asyncio", "the shared result cache (--redis-url)")
+    return aioredis.Redis.from_url(
         url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
     )

@@ -1,4 +1,5 @@
-"""The import graph of the source folders: no cycles, and the one-way direction docs/architecture.md draws.
+"""The import graph of the source folders: no cycles, and the one-way direction
+docs/architecture.md draws.
 
 Every ``import`` counts, also those under ``TYPE_CHECKING`` and inside
 functions: a cycle that only typing or a late import hides is still a cycle
@@ -12,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("client", "functions", "loader", "runtime", "edge", "tracing")
-#: Which folders each folder may import (docs/architecture.md, "Folders and the direction of imports").
+#: Which folders each folder may import (docs/architecture.md, "the direction of imports").
 ALLOWED = {
     "functions": set(),
     "client": {"functions"},

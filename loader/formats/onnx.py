@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fnrt.functions.extras import require
+
 
 def session(path: Path, providers: list[Any], **options: Any) -> Any:
     """An ``onnxruntime.InferenceSession`` for ``path`` (a file, or a folder with one .onnx).
@@ -12,7 +14,7 @@ def session(path: Path, providers: list[Any], **options: Any) -> Any:
     ``options`` set ``SessionOptions`` attributes, e.g. ``intra_op_num_threads=2``.
     External data files are found next to the model file.
     """
-    import onnxruntime as ort
+    ort = require("onnxruntime", "loading an .onnx artifact")
 
     if path.is_dir():
         models = sorted(path.glob("*.onnx"))

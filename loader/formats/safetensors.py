@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fnrt.functions.errors import FnrtError
+from fnrt.functions.extras import require
 
 _NUMPY_DTYPES = {
     "BOOL": np.bool_,
@@ -71,7 +72,7 @@ def tensors(path: Path, device: str = "cpu") -> dict[str, Any]:
 
     On ``cpu`` nothing is copied; on a GPU each tensor is copied once to the device.
     """
-    import torch
+    torch = require("torch", "safetensors as torch tensors")
 
     _, header = read_header(path)
     out: dict[str, Any] = {}

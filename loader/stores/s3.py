@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fnrt.functions.errors import StoreError
+from fnrt.functions.extras import require
 from fnrt.loader.retry import RetryPolicy, retrying
 from fnrt.loader.stores.base import KeyNotFound, PreconditionFailed, Progress, check_key
 
@@ -83,8 +84,8 @@ class S3Store:
     """Objects under ``s3://bucket/prefix``."""
 
     def __init__(self, bucket: str, prefix: str = "", config: S3Config | None = None) -> None:
-        import boto3
-        from botocore.config import Config
+        boto3 = require("boto3", "an s3:// store")
+        Config = require("botocore.config", "an s3:// store").Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fnrt.functions.errors import FnrtError
+from fnrt.functions.extras import require
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -22,6 +23,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         write_invocations,
     )
 
+    if args.plot:  # before minutes of simulating, not after
+        require("matplotlib", "--plot")
     if args.synthetic:
         trace = synthetic(args.synthetic, days=args.days, seed=args.seed)
         if args.write:

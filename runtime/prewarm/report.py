@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from fnrt.functions.extras import require
 from fnrt.runtime.prewarm.fleet import FleetOutcome
 from fnrt.runtime.prewarm.simulator import Outcome
 
@@ -40,10 +42,7 @@ def table(outcomes: Sequence[Outcome]) -> str:
 
 def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
     """Cold-start % against idle memory-time, one point per policy (fixed as a line)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     memory = all(o.idle_gb_minutes is not None for o in outcomes)
 
@@ -109,10 +108,7 @@ def fleet_table(outcomes: Sequence[FleetOutcome]) -> str:
 
 def fleet_plot(outcomes: Sequence[FleetOutcome], path: Path) -> Path:
     """Cold starts by tier, memory held and load imbalance, one bar per fleet run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     labels = [f"{o.config.routing.value.replace('_', chr(10))}\n{o.config.nodes}" for o in outcomes]
     x = range(len(outcomes))
@@ -140,3 +136,10 @@ def fleet_plot(outcomes: Sequence[FleetOutcome], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files (``fnrt[plot]``)."""
+    matplotlib = require("matplotlib", "--plot")
+    matplotlib.use("Agg")
+    return require("matplotlib.pyplot", "--plot")

@@ -27,8 +27,12 @@ def test_it_installs_the_package_with_the_makefiles_constraints() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "-c constraints.txt" in makefile and "-c constraints.txt" in DOCKERFILE
     runs = [args for op, args in _instructions() if op == "RUN"]
-    assert any(re.search(r"pip install -q -c constraints.txt .*--extra-index-url \S+ \.$", r)
-               for r in runs), runs  # fmt: skip
+    line = r'pip install -q -c constraints.txt .*--extra-index-url \S+ "\.\[\$FNRT_EXTRAS\]"$'
+    assert any(re.search(line, r) for r in runs), runs
+    args = dict(a.split("=", 1) for op, a in _instructions() if op == "ARG" and "=" in a)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert set(args["FNRT_EXTRAS"].split(",")) <= set(extras), args  # a server's extras
 
 
 def test_every_package_folder_is_copied() -> None:
