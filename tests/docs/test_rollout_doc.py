@@ -33,7 +33,7 @@ def test_walkthrough(built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
             argv = shlex.split(line)
             if argv[0] == "cp":
                 shutil.copytree(argv[-2], argv[-1])
-            elif argv[0] == "python":
+            elif argv[0] == ".venv/bin/python":
                 subprocess.run([sys.executable, *argv[1:]], check=True)
             else:
                 assert argv[0] == "fnrt"
