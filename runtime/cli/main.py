@@ -81,11 +81,9 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
 # --- serve ---------------------------------------------------------------------
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-
-    from fnrt.runtime.http.app import build_app, make_server
-    from fnrt.tracing.logs import configure_logging
-
+def _server_settings(args: argparse.Namespace) -> ServerSettings:
+    """``fnrt serve``'s settings: flags over ``FNRT_*`` and ``OTEL_*`` variables over
+    defaults; ValueError names the setting it refuses."""
     found = env_server_settings()
     for flag, key in [
         ("host", "host"),
@@ -144,7 +142,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.trace_sample is not None and "sampler" not in trace:
         trace["sampler"] = "parentbased_traceidratio"
     found["trace"] = TraceConfig(**trace)  # type: ignore[arg-type]
-    settings = ServerSettings(**found)  # type: ignore[arg-type]
+    return ServerSettings(**found)  # type: ignore[arg-type]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+
+    from fnrt.runtime.http.app import build_app, make_server
+    from fnrt.tracing.logs import configure_logging
+
+    try:
+        settings = _server_settings(args)
+    except ValueError as exc:  # a setting refused (flag or variable): one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
     configure_logging(settings.log_level, json_lines=settings.log_json)
     if settings.admin_open and not _is_loopback(settings.host):
         if not args.insecure_open_admin:
@@ -589,8 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trace-protocol",
-        choices=["http/protobuf", "grpc"],
-        help="OTLP protocol (OTEL_EXPORTER_OTLP_PROTOCOL; default http/protobuf)",
+        choices=["http/protobuf"],
+        help="OTLP protocol: http/protobuf, the one fnrt speaks and every collector takes "
+        "(OTEL_EXPORTER_OTLP_PROTOCOL)",
     )
     p.add_argument(
         "--trace-sample",

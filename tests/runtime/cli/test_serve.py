@@ -71,3 +71,18 @@ def test_a_busy_port_is_said_first_and_nothing_starts(tmp_path: Path) -> None:
     assert (
         done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
+
+
+def test_a_refused_setting_is_one_line_and_nothing_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # was: --trace-protocol grpc offered, then a traceback from the exporter
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--trace-protocol", "grpc"])
+    assert info.value.code == 2 and "invalid choice: 'grpc'" in capsys.readouterr().err
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    port = str(free_port())
+    assert main(["serve", "--store", str(tmp_path / "store"), "--port", port]) == 2
+    out, err = capsys.readouterr()
+    assert err == "error: protocol: must be one of ['http/protobuf'], got 'grpc'\n", err
+    assert out == "" and not (tmp_path / "store").exists()
