@@ -23,6 +23,7 @@ from fnrt.client.errors import NotFoundError
 from fnrt.client.result import Result
 from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retry_after_s
 from fnrt.functions.codec import Format
+from fnrt.functions.version import VersionManifest
 
 _CHUNK_BYTES = 1024 * 1024
 
@@ -137,7 +138,7 @@ class Client:
 
     # --- deploying (admin) --------------------------------------------------------------
 
-    def deploy(self, version: Any, policy: str | None = None) -> dict[str, Any]:
+    def deploy(self, version: VersionManifest, policy: str | None = None) -> dict[str, Any]:
         """Deploy a stored version (a ``VersionManifest``; its blobs already sent)."""
         params = {"policy": policy} if policy else None
         return self._json(

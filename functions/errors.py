@@ -204,6 +204,13 @@ class HandlerFailed(FnrtError):
         self.error_id = error_id
 
 
+class EnvironmentFailed(FnrtError):
+    """A function's ``[environment]`` could not be resolved or installed (422 at deploy)."""
+
+    def __init__(self, doing: str, said: str) -> None:
+        super().__init__(f"the function's environment failed {doing} its requirements:\n{said}")
+
+
 class DeployRejected(FnrtError):
     """A new version failed to load, warm up or pass its probe: it got no traffic."""
 

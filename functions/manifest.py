@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -386,6 +386,52 @@ class SplitConfig:
         return bool(self.points)
 
 
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    """A Python environment of the function's own (docs/environments.md).
+
+    ``requirements`` are pip requirement specifiers (``"humanize==4.9.0"``,
+    ``"scipy>=1.11"``, ``"pkg @ https://..."``); ``requirements_file`` names a
+    file in the function folder whose lines are added to them when the folder
+    is deployed. What the node lacks is installed at deploy into a folder
+    shared by every function that resolves alike; the function's instances run
+    in worker processes with it first on their path.
+    """
+
+    requirements: tuple[str, ...] = ()
+    requirements_file: str = ""
+
+    def __post_init__(self) -> None:
+        reqs = self.requirements
+        if not isinstance(reqs, tuple | list) or not all(isinstance(r, str) for r in reqs):
+            raise ManifestError("requirements", "must be a list of requirement strings")
+        cleaned = tuple(r.strip() for r in reqs)
+        object.__setattr__(self, "requirements", cleaned)
+        for req in cleaned:
+            if not req or "\n" in req or req.startswith("-"):
+                raise ManifestError(
+                    "requirements",
+                    f"{req!r}: one requirement specifier each (pip options are not taken)",
+                )
+        rel = self.requirements_file
+        if not isinstance(rel, str) or PurePosixPath(rel).is_absolute() or ".." in rel:
+            raise ManifestError("requirements_file", "must be a path inside the function folder")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.requirements)
+
+
+def read_requirements(path: Path) -> tuple[str, ...]:
+    """The requirement lines of a requirements file (comments and blank lines dropped)."""
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text = line.split(" #", 1)[0].strip()
+        if text and not text.startswith("#"):
+            lines.append(text)
+    return tuple(lines)
+
+
 class IsolationMode(Enum):
     """Where a function's instances run."""
 
@@ -468,6 +514,7 @@ class Manifest:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -486,6 +533,11 @@ class Manifest:
                     f"artifacts.{key}",
                     f"{rel!r} must be a relative path inside the function folder",
                 )
+        if self.environment.enabled and self.isolation.mode == IsolationMode.THREAD.value:
+            raise ManifestError(
+                "environment",
+                "needs isolation.mode = 'process' (a thread shares the server's packages)",
+            )
         if self.split.enabled and self.split.model not in self.artifacts:
             raise ManifestError("split.model", f"{self.split.model!r} is not an artifact")
         for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
@@ -496,6 +548,13 @@ class Manifest:
     @property
     def module(self) -> str:
         return self.handler.partition(":")[0]
+
+    def isolation_kind(self, default: IsolationMode = DEFAULT_ISOLATION) -> IsolationMode:
+        """Where instances run on a node whose default is ``default`` (a function with an
+        environment of its own always in a worker process)."""
+        if self.environment.enabled:
+            return IsolationMode.PROCESS
+        return self.isolation.kind_under(default)
 
     @property
     def attribute(self) -> str:
@@ -535,6 +594,17 @@ class Manifest:
                 if self.split.enabled
                 else {}
             ),
+            # Only when set, so versions deployed before [environment] keep their ids.
+            **(
+                {
+                    "environment": {
+                        **asdict(self.environment),
+                        "requirements": list(self.environment.requirements),
+                    }
+                }
+                if self.environment != EnvironmentConfig()
+                else {}
+            ),
             "exclude": list(self.exclude),
         }
 
@@ -554,6 +624,7 @@ _TOP_KEYS = {
     "breaker",
     "split",
     "isolation",
+    "environment",
     "exclude",
 }
 
@@ -631,6 +702,7 @@ def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manif
         breaker=_build(BreakerConfig, _table(data, "breaker"), "breaker"),
         split=_build(SplitConfig, _table(data, "split"), "split"),
         isolation=_build(IsolationConfig, _table(data, "isolation"), "isolation"),
+        environment=_build(EnvironmentConfig, _table(data, "environment"), "environment"),
         exclude=tuple(exclude),
     )
 
@@ -652,4 +724,13 @@ def load_manifest(folder: Path, *, name: str | None = None) -> Manifest:
         rel = getattr(manifest.rollout, key)
         if rel and not (folder / rel).is_file():
             raise ManifestError(f"rollout.{key}", f"{rel!r} does not exist in {folder}")
+    rel = manifest.environment.requirements_file
+    if rel:  # its lines join the requirements: the stored manifest holds them all
+        if not (folder / rel).is_file():
+            raise ManifestError(
+                "environment.requirements_file", f"{rel!r} does not exist in {folder}"
+            )
+        env = manifest.environment
+        merged = EnvironmentConfig(env.requirements + read_requirements(folder / rel), rel)
+        manifest = replace(manifest, environment=merged)
     return manifest

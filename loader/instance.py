@@ -29,6 +29,7 @@ from fnrt.functions.tensors import coerce_result
 from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_rel
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.cache import BlobCache
+from fnrt.loader.environment import Environments
 from fnrt.loader.integrity import Verifier, tree_differences
 from fnrt.loader.repository import Repository
 
@@ -177,6 +178,7 @@ class InstanceLoader:
         self.device = device
         self.blob_cache = blob_cache
         self.verifier = Verifier(Path(cache_dir) / "verified")  # blobs of a folder store
+        self.environments = Environments(Path(cache_dir) / "envs")  # [environment] builds
 
     def _blob_path(self, ref: FileRef, fetches: _Fetches | None = None) -> Path:
         local = self.repository.blob_path(ref.digest)

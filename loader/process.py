@@ -11,6 +11,7 @@ instance reports itself dead so the pool replaces it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -25,7 +26,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from fnrt.functions.errors import HandlerTimeout, InstanceLost
+from fnrt.functions.errors import HandlerError, HandlerTimeout, InstanceLost
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
@@ -249,6 +250,7 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     ``load`` raised, InstanceLost if the worker died or was killed while loading.
     """
     start = time.perf_counter()
+    env = worker_env(loader, vm)  # before the files are pinned: a first build may take long
     files = loader.materialise(vm)
     workdir = Path(tempfile.mkdtemp(prefix=f"fnrt-{vm.name}-", dir=shm_dir()))
     ours, theirs = socket.socketpair()
@@ -257,6 +259,7 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
             [sys.executable, "-m", "fnrt.loader.worker", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
+            env=env,
         )
     except BaseException:
         ours.close()
@@ -295,6 +298,33 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     }
     log.info("worker %d serves %s %s", instance.pid, vm.name, vm.version)
     return instance
+
+
+def worker_env(loader: InstanceLoader, vm: VersionManifest) -> dict[str, str] | None:
+    """The environment variables of ``vm``'s workers: with its ``[environment]`` first on
+    ``PYTHONPATH`` (built here on first use), else None (the server's own)."""
+    requirements = vm.manifest.environment.requirements
+    if not requirements:
+        return None
+    built = loader.environments.ensure(requirements)
+    return os.environ | {"PYTHONPATH": built.pythonpath(os.environ.get("PYTHONPATH"))}
+
+
+def check_in_environment(loader: InstanceLoader, vm: VersionManifest) -> None:
+    """Import ``vm``'s handler and check its contract in a worker of its environment
+    (deploy-time); HandlerError with the worker's words if it fails."""
+    code = loader.code_dir(vm)
+    done = subprocess.run(
+        [sys.executable, "-m", "fnrt.loader.worker", "--check", str(code)],
+        input=json.dumps(vm.to_dict()),
+        capture_output=True,
+        text=True,
+        env=worker_env(loader, vm),
+        timeout=LOAD_TIMEOUT_S,
+    )
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        raise HandlerError(said[-1] if said else f"the handler check exited {done.returncode}")
 
 
 def launch(

@@ -17,6 +17,7 @@ own dependencies; nothing of the HTTP side.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -26,7 +27,8 @@ import traceback
 from pathlib import Path
 from typing import Any, cast
 
-from fnrt.functions.handler import Device, Request
+from fnrt.functions.errors import FnrtError
+from fnrt.functions.handler import Device, Request, bundle_package, import_handler
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena
 from fnrt.loader.artifact import LocalArtifact
@@ -105,7 +107,21 @@ def serve(channel: Channel) -> int:
         channel.send({"ok": True, "infer_s": ran.infer_s, "output_s": ran.output_s, **layout})
 
 
+def check(code_dir: Path) -> int:
+    """Import a version's handler and check its contract (deploy-time, in the function's
+    environment); the version manifest comes on stdin. Exit 0, or 1 with the error."""
+    vm = VersionManifest.from_dict(json.loads(sys.stdin.read()))
+    try:
+        import_handler(code_dir, vm.manifest, bundle_package(vm.bundle.digest))
+    except FnrtError as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["--check"]:
+        return check(Path(argv[2]))
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(

@@ -15,6 +15,7 @@ from fnrt.functions.errors import BlobNotFound
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.process import check_in_environment
 from fnrt.loader.repository import Repository, now_iso
 
 
@@ -40,7 +41,10 @@ def store_version(
     for ref in vm.blobs():
         if not repository.has_blob(ref.digest):
             raise BlobNotFound(ref.digest)
-    loader.handler_object(vm)
+    if vm.manifest.environment.enabled:  # its packages are not the server's: check it there
+        check_in_environment(loader, vm)
+    else:
+        loader.handler_object(vm)
     if not vm.created_at:
         vm = replace(vm, created_at=now_iso())
     if repository.put_version(vm):

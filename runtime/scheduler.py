@@ -267,7 +267,7 @@ class SchedulerFactory:
         """A scheduler of ``vm``; ``load`` builds its instances in a thread (default:
         the handler, in a thread or a worker process as its ``[isolation]`` or the
         node says)."""
-        kind = THREAD if load else vm.manifest.isolation.kind_under(self.isolation)
+        kind = THREAD if load else vm.manifest.isolation_kind(self.isolation)
         return Scheduler(
             vm,
             load or functools.partial(launch, self.loader, kind),

@@ -47,6 +47,9 @@ def describe_text(d: Mapping[str, Any]) -> str:
     if inst.get("result_cache"):
         cache = inst["result_cache"]
         row("cache", ", ".join(f"{k} {v}" for k, v in cache.items()))
+    requirements = (manifest.get("environment") or {}).get("requirements") or []
+    if requirements:
+        row("environment", ", ".join(requirements))
     row("scaling", _scaling(manifest.get("scaling") or {}, d.get("keep_alive") or {}))
     row("batching", _batching(manifest.get("batching") or {}))
     lines.append("(fnrt describe NAME --json for everything)")

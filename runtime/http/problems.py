@@ -31,6 +31,7 @@ _STATUS: list[tuple[type[e.FnrtError], int]] = [
     (e.ManifestError, 422),
     (e.HandlerError, 422),
     (e.DeployRejected, 422),
+    (e.EnvironmentFailed, 422),
     (e.InvalidInput, 422),
     (e.Overloaded, 429),
     (e.ClientLeft, 499),

@@ -61,6 +61,15 @@ def test_defaults_and_round_trip() -> None:
         ({"split": {"points": ["a"]}}, "split.model"),
         ({"split": {"model": "model", "points": ["a"]}}, "split.model"),  # not an artifact
         ({"split": {"model": "model", "points": ["a"], "cut": 1}}, "split.cut"),
+        ({"environment": {"requirements": "humanize"}}, "environment.requirements"),
+        ({"environment": {"requirements": ["-r other.txt"]}}, "environment.requirements"),
+        ({"environment": {"requirements": [""]}}, "environment.requirements"),
+        ({"environment": {"requirements_file": "../reqs.txt"}}, "environment.requirements_file"),
+        ({"environment": {"python": "3.12"}}, "environment.python"),
+        (
+            {"environment": {"requirements": ["x"]}, "isolation": {"mode": "thread"}},
+            "environment",
+        ),
     ],
 )
 def test_errors_name_the_field(change: dict, field: str) -> None:
@@ -79,6 +88,29 @@ def test_split_section_round_trips_and_stays_out_of_older_version_ids() -> None:
     m = parse_manifest({**data, "split": {"model": "model", "points": ["after.1", "after.5"]}})
     assert m.split.enabled and m.split.points == ("after.1", "after.5")
     assert parse_manifest(m.to_dict()) == m
+
+
+def test_environment_round_trips_runs_in_a_process_and_stays_out_of_older_ids(
+    tmp_path: Path,
+) -> None:
+    from fnrt.functions.manifest import IsolationMode
+
+    assert "environment" not in parse_manifest(BASE).to_dict()  # ids stay as they were
+    m = parse_manifest({**BASE, "environment": {"requirements": [" humanize==4.9.0 "]}})
+    assert m.environment.requirements == ("humanize==4.9.0",)
+    assert parse_manifest(m.to_dict()) == m
+    assert m.isolation_kind(IsolationMode.THREAD) is IsolationMode.PROCESS
+    assert parse_manifest(BASE).isolation_kind(IsolationMode.THREAD) is IsolationMode.THREAD
+    # a requirements file's lines join the list when the folder is read
+    (tmp_path / "fnrt.toml").write_text(
+        'name = "f"\nhandler = "h:H"\n[environment]\nrequirements = ["a==1"]\n'
+        'requirements_file = "requirements.txt"\n'
+    )
+    (tmp_path / "requirements.txt").write_text("# pinned\nb>=2  # why\n\nc\n")
+    assert load_manifest(tmp_path).environment.requirements == ("a==1", "b>=2", "c")
+    (tmp_path / "requirements.txt").unlink()
+    with pytest.raises(ManifestError, match=r"environment\.requirements_file"):
+        load_manifest(tmp_path)
 
 
 def test_rollout_and_breaker_sections_round_trip() -> None:

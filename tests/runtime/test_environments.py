@@ -1,0 +1,78 @@
+"""Functions with environments of their own, through a live server and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fnrt.client import Client
+from fnrt.runtime.cli.main import main
+from support import live_server, write_function
+
+HANDLER = """
+import humanize  # only the function's environment has it
+import numpy as np
+
+def handle(batch):
+    digits = len(humanize.intcomma(1000000))  # "1,000,000": 9
+    return [{"y": r["x"] * digits} for r in batch]
+"""
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:handle"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+{environment}
+"""
+
+
+def _function(
+    root: Path, name: str, environment: str, files: dict[str, bytes] | None = None
+) -> Path:
+    return write_function(root, name, HANDLER, MANIFEST, files=files, environment=environment)
+
+
+def test_functions_answer_from_their_environment_and_share_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "src"
+    one = _function(src, "one", '[environment]\nrequirements = ["humanize==4.9.0"]')
+    two = _function(
+        src,
+        "two",
+        '[environment]\nrequirements_file = "requirements.txt"',
+        files={"requirements.txt": b"# the same, spelled otherwise\nHumanize == 4.9.0\n"},
+    )
+    bare = _function(src, "bare", "")
+    broken = _function(src, "broken", '[environment]\nrequirements = ["fnrt-no-such-pkg-9d2e==1"]')
+    with live_server(tmp_path) as srv, Client(srv.url) as fnrt:
+        url = ("--server", srv.url, "--quiet")
+        assert main(["deploy", str(one), *url]) == 0, capsys.readouterr().err
+        assert main(["deploy", str(two), *url]) == 0, capsys.readouterr().err
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        for name in ("one", "two"):
+            np.testing.assert_array_equal(fnrt.invoke(name, x=x)["y"], x * 9)
+            assert fnrt.describe(name)["instance"]["isolation"] == "process"
+        manifest = fnrt.describe("two")["manifest"]["environment"]
+        assert manifest["requirements"] == ["Humanize == 4.9.0"]  # the file's lines, stored
+        envs = tmp_path / "cache" / "envs"
+        built = [p for p in envs.iterdir() if (p / "resolved.txt").is_file()]
+        assert len(built) == 1 and (built[0] / "resolved.txt").read_text() == "humanize==4.9.0\n"
+        capsys.readouterr()
+        # without an environment the server's packages are all it has: refused at deploy
+        assert main(["deploy", str(bare), *url]) == 1
+        err = capsys.readouterr().err
+        assert "error 422" in err and "No module named 'humanize'" in err, err
+        # a requirement that cannot be met: a 422 with pip's words, nothing stored
+        assert main(["deploy", str(broken), *url]) == 1
+        err = capsys.readouterr().err
+        assert "error 422: the function's environment failed resolving" in err, err
+        assert "fnrt-no-such-pkg-9d2e" in err
+        assert {f["name"] for f in fnrt.list()} == {"one", "two"}
