@@ -26,7 +26,13 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from fnrt.functions.errors import HandlerError, HandlerTimeout, InstanceLost
+from fnrt.functions.errors import (
+    EnvironmentFailed,
+    HandlerError,
+    HandlerTimeout,
+    InstanceLost,
+    Unavailable,
+)
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
@@ -250,7 +256,12 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     ``load`` raised, InstanceLost if the worker died or was killed while loading.
     """
     start = time.perf_counter()
-    env = worker_env(loader, vm)  # before the files are pinned: a first build may take long
+    try:  # before the files are pinned: a first build on this node may take long
+        env = worker_env(loader, vm)
+    except EnvironmentFailed as exc:  # deployed elsewhere; this node cannot build it now
+        raise Unavailable(
+            f"function '{vm.name}': its environment cannot be built on this node: {exc.message}"
+        ) from None
     files = loader.materialise(vm)
     workdir = Path(tempfile.mkdtemp(prefix=f"fnrt-{vm.name}-", dir=shm_dir()))
     ours, theirs = socket.socketpair()

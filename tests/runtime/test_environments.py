@@ -76,3 +76,21 @@ def test_functions_answer_from_their_environment_and_share_it(
         assert "error 422: the function's environment failed resolving" in err, err
         assert "fnrt-no-such-pkg-9d2e" in err
         assert {f["name"] for f in fnrt.list()} == {"one", "two"}
+
+
+def test_a_node_that_cannot_build_a_stored_environment_answers_503(tmp_path: Path) -> None:
+    from fnrt.runtime.deployment import cut_over
+    from support import error_of, publish
+
+    # stored by a node that could build it; this one cannot (say, the index is down)
+    folder = _function(
+        tmp_path / "src", "elsewhere", '[environment]\nrequirements = ["fnrt-x-9d2e==1"]'
+    )
+    with live_server(tmp_path) as srv, srv.client() as c:
+        vm = publish(srv.node.repository, folder)
+        srv.node.repository.put_version(vm)
+        cut_over(srv.node.repository, vm)
+        r = c.post("/v1/functions/elsewhere/invoke", json={"x": [[1, 2, 3, 4]]})
+        assert r.status_code == 503, r.text
+        assert "its environment cannot be built on this node" in error_of(r)["error"]
+        assert c.get("/healthz").status_code == 200
