@@ -1,17 +1,25 @@
-"""The OpenAPI 3.1 document of the whole HTTP API, served at ``GET /openapi.json``.
+"""The OpenAPI 3.1 document of the whole HTTP API, served at ``GET /openapi.json``,
+and browsable at ``GET /docs``.
 
 Written by hand from the routes (``tests/runtime/http/test_openapi.py`` checks
 that every route is here and nothing else is, and schemathesis checks the
-server against it).
+server against it). The served document also has one path per function this
+node serves, ``/v1/functions/NAME/invoke``, whose request and response schemas
+come from the function's declared inputs and outputs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from fnrt.functions.dtypes import DTYPE_OF_DATATYPE, DTYPES
+from fnrt.functions.manifest import Manifest, TensorSpec
 from fnrt.runtime.http.oip.spec import paths as v2_paths
 from fnrt.runtime.http.oip.spec import tensor_metadata
 from fnrt.runtime.http.spec import (
@@ -379,6 +387,18 @@ def _v1() -> dict[str, Schema]:
                 "responses": ok({"type": "object"}),
             }
         },
+        "/docs": {
+            "get": {
+                "summary": "This document, browsable (Swagger UI)",
+                "operationId": "docs",
+                "responses": {
+                    "200": {
+                        "description": "an HTML page that reads /openapi.json",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
     }
 
 
@@ -493,8 +513,13 @@ def _components() -> Schema:
     }
 
 
-def document() -> Schema:
-    """The OpenAPI document (a fresh dict each call)."""
+def document(functions: Mapping[str, Manifest] | None = None) -> Schema:
+    """The OpenAPI document (a fresh dict each call), with an invoke path of its own for
+    each of ``functions`` (name -> the manifest of the version it routes to)."""
+    served = {
+        f"/v1/functions/{name}/invoke": function_invoke_path(manifest)
+        for name, manifest in sorted((functions or {}).items())
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -502,13 +527,102 @@ def document() -> Schema:
             "version": server_version(),
             "description": "Invoke functions (/v1), the Open Inference Protocol (/v2), admin.",
         },
-        "paths": {**_v1(), **v2_paths()},
+        "paths": {**_v1(), **served, **v2_paths()},
         "components": _components(),
     }
 
 
+def function_invoke_path(manifest: Manifest) -> Schema:
+    """``POST /v1/functions/NAME/invoke`` with the schemas of NAME's inputs and outputs."""
+    inputs = {name: tensor_schema(spec) for name, spec in manifest.inputs.items()}
+    outputs = {name: tensor_schema(spec) for name, spec in manifest.outputs.items()}
+    request: Schema = {"type": "object", "properties": inputs, "required": sorted(inputs)}
+    if inputs:
+        request["additionalProperties"] = False
+    answer: Schema = {"type": "object", "properties": outputs, "required": sorted(outputs)}
+    return {
+        "post": {
+            "summary": f"Invoke {manifest.name}",
+            "description": manifest.description or f"The inputs and outputs of {manifest.name}.",
+            "operationId": f"invoke_{manifest.name.replace('-', '_')}",
+            "tags": ["functions"],
+            "parameters": list(INVOKE_HEADERS),
+            "requestBody": {
+                "required": True,
+                "content": {JSON: {"schema": request}, MSGPACK: {"schema": {}}},
+            },
+            "responses": {
+                "200": {
+                    "description": "the outputs; x-fnrt-version says which version served",
+                    "content": {JSON: {"schema": answer}, MSGPACK: {"schema": {}}},
+                },
+                **data_error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+            },
+        }
+    }
+
+
+def tensor_schema(spec: TensorSpec) -> Schema:
+    """The JSON form of a tensor: nested arrays as deep as its shape (fixed dimensions as
+    item counts), elements bounded by its dtype."""
+    schema = _element(spec.dtype)
+    for dim in reversed(spec.shape):
+        level: Schema = {"type": "array", "items": schema}
+        if dim >= 0:
+            level["minItems"] = level["maxItems"] = dim
+        schema = level
+    return schema
+
+
+def _element(dtype: str) -> Schema:
+    if dtype == "bytes":
+        return {"type": "string"}
+    if dtype == "bool":
+        return {"type": "boolean"}
+    if dtype == "bfloat16":
+        return {
+            "type": "number",
+            "minimum": -3.3895313892515355e38,
+            "maximum": 3.3895313892515355e38,
+        }
+    kind: Any = np.dtype(dtype)
+    if kind.kind == "f":
+        if kind.itemsize >= 8:
+            return {"type": "number"}
+        largest = float(np.finfo(kind).max)
+        return {"type": "number", "minimum": -largest, "maximum": largest}
+    bounds = np.iinfo(kind)
+    return {"type": "integer", "minimum": int(bounds.min), "maximum": int(bounds.max)}
+
+
 async def openapi_json(request: Request) -> Response:
-    return JSONResponse(document())
+    registry = request.app.state.node.registry
+    served = {entry.name: entry.primary.version.manifest for entry in registry.entries()}
+    return JSONResponse(document(served))
 
 
-routes = [Route("/openapi.json", openapi_json, methods=["GET"])]
+#: Swagger UI from its CDN (the browser fetches it; the server holds no assets).
+_DOCS_PAGE = """<!doctype html>
+<html>
+<head>
+<meta charset="utf-8">
+<title>fnrt API</title>
+<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css">
+</head>
+<body>
+<div id="swagger-ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui"});</script>
+</body>
+</html>
+"""
+
+
+async def docs_page(request: Request) -> Response:
+    return HTMLResponse(_DOCS_PAGE)
+
+
+routes = [
+    Route("/openapi.json", openapi_json, methods=["GET"]),
+    Route("/docs", docs_page, methods=["GET"]),
+]

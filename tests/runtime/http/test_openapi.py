@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
 from starlette.routing import Route
 
 from fnrt.runtime.http.app import build_app
@@ -109,3 +111,46 @@ def test_the_server_lives_up_to_its_document(tmp_path: Path) -> None:
             assert " passed" in done.stdout and "failed" not in done.stdout
         with srv.client() as c:  # and it still serves
             assert c.get("/healthz").status_code == 200
+
+
+def test_tensor_schemas_follow_the_declared_dtype_and_shape() -> None:
+    from fnrt.functions.manifest import TensorSpec
+    from fnrt.runtime.http.openapi import tensor_schema
+
+    x = tensor_schema(TensorSpec("float32", (-1, 4)))
+    assert x["type"] == "array" and "minItems" not in x  # the batch: any length
+    row = x["items"]
+    assert (row["minItems"], row["maxItems"], row["items"]["type"]) == (4, 4, "number")
+    assert row["items"]["maximum"] == float(np.finfo(np.float32).max)
+    assert tensor_schema(TensorSpec("uint8", (-1,)))["items"] == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 255,
+    }
+    assert tensor_schema(TensorSpec("bytes", (-1,)))["items"] == {"type": "string"}
+    assert tensor_schema(TensorSpec("bool", ()))["type"] == "boolean"
+    assert tensor_schema(TensorSpec("float64", (-1,)))["items"] == {"type": "number"}
+
+
+def test_each_served_function_has_its_own_schemas_and_docs_page(tmp_path: Path) -> None:
+    import jsonschema
+
+    folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
+    with live_server(tmp_path) as srv, srv.client() as c:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        doc = c.get("/openapi.json").json()
+        post = doc["paths"]["/v1/functions/mlp/invoke"]["post"]
+        request = post["requestBody"]["content"]["application/json"]["schema"]
+        answer = post["responses"]["200"]["content"]["application/json"]["schema"]
+        assert request["required"] == ["x"] and answer["required"] == ["y"]
+        body = {"x": [[0.5] * 64, [1.0] * 64]}
+        jsonschema.validate(body, request)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"x": [[0.5] * 63]}, request)  # the server's 422, said up front
+        r = c.post("/v1/functions/mlp/invoke", json=body)
+        assert r.status_code == 200
+        jsonschema.validate(r.json(), answer)
+        assert c.post("/v1/functions/mlp/invoke", json={"x": [[0.5] * 63]}).status_code == 422
+        page = c.get("/docs")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert 'url: "/openapi.json"' in page.text and "swagger-ui" in page.text
