@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from loadgen import Result, copy_mlp, deploy, median, report, require_wrk, start_fnrt, wrk
+from loadgen import copy_mlp, deploy, median, report, require_wrk, rounds, start_fnrt
 from loadgen import write_script as wrk_script
 
 ASYNC_HANDLER = """
@@ -48,7 +48,7 @@ def main() -> None:
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
         script = wrk_script(work, "mlp", "application/json", json.dumps({"x": x.tolist()}).encode())
         for connections in (1, 32):
-            results = _rounds(urls, script, connections, args)
+            results = rounds(urls, script, connections, args.duration_s, args.rounds)
             print(f"\n== mlp, {connections} connection{'s' if connections > 1 else ''} ==\n")
             report(results, "sync", "handler")
             sync, other = median(results["sync"]), median(results["async"])
@@ -79,18 +79,6 @@ def _deploy_both(server: str, work: Path) -> dict[str, str]:
         "sync": f"{server}/v1/functions/mlp/invoke",
         "async": f"{server}/v1/functions/mlp-async/invoke",
     }
-
-
-def _rounds(
-    urls: dict[str, str], script: Path, connections: int, args: argparse.Namespace
-) -> dict[str, list[Result]]:
-    for url in urls.values():  # warm up (loads each instance)
-        wrk(url, script, connections, 1)
-    results: dict[str, list[Result]] = {name: [] for name in urls}
-    for _ in range(args.rounds):
-        for name, url in urls.items():
-            results[name].append(wrk(url, script, connections, args.duration_s))
-    return results
 
 
 if __name__ == "__main__":

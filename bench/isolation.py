@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-from loadgen import Result, copy_mlp, deploy, median, report, require_wrk, start_fnrt, wrk
+from loadgen import Result, copy_mlp, deploy, median, report, require_wrk, rounds, start_fnrt
 from loadgen import write_script as wrk_script
 
 SPIN_HANDLER = """
@@ -136,18 +136,6 @@ def main() -> None:
         plot(mlp, spin, pss_ratio, args.plot)
 
 
-def _rounds(
-    urls: dict[str, str], script: Path, connections: int, args: argparse.Namespace
-) -> dict[str, list[Result]]:
-    for url in urls.values():  # warm up (loads every instance)
-        wrk(url, script, connections, 1)
-    results: dict[str, list[Result]] = {name: [] for name in urls}
-    for _ in range(args.rounds):
-        for name, url in urls.items():
-            results[name].append(wrk(url, script, connections, args.duration_s))
-    return results
-
-
 def hop(server: str, work: Path, args: argparse.Namespace) -> dict[str, list[Result]]:
     example, _ = copy_mlp(work)
     manifest = (example / "fnrt.toml").read_text()
@@ -164,7 +152,7 @@ def hop(server: str, work: Path, args: argparse.Namespace) -> dict[str, list[Res
     x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
     body = json.dumps({"x": x.tolist()}).encode()
     script = wrk_script(work, "mlp", "application/json", body)
-    return _rounds(urls, script, args.connections, args)
+    return rounds(urls, script, args.connections, args.duration_s, args.rounds)
 
 
 def cores(server: str, work: Path, args: argparse.Namespace) -> dict[str, list[Result]]:
@@ -185,7 +173,7 @@ def cores(server: str, work: Path, args: argparse.Namespace) -> dict[str, list[R
         urls[label] = f"{server}/v1/functions/{name}/invoke"
     body = json.dumps({"x": [[1, 2, 3, 4]]}).encode()
     script = wrk_script(work, "spin", "application/json", body)
-    return _rounds(urls, script, 8, args)
+    return rounds(urls, script, 8, args.duration_s, args.rounds)
 
 
 def sharing(server: str, work: Path) -> tuple[float, float]:

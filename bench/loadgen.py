@@ -200,3 +200,17 @@ def copy_mlp(work: Path) -> tuple[Path, Path]:
         capture_output=True,
     )
     return example, weights
+
+
+def rounds(
+    urls: dict[str, str], script: Path, connections: int, duration_s: int, count: int
+) -> dict[str, list[Result]]:
+    """Each of ``urls`` measured ``count`` times, interleaved (a burst of load on this
+    shared machine hits every variant alike), after a 1 s warm-up each (which loads them)."""
+    for url in urls.values():
+        wrk(url, script, connections, 1)
+    results: dict[str, list[Result]] = {name: [] for name in urls}
+    for _ in range(count):
+        for name, url in urls.items():
+            results[name].append(wrk(url, script, connections, duration_s))
+    return results
