@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from fnrt.functions.limits import TensorLimits
 from fnrt.loader.stores.s3 import S3Config
+from fnrt.runtime.units import parse_bytes, parse_seconds
 from fnrt.tracing.setup import TraceConfig, trace_config_from_env
+
+T = TypeVar("T")
 
 DEFAULT_STORE = "./.fnrt/store"
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -156,9 +160,9 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
     if "FNRT_CACHE_DIR" in env:
         found["cache_dir"] = Path(env["FNRT_CACHE_DIR"])
     if "FNRT_DISK_CACHE_BYTES" in env:
-        found["disk_cache_bytes"] = int(env["FNRT_DISK_CACHE_BYTES"])
+        found["disk_cache_bytes"] = _env(env, "FNRT_DISK_CACHE_BYTES", parse_bytes)
     if "FNRT_MEMORY_BUDGET_BYTES" in env:
-        found["memory_budget_bytes"] = int(env["FNRT_MEMORY_BUDGET_BYTES"])
+        found["memory_budget_bytes"] = _env(env, "FNRT_MEMORY_BUDGET_BYTES", parse_bytes)
     if env.get("FNRT_S3_ENDPOINT"):
         found["s3_endpoint"] = env["FNRT_S3_ENDPOINT"]
     if env.get("FNRT_ADMIN_TOKEN"):
@@ -172,7 +176,7 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
     if "FNRT_MAX_QUEUED" in env:
         found["max_queued"] = int(env["FNRT_MAX_QUEUED"])
     if "FNRT_MAX_BODY_BYTES" in env:
-        found["max_body_bytes"] = int(env["FNRT_MAX_BODY_BYTES"])
+        found["max_body_bytes"] = _env(env, "FNRT_MAX_BODY_BYTES", parse_bytes)
     for key in (
         "max_json_body_bytes",
         "max_tensor_elements",
@@ -182,7 +186,7 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
     ):
         variable = f"FNRT_{key.upper()}"
         if variable in env:
-            found[key] = int(env[variable])
+            found[key] = _env(env, variable, parse_bytes if key.endswith("_bytes") else int)
     for key in (
         "header_timeout_s",
         "body_timeout_s",
@@ -192,7 +196,7 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
     ):
         variable = f"FNRT_{key.upper()}"
         if variable in env:
-            found[key] = float(env[variable])
+            found[key] = _env(env, variable, parse_seconds)
     if env.get("FNRT_REDIS_URL"):
         found["redis_url"] = env["FNRT_REDIS_URL"]
     if "FNRT_ISOLATION" in env:
@@ -208,6 +212,14 @@ def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object
     if env.get("FNRT_REQUEST_LOG_FILE"):
         found["request_log_file"] = Path(env["FNRT_REQUEST_LOG_FILE"])
     return found
+
+
+def _env(env: Mapping[str, str], variable: str, parse: Callable[[str], T]) -> T:
+    """``env[variable]`` parsed; ValueError naming the variable."""
+    try:
+        return parse(env[variable])
+    except ValueError as exc:
+        raise ValueError(f"{variable}: {exc}") from None
 
 
 def read_token_file(path: Path) -> str:

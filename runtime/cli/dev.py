@@ -16,7 +16,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     from fnrt.runtime.dev import Reload, watch
     from fnrt.runtime.http.app import build_app, make_server
-    from fnrt.runtime.settings import ServerSettings
+    from fnrt.runtime.settings import ServerSettings, env_server_settings
     from fnrt.tracing.logs import configure_logging
 
     folder = Path(args.path).resolve()
@@ -24,9 +24,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
         raise FnrtError(f"{folder} has no fnrt.toml")
     scratch = tempfile.TemporaryDirectory(prefix="fnrt-dev-")
     store = args.store or str(Path(scratch.name) / "store")
+    found = env_server_settings()  # FNRT_HOST and FNRT_PORT, as fnrt serve reads them
+    env_port = found.get("port")
     settings = ServerSettings(
-        host=args.host,
-        port=args.port,
+        host=args.host or str(found.get("host", "127.0.0.1")),
+        port=args.port
+        if args.port is not None
+        else (env_port if isinstance(env_port, int) else 8000),
         store=store,
         cache_dir=Path(scratch.name) / "cache",
         log_level=args.log_level,
@@ -89,8 +93,8 @@ def register(sub: Any) -> None:
         "prints the error and the last good version keeps serving.",
     )
     p.add_argument("path", help="folder with fnrt.toml")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--host", help="address to bind (FNRT_HOST; default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (FNRT_PORT; default 8000)")
     p.add_argument("--store", help="object store (default: a temporary folder)")
     p.add_argument(
         "--log-level",

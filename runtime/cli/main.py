@@ -43,6 +43,7 @@ from fnrt.runtime.settings import (
     s3_config,
     split_origins,
 )
+from fnrt.runtime.units import parse_bytes, parse_seconds
 from fnrt.tracing.setup import TraceConfig
 
 EPILOG = "Docs: README.md and docs/ in the fnrt repository."
@@ -51,6 +52,31 @@ EPILOG = "Docs: README.md and docs/ in the fnrt repository."
 STARTUP_FAILURE = 3
 #: ``fnrt serve``'s exit status for settings it refuses to run with.
 USAGE_ERROR = 2
+
+
+def _size(text: str) -> int:
+    """A ``--*-bytes`` value: ``2GiB``, ``512MB`` or a number of bytes."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(text: str) -> float:
+    """A ``--*-s`` value: ``250ms``, ``5m`` or a number of seconds."""
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _installed_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("fnrt")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -412,13 +438,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="fnrt: deploy a model handler, get an HTTP endpoint.",
         epilog=EPILOG,
     )
+    parser.add_argument("--version", action="version", version=f"fnrt {_installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
         "serve",
         help="run the server",
         description="Run the fnrt server (Starlette on uvicorn with uvloop). "
-        "Nothing is loaded until the first invoke.",
+        "Nothing is loaded until the first invoke. Sizes take units (2GiB, 512MB, or "
+        "bytes) and durations too (250ms, 5m, or seconds), as flags and as variables.",
     )
     p.add_argument("--host", help="address to bind (FNRT_HOST; default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (FNRT_PORT; default 8000)")
@@ -431,11 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--s3-endpoint", help="S3-compatible endpoint URL, e.g. MinIO (FNRT_S3_ENDPOINT)"
     )
     p.add_argument(
-        "--disk-cache-bytes", type=int, help="L2 disk cache budget (FNRT_DISK_CACHE_BYTES; 20 GiB)"
+        "--disk-cache-bytes",
+        type=_size,
+        help="L2 disk cache budget (FNRT_DISK_CACHE_BYTES; 20 GiB)",
     )
     p.add_argument(
         "--memory-budget-bytes",
-        type=int,
+        type=_size,
         help="memory for loaded instances, least recently used evicted beyond it "
         "(FNRT_MEMORY_BUDGET_BYTES; default 60%% of RAM)",
     )
@@ -479,12 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=_size,
         help="largest invoke body, else 413 (FNRT_MAX_BODY_BYTES; default 64 MiB)",
     )
     p.add_argument(
         "--max-json-body-bytes",
-        type=int,
+        type=_size,
         help="largest JSON body, else 413 pointing to msgpack: JSON is parsed holding the "
         "event loop (FNRT_MAX_JSON_BODY_BYTES; default 8 MiB)",
     )
@@ -496,20 +526,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-response-bytes",
-        type=int,
+        type=_size,
         help="largest response, estimated before encoding, else 413 "
         "(FNRT_MAX_RESPONSE_BYTES; default 64 MiB)",
     )
     p.add_argument(
         "--header-timeout-s",
-        type=float,
+        type=_duration,
         help="a connection with no request in progress this long (a head still "
         "arriving, or none sent since the connection or the last answer) gets 408 and "
         "the connection closed (FNRT_HEADER_TIMEOUT_S; default 10)",
     )
     p.add_argument(
         "--body-timeout-s",
-        type=float,
+        type=_duration,
         help="the longest pause between reads of a request body, else the connection "
         "closed (FNRT_BODY_TIMEOUT_S; default 30)",
     )
@@ -523,21 +553,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--drain-delay-s",
-        type=float,
+        type=_duration,
         help="after SIGTERM, /readyz answers 503 at once but the node goes on accepting "
         "and serving this long, so load balancers drop it first; set it to the time your "
         "endpoints take to update, about 5 on Kubernetes (FNRT_DRAIN_DELAY_S; default 0)",
     )
     p.add_argument(
         "--watch-interval-s",
-        type=float,
+        type=_duration,
         help="how often the store's change feed is polled for deploys, traffic changes "
         "and deletes made through other nodes: one request per poll, whatever the number "
         "of functions (FNRT_WATCH_INTERVAL_S; default 1)",
     )
     p.add_argument(
         "--shutdown-timeout-s",
-        type=float,
+        type=_duration,
         help="after SIGTERM and the drain delay, how long work in flight may finish; then "
         "what is still queued or running answers 503 and the server exits, whatever handlers do "
         "(FNRT_SHUTDOWN_TIMEOUT_S; default 30)",

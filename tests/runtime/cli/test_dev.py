@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -18,8 +19,9 @@ from support import free_port, write_function
 def test_dev_picks_up_an_edit_and_survives_a_broken_one(tmp_path: Path) -> None:
     folder = write_function(tmp_path, "echo")
     port = free_port()
-    argv = [sys.executable, "-m", "fnrt.runtime.cli.main", "dev", str(folder), "--port", str(port)]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-m", "fnrt.runtime.cli.main", "dev", str(folder)]
+    env = os.environ | {"FNRT_PORT": str(port)}  # as fnrt serve reads it (was ignored)
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stderr is not None
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()

@@ -86,3 +86,34 @@ def test_a_refused_setting_is_one_line_and_nothing_starts(
     out, err = capsys.readouterr()
     assert err == "error: protocol: must be one of ['http/protobuf'], got 'grpc'\n", err
     assert out == "" and not (tmp_path / "store").exists()
+
+
+def test_sizes_and_durations_take_units_as_flags_and_variables(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fnrt.runtime.cli.main import _server_settings, build_parser
+
+    args = build_parser().parse_args(
+        ["serve", "--memory-budget-bytes", "2GiB", "--body-timeout-s", "250ms"]
+    )
+    monkeypatch.setenv("FNRT_MAX_BODY_BYTES", "1 MiB")
+    monkeypatch.setenv("FNRT_SHUTDOWN_TIMEOUT_S", "2m")
+    settings = _server_settings(args)
+    assert settings.memory_budget_bytes == 2 << 30 and settings.body_timeout_s == 0.25
+    assert settings.max_body_bytes == 1 << 20 and settings.shutdown_timeout_s == 120
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", "--disk-cache-bytes", "2Gx"])
+    assert info.value.code == 2
+    assert "'2Gx' is not a size" in capsys.readouterr().err
+    monkeypatch.setenv("FNRT_DISK_CACHE_BYTES", "lots")
+    with pytest.raises(ValueError, match=r"^FNRT_DISK_CACHE_BYTES: 'lots' is not a size"):
+        _server_settings(args)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"fnrt {metadata.version('fnrt')}\n"

@@ -1,0 +1,53 @@
+"""Sizes and durations as people write them: ``2GiB``, ``512 MB``, ``250ms``, ``5m``.
+
+Every ``*-bytes`` flag and ``FNRT_*_BYTES`` variable takes a size; every ``*-s``
+flag and ``FNRT_*_S`` variable takes a duration. A bare number keeps its old
+meaning (bytes, seconds).
+"""
+
+from __future__ import annotations
+
+import re
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+_BYTES = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SECONDS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GiB"`` -> 2147483648; ValueError naming the units it takes."""
+    match = _SIZE.fullmatch(str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _BYTES:
+        raise ValueError(
+            f"{text!r} is not a size: a number of bytes, or with a unit "
+            "(B, KB, MB, GB, TB; KiB, MiB, GiB, TiB), e.g. 2GiB"
+        )
+    return int(float(match.group(1)) * _BYTES[unit])
+
+
+def parse_seconds(text: str) -> float:
+    """``"250ms"`` -> 0.25, ``"5m"`` -> 300.0; ValueError naming the units it takes."""
+    match = _SIZE.fullmatch(str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SECONDS:
+        raise ValueError(
+            f"{text!r} is not a duration: a number of seconds, or with a unit "
+            "(ms, s, m, h), e.g. 250ms or 5m"
+        )
+    return float(match.group(1)) * _SECONDS[unit]
