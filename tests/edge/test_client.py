@@ -72,7 +72,9 @@ def test_the_planned_split_is_within_ten_percent_of_the_best_measured(
     with EdgeClient(server.url, NAME, config, transport=link) as client:
         first = client.plan().split  # from one probe and the heads' profile
         times: list[list[float]] = [[] for _ in range(client.splits)]
-        for _ in range(5):  # splits in turn, so a burst of load hits them all alike
+        # splits in turn, so a burst of load hits them all alike; at 50 kB/s the emulated
+        # link's sleeps dominate and 3 rounds are as steady as 5 (and 7 s shorter)
+        for _ in range(3 if bandwidth < 1e5 else 5):
             for k in range(client.splits):
                 times[k].append(client.run({"x": X}, split=k).total_ms)
         measured = [statistics.median(t) for t in times]
