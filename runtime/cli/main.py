@@ -429,6 +429,13 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from fnrt.functions.schema import manifest_schema
+
+    print(json.dumps(manifest_schema(), indent=2))
+    return 0
+
+
 # --- parser --------------------------------------------------------------------
 
 
@@ -715,6 +722,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     _add_client_options(p)
     p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of fnrt.toml (for editors)",
+        description="Print the JSON Schema of a function manifest. Save it beside your "
+        "fnrt.toml and start the file with '#:schema ./fnrt.schema.json': editors with a "
+        "TOML language server (Taplo, Even Better TOML) then complete and check it.",
+    )
+    p.set_defaults(func=cmd_schema)
 
     versions.register(sub, _client, _add_client_options)
     dev.register(sub)
