@@ -436,6 +436,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _completion(parser: argparse.ArgumentParser, shell: str) -> int:
+    from fnrt.runtime.cli.completion import bash_script, zsh_script
+
+    print(bash_script(parser) if shell == "bash" else zsh_script(parser), end="")
+    return 0
+
+
 # --- parser --------------------------------------------------------------------
 
 
@@ -731,6 +738,15 @@ def build_parser() -> argparse.ArgumentParser:
         "TOML language server (Taplo, Even Better TOML) then complete and check it.",
     )
     p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser(
+        "completion",
+        help="print shell completion for fnrt (bash or zsh)",
+        description='Print a completion script: eval "$(fnrt completion bash)" in ~/.bashrc, '
+        'or eval "$(fnrt completion zsh)" in ~/.zshrc.',
+    )
+    p.add_argument("shell", choices=["bash", "zsh"])
+    p.set_defaults(func=lambda args: _completion(parser, args.shell))
 
     versions.register(sub, _client, _add_client_options)
     dev.register(sub)
