@@ -24,6 +24,7 @@ EXTRA_OF = {
     "matplotlib": "plot",
     "cuda": "gpu",
     "pynvml": "gpu",
+    "opentelemetry": "otel",
 }
 
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -32,6 +32,7 @@ from fnrt.loader.cache import BlobCache
 from fnrt.loader.environment import Environments
 from fnrt.loader.integrity import Verifier, tree_differences
 from fnrt.loader.repository import Repository
+from fnrt.tracing.handler_spans import TraceParent, capture
 
 log = logging.getLogger("fnrt.loader")
 
@@ -50,6 +51,7 @@ class Ran:
     results: list[dict[str, np.ndarray[Any, Any]]]
     infer_s: float
     output_s: float
+    spans: list[dict[str, Any]] = field(default_factory=list)  # the handler's own (OTel API)
 
 
 @dataclass
@@ -72,9 +74,12 @@ class Instance:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
         return self.run_timed(batch).results
 
-    def run_timed(self, batch: list[Request]) -> Ran:
-        """:meth:`run`, also timing the handler and the checking of its results."""
-        return run_checked(self.call, self.version, batch)
+    def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
+        """:meth:`run`, also timing the handler and the checking of its results; spans the
+        handler makes through the OpenTelemetry API go under ``trace`` (the batch's span)."""
+        with capture(trace) as spans:
+            ran = run_checked(self.call, self.version, batch)
+        return replace(ran, spans=spans) if spans else ran
 
     @property
     def alive(self) -> bool:
@@ -137,7 +142,7 @@ class Runnable(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    def run_timed(self, batch: list[Request]) -> Ran: ...
+    def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran: ...
 
     def close(self) -> None: ...
 

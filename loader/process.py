@@ -39,6 +39,7 @@ from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
 from fnrt.loader.channel import Channel, ChannelClosed
 from fnrt.loader.instance import InstanceLoader, LoadTier, Ran, Runnable
+from fnrt.tracing.handler_spans import TraceParent
 
 log = logging.getLogger("fnrt.loader")
 
@@ -146,19 +147,20 @@ class ProcessInstance:
             raise RemoteError(reply["error"], reply.get("traceback", ""))
         return reply
 
-    def run_timed(self, batch: list[Request]) -> Ran:
+    def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
         if self._lost is not None:
             raise self._lost
         layout = self._requests.write(batch)
         try:
-            self._channel.send({"op": "run", **layout})
+            self._channel.send({"op": "run", "trace": trace, **layout})
         except ChannelClosed:
             raise self._died() from None
         reply = self._receive(self._isolation.timeout_s or None)
         if not reply["ok"]:
             raise RemoteError(reply["error"], reply.get("traceback", ""))
         results = self._responses.read(reply, copy=True)
-        return Ran(results, float(reply["infer_s"]), float(reply["output_s"]))
+        spans = reply.get("spans") or []
+        return Ran(results, float(reply["infer_s"]), float(reply["output_s"]), spans)
 
     def _receive(self, timeout_s: float | None) -> dict[str, Any]:
         try:

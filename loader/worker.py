@@ -34,6 +34,7 @@ from fnrt.loader.arena import Arena
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.channel import Channel, ChannelClosed
 from fnrt.loader.instance import build_handler, run_checked
+from fnrt.tracing.handler_spans import capture
 
 log = logging.getLogger("fnrt.worker")
 
@@ -97,14 +98,17 @@ def serve(channel: Channel) -> int:
             channel.send({"ok": True})
             return 0
         batch = cast(list[Request], requests.read(message, copy=False))
+        trace = message.get("trace")
         try:
-            ran = run_checked(built.call, vm, batch)
+            with capture((trace[0], trace[1]) if trace else None) as spans:
+                ran = run_checked(built.call, vm, batch)
         except Exception as exc:
             channel.send(_failure(exc))
             continue
         del batch  # the request arena is the server's to overwrite now
         layout = responses.write(ran.results)
-        channel.send({"ok": True, "infer_s": ran.infer_s, "output_s": ran.output_s, **layout})
+        times = {"infer_s": ran.infer_s, "output_s": ran.output_s}
+        channel.send({"ok": True, **times, "spans": spans, **layout})
 
 
 def check(code_dir: Path) -> int:

@@ -308,8 +308,12 @@ class Batcher:
             stats.queue_wait.add(started - p.enqueued_at)
             totals.queue.add(started - p.enqueued_at)
         ran: Ran | None = None
+        span = self._events.batch_started(self.version, batch, started_ns)
+        trace = None
+        if span is not None and span.recording:  # handler spans (OTel API) go under it
+            trace = (f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")
         try:
-            ran = await self._pool.run(slot, instance, [p.inputs for p in batch])
+            ran = await self._pool.run(slot, instance, [p.inputs for p in batch], trace)
         except Exception as exc:
             failure = exc
             stats.errors += len(batch)
@@ -330,7 +334,10 @@ class Batcher:
             if ran is not None:  # handing inputs over: the rest of the batch's time
                 handed_s = max(elapsed - ran.infer_s - ran.output_s, 0.0)
                 totals.batch(len(batch), handed_s, ran.infer_s, ran.output_s)
-            self._events.batch(self.version, batch, started, started_ns, elapsed, failure)
+            spans = ran.spans if ran is not None else ()
+            self._events.batch(
+                self.version, batch, started, started_ns, elapsed, failure, span, spans
+            )
 
     def _batch_error(self, exc: Exception, size: int) -> FnrtError:
         if isinstance(exc, InstanceStopped):

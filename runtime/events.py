@@ -8,7 +8,7 @@ drops them (tests, and nodes built without telemetry).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -45,6 +45,9 @@ class Events(Protocol):
 
     def lost(self, vm: VersionManifest, cause: str) -> None: ...
 
+    def batch_started(self, vm: VersionManifest, batch: Sequence[Pending], started_ns: int) -> Any:
+        """The batch's span, open while it runs (None when not traced)."""
+
     def batch(
         self,
         vm: VersionManifest,
@@ -53,6 +56,8 @@ class Events(Protocol):
         started_ns: int,
         elapsed_s: float,
         failure: BaseException | None,
+        span: Any = None,
+        handler_spans: Sequence[Mapping[str, Any]] = (),
     ) -> None: ...
 
 
@@ -73,6 +78,9 @@ class NoEvents:
     def lost(self, vm: VersionManifest, cause: str) -> None:
         pass
 
+    def batch_started(self, vm: VersionManifest, batch: Sequence[Pending], started_ns: int) -> Any:
+        return None
+
     def batch(
         self,
         vm: VersionManifest,
@@ -81,6 +89,8 @@ class NoEvents:
         started_ns: int,
         elapsed_s: float,
         failure: BaseException | None,
+        span: Any = None,
+        handler_spans: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         pass
 
@@ -117,6 +127,12 @@ class TelemetryEvents:
     def lost(self, vm: VersionManifest, cause: str) -> None:
         self.telemetry.metrics.restart(vm.name, cause)
 
+    def batch_started(self, vm: VersionManifest, batch: Sequence[Pending], started_ns: int) -> Any:
+        tracing = self.telemetry.tracing
+        if not tracing.enabled:
+            return None
+        return tracing.batch_span(vm.name, vm.version, (p.span for p in batch), started_ns)
+
     def batch(
         self,
         vm: VersionManifest,
@@ -125,6 +141,8 @@ class TelemetryEvents:
         started_ns: int,
         elapsed_s: float,
         failure: BaseException | None,
+        span: Any = None,
+        handler_spans: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         metrics = self.telemetry.metrics
         metrics.batch(vm.name, len(batch), elapsed_s, (started - p.enqueued_at for p in batch))
@@ -132,7 +150,7 @@ class TelemetryEvents:
         tracing = self.telemetry.tracing
         if not tracing.enabled:
             return
-        span = tracing.batch_span(vm.name, vm.version, (p.span for p in batch), started_ns)
+        tracing.record(handler_spans)  # the handler's own, children of the batch's span
         load = self._loads.get((vm.name, vm.version))
         for p in batch:
             if p.span is None:

@@ -37,6 +37,7 @@ from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, PrewarmOutcome, StartKind
 from fnrt.runtime.scaling import Activity, should_add_instance, should_unload
 from fnrt.runtime.stats import Stats
+from fnrt.tracing.handler_spans import TraceParent
 
 log = logging.getLogger("fnrt.pool")
 
@@ -280,14 +281,20 @@ class InstancePool:
 
     # --- running -----------------------------------------------------------------------
 
-    async def run(self, slot: Slot, instance: Runnable, batch: list[Request]) -> Ran:
+    async def run(
+        self,
+        slot: Slot,
+        instance: Runnable,
+        batch: list[Request],
+        trace: TraceParent | None = None,
+    ) -> Ran:
         """Run one batch on the slot's instance. An instance lost on the way (it died,
         or ran past ``timeout_s``) is replaced; its InstanceLost is raised."""
         slot.running = True
         loop = asyncio.get_running_loop()
         try:
             ran = slot.running_future = loop.run_in_executor(
-                instance.executor, instance.run_timed, batch
+                instance.executor, instance.run_timed, batch, trace
             )
             if self._thread_timeout_s:  # a worker process times its batches itself
                 try:

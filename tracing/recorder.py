@@ -27,6 +27,8 @@ class SpanKind(IntEnum):
     INTERNAL = 1
     SERVER = 2
     CLIENT = 3
+    PRODUCER = 4
+    CONSUMER = 5
 
 
 class StatusCode(IntEnum):
@@ -193,6 +195,25 @@ class Tracer:
         """Export what is still batched (at the end of a server or a CLI call)."""
         if self._on_shutdown is not None:
             self._on_shutdown()
+
+    def record(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext,
+        *,
+        kind: SpanKind,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any],
+        events: list[tuple[str, int, dict[str, Any]]],
+        status: tuple[StatusCode, str],
+    ) -> None:
+        """Export a span that was made and ended elsewhere (a handler's own, in a worker)."""
+        span = Span(name, context, parent, kind, start_ns, attributes, [], self._sink)
+        span.events.extend(events)
+        span.set_status(*status)
+        span.end(end_ns)
 
     def start(
         self,

@@ -99,6 +99,26 @@ class Tracing:
             },
         )
 
+    def record(self, handler_spans: Iterable[Mapping[str, Any]]) -> None:
+        """Export spans a handler made through the OpenTelemetry API
+        (:mod:`fnrt.tracing.handler_spans`), as its batch's children."""
+        if self.tracer is None:
+            return
+        for s in handler_spans:
+            trace_id = int(s["trace_id"], 16)
+            code, message = s["status"]
+            self.tracer.record(
+                str(s["name"]),
+                SpanContext(trace_id, int(s["span_id"], 16), True),
+                SpanContext(trace_id, int(s["parent_span_id"], 16), True),
+                kind=SpanKind(int(s["kind"])),
+                start_ns=int(s["start_ns"]),
+                end_ns=int(s["end_ns"]),
+                attributes=dict(s["attributes"]),
+                events=[(str(n), int(t), dict(a)) for n, t, a in s["events"]],
+                status=(StatusCode(int(code)), str(message)),
+            )
+
     def shutdown(self) -> None:
         if self.tracer is not None:
             self.tracer.shutdown()

@@ -18,7 +18,9 @@ from support import free_port
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 #: Modules only an extra installs: none may be in the tutorial's environment.
-EXTRA_MODULES = ("torch", "onnxruntime", "onnx", "boto3", "redis", "matplotlib", "cuda")
+EXTRA_MODULES = (
+    "torch", "onnxruntime", "onnx", "boto3", "redis", "matplotlib", "cuda", "opentelemetry"
+)  # fmt: skip
 
 
 def _blocks(lang: str) -> list[str]:

@@ -61,7 +61,7 @@ def test_a_broken_package_is_not_mistaken_for_a_missing_one(tmp_path: Path) -> N
             require("fnrt_broken_pkg", "a test")
     finally:
         sys.path.remove(str(tmp_path))
-    assert set(EXTRA_OF.values()) <= {"torch", "onnx", "gpu", "s3", "redis", "plot"}
+    assert set(EXTRA_OF.values()) <= {"torch", "onnx", "gpu", "s3", "redis", "plot", "otel"}
 
 
 def test_a_handler_importing_a_missing_framework_is_told_the_extra(
