@@ -79,7 +79,7 @@ def invoke_call(
     if deadline_s is not None:
         if not deadline_s > 0:
             raise ValueError("deadline_s must be > 0 seconds")
-        sent[DEADLINE_HEADER] = f"{deadline_s * 1000:.0f}"
+        sent[DEADLINE_HEADER] = f"{deadline_s * 1000:.3f}"
     if version is not None:
         sent[VERSION_HEADER] = version
     if sticky is not None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # outputs are arrays: no field-wise ==
 class Result(Mapping[str, Any]):
     """The outputs by name (numpy arrays over msgpack; lists over JSON), and who served them.
 

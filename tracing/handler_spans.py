@@ -64,19 +64,23 @@ def capture(parent: TraceParent | None) -> Iterator[list[dict[str, Any]]]:
 
 
 def _install() -> bool:
+    """Set fnrt's tracer provider, once per process (instances' threads race here)."""
     global _installed
-    if _installed is None:
-        try:
-            from opentelemetry import trace
-        except ImportError:
-            _installed = False
-            return False
-        provider = _provider_class(trace)()
-        trace.set_tracer_provider(provider)  # refused (and logged) if one is set already
-        _installed = trace.get_tracer_provider() is provider
-        if not _installed:
-            log.info("a tracer provider was set before fnrt's: handler spans go there")
-    return _installed
+    if _installed is not None:
+        return _installed
+    with _lock:
+        if _installed is None:
+            try:
+                from opentelemetry import trace
+            except ImportError:
+                _installed = False
+                return False
+            provider = _provider_class(trace)()
+            trace.set_tracer_provider(provider)  # refused (and logged) if one is set already
+            _installed = trace.get_tracer_provider() is provider
+            if not _installed:
+                log.info("a tracer provider was set before fnrt's: handler spans go there")
+        return _installed
 
 
 def _finished(record: dict[str, Any], trace_id: int) -> None:
