@@ -9,17 +9,9 @@ from typing import Any
 
 import httpx
 
-from fnrt.client.calls import (
-    DEFAULT_URL,
-    Call,
-    Priority,
-    checked,
-    invoke_call,
-    result_of,
-    unreachable,
-)
+from fnrt.client.calls import DEFAULT_URL, Call, Priority, invoke_call, result_of, settle
 from fnrt.client.result import Result
-from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retry_after_s
+from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy
 from fnrt.functions.codec import Format
 
 
@@ -111,17 +103,12 @@ class AsyncClient:
     async def _send(self, call: Call) -> httpx.Response:
         attempts = Attempts(self.retry, call.idempotent, self._rng)
         while True:
+            sent: httpx.Response | httpx.TransportError
             try:
-                response = await self._http.send(call.request(self._http))
-            except httpx.ConnectError as exc:
-                wait = attempts.after_no_connection()
-                if wait is None:
-                    raise unreachable(self.url, exc) from None
+                sent = await self._http.send(call.request(self._http))
             except httpx.TransportError as exc:
-                raise unreachable(self.url, exc) from None
-            else:
-                header = response.headers.get("retry-after")
-                wait = attempts.after_status(response.status_code, retry_after_s(header))
-                if wait is None:
-                    return checked(response)
-            await self._sleep(wait)
+                sent = exc
+            step = settle(attempts, self.url, sent)
+            if isinstance(step, httpx.Response):
+                return step
+            await self._sleep(step)

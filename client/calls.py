@@ -14,18 +14,23 @@ import httpx
 
 from fnrt.client.errors import ServerError, Unreachable, error_for
 from fnrt.client.result import Result
-from fnrt.client.retry import retry_after_s
+from fnrt.client.retry import Attempts, retry_after_s
 from fnrt.functions.codec import Format, decode, encode
 from fnrt.functions.errors import FnrtError
+from fnrt.functions.headers import (
+    CACHE_HEADER,
+    COLD_START_HEADER,
+    FALLBACK_HEADER,
+    FUNCTION_HEADER,
+    PRIORITY_HEADER,
+    STICKY_HEADER,
+    TIMEOUT_HEADER,
+    VERSION_HEADER,
+)
 from fnrt.functions.limits import UNBOUNDED
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
-#: Request headers the server reads on an invoke.
-PRIORITY_HEADER = "x-fnrt-priority"
-DEADLINE_HEADER = "x-fnrt-timeout-ms"
-VERSION_HEADER = "x-fnrt-version"
-STICKY_HEADER = "x-fnrt-sticky"
 
 Priority = Literal["high", "normal", "low"]
 
@@ -79,7 +84,7 @@ def invoke_call(
     if deadline_s is not None:
         if not deadline_s > 0:
             raise ValueError("deadline_s must be > 0 seconds")
-        sent[DEADLINE_HEADER] = f"{deadline_s * 1000:.3f}"
+        sent[TIMEOUT_HEADER] = f"{deadline_s * 1000:.3f}"
     if version is not None:
         sent[VERSION_HEADER] = version
     if sticky is not None:
@@ -125,13 +130,30 @@ def result_of(response: httpx.Response) -> Result:
     headers = response.headers
     return Result(
         outputs=dict(body_of(response)),
-        function=headers.get("x-fnrt-function", ""),
-        version=headers.get("x-fnrt-version", ""),
-        cold_start=headers.get("x-fnrt-cold-start"),
-        cache_hit=headers.get("x-fnrt-cache") == "hit",
-        fallback=headers.get("x-fnrt-fallback"),
+        function=headers.get(FUNCTION_HEADER, ""),
+        version=headers.get(VERSION_HEADER, ""),
+        cold_start=headers.get(COLD_START_HEADER),
+        cache_hit=headers.get(CACHE_HEADER) == "hit",
+        fallback=headers.get(FALLBACK_HEADER),
         headers=dict(headers),
     )
+
+
+def settle(
+    attempts: Attempts, url: str, sent: httpx.Response | httpx.TransportError
+) -> httpx.Response | float:
+    """After one try: the answer to return, or how long to wait before the next try.
+
+    Raises the typed error of a final error answer, or Unreachable.
+    """
+    if isinstance(sent, httpx.TransportError):
+        wait = attempts.after_no_connection() if isinstance(sent, httpx.ConnectError) else None
+        if wait is None:
+            raise unreachable(url, sent) from None
+        return wait
+    header = sent.headers.get("retry-after")
+    wait = attempts.after_status(sent.status_code, retry_after_s(header))
+    return checked(sent) if wait is None else wait
 
 
 def unreachable(url: str, exc: httpx.TransportError) -> Unreachable:

@@ -10,18 +10,10 @@ from typing import Any
 
 import httpx
 
-from fnrt.client.calls import (
-    DEFAULT_URL,
-    Call,
-    Priority,
-    checked,
-    invoke_call,
-    result_of,
-    unreachable,
-)
+from fnrt.client.calls import DEFAULT_URL, Call, Priority, invoke_call, result_of, settle
 from fnrt.client.errors import NotFoundError
 from fnrt.client.result import Result
-from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retry_after_s
+from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy
 from fnrt.functions.codec import Format
 from fnrt.functions.version import VersionManifest
 
@@ -177,20 +169,15 @@ class Client:
     def _send(self, call: Call) -> httpx.Response:
         attempts = Attempts(self.retry, call.idempotent, self._rng)
         while True:
+            sent: httpx.Response | httpx.TransportError
             try:
-                response = self._http.send(call.request(self._http))
-            except httpx.ConnectError as exc:
-                wait = attempts.after_no_connection()
-                if wait is None:
-                    raise unreachable(self.url, exc) from None
+                sent = self._http.send(call.request(self._http))
             except httpx.TransportError as exc:
-                raise unreachable(self.url, exc) from None
-            else:
-                header = response.headers.get("retry-after")
-                wait = attempts.after_status(response.status_code, retry_after_s(header))
-                if wait is None:
-                    return checked(response)
-            self._sleep(wait)
+                sent = exc
+            step = settle(attempts, self.url, sent)
+            if isinstance(step, httpx.Response):
+                return step
+            self._sleep(step)
 
 
 def _chunks(source: Path | bytes, progress: Callable[[int], None] | None) -> Iterator[bytes]:

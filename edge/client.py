@@ -41,14 +41,12 @@ from fnrt.edge.planner import Link, Plan, Profile, choose_split
 from fnrt.edge.transport import HttpTransport, Response, Transport
 from fnrt.functions.errors import FnrtError, IntegrityError, NoSuchSplit, Unavailable
 from fnrt.functions.extras import require
+from fnrt.functions.headers import DIGEST_HEADER, SERVER_MS_HEADER, VERSION_HEADER
 
 log = logging.getLogger("fnrt.edge")
 
 Array = np.ndarray[Any, Any]
 
-VERSION_HEADER = "x-fnrt-version"
-SERVER_MS_HEADER = "x-fnrt-server-ms"
-DIGEST_HEADER = "x-fnrt-digest"
 PROBE_PATH = "/v1/probe"
 #: How many of a head's latest times (the profile's first) its estimate is the median of.
 HEAD_SAMPLES = 9

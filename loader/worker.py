@@ -107,8 +107,10 @@ def serve(channel: Channel) -> int:
             continue
         del batch  # the request arena is the server's to overwrite now
         layout = responses.write(ran.results)
-        times = {"infer_s": ran.infer_s, "output_s": ran.output_s}
-        channel.send({"ok": True, **times, "spans": spans, **layout})
+        reply = {"ok": True, "infer_s": ran.infer_s, "output_s": ran.output_s, **layout}
+        if spans:  # only a traced batch whose handler made spans has any
+            reply["spans"] = spans
+        channel.send(reply)
 
 
 def check(code_dir: Path) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, Protocol
 
 from fnrt.functions.errors import FunctionNotFound
+from fnrt.functions.headers import STICKY_HEADER
 from fnrt.functions.manifest import NAME_PATTERN
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
@@ -29,7 +30,7 @@ from fnrt.loader.repository import Repository
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 from fnrt.runtime.served import ServedFunction
-from fnrt.runtime.traffic import STICKY_HEADER, bucket_of, choose_version
+from fnrt.runtime.traffic import bucket_of, choose_version
 
 log = logging.getLogger("fnrt.registry")
 

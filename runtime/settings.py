@@ -21,7 +21,7 @@ from fnrt.tracing.setup import TraceConfig, trace_config_from_env
 T = TypeVar("T")
 
 DEFAULT_STORE = "./.fnrt/store"
-DEFAULT_SERVER = "http://127.0.0.1:8000"
+DEFAULT_SERVER = "http://127.0.0.1:8000"  # fnrt.client.DEFAULT_URL (decisions import no client)
 
 
 def default_cache_dir(env: Mapping[str, str] = os.environ) -> Path:

@@ -19,10 +19,6 @@ from fnrt.runtime.outcomes import Summary
 BUCKETS = 10_000
 
 
-#: The request header whose value is a sticky key, whatever the manifest names.
-STICKY_HEADER = "x-fnrt-sticky"
-
-
 def bucket_of(sticky_key: str | None, rng: random.Random | None = None) -> int:
     """A request's bucket: a hash of its sticky key (same key, same bucket), else random."""
     if sticky_key is None:

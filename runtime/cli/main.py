@@ -28,6 +28,7 @@ from fnrt.functions.codec import Format, decode_json, decode_msgpack
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.manifest import load_manifest
 from fnrt.functions.version import VersionManifest
+from fnrt.runtime.about import installed_version
 from fnrt.runtime.cli import dev, edge, simulate, summary, versions
 from fnrt.runtime.cli.upload import upload_bundle
 from fnrt.runtime.settings import (
@@ -68,15 +69,6 @@ def _duration(text: str) -> float:
         return parse_seconds(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _installed_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("fnrt")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -452,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="fnrt: deploy a model handler, get an HTTP endpoint.",
         epilog=EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"fnrt {_installed_version()}")
+    parser.add_argument("--version", action="version", version=f"fnrt {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(

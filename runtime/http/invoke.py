@@ -15,6 +15,15 @@ from typing import Any
 
 from fnrt.functions.codec import Format, decode, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError
+from fnrt.functions.headers import (
+    CACHE_HEADER,
+    COLD_START_HEADER,
+    FALLBACK_HEADER,
+    FUNCTION_HEADER,
+    PRIORITY_HEADER,
+    TIMEOUT_HEADER,
+    VERSION_HEADER,
+)
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Answered, Decoded, Options, Target
@@ -34,29 +43,19 @@ INVOKE_PATH = re.compile(r"/v1/functions/([^/]+)/invoke")
 ROUTE = "/v1/functions/{name}/invoke"
 #: What metrics and logs record for a request whose client left before the answer.
 CLIENT_GONE = 499
-VERSION_HEADER = "x-fnrt-version"
-FUNCTION_HEADER = "x-fnrt-function"
-#: On a request that waited for a load: the tier the load came from (l2 disk, l3 store).
-COLD_START_HEADER = "x-fnrt-cold-start"
-#: "hit" when the answer came from the function's result cache.
-CACHE_HEADER = "x-fnrt-cache"
-#: "cache" or "function:NAME" when the version's circuit breaker was open.
-FALLBACK_HEADER = "x-fnrt-fallback"
 #: What a browser client may read of an answer (CORS ``expose_headers``).
 SERVED_HEADERS = (
-    "x-fnrt-version",
-    "x-fnrt-function",
-    "x-fnrt-cold-start",
-    "x-fnrt-cache",
-    "x-fnrt-fallback",
+    VERSION_HEADER,
+    FUNCTION_HEADER,
+    COLD_START_HEADER,
+    CACHE_HEADER,
+    FALLBACK_HEADER,
 )
-PRIORITY_HEADER = "x-fnrt-priority"
 #: Why a JSON body has a lower limit than msgpack (orjson parses holding the GIL).
 JSON_BODY_HINT = (
     "JSON bodies have a lower limit (--max-json-body-bytes): send large tensors "
     "as application/msgpack"
 )
-TIMEOUT_HEADER = "x-fnrt-timeout-ms"
 
 
 def request_options(

@@ -23,10 +23,10 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from fnrt.edge.activation import unpack
 from fnrt.functions.codec import Format, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
+from fnrt.functions.headers import DIGEST_HEADER, SERVER_MS_HEADER, VERSION_HEADER
 from fnrt.runtime.gateway import ACTIVATION, Decoded, Target
 from fnrt.runtime.http.body import Receive, client_of, read_body
 from fnrt.runtime.http.invoke import (
-    VERSION_HEADER,
     Answer,
     Scope,
     Send,
@@ -41,8 +41,6 @@ from fnrt.runtime.http.state import Node, node_of
 
 SPLIT_PATH = re.compile(r"/v1/functions/([^/]+)/split/([^/]+)")
 ROUTE = "/v1/functions/{name}/split/{k}"
-SERVER_MS_HEADER = "x-fnrt-server-ms"
-DIGEST_HEADER = "x-fnrt-digest"
 
 
 def split_index(text: str) -> int:

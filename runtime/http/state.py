@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from starlette.requests import Request
 
+from fnrt.runtime.about import installed_version
 from fnrt.runtime.node import Node
 
 __all__ = ["Node", "node_of", "server_version"]
@@ -16,9 +15,5 @@ def node_of(request: Request) -> Node:
     return node
 
 
-def server_version() -> str:
-    """fnrt's installed version (``GET /v2``, ``/openapi.json``)."""
-    try:
-        return metadata.version("fnrt")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+#: fnrt's installed version (``GET /v2``, ``/openapi.json``).
+server_version = installed_version

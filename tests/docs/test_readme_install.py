@@ -8,12 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
-import httpx
-
-from support import free_port
+from support import ServeProcess, free_port, stop_serve, wait_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -75,19 +73,18 @@ def test_the_tutorial_runs_on_the_base_install(tmp_path: Path) -> None:
     env.pop("VIRTUAL_ENV", None)
     commands = _sh_lines(tutorial)
     assert commands[1].startswith(".venv/bin/fnrt serve &"), commands
-    server = subprocess.Popen(
-        commands[1].removesuffix("&").split(), cwd=tmp_path, env=env, stderr=subprocess.PIPE
+    proc = subprocess.Popen(
+        commands[1].removesuffix("&").split(),
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    log: list[str] = []  # read as it comes, so a full pipe never blocks the server
+    threading.Thread(target=lambda: log.extend(proc.stderr or []), daemon=True).start()
+    server = ServeProcess(f"http://127.0.0.1:{port}", proc, log)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, server.stderr.read() if server.stderr else ""
-            assert time.monotonic() < deadline, "fnrt serve did not answer in 60 s"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_serving(server)
         printed = []
         for command in [commands[0], *commands[2:]]:
             if command.startswith("curl") and shutil.which("curl") is None:
@@ -98,8 +95,7 @@ def test_the_tutorial_runs_on_the_base_install(tmp_path: Path) -> None:
             assert done.returncode == 0, (command, done.stdout, done.stderr)
             printed.append(done.stdout.strip())
     finally:
-        server.terminate()
-        server.wait(30)
+        stop_serve(server)
     out = "\n".join(printed)
     assert re.search(r"^hello v-[0-9a-f]{12} deployed$", out, re.M), out
     assert '{"y":[[2.5,5.0,7.5]]}' in out or shutil.which("curl") is None  # curl's answer
