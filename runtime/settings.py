@@ -1,21 +1,22 @@
-"""Configuration of the server and the CLI. The one module that reads the environment.
+"""Configuration of the server and the CLI.
 
-Every setting has a flag and an ``FNRT_*`` variable; a flag wins over the
-variable, which wins over the default.
+Every setting has a flag and an ``FNRT_*`` variable, declared once with its
+option in ``fnrt.runtime.cli`` (click reads the variable); a flag wins over the
+variable, which wins over the default declared here. Tracing follows the
+standard ``OTEL_*`` variables (:func:`env_trace_settings`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from fnrt.functions.limits import TensorLimits
 from fnrt.loader.stores.s3 import S3Config
-from fnrt.runtime.units import parse_bytes, parse_seconds
 from fnrt.tracing.setup import TraceConfig, trace_config_from_env
 
 T = TypeVar("T")
@@ -148,80 +149,6 @@ class ClientSettings:
     timeout_s: float = 300.0
 
 
-def env_server_settings(env: Mapping[str, str] = os.environ) -> dict[str, object]:
-    """Server settings found in ``FNRT_*`` variables, as keyword arguments."""
-    found: dict[str, object] = {}
-    if "FNRT_HOST" in env:
-        found["host"] = env["FNRT_HOST"]
-    if "FNRT_PORT" in env:
-        found["port"] = int(env["FNRT_PORT"])
-    if "FNRT_STORE" in env:
-        found["store"] = env["FNRT_STORE"]
-    if "FNRT_CACHE_DIR" in env:
-        found["cache_dir"] = Path(env["FNRT_CACHE_DIR"])
-    if "FNRT_DISK_CACHE_BYTES" in env:
-        found["disk_cache_bytes"] = _env(env, "FNRT_DISK_CACHE_BYTES", parse_bytes)
-    if "FNRT_MEMORY_BUDGET_BYTES" in env:
-        found["memory_budget_bytes"] = _env(env, "FNRT_MEMORY_BUDGET_BYTES", parse_bytes)
-    if env.get("FNRT_S3_ENDPOINT"):
-        found["s3_endpoint"] = env["FNRT_S3_ENDPOINT"]
-    if env.get("FNRT_ADMIN_TOKEN"):
-        found["admin_token"] = env["FNRT_ADMIN_TOKEN"]
-    if env.get("FNRT_ADMIN_TOKEN_FILE"):
-        found["admin_token"] = read_token_file(Path(env["FNRT_ADMIN_TOKEN_FILE"]))
-    if env.get("FNRT_INVOKE_KEYS_FILE"):
-        found["invoke_keys_file"] = Path(env["FNRT_INVOKE_KEYS_FILE"])
-    if env.get("FNRT_CORS_ORIGINS"):
-        found["cors_origins"] = split_origins(env["FNRT_CORS_ORIGINS"])
-    if "FNRT_MAX_QUEUED" in env:
-        found["max_queued"] = int(env["FNRT_MAX_QUEUED"])
-    if "FNRT_MAX_BODY_BYTES" in env:
-        found["max_body_bytes"] = _env(env, "FNRT_MAX_BODY_BYTES", parse_bytes)
-    for key in (
-        "max_json_body_bytes",
-        "max_tensor_elements",
-        "max_response_bytes",
-        "max_connections",
-        "fd_reserve",
-    ):
-        variable = f"FNRT_{key.upper()}"
-        if variable in env:
-            found[key] = _env(env, variable, parse_bytes if key.endswith("_bytes") else int)
-    for key in (
-        "header_timeout_s",
-        "body_timeout_s",
-        "drain_delay_s",
-        "shutdown_timeout_s",
-        "watch_interval_s",
-    ):
-        variable = f"FNRT_{key.upper()}"
-        if variable in env:
-            found[key] = _env(env, variable, parse_seconds)
-    if env.get("FNRT_REDIS_URL"):
-        found["redis_url"] = env["FNRT_REDIS_URL"]
-    if "FNRT_ISOLATION" in env:
-        found["isolation"] = env["FNRT_ISOLATION"]
-    if "FNRT_DEVICE" in env:
-        found["device"] = env["FNRT_DEVICE"]
-    if "FNRT_LOG_LEVEL" in env:
-        found["log_level"] = env["FNRT_LOG_LEVEL"]
-    if env.get("FNRT_LOG_JSON", "") not in ("", "0", "false"):
-        found["log_json"] = True
-    if env.get("FNRT_REQUEST_LOG", "") in ("0", "false"):
-        found["request_log"] = False
-    if env.get("FNRT_REQUEST_LOG_FILE"):
-        found["request_log_file"] = Path(env["FNRT_REQUEST_LOG_FILE"])
-    return found
-
-
-def _env(env: Mapping[str, str], variable: str, parse: Callable[[str], T]) -> T:
-    """``env[variable]`` parsed; ValueError naming the variable."""
-    try:
-        return parse(env[variable])
-    except ValueError as exc:
-        raise ValueError(f"{variable}: {exc}") from None
-
-
 def read_token_file(path: Path) -> str:
     """A token kept in a file (so it is not in ``ps``): its first line, stripped."""
     try:
@@ -242,21 +169,6 @@ def split_origins(text: str) -> tuple[str, ...]:
 def env_trace_settings(env: Mapping[str, str] = os.environ) -> dict[str, object]:
     """:class:`TraceConfig` fields from the standard ``OTEL_*`` variables."""
     return trace_config_from_env(env)
-
-
-def env_client_settings(env: Mapping[str, str] = os.environ) -> dict[str, object]:
-    found: dict[str, object] = {}
-    if "FNRT_SERVER" in env:
-        found["server"] = env["FNRT_SERVER"]
-    elif "FNRT_PORT" in env:
-        found["server"] = f"http://127.0.0.1:{int(env['FNRT_PORT'])}"
-    if env.get("FNRT_ADMIN_TOKEN"):
-        found["token"] = env["FNRT_ADMIN_TOKEN"]
-    return found
-
-
-def env_s3_endpoint(env: Mapping[str, str] = os.environ) -> str | None:
-    return env.get("FNRT_S3_ENDPOINT") or None
 
 
 def s3_config(

@@ -51,3 +51,11 @@ def parse_seconds(text: str) -> float:
             "(ms, s, m, h), e.g. 250ms or 5m"
         )
     return float(match.group(1)) * _SECONDS[unit]
+
+
+def format_bytes(size: int) -> str:
+    """``21474836480`` -> ``"20GiB"``: the largest binary unit that divides it, else bytes."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)

@@ -2,38 +2,47 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+
+import click
 
 from fnrt.functions.errors import FnrtError
+from fnrt.runtime.cli.options import LOG_LEVEL, host_option, port_option
 
 
-def cmd_dev(args: argparse.Namespace) -> int:
+@click.command(short_help="serve one folder, redeploying on every change")
+@click.argument("path", type=click.Path(path_type=Path))
+@host_option
+@port_option
+@click.option("--store", help="object store  [default: a temporary folder]")
+@click.option("--log-level", type=LOG_LEVEL, default="warning", show_default=True, help="log level")
+def dev(path: Path, host: str | None, port: int | None, store: str | None, log_level: str) -> int:
+    """Serve the function in PATH (a folder with fnrt.toml) and watch the folder.
+
+    A change to its code, manifest or weights deploys a new version and swaps it
+    in without restarting (within about a second for a small model). A change
+    that breaks the handler prints the error and the last good version keeps
+    serving.
+    """
 
     from fnrt.runtime.dev import Reload, watch
     from fnrt.runtime.http.app import build_app, make_server
-    from fnrt.runtime.settings import ServerSettings, env_server_settings
+    from fnrt.runtime.settings import ServerSettings
     from fnrt.tracing.logs import configure_logging
 
-    folder = Path(args.path).resolve()
+    folder = path.resolve()
     if not (folder / "fnrt.toml").is_file():
         raise FnrtError(f"{folder} has no fnrt.toml")
     scratch = tempfile.TemporaryDirectory(prefix="fnrt-dev-")
-    store = args.store or str(Path(scratch.name) / "store")
-    found = env_server_settings()  # FNRT_HOST and FNRT_PORT, as fnrt serve reads them
-    env_port = found.get("port")
+    bound = {"host": host, "port": port}  # --host, --port, FNRT_HOST, FNRT_PORT: as fnrt serve
     settings = ServerSettings(
-        host=args.host or str(found.get("host", "127.0.0.1")),
-        port=args.port
-        if args.port is not None
-        else (env_port if isinstance(env_port, int) else 8000),
-        store=store,
+        **{k: v for k, v in bound.items() if v is not None},  # type: ignore[arg-type]
+        store=store or str(Path(scratch.name) / "store"),
         cache_dir=Path(scratch.name) / "cache",
-        log_level=args.log_level,
+        log_level=log_level,
     )
     configure_logging(settings.log_level)
     app = build_app(settings)
@@ -81,25 +90,3 @@ def cmd_dev(args: argparse.Namespace) -> int:
     finally:
         scratch.cleanup()
     return 0
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "dev",
-        help="serve one folder, redeploying on every change",
-        description="Serve the function in PATH and watch the folder: a change to its code, "
-        "manifest or weights deploys a new version and swaps it in without restarting "
-        "(within about a second for a small model). A change that breaks the handler "
-        "prints the error and the last good version keeps serving.",
-    )
-    p.add_argument("path", help="folder with fnrt.toml")
-    p.add_argument("--host", help="address to bind (FNRT_HOST; default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (FNRT_PORT; default 8000)")
-    p.add_argument("--store", help="object store (default: a temporary folder)")
-    p.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default="warning",
-        help="log level (default warning)",
-    )
-    p.set_defaults(func=cmd_dev)

@@ -9,76 +9,176 @@ Both can emulate a slower device and link (``--emulate-*``) to try plans.
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
-import os
 import sys
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
+import click
 
-from fnrt.runtime.settings import DEFAULT_SERVER, default_cache_dir, env_trace_settings
+from fnrt.runtime.cli.options import input_options, server_option
+from fnrt.runtime.settings import default_cache_dir, env_trace_settings
 
 if TYPE_CHECKING:
     from fnrt.edge.client import EdgeResult
 
-ReadInputs = Callable[[argparse.Namespace], dict[str, Any]]
+F = TypeVar("F")
 
 
-def _client(args: argparse.Namespace, tracer: Any = None) -> Any:
+@dataclass(frozen=True)
+class EdgeOptions:
+    """What ``run`` and ``plan`` share: the function, the server, and the link."""
+
+    name: str
+    server: str
+    cache_dir: Path | None
+    split: int | None
+    encoding: str
+    threads: int
+    emulate_bandwidth: float | None
+    emulate_rtt_ms: float
+    emulate_slowdown: float
+
+
+def _client(options: EdgeOptions, tracer: Any = None) -> Any:
     from fnrt.edge.activation import Encoding
     from fnrt.edge.client import EdgeClient, EdgeConfig
     from fnrt.edge.transport import HttpTransport, Throttled, Transport
 
-    server = args.server or os.environ.get("FNRT_SERVER", DEFAULT_SERVER)
     config = EdgeConfig(
-        cache_dir=Path(args.cache_dir) if args.cache_dir else default_cache_dir() / "edge",
-        encoding=Encoding.parse(args.encoding),
-        split=args.split,
-        threads=args.threads,
-        emulate_slowdown=args.emulate_slowdown,
+        cache_dir=options.cache_dir or default_cache_dir() / "edge",
+        encoding=Encoding.parse(options.encoding),
+        split=options.split,
+        threads=options.threads,
+        emulate_slowdown=options.emulate_slowdown,
     )
-    transport: Transport = HttpTransport(server, config.timeout_s)
-    if args.emulate_bandwidth is not None:
-        transport = Throttled(transport, args.emulate_bandwidth, args.emulate_rtt_ms)
-    return EdgeClient(server, args.name, config, transport=transport, tracer=tracer)
+    transport: Transport = HttpTransport(options.server, config.timeout_s)
+    if options.emulate_bandwidth is not None:
+        transport = Throttled(transport, options.emulate_bandwidth, options.emulate_rtt_ms)
+    return EdgeClient(options.server, options.name, config, transport=transport, tracer=tracer)
 
 
-def cmd_run(args: argparse.Namespace, read_inputs: ReadInputs) -> int:
+def edge_options(command: F) -> F:
+    """NAME and the options of :class:`EdgeOptions`, given to ``command`` as ``edge``."""
+
+    @functools.wraps(command)  # type: ignore[arg-type]
+    def run(*args: Any, **kw: Any) -> Any:
+        fields = EdgeOptions.__dataclass_fields__
+        options = EdgeOptions(**{k: kw.pop(k) for k in list(kw) if k in fields})
+        return command(*args, edge=options, **kw)  # type: ignore[operator]
+
+    for option in (
+        click.option(
+            "--emulate-slowdown",
+            type=float,
+            default=1.0,
+            show_default=True,
+            metavar="X",
+            help="emulate a device X times slower than this machine",
+        ),
+        click.option(
+            "--emulate-rtt-ms",
+            type=float,
+            default=20.0,
+            show_default=True,
+            help="the emulated link's round trip",
+        ),
+        click.option(
+            "--emulate-bandwidth",
+            type=float,
+            metavar="BYTES_PER_S",
+            help="emulate a link of this bandwidth (and --emulate-rtt-ms)",
+        ),
+        click.option(
+            "--threads", type=int, default=1, show_default=True, help="onnxruntime threads here"
+        ),
+        click.option(
+            "--encoding",
+            type=click.Choice(["float32", "float16", "int8"]),
+            default="float32",
+            show_default=True,
+            help="how the activation travels",
+        ),
+        click.option("--split", type=int, help="use this split instead of planning"),
+        click.option(
+            "--cache-dir",
+            type=click.Path(path_type=Path),
+            show_default="~/.cache/fnrt/edge",
+            help="where heads and the plan are kept",
+        ),
+        server_option,
+        click.argument("name"),
+    ):
+        run = option(run)
+    return run  # type: ignore[return-value]
+
+
+@click.group(short_help="split inference: the first layers here, the rest on fnrt")
+def edge() -> None:
+    """Run a split-capable function's head on this machine and its tail on the
+    server, at the split the planner picks for the measured link (docs/edge.md)."""
+
+
+@edge.command(short_help="answer inputs with split inference")
+@edge_options
+@input_options
+@click.option(
+    "--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="run this many times"
+)
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), help="save outputs to this .npz file"
+)
+@click.option("--verbose", "-v", is_flag=True, help="print the split, times and link")
+def run(
+    edge: EdgeOptions,
+    inputs: dict[str, Any],
+    repeat: int,
+    output: Path | None,
+    verbose: bool,
+) -> int:
+    """Fetch the plan and heads (cached, verified), run the head of the planned split
+    here, send the activation, print the outputs as JSON. Runs the whole model here
+    when the server cannot be reached and it fits."""
+    import numpy as np
+
     from fnrt.tracing.setup import TraceConfig, client_tracer
 
-    inputs = {k: np.asarray(v) for k, v in read_inputs(args).items()}
+    arrays = {k: np.asarray(v) for k, v in inputs.items()}
     settings: dict[str, Any] = {"service_name": "fnrt-edge", **env_trace_settings()}
     tracer = client_tracer(TraceConfig(**settings))
     try:
-        with _client(args, tracer) as client:
-            for _ in range(args.repeat):
-                result = client.run(inputs)
-                if args.verbose:
+        with _client(edge, tracer) as client:
+            for _ in range(repeat):
+                result = client.run(arrays)
+                if verbose:
                     where = "offline, all here" if result.offline else f"split {result.split}"
                     print(f"{where} of {client.splits - 1}: {_accounted(result)}", file=sys.stderr)
                     print(f"  link {_link(client)}", file=sys.stderr)
     finally:
         tracer.shutdown()
-    if args.output:
+    if output:
         save: Any = np.savez
-        save(args.output, **result.outputs)
-        print(f"wrote {', '.join(result.outputs)} to {args.output}", file=sys.stderr)
+        save(output, **result.outputs)
+        print(f"wrote {', '.join(result.outputs)} to {output}", file=sys.stderr)
     else:
         print(json.dumps({k: v.tolist() for k, v in result.outputs.items()}))
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+@edge.command(short_help="show the split plan")
+@edge_options
+def plan(edge: EdgeOptions) -> int:
+    """Show each split's bytes sent, device and server time and predicted latency
+    over the measured link, and the split the planner picks."""
+    with _client(edge) as client:
         plan = client.plan()
         profile = client.profile()
         data = client.data
     names = ["(inputs)", *(p["name"] for p in data["points"]), "(all here)"]
     last = len(names) - 1
-    print(f"{args.name} {data['version']}: link {_link(client)}")
+    print(f"{edge.name} {data['version']}: link {_link(client)}")
     header = ("SPLIT", "AFTER", "SENT", "DEVICE MS", "SERVER MS", "PREDICTED MS")
     print("{:>5}  {:<12} {:>10} {:>10} {:>10} {:>13}".format(*header))
     for k, name in enumerate(names):
@@ -109,67 +209,3 @@ def _link(client: Any) -> str:
     if link is None:
         return "not measured"
     return f"{link.bandwidth_bytes_per_s / 1e6:.3g} MB/s, RTT {link.rtt_ms:.1f} ms"
-
-
-def register(
-    sub: Any, add_input_options: Callable[[argparse.ArgumentParser], None], read_inputs: ReadInputs
-) -> None:
-    edge = sub.add_parser(
-        "edge",
-        help="split inference: the first layers here, the rest on fnrt",
-        description="Run a split-capable function's head on this machine and its tail on "
-        "the server, at the split the planner picks for the measured link (docs/edge.md).",
-    )
-    commands = edge.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("name")
-        p.add_argument("--server", help=f"server URL (FNRT_SERVER; default {DEFAULT_SERVER})")
-        p.add_argument(
-            "--cache-dir", help="where heads and the plan are kept (default ~/.cache/fnrt/edge)"
-        )
-        p.add_argument("--split", type=int, help="use this split instead of planning")
-        p.add_argument(
-            "--encoding",
-            choices=["float32", "float16", "int8"],
-            default="float32",
-            help="how the activation travels (default float32)",
-        )
-        p.add_argument("--threads", type=int, default=1, help="onnxruntime threads here")
-        p.add_argument(
-            "--emulate-bandwidth",
-            type=float,
-            metavar="BYTES_PER_S",
-            help="emulate a link of this bandwidth (and --emulate-rtt-ms)",
-        )
-        p.add_argument("--emulate-rtt-ms", type=float, default=20.0, help="default 20")
-        p.add_argument(
-            "--emulate-slowdown",
-            type=float,
-            default=1.0,
-            metavar="X",
-            help="emulate a device X times slower than this machine",
-        )
-
-    p = commands.add_parser(
-        "run",
-        help="answer inputs with split inference",
-        description="Fetch the plan and heads (cached, verified), run the head of the "
-        "planned split here, send the activation, print the outputs as JSON. Runs the "
-        "whole model here when the server cannot be reached and it fits.",
-    )
-    common(p)
-    add_input_options(p)
-    p.add_argument("--repeat", type=int, default=1, help="run this many times (default 1)")
-    p.add_argument("--output", "-o", help="save outputs to this .npz file")
-    p.add_argument("--verbose", "-v", action="store_true", help="print the split, times and link")
-    p.set_defaults(func=lambda args: cmd_run(args, read_inputs))
-
-    p = commands.add_parser(
-        "plan",
-        help="show the split plan",
-        description="Show each split's bytes sent, device and server time and predicted "
-        "latency over the measured link, and the split the planner picks.",
-    )
-    common(p)
-    p.set_defaults(func=cmd_plan)

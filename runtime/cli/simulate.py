@@ -2,49 +2,148 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
+
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.extras import require
+from fnrt.runtime.cli.options import Listed, flat
+
+POLICIES = ("fixed", "histogram", "time_of_day", "trend", "auto")
+DEFAULT_KEEP_ALIVE_MIN = (5, 10, 20, 60)
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
+@click.command(short_help="replay an invocation trace through the keep-alive policies")
+@click.option(
+    "--trace",
+    "trace_files",
+    type=Listed(click.Path(exists=True, dir_okay=False)),
+    multiple=True,
+    metavar="FILE[,FILE...]",
+    help="day files, in order (comma-separated, or --trace repeated)",
+)
+@click.option("--memory", metavar="FILE", help="app memory file (AverageAllocatedMb)")
+@click.option("--synthetic", type=int, metavar="N", help="simulate a made-up trace of N functions")
+@click.option("--days", type=int, default=1, show_default=True, help="days of the synthetic trace")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the synthetic trace")
+@click.option("--write", metavar="FOLDER", help="also write the synthetic trace's day files")
+@click.option(
+    "--policy",
+    "policy_names",
+    type=Listed(click.Choice(list(POLICIES))),
+    multiple=True,
+    help="the policies to run (default: all)",
+)
+@click.option(
+    "--keep-alive-min",
+    "keep_alive_lists",
+    type=Listed(click.IntRange(min=1)),
+    multiple=True,
+    help="keep-alive lengths for the fixed policy  [default: 5,10,20,60]",
+)
+@click.option("--workers", type=int, default=2, show_default=True, help="processes")
+@click.option(
+    "--nodes",
+    "node_lists",
+    type=Listed(click.IntRange(min=1)),
+    multiple=True,
+    metavar="N[,N...]",
+    help="simulate fleets of N nodes (e.g. 4,16)",
+)
+@click.option(
+    "--routing",
+    "routing_lists",
+    type=Listed(click.Choice(["hash", "round_robin", "least_loaded"])),
+    multiple=True,
+    help="how a fleet routes calls  [default: hash,round_robin]",
+)
+@click.option(
+    "--node-memory-gb", type=float, default=32.0, show_default=True, help="L1 budget per node"
+)
+@click.option(
+    "--node-disk-gb", type=float, default=200.0, show_default=True, help="L2 budget per node"
+)
+@click.option("--plot", metavar="PNG", help="draw cold starts against idle memory to PNG")
+def simulate(
+    trace_files: tuple[list[str], ...],
+    memory: str | None,
+    synthetic: int | None,
+    days: int,
+    seed: int,
+    write: str | None,
+    policy_names: tuple[list[str], ...],
+    keep_alive_lists: tuple[list[int], ...],
+    workers: int,
+    node_lists: tuple[list[int], ...],
+    routing_lists: tuple[list[str], ...],
+    node_memory_gb: float,
+    node_disk_gb: float,
+    plot: str | None,
+) -> int:
+    """Replay an invocation trace through the keep-alive policies.
+
+    The trace is in the Azure Functions 2019 layout
+    (invocations_per_function_md.anon.d*.csv, day files in order), replayed
+    through the same keep-alive and pre-warm policies the server uses; per
+    policy it reports the cold-start percentage (overall and the
+    75th-percentile function), the memory kept idle (GB-hours with --memory,
+    else instance-hours) and the pre-warms never used. --synthetic N makes up a
+    trace of N functions instead.
+
+    With --nodes, it replays the trace over a fleet instead: each node with its
+    own memory (L1) and disk (L2) budgets and the keep-alive policy on the calls
+    it gets, calls routed by hash, round robin or least loaded; it reports cold
+    starts by tier (L2: the node's disk, L3: the store), fetches from the store,
+    memory held and load imbalance.
+
+    Lists take commas or a repeated option: --nodes 4,16 or --nodes 4 --nodes 16.
+    """
     from fnrt.runtime.prewarm.policies import Policy
-    from fnrt.runtime.prewarm.report import plot, table
-    from fnrt.runtime.prewarm.simulator import simulate
+    from fnrt.runtime.prewarm.report import plot as draw
+    from fnrt.runtime.prewarm.report import table
+    from fnrt.runtime.prewarm.simulator import simulate as run_policies
     from fnrt.runtime.prewarm.trace import (
         read_app_memory,
         read_invocations,
-        synthetic,
         write_invocations,
     )
+    from fnrt.runtime.prewarm.trace import (
+        synthetic as make_synthetic,
+    )
 
-    if args.plot:  # before minutes of simulating, not after
+    if plot:  # before minutes of simulating, not after
         require("matplotlib", "--plot")
-    if args.synthetic:
-        trace = synthetic(args.synthetic, days=args.days, seed=args.seed)
-        if args.write:
-            paths = write_invocations(trace, Path(args.write))
-            print(f"wrote {len(paths)} day files to {args.write}", file=sys.stderr)
-    elif args.trace:
-        trace = read_invocations([Path(p) for p in args.trace])
-        if args.memory:
-            read_app_memory(Path(args.memory), trace)
+    files = flat(trace_files)
+    if synthetic:
+        trace = make_synthetic(synthetic, days=days, seed=seed)
+        if write:
+            paths = write_invocations(trace, Path(write))
+            print(f"wrote {len(paths)} day files to {write}", file=sys.stderr)
+    elif files:
+        trace = read_invocations([Path(p) for p in files])
+        if memory:
+            read_app_memory(Path(memory), trace)
     else:
-        raise FnrtError("give --trace FILE [FILE ...] or --synthetic N")
-    try:
-        policies = [Policy(p) for p in args.policy] if args.policy else list(Policy)
-    except ValueError as exc:
-        raise FnrtError(str(exc)) from None
-    if args.nodes:
-        return _fleet(args, trace, policies)
+        raise FnrtError("give --trace FILE[,FILE...] or --synthetic N")
+    chosen = flat(policy_names)
+    policies = [Policy(p) for p in chosen] if chosen else list(Policy)
+    nodes = flat(node_lists)
+    if nodes:
+        fleet = Fleet(
+            nodes, flat(routing_lists) or ["hash", "round_robin"], node_memory_gb, node_disk_gb
+        )
+        return _fleet(fleet, trace, policies if chosen else [], plot)
     started = time.perf_counter()
-    outcomes = simulate(
-        trace, policies, fixed_keep_alive_min=args.keep_alive_min, workers=args.workers
+    outcomes = run_policies(
+        trace,
+        policies,
+        fixed_keep_alive_min=flat(keep_alive_lists) or list(DEFAULT_KEEP_ALIVE_MIN),
+        workers=workers,
     )
     took = time.perf_counter() - started
     print(table(outcomes))
@@ -52,30 +151,40 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"\n{trace.counts.shape[0]:,} functions x {trace.minutes:,} minutes, "
         f"{len(outcomes)} runs in {took:.1f}s"
     )
-    if args.plot:
-        print(f"plot: {plot(outcomes, Path(args.plot))}")
+    if plot:
+        print(f"plot: {draw(outcomes, Path(plot))}")
     return 0
 
 
-def _fleet(args: argparse.Namespace, trace: Any, policies: list[Any]) -> int:
+@dataclass(frozen=True)
+class Fleet:
+    """The fleets ``--nodes`` asks for: every node count under every routing."""
+
+    nodes: list[int]
+    routings: list[str]
+    node_memory_gb: float
+    node_disk_gb: float
+
+
+def _fleet(fleet: Fleet, trace: Any, policies: list[Any], plot: str | None) -> int:
     from fnrt.runtime.prewarm.fleet import FleetConfig, Routing, simulate_fleet
     from fnrt.runtime.prewarm.policies import Policy
     from fnrt.runtime.prewarm.report import fleet_plot, fleet_table
 
-    if len(policies) != 1 and args.policy:
+    if len(policies) > 1:
         raise FnrtError("a fleet runs one policy: give --policy once")
-    policy = policies[0] if args.policy else Policy.AUTO
+    policy = policies[0] if policies else Policy.AUTO
     try:
         configs = [
             FleetConfig(
                 nodes,
                 Routing(routing),
-                memory_budget_mb=args.node_memory_gb * 1024,
-                disk_budget_mb=args.node_disk_gb * 1024,
+                memory_budget_mb=fleet.node_memory_gb * 1024,
+                disk_budget_mb=fleet.node_disk_gb * 1024,
                 policy=policy,
             )
-            for nodes in args.nodes
-            for routing in args.routing or ["hash", "round_robin"]
+            for nodes in fleet.nodes
+            for routing in fleet.routings
         ]
     except ValueError as exc:
         raise FnrtError(str(exc)) from None
@@ -85,66 +194,10 @@ def _fleet(args: argparse.Namespace, trace: Any, policies: list[Any]) -> int:
     print(fleet_table(outcomes))
     print(
         f"\n{trace.counts.shape[0]:,} functions x {trace.minutes:,} minutes, {policy.value} "
-        f"keep-alive, {args.node_memory_gb:g} GB memory and {args.node_disk_gb:g} GB disk "
+        f"keep-alive, {fleet.node_memory_gb:g} GB memory and {fleet.node_disk_gb:g} GB disk "
         f"per node, {sum(o.invocations for o in outcomes[:1]):,} invocations, "
         f"{len(outcomes)} runs in {took:.1f}s"
     )
-    if args.plot:
-        print(f"plot: {fleet_plot(outcomes, Path(args.plot))}")
+    if plot:
+        print(f"plot: {fleet_plot(outcomes, Path(plot))}")
     return 0
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "simulate",
-        help="replay an invocation trace through the keep-alive policies",
-        description="Replay a trace in the Azure Functions 2019 layout "
-        "(invocations_per_function_md.anon.d*.csv, day files in order) through the same "
-        "keep-alive and pre-warm policies the server uses, and report per policy the "
-        "cold-start percentage (overall and the 75th-percentile function), the memory "
-        "kept idle (GB-hours with --memory, else instance-hours) and the pre-warms "
-        "never used. --synthetic N makes up a trace of N functions instead. With --nodes, "
-        "replay it over a fleet instead: each node with its own memory (L1) and disk (L2) "
-        "budgets and the keep-alive policy on the calls it gets, calls routed by hash, "
-        "round robin or least loaded; reports cold starts by tier (L2: the node's disk, "
-        "L3: the store), fetches from the store, memory held and load imbalance.",
-    )
-    p.add_argument("--trace", nargs="+", metavar="FILE", help="day files, in order")
-    p.add_argument("--memory", metavar="FILE", help="app memory file (AverageAllocatedMb)")
-    p.add_argument(
-        "--synthetic", type=int, metavar="N", help="simulate a made-up trace of N functions"
-    )
-    p.add_argument("--days", type=int, default=1, help="days of the synthetic trace (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
-    p.add_argument("--write", metavar="FOLDER", help="also write the synthetic trace's day files")
-    p.add_argument(
-        "--policy",
-        action="append",
-        choices=["fixed", "histogram", "time_of_day", "trend", "auto"],
-        help="a policy to run; repeatable (default: all)",
-    )
-    p.add_argument(
-        "--keep-alive-min",
-        type=int,
-        nargs="+",
-        default=[5, 10, 20, 60],
-        help="keep-alive lengths for the fixed policy (default 5 10 20 60)",
-    )
-    p.add_argument("--workers", type=int, default=2, help="processes (default 2)")
-    p.add_argument(
-        "--nodes", type=int, nargs="+", metavar="N", help="simulate fleets of N nodes (e.g. 4 16)"
-    )
-    p.add_argument(
-        "--routing",
-        nargs="+",
-        choices=["hash", "round_robin", "least_loaded"],
-        help="how a fleet routes calls (default: hash round_robin)",
-    )
-    p.add_argument(
-        "--node-memory-gb", type=float, default=32.0, help="L1 budget per node (default 32)"
-    )
-    p.add_argument(
-        "--node-disk-gb", type=float, default=200.0, help="L2 budget per node (default 200)"
-    )
-    p.add_argument("--plot", metavar="PNG", help="draw cold starts against idle memory to PNG")
-    p.set_defaults(func=cmd_simulate)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Callable
 from typing import Any
 
-from fnrt.client import Client
-from fnrt.functions.errors import FnrtError
+import click
 
-ClientOf = Callable[[argparse.Namespace], Client]
+from fnrt.functions.errors import FnrtError
+from fnrt.runtime.cli.options import client_options, connect
+from fnrt.runtime.settings import ClientSettings
 
 
 def parse_shares(items: list[str]) -> dict[str, int]:
@@ -54,77 +53,62 @@ def render_versions(listing: dict[str, Any]) -> str:
     return out
 
 
-def register(sub: Any, client_of: ClientOf, add_client_options: Callable[[Any], None]) -> None:
-    def versions(args: argparse.Namespace) -> int:
-        with client_of(args) as client:
-            listing = client.versions(args.name)
-        print(json.dumps(listing, indent=2) if args.json else render_versions(listing))
-        return 0
+@click.command(short_help="list a function's versions")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="the listing as JSON")
+@client_options
+def versions(name: str, as_json: bool, client: ClientSettings) -> int:
+    """List every stored version of function NAME with its share of traffic, its
+    state on the server (cold, loading, warm), its circuit breaker, and the rollout
+    under way or last finished."""
+    with connect(client) as server:
+        listing = server.versions(name)
+    print(json.dumps(listing, indent=2) if as_json else render_versions(listing))
+    return 0
 
-    def traffic(args: argparse.Namespace) -> int:
-        shares = parse_shares(args.shares)
-        with client_of(args) as client:
-            result = client.set_traffic(args.name, shares)
-        print(", ".join(f"{v}={p}%" for v, p in result["traffic"].items()))
-        return 0
 
-    def rollback(args: argparse.Namespace) -> int:
-        with client_of(args) as client:
-            result = client.rollback(args.name)
-        print(f"{args.name}: all traffic to {result['version']}")
-        return 0
+@click.command(short_help="split traffic between versions by hand")
+@click.argument("name")
+@click.argument("shares", nargs=-1, required=True, metavar="VERSION=PERCENT...")
+@client_options
+def traffic(name: str, shares: tuple[str, ...], client: ClientSettings) -> int:
+    """Set function NAME's traffic split, e.g. `fnrt traffic mlp v-aaa=90 v-bbb=10`
+    (shares in percent, summing to 100). Stops a canary under way."""
+    split = parse_shares(list(shares))
+    with connect(client) as server:
+        result = server.set_traffic(name, split)
+    print(", ".join(f"{v}={p}%" for v, p in result["traffic"].items()))
+    return 0
 
-    def failures(args: argparse.Namespace) -> int:
-        with client_of(args) as client:  # every page
-            page = client.failures(args.name, args.version)
-            kept = list(page["failures"])
-            while page["next_offset"] is not None:
-                page = client.failures(args.name, args.version, offset=page["next_offset"])
-                kept += page["failures"]
-        print(json.dumps({"name": args.name, "failures": kept}, indent=2))
-        return 0
 
-    p = sub.add_parser(
-        "versions",
-        help="list a function's versions",
-        description="List every stored version of a function with its share of traffic, "
-        "its state on the server (cold, loading, warm), its circuit breaker, and the "
-        "rollout under way or last finished.",
-    )
-    p.add_argument("name")
-    p.add_argument("--json", action="store_true")
-    add_client_options(p)
-    p.set_defaults(func=versions)
+@click.command(short_help="switch back to the previous version")
+@click.argument("name")
+@client_options
+def rollback(name: str, client: ClientSettings) -> int:
+    """Send all of function NAME's traffic back to the version served before the last
+    cut-over: at once while it is still loaded (rollout.rollback_window_s, 600 s by
+    default), otherwise it loads from the disk cache on its next request."""
+    with connect(client) as server:
+        result = server.rollback(name)
+    print(f"{name}: all traffic to {result['version']}")
+    return 0
 
-    p = sub.add_parser(
-        "traffic",
-        help="split traffic between versions by hand",
-        description="Set a function's traffic split, e.g. `fnrt traffic mlp v-aaa=90 v-bbb=10` "
-        "(shares in percent, summing to 100). Stops a canary under way.",
-    )
-    p.add_argument("name")
-    p.add_argument("shares", nargs="+", metavar="VERSION=PERCENT")
-    add_client_options(p)
-    p.set_defaults(func=traffic)
 
-    p = sub.add_parser(
-        "rollback",
-        help="switch back to the previous version",
-        description="Send all traffic back to the version served before the last cut-over: "
-        "at once while it is still loaded (rollout.rollback_window_s, 600 s by default), "
-        "otherwise it loads from the disk cache on its next request.",
-    )
-    p.add_argument("name")
-    add_client_options(p)
-    p.set_defaults(func=rollback)
+@click.command(short_help="show failed requests kept for analysis")
+@click.argument("name")
+@click.option("--version", help="only this version")
+@client_options
+def failures(name: str, version: str | None, client: ClientSettings) -> int:
+    """Print the newest failed requests of function NAME (error and inputs), as kept
+    by its versions (breaker.failed_inputs_kept)."""
+    with connect(client) as server:  # every page
+        page = server.failures(name, version)
+        kept = list(page["failures"])
+        while page["next_offset"] is not None:
+            page = server.failures(name, version, offset=page["next_offset"])
+            kept += page["failures"]
+    print(json.dumps({"name": name, "failures": kept}, indent=2))
+    return 0
 
-    p = sub.add_parser(
-        "failures",
-        help="show failed requests kept for analysis",
-        description="Print the newest failed requests of a function (error and inputs), "
-        "as kept by its versions (breaker.failed_inputs_kept).",
-    )
-    p.add_argument("name")
-    p.add_argument("--version", help="only this version")
-    add_client_options(p)
-    p.set_defaults(func=failures)
+
+COMMANDS = (versions, traffic, rollback, failures)

@@ -1,16 +1,15 @@
-"""Server settings: FNRT_* variables and the checks that refuse a bad value."""
+"""Server settings: the defaults, and the checks that refuse a bad value (the FNRT_*
+variables are read by the CLI's options: tests/runtime/cli/test_serve.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fnrt.runtime.settings import ServerSettings, env_server_settings
+from fnrt.runtime.settings import ServerSettings
 
 
-def test_isolation_defaults_to_process_and_reads_its_variable() -> None:
+def test_isolation_defaults_to_process() -> None:
     assert ServerSettings().isolation == "process"
-    found = env_server_settings({"FNRT_ISOLATION": "thread"})
-    assert ServerSettings(**found).isolation == "thread"  # type: ignore[arg-type]
 
 
 def test_an_unknown_isolation_is_refused() -> None:

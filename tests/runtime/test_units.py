@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fnrt.runtime.units import parse_bytes, parse_seconds
+from fnrt.runtime.units import format_bytes, parse_bytes, parse_seconds
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,10 @@ def test_what_is_not_a_size_says_how_to_write_one(text: str) -> None:
 def test_what_is_not_a_duration_says_how_to_write_one() -> None:
     with pytest.raises(ValueError, match=r"'5 days' is not a duration.*e\.g\. 250ms or 5m"):
         parse_seconds("5 days")
+
+
+@pytest.mark.parametrize(
+    ("size", "text"), [(20 << 30, "20GiB"), (64 << 20, "64MiB"), (1536, "1536"), (0, "0")]
+)
+def test_sizes_are_printed_as_they_are_parsed(size: int, text: str) -> None:
+    assert format_bytes(size) == text and parse_bytes(text) == size

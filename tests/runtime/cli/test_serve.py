@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,10 +12,14 @@ import sys
 import threading
 from pathlib import Path
 
+import click
 import httpx
 import pytest
 
 from fnrt.runtime.cli.main import main
+from fnrt.runtime.cli.options import Duration, Size
+from fnrt.runtime.cli.serve import serve, server_settings
+from fnrt.runtime.settings import ServerSettings
 from support import free_port, write_function
 
 
@@ -77,9 +82,11 @@ def test_a_refused_setting_is_one_line_and_nothing_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # was: --trace-protocol grpc offered, then a traceback from the exporter
-    with pytest.raises(SystemExit) as info:
-        main(["serve", "--trace-protocol", "grpc"])
-    assert info.value.code == 2 and "invalid choice: 'grpc'" in capsys.readouterr().err
+    assert main(["serve", "--trace-protocol", "grpc"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(
+        "Error: Invalid value for '--trace-protocol': 'grpc' is not 'http/protobuf'.\n"
+    )
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     port = str(free_port())
     assert main(["serve", "--store", str(tmp_path / "store"), "--port", port]) == 2
@@ -88,32 +95,92 @@ def test_a_refused_setting_is_one_line_and_nothing_starts(
     assert out == "" and not (tmp_path / "store").exists()
 
 
+def settings_of(*argv: str) -> ServerSettings:
+    """The settings ``fnrt serve ARGV`` would run with, under this process's variables."""
+    return server_settings(serve.make_context("serve", list(argv)).params)
+
+
 def test_sizes_and_durations_take_units_as_flags_and_variables(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fnrt.runtime.cli.main import _server_settings, build_parser
-
-    args = build_parser().parse_args(
-        ["serve", "--memory-budget-bytes", "2GiB", "--body-timeout-s", "250ms"]
-    )
     monkeypatch.setenv("FNRT_MAX_BODY_BYTES", "1 MiB")
     monkeypatch.setenv("FNRT_SHUTDOWN_TIMEOUT_S", "2m")
-    settings = _server_settings(args)
+    settings = settings_of("--memory-budget-bytes", "2GiB", "--body-timeout-s", "250ms")
     assert settings.memory_budget_bytes == 2 << 30 and settings.body_timeout_s == 0.25
     assert settings.max_body_bytes == 1 << 20 and settings.shutdown_timeout_s == 120
-    with pytest.raises(SystemExit) as info:
-        build_parser().parse_args(["serve", "--disk-cache-bytes", "2Gx"])
-    assert info.value.code == 2
+    assert main(["serve", "--disk-cache-bytes", "2Gx"]) == 2
     assert "'2Gx' is not a size" in capsys.readouterr().err
     monkeypatch.setenv("FNRT_DISK_CACHE_BYTES", "lots")
-    with pytest.raises(ValueError, match=r"^FNRT_DISK_CACHE_BYTES: 'lots' is not a size"):
-        _server_settings(args)
+    assert main(["serve"]) == 2  # the variable is named with the flag, in one line
+    assert (
+        "Invalid value for '--disk-cache-bytes' (env var: 'FNRT_DISK_CACHE_BYTES'): "
+        "'lots' is not a size" in capsys.readouterr().err
+    )
 
 
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    from importlib import metadata
+#: A value each kind of option takes, unlike its default.
+def _value_for(option: click.Option, tmp_path: Path) -> tuple[str, object]:
+    """(what the variable says, what the setting becomes) for one ``fnrt serve`` option."""
+    kind = option.type
+    if option.is_flag:
+        default = bool(option.default)
+        return ("0" if default else "1"), not default
+    if isinstance(kind, Size):
+        return "3MiB", 3 << 20
+    if isinstance(kind, Duration):
+        return "1500ms", 1.5
+    if isinstance(kind, click.Choice):
+        choice = next(c for c in kind.choices if c != option.default)
+        return str(choice), choice
+    if isinstance(kind, click.Path):
+        return str(tmp_path / "f"), tmp_path / "f"
+    if kind is click.INT:
+        return "1234", 1234
+    return "text-value", "text-value"
 
-    with pytest.raises(SystemExit) as info:
-        main(["--version"])
-    assert info.value.code == 0
-    assert capsys.readouterr().out == f"fnrt {metadata.version('fnrt')}\n"
+
+def test_every_setting_is_an_option_with_its_variable_declared_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    internal = {"sweep_interval_s", "s3_region", "s3_part_size_bytes", "s3_concurrency", "trace"}
+    options = {p.name: p for p in serve.params if isinstance(p, click.Option)}
+    fields = {f.name for f in dataclasses.fields(ServerSettings)} - internal
+    assert fields <= set(options), fields - set(options)
+    special = {"admin_token_file", "cors_origins", "insecure_open_admin"}
+    for name in fields - {"port"} - special:
+        option = options[name]
+        assert option.envvar == f"FNRT_{name.upper()}" and option.show_envvar, name
+        text, expected = _value_for(option, tmp_path)
+        if name == "host":
+            text, expected = "127.0.0.2", "127.0.0.2"
+        if name in ("ssl_certfile", "ssl_keyfile"):  # one needs the other
+            monkeypatch.setenv("FNRT_SSL_CERTFILE", text)
+            monkeypatch.setenv("FNRT_SSL_KEYFILE", text)
+        if name == "max_json_body_bytes":
+            text, expected = "2KiB", 2048
+        with monkeypatch.context() as env:
+            env.setenv(option.envvar, text)
+            assert getattr(settings_of(), name) == expected, name
+            flag = option.opts[0]
+            given = [] if option.is_flag and expected is False else [flag]
+            if option.secondary_opts and expected is False:
+                given = option.secondary_opts[:1]
+            args = given if option.is_flag else [flag, text]
+        monkeypatch.delenv("FNRT_SSL_CERTFILE", raising=False)
+        monkeypatch.delenv("FNRT_SSL_KEYFILE", raising=False)
+        if name in ("ssl_certfile", "ssl_keyfile"):
+            continue
+        assert getattr(settings_of(*args), name) == expected, name  # the flag, the same
+    for name in special:
+        assert options[name].envvar == f"FNRT_{name.upper()}"
+    token = tmp_path / "token"
+    token.write_text("from-a-file\n")
+    monkeypatch.setenv("FNRT_ADMIN_TOKEN_FILE", str(token))
+    monkeypatch.setenv("FNRT_CORS_ORIGINS", "https://a.example/, https://b.example")
+    settings = settings_of()
+    assert settings.admin_token == "from-a-file"
+    assert settings.cors_origins == ("https://a.example", "https://b.example")
+    with pytest.raises(ValueError, match="give one, not both"):
+        settings_of("--admin-token", "x")
+    monkeypatch.setenv("FNRT_PORT", "8123")
+    assert settings_of().port == 8123 and settings_of("--port", "8124").port == 8124

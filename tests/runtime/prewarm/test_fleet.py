@@ -73,7 +73,8 @@ def test_a_new_node_takes_functions_only_for_itself() -> None:
 def test_the_cli_prints_a_row_per_fleet_and_plots(
     tmp_path: Path, routing: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["simulate", "--synthetic", "30", "--nodes", "2", "3", "--routing", routing]
+    nodes = ["--nodes", "2,3"] if routing == "hash" else ["--nodes", "2", "--nodes", "3"]
+    argv = ["simulate", "--synthetic", "30", *nodes, "--routing", routing]
     assert main([*argv, "--plot", str(tmp_path / "fleet.png")]) == 0
     out = capsys.readouterr().out
     assert out.count(f"\n{routing}") == 2 and "L3 fetches" in out

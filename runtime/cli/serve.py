@@ -1,0 +1,320 @@
+"""``fnrt serve``: run the server.
+
+Each option is a :class:`~fnrt.runtime.settings.ServerSettings` field, declared
+once below with the ``FNRT_*`` variable it also reads; tracing follows the
+standard ``OTEL_*`` variables, which the flags override.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fnrt.runtime.cli.options import (
+    DURATION,
+    LOG_LEVEL,
+    SIZE,
+    flag,
+    host_option,
+    port_option,
+    setting,
+)
+from fnrt.runtime.settings import (
+    ServerSettings,
+    default_cache_dir,
+    env_trace_settings,
+    read_token_file,
+    split_origins,
+)
+from fnrt.tracing.setup import TraceConfig
+
+#: ``fnrt serve``'s exit status when the server never started (the port taken, say),
+#: as uvicorn's own.
+STARTUP_FAILURE = 3
+#: ``fnrt serve``'s exit status for settings it refuses to run with.
+USAGE_ERROR = 2
+
+#: Options that are not a ServerSettings field of the same name.
+_NOT_FIELDS = {"admin_token_file", "cors_origins", "insecure_open_admin"}
+_TRACE_FLAGS = {
+    "trace": "exporter",
+    "trace_endpoint": "endpoint",
+    "trace_protocol": "protocol",
+    "trace_sample": "sampler_ratio",
+}
+
+
+def server_settings(options: Mapping[str, Any]) -> ServerSettings:
+    """``fnrt serve``'s settings from its options (each already a flag, its variable or
+    unset) and the ``OTEL_*`` variables; ValueError names the setting it refuses."""
+    found = {
+        key: value
+        for key, value in options.items()
+        if value is not None and key not in _NOT_FIELDS and key not in _TRACE_FLAGS
+    }
+    if options.get("admin_token_file") is not None:
+        if options.get("admin_token") is not None:
+            raise ValueError("admin_token and admin_token_file: give one, not both")
+        found["admin_token"] = read_token_file(options["admin_token_file"])
+    if options.get("cors_origins") is not None:
+        found["cors_origins"] = split_origins(options["cors_origins"])
+    trace = env_trace_settings()
+    for option, key in _TRACE_FLAGS.items():
+        if options.get(option) is not None:
+            trace[key] = options[option]
+    if options.get("trace_sample") is not None and "sampler" not in trace:
+        trace["sampler"] = "parentbased_traceidratio"
+    found["trace"] = TraceConfig(**trace)  # type: ignore[arg-type]
+    return ServerSettings(**found)
+
+
+@click.command(
+    "serve",
+    short_help="run the server",
+    epilog="Sizes take units (2GiB, 512MB, or bytes) and durations too (250ms, 5m, or "
+    "seconds), as flags and as variables. Tracing also follows the standard OTEL_* "
+    "variables (OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, "
+    "OTEL_TRACES_SAMPLER_ARG); the --trace flags override them.",
+)
+@host_option
+@port_option
+@setting("store", help="object store: a folder, file://PATH or s3://bucket/prefix")
+@setting("s3_endpoint", help="S3-compatible endpoint URL, e.g. MinIO")
+@setting("disk_cache_bytes", type=SIZE, help="L2 disk cache budget")
+@setting(
+    "memory_budget_bytes",
+    type=SIZE,
+    default_text="60% of RAM",
+    help="memory for loaded instances, least recently used evicted beyond it",
+)
+@setting(
+    "cache_dir",
+    type=click.Path(path_type=Path),
+    default_text=str(default_cache_dir()),
+    help="local cache folder: the L2 cache, unpacked code, environments",
+)
+@setting(
+    "admin_token",
+    help="require this bearer token on admin routes (visible in ps: prefer --admin-token-file)",
+)
+@setting(
+    "admin_token_file",
+    type=click.Path(path_type=Path),
+    help="read the admin token from this file's first line",
+)
+@flag(
+    "insecure_open_admin",
+    help="serve a non-loopback address with no admin token (anyone who reaches it can "
+    "deploy code); without it, fnrt serve refuses to start so",
+)
+@setting(
+    "invoke_keys_file",
+    type=click.Path(path_type=Path),
+    help='JSON {"function" or "*": ["key", ...]}: those functions answer only '
+    "'Authorization: Bearer <key>'",
+)
+@setting("cors_origins", help="browser origins allowed to call, comma-separated, or '*'")
+@setting(
+    "ssl_certfile", type=click.Path(path_type=Path), help="serve HTTPS with this certificate (PEM)"
+)
+@setting("ssl_keyfile", type=click.Path(path_type=Path), help="the certificate's private key (PEM)")
+@setting("max_queued", type=int, help="requests queued across all functions before 429")
+@setting("max_body_bytes", type=SIZE, help="largest invoke body, else 413")
+@setting(
+    "max_json_body_bytes",
+    type=SIZE,
+    help="largest JSON body, else 413 pointing to msgpack: JSON is parsed holding the event loop",
+)
+@setting(
+    "max_tensor_elements",
+    type=int,
+    help="elements a tensor's shape may declare, a 0 dimension counting as 1, else 413",
+)
+@setting(
+    "max_response_bytes", type=SIZE, help="largest response, estimated before encoding, else 413"
+)
+@setting(
+    "header_timeout_s",
+    type=DURATION,
+    help="a connection with no request in progress this long (a head still arriving, or "
+    "none sent since the connection or the last answer) gets 408 and is closed",
+)
+@setting(
+    "body_timeout_s",
+    type=DURATION,
+    help="the longest pause between reads of a request body, else the connection is closed",
+)
+@setting(
+    "max_connections",
+    "--max-connections",
+    "--limit-concurrency",
+    type=int,
+    default_text="the descriptor limit less --fd-reserve",
+    help="open connections at most; at the cap a new one closes the longest idle, or "
+    "gets 503 when all are busy",
+)
+@setting(
+    "drain_delay_s",
+    type=DURATION,
+    help="after SIGTERM, /readyz answers 503 at once but the node goes on accepting and "
+    "serving this long, so load balancers drop it first; set it to the time your "
+    "endpoints take to update, about 5 on Kubernetes",
+)
+@setting(
+    "watch_interval_s",
+    type=DURATION,
+    help="how often the store's change feed is polled for deploys, traffic changes and "
+    "deletes made through other nodes: one request per poll, whatever the number of "
+    "functions",
+)
+@setting(
+    "shutdown_timeout_s",
+    type=DURATION,
+    help="after SIGTERM and the drain delay, how long work in flight may finish; then "
+    "what is still queued or running answers 503 and the server exits, whatever handlers do",
+)
+@setting(
+    "fd_reserve",
+    type=int,
+    help="file descriptors kept from connections for the store, the cache and worker processes",
+)
+@setting(
+    "redis_url",
+    default_text="none: such functions cache in memory",
+    help='the Redis that functions with [result_cache] backend = "redis" share with every '
+    "node, e.g. redis://cache:6379/0; while it is down, calls are served uncached",
+)
+@setting(
+    "isolation",
+    type=click.Choice(["process", "thread"]),
+    help="where a function's instances run unless its manifest's [isolation] mode says: a "
+    "worker process each (a crash, a hang or a leak stays there), or a thread of the server",
+)
+@setting("device", type=click.Choice(["auto", "cpu", "cuda"]), help="where instances run")
+@flag("preload", help="load every function at start instead of at first invoke")
+@setting("log_level", type=LOG_LEVEL, help="log level")
+@flag("log_json", help="log JSON lines")
+@flag("request_log", "--request-log/--no-request-log", help="a JSON line per request")
+@setting(
+    "request_log_file",
+    type=click.Path(path_type=Path),
+    metavar="PATH",
+    help="append the request log (a JSON line per request) to PATH instead of stderr",
+)
+@click.option(
+    "--trace",
+    type=click.Choice(["none", "console", "otlp"]),
+    help="export spans (OTEL_TRACES_EXPORTER; default none)",
+)
+@click.option(
+    "--trace-endpoint",
+    help="OTLP collector, e.g. http://127.0.0.1:4318 (OTEL_EXPORTER_OTLP_ENDPOINT)",
+)
+@click.option(
+    "--trace-protocol",
+    type=click.Choice(["http/protobuf"]),
+    help="OTLP protocol: http/protobuf, the one fnrt speaks and every collector takes "
+    "(OTEL_EXPORTER_OTLP_PROTOCOL)",
+)
+@click.option(
+    "--trace-sample",
+    type=click.FloatRange(0.0, 1.0),
+    metavar="RATIO",
+    help="keep this fraction of traces that start here, follow the caller's choice otherwise "
+    "(OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG)",
+)
+def serve(**options: Any) -> int:
+    """Run the fnrt server (Starlette on uvicorn with uvloop).
+
+    Nothing is loaded until the first invoke, unless --preload or a manifest's
+    load_at_start.
+    """
+    from fnrt.runtime.http.app import build_app, make_server
+    from fnrt.tracing.logs import configure_logging
+
+    try:
+        settings = server_settings(options)
+    except ValueError as exc:  # a setting refused (flag or variable): one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    configure_logging(settings.log_level, json_lines=settings.log_json)
+    if settings.admin_open and not _is_loopback(settings.host):
+        if not options["insecure_open_admin"]:
+            print(
+                f"error: refusing to serve {settings.host} without an admin token: anyone who "
+                "reaches it could deploy code and run it here. Set --admin-token-file, "
+                "FNRT_ADMIN_TOKEN_FILE or FNRT_ADMIN_TOKEN (or, on a network you trust, "
+                "pass --insecure-open-admin)",
+                file=sys.stderr,
+            )
+            return USAGE_ERROR
+        print(
+            f"WARNING: admin routes (deploy: running code) are open to anyone who reaches "
+            f"{settings.host} (--insecure-open-admin)",
+            file=sys.stderr,
+        )
+    try:  # before anything starts: a busy port is the first thing said, and the last
+        sock = listening_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(
+            f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return STARTUP_FAILURE
+    app = build_app(settings)
+    port = sock.getsockname()[1]
+    print(f"fnrt: serving store {settings.store} on http://{settings.host}:{port}", file=sys.stderr)
+    server = make_server(app, settings)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
+        server.run(sockets=[sock])
+    code = 0 if server.started else STARTUP_FAILURE
+    exit_past_stuck_threads(code)
+    return code
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (uvicorn listens on it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def exit_past_stuck_threads(code: int) -> None:
+    """Exit now if a handler's thread is stuck (abandoned at shutdown): Python would
+    otherwise wait for it at exit, for ever. Logs and telemetry are flushed by then."""
+    stuck = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and t.is_alive() and not t.daemon
+    ]
+    if stuck:
+        print(f"fnrt: exiting past threads still running: {', '.join(stuck)}", file=sys.stderr)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,40 @@
+"""``fnrt simulate``: list options take commas or a repeated flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fnrt.runtime.cli.main import main
+
+
+def test_a_written_trace_replays_with_listed_policies_and_keep_alives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    days = tmp_path / "days"
+    made = ["simulate", "--synthetic", "20", "--days", "2", "--write", str(days)]
+    assert main([*made, "--policy", "fixed", "--keep-alive-min", "5"]) == 0
+    assert "wrote 2 day files" in capsys.readouterr().err
+    first, second = sorted(str(p) for p in days.iterdir())
+    as_commas = ["--trace", f"{first},{second}", "--policy", "fixed,auto"]
+    repeated = ["--trace", first, "--trace", second, "--policy", "fixed", "--policy", "auto"]
+    tables = []
+    for given in (as_commas, repeated):
+        assert main(["simulate", *given, "--keep-alive-min", "5,10"]) == 0
+        out = capsys.readouterr().out
+        rows = [line.split()[0:3] for line in out.splitlines()[1:4]]
+        assert rows == [["fixed", "5", "min"], ["fixed", "10", "min"], ["auto", *rows[2][1:]]]
+        assert "20 functions x 2,880 minutes, 3 runs" in out
+        tables.append(out.split("\n\n")[0])
+    assert tables[0] == tables[1]
+
+
+def test_a_bad_list_item_is_refused_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--synthetic", "5", "--nodes", "4,x"]) == 2
+    err = capsys.readouterr().err
+    assert "Invalid value for '--nodes': 'x' is not a valid integer range" in err
+    assert main(["simulate", "--policy", "fixed,sometimes", "--synthetic", "5"]) == 2
+    assert "'sometimes' is not one of" in capsys.readouterr().err
+    assert main(["simulate", "--trace", "/no/such/day.csv"]) == 2
+    assert "does not exist" in capsys.readouterr().err
