@@ -21,30 +21,81 @@ A manifest is written by the user as ``fnrt.toml`` beside the handler::
     [scaling]
     keep_alive_s = 300
 
-Every field is validated when the manifest is parsed (at deploy time), and an
-error names the field at fault. Unknown keys are errors too, so a typo does not
-silently fall back to a default.
+Every section is a pydantic dataclass: its fields' types and bounds are
+declared once below, and pydantic checks them whenever a manifest is parsed (at
+deploy time) or a section is made. The checks between fields (a memory limit in
+thread mode, a split model that is no artifact) are the sections'
+``__post_init__``. Unknown keys are errors too, so a typo does not silently fall
+back to a default; every error is a :class:`ManifestError` naming the field at
+fault (:mod:`fnrt.functions.manifest_errors` words pydantic's errors so).
+The same declarations give the JSON Schema (:mod:`fnrt.functions.schema`).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, field, replace
 from enum import Enum
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar, dataclass_transform
+
+import pydantic
+import pydantic.dataclasses
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from fnrt.functions.dtypes import DTYPES
 from fnrt.functions.errors import ManifestError
+from fnrt.functions.manifest_errors import Validator, manifest_error
 
 MANIFEST_FILE = "fnrt.toml"
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_HANDLER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 _TENSOR_NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
+
+
+C = TypeVar("C")
+
+#: Unknown keys are refused; TOML's lists become the sections' tuples; patterns are Python
+#: regular expressions (lookahead included, as in the JSON Schema editors read).
+_CONFIG = pydantic.ConfigDict(extra="forbid", regex_engine="python-re")
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(field, Field))
+def section(cls: type[C]) -> type[C]:
+    """``cls`` as a frozen pydantic dataclass whose every construction is checked: a
+    value that does not fit raises :class:`ManifestError` naming the field."""
+    made = pydantic.dataclasses.dataclass(frozen=True, config=_CONFIG)(cls)
+    init: Callable[..., None] = made.__init__
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except pydantic.ValidationError as exc:
+            raise manifest_error(exc, made) from None
+
+    setattr(made, "__init__", checked)  # noqa: B010 (mypy: a method cannot be assigned)
+    return typing.cast(type[C], made)
+
+
+# Field types: exact TOML/JSON types (no "5" for 5, no true for 1), with bounds.
+Int = StrictInt
+Number = StrictFloat  # an integer is taken, as a float
+Flag = StrictBool
+Text = StrictStr
+Seconds = Annotated[StrictFloat, Field(ge=0, description="seconds")]
+Millis = Annotated[StrictFloat, Field(ge=0, description="milliseconds")]
+Fraction = Annotated[StrictFloat, Field(ge=0, le=1)]
+Texts = tuple[StrictStr, ...]
+TensorName = Annotated[
+    Text, Field(pattern=_TENSOR_NAME.pattern, description="a tensor name ([A-Za-z0-9_.:/-])")
+]
 
 
 def check_name(name: str, field_name: str = "name") -> str:
@@ -58,7 +109,7 @@ def check_name(name: str, field_name: str = "name") -> str:
     return name
 
 
-@dataclass(frozen=True)
+@section
 class TensorSpec:
     """One declared input or output: element type and per-request shape.
 
@@ -66,16 +117,12 @@ class TensorSpec:
     ``-1`` matches any size in that position.
     """
 
-    dtype: str
-    shape: tuple[int, ...]
+    dtype: Annotated[Text, Field(json_schema_extra={"enum": sorted(DTYPES)})]
+    shape: tuple[Annotated[StrictInt, Field(ge=-1)], ...]
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ManifestError("dtype", f"{self.dtype!r} is not one of {sorted(DTYPES)}")
-        if not all(isinstance(d, int) and not isinstance(d, bool) for d in self.shape):
-            raise ManifestError("shape", f"{list(self.shape)!r} must be a list of integers")
-        if any(d < -1 for d in self.shape):
-            raise ManifestError("shape", f"{list(self.shape)!r}: sizes are >= 0, or -1 for any")
 
     def matches_shape(self, shape: tuple[int, ...]) -> bool:
         return len(shape) == len(self.shape) and all(
@@ -86,7 +133,7 @@ class TensorSpec:
         return {"dtype": self.dtype, "shape": list(self.shape)}
 
 
-@dataclass(frozen=True)
+@section
 class BatchingConfig:
     """How requests are grouped into one handler call.
 
@@ -102,20 +149,10 @@ class BatchingConfig:
     ``max_wait_ms`` (when > 0) caps the wait.
     """
 
-    max_batch_size: int = 8
-    max_wait_ms: float = 0.0
-    mode: str = "fixed"
-    target_p99_ms: float = 100.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_batch_size, int) or not 1 <= self.max_batch_size <= 4096:
-            raise ManifestError("max_batch_size", "must be an integer from 1 to 4096")
-        if not isinstance(self.max_wait_ms, int | float) or not 0 <= self.max_wait_ms <= 60_000:
-            raise ManifestError("max_wait_ms", "must be a number from 0 to 60000")
-        if self.mode not in ("fixed", "adaptive"):
-            raise ManifestError("mode", f"{self.mode!r} is not 'fixed' or 'adaptive'")
-        if not isinstance(self.target_p99_ms, int | float) or not 0 < self.target_p99_ms <= 600_000:
-            raise ManifestError("target_p99_ms", "must be a number of milliseconds > 0")
+    max_batch_size: Annotated[Int, Field(ge=1, le=4096)] = 8
+    max_wait_ms: Annotated[Millis, Field(le=60_000)] = 0.0
+    mode: Literal["fixed", "adaptive"] = "fixed"
+    target_p99_ms: Annotated[Millis, Field(gt=0, le=600_000)] = 100.0
 
     @property
     def adaptive(self) -> bool:
@@ -124,10 +161,11 @@ class BatchingConfig:
 
 #: How long an idle instance stays loaded (see docs/prewarm.md): ``fixed`` is
 #: ``keep_alive_s``; the others learn from the function's idle times.
-KEEP_ALIVE_POLICIES = ("auto", "fixed", "histogram", "time_of_day", "trend")
+KeepAlivePolicy = Literal["auto", "fixed", "histogram", "time_of_day", "trend"]
+KEEP_ALIVE_POLICIES: tuple[str, ...] = typing.get_args(KeepAlivePolicy)
 
 
-@dataclass(frozen=True)
+@section
 class ScalingConfig:
     """Instance lifecycle: how many, when to add and drop them, how much to queue.
 
@@ -140,60 +178,36 @@ class ScalingConfig:
     one stops after ``scale_down_after_s`` idle.
     """
 
-    keep_alive_s: float = 300.0
-    max_queue: int = 256
-    load_at_start: bool = False
-    min_instances: int = 0
-    max_instances: int = 1
-    scale_up_after_ms: float = 200.0
-    scale_down_after_s: float = 30.0
-    keep_alive_policy: str = "auto"
+    keep_alive_s: Seconds = 300.0
+    max_queue: Annotated[Int, Field(ge=1, le=1_000_000)] = 256
+    load_at_start: Flag = False
+    min_instances: Annotated[Int, Field(ge=0, le=256)] = 0
+    max_instances: Annotated[Int, Field(ge=1, le=256)] = 1
+    scale_up_after_ms: Millis = 200.0
+    scale_down_after_s: Seconds = 30.0
+    keep_alive_policy: KeepAlivePolicy = "auto"
 
     def __post_init__(self) -> None:
-        if self.keep_alive_policy not in KEEP_ALIVE_POLICIES:
-            raise ManifestError("keep_alive_policy", f"must be one of {list(KEEP_ALIVE_POLICIES)}")
-        if not isinstance(self.keep_alive_s, int | float) or self.keep_alive_s < 0:
-            raise ManifestError("keep_alive_s", "must be a number of seconds >= 0")
-        if not isinstance(self.max_queue, int) or not 1 <= self.max_queue <= 1_000_000:
-            raise ManifestError("max_queue", "must be an integer from 1 to 1000000")
-        if not isinstance(self.load_at_start, bool):
-            raise ManifestError("load_at_start", "must be true or false")
-        if not isinstance(self.max_instances, int) or not 1 <= self.max_instances <= 256:
-            raise ManifestError("max_instances", "must be an integer from 1 to 256")
-        if (
-            not isinstance(self.min_instances, int)
-            or not 0 <= self.min_instances <= self.max_instances
-        ):
+        if self.min_instances > self.max_instances:
             raise ManifestError("min_instances", "must be an integer from 0 to max_instances")
-        for name in ("scale_up_after_ms", "scale_down_after_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or value < 0:
-                raise ManifestError(name, "must be a number >= 0")
 
 
-PRIORITIES = ("high", "normal", "low")
+Priority = Literal["high", "normal", "low"]
+PRIORITIES: tuple[str, ...] = typing.get_args(Priority)
 
 
-@dataclass(frozen=True)
+@section
 class RequestsConfig:
     """Per-request defaults: priority (``X-Fnrt-Priority`` overrides), timeout
     (``X-Fnrt-Timeout-Ms`` overrides; 0 for none) and how fast waiting requests
     climb a priority class so none starves."""
 
-    default_priority: str = "normal"
-    timeout_ms: float = 0.0
-    aging_ms: float = 1000.0
-
-    def __post_init__(self) -> None:
-        if self.default_priority not in PRIORITIES:
-            raise ManifestError("default_priority", f"must be one of {list(PRIORITIES)}")
-        if not isinstance(self.timeout_ms, int | float) or self.timeout_ms < 0:
-            raise ManifestError("timeout_ms", "must be a number of milliseconds >= 0")
-        if not isinstance(self.aging_ms, int | float) or self.aging_ms <= 0:
-            raise ManifestError("aging_ms", "must be a number of milliseconds > 0")
+    default_priority: Priority = "normal"
+    timeout_ms: Millis = 0.0
+    aging_ms: Annotated[Millis, Field(gt=0)] = 1000.0
 
 
-@dataclass(frozen=True)
+@section
 class ResultCacheConfig:
     """Opt-in cache of outputs by a hash of the inputs, for deterministic handlers.
 
@@ -203,26 +217,25 @@ class ResultCacheConfig:
     ``maxmemory-policy`` evicts); a node without one keeps a memory cache.
     """
 
-    enabled: bool = False
-    max_bytes: int = 64 * 1024 * 1024
-    ttl_s: float = 60.0
-    backend: str = "memory"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ManifestError("enabled", "must be true or false")
-        if self.backend not in ("memory", "redis"):
-            raise ManifestError("backend", f"{self.backend!r} is not 'memory' or 'redis'")
-        if not isinstance(self.max_bytes, int) or self.max_bytes < 1:
-            raise ManifestError("max_bytes", "must be a positive integer")
-        if not isinstance(self.ttl_s, int | float) or self.ttl_s <= 0:
-            raise ManifestError("ttl_s", "must be a number of seconds > 0")
+    enabled: Flag = False
+    max_bytes: Annotated[Int, Field(ge=1)] = 64 * 1024 * 1024
+    ttl_s: Annotated[Seconds, Field(gt=0)] = 60.0
+    backend: Literal["memory", "redis"] = "memory"
 
 
-ROLLOUT_POLICIES = ("immediate", "canary")
+RolloutPolicy = Literal["immediate", "canary"]
+ROLLOUT_POLICIES: tuple[str, ...] = typing.get_args(RolloutPolicy)
+#: A path inside the function folder ("" for none).
+RelativePath = Annotated[
+    Text,
+    Field(
+        pattern=r"^(?!/)(?!(.*/)?\.\.(/|$))",
+        description="a relative path inside the function folder",
+    ),
+]
 
 
-@dataclass(frozen=True)
+@section
 class RolloutConfig:
     """How a new version takes over from the one serving (blue/green, then a policy).
 
@@ -238,60 +251,33 @@ class RolloutConfig:
     always maps to the same version during a split.
     """
 
-    policy: str = "immediate"
-    steps_percent: tuple[int, ...] = (10, 50, 100)
-    dwell_s: float = 30.0
-    min_requests: int = 20
-    max_error_rate: float = 0.05
-    max_p99_ratio: float = 2.0
-    p99_slack_ms: float = 5.0
-    rollback_window_s: float = 600.0
-    sticky_header: str = ""
-    warmup_file: str = ""
-    probe_file: str = ""
-    probe_atol: float = 1e-5
-    probe_rtol: float = 1e-4
+    policy: RolloutPolicy = "immediate"
+    steps_percent: tuple[Annotated[Int, Field(ge=1, le=100)], ...] = (10, 50, 100)
+    dwell_s: Seconds = 30.0
+    min_requests: Annotated[Int, Field(ge=1)] = 20
+    max_error_rate: Fraction = 0.05
+    max_p99_ratio: Annotated[Number, Field(ge=1)] = 2.0
+    p99_slack_ms: Millis = 5.0
+    rollback_window_s: Seconds = 600.0
+    sticky_header: Text = ""
+    warmup_file: RelativePath = ""
+    probe_file: RelativePath = ""
+    probe_atol: Annotated[Number, Field(ge=0)] = 1e-5
+    probe_rtol: Annotated[Number, Field(ge=0)] = 1e-4
 
     def __post_init__(self) -> None:
-        if self.policy not in ROLLOUT_POLICIES:
-            raise ManifestError("policy", f"must be one of {list(ROLLOUT_POLICIES)}")
         steps = self.steps_percent
-        if (
-            not isinstance(steps, tuple | list)
-            or not steps
-            or not all(isinstance(p, int) and not isinstance(p, bool) for p in steps)
-            or list(steps) != sorted(set(steps))
-            or steps[0] < 1
-            or steps[-1] != 100
-        ):
+        if not steps or list(steps) != sorted(set(steps)) or steps[-1] != 100:
             raise ManifestError(
                 "steps_percent", "must be increasing integer percentages ending at 100"
             )
-        object.__setattr__(self, "steps_percent", tuple(steps))
-        for name in ("dwell_s", "p99_slack_ms", "rollback_window_s", "probe_atol", "probe_rtol"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                raise ManifestError(name, "must be a number >= 0")
-        if not isinstance(self.min_requests, int) or self.min_requests < 1:
-            raise ManifestError("min_requests", "must be an integer >= 1")
-        if not isinstance(self.max_error_rate, int | float) or not 0 <= self.max_error_rate <= 1:
-            raise ManifestError("max_error_rate", "must be a fraction from 0 to 1")
-        if not isinstance(self.max_p99_ratio, int | float) or self.max_p99_ratio < 1:
-            raise ManifestError("max_p99_ratio", "must be a number >= 1")
-        for name in ("sticky_header", "warmup_file", "probe_file"):
-            if not isinstance(getattr(self, name), str):
-                raise ManifestError(name, "must be a string")
-        for name in ("warmup_file", "probe_file"):
-            path = PurePosixPath(getattr(self, name))
-            if getattr(self, name) and (path.is_absolute() or ".." in path.parts):
-                raise ManifestError(name, "must be a relative path inside the function folder")
 
 
 #: Bytes of failed requests' inputs a version keeps by default.
 FAILED_INPUTS_BYTES = 16 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@section
 class BreakerConfig:
     """The circuit breaker of each version.
 
@@ -307,50 +293,30 @@ class BreakerConfig:
     than that alone is kept without its inputs).
     """
 
-    enabled: bool = True
-    window_s: float = 30.0
-    min_requests: int = 20
-    open_error_rate: float = 0.05
-    close_error_rate: float = 0.01
-    open_s: float = 5.0
-    half_open_probes: int = 20
-    fallback: str = ""
-    failed_inputs_kept: int = 32
-    cache_bytes: int = 16 * 1024 * 1024
-    failed_inputs_bytes: int = FAILED_INPUTS_BYTES
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ManifestError("enabled", "must be true or false")
-        for name in ("window_s", "open_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise ManifestError(name, "must be a number of seconds > 0")
-        for name in ("open_error_rate", "close_error_rate"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not 0 < value <= 1:
-                raise ManifestError(name, "must be a fraction above 0, at most 1")
-        for name in ("min_requests", "half_open_probes", "cache_bytes", "failed_inputs_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ManifestError(name, "must be an integer >= 1")
-        if not isinstance(self.failed_inputs_kept, int) or self.failed_inputs_kept < 0:
-            raise ManifestError("failed_inputs_kept", "must be an integer >= 0")
-        if not isinstance(self.fallback, str) or not (
-            self.fallback in ("", "cache")
-            or (
-                self.fallback.startswith("function:")
-                and NAME_PATTERN.match(self.fallback[len("function:") :])
-            )
-        ):
-            raise ManifestError("fallback", "must be '', 'cache' or 'function:NAME'")
+    enabled: Flag = True
+    window_s: Annotated[Seconds, Field(gt=0)] = 30.0
+    min_requests: Annotated[Int, Field(ge=1)] = 20
+    open_error_rate: Annotated[Fraction, Field(gt=0)] = 0.05
+    close_error_rate: Annotated[Fraction, Field(gt=0)] = 0.01
+    open_s: Annotated[Seconds, Field(gt=0)] = 5.0
+    half_open_probes: Annotated[Int, Field(ge=1)] = 20
+    fallback: Annotated[
+        Text,
+        Field(
+            pattern=f"^(|cache|function:{NAME_PATTERN.pattern[1:-1]})$",
+            description="'', 'cache' or 'function:NAME'",
+        ),
+    ] = ""
+    failed_inputs_kept: Annotated[Int, Field(ge=0)] = 32
+    cache_bytes: Annotated[Int, Field(ge=1)] = 16 * 1024 * 1024
+    failed_inputs_bytes: Annotated[Int, Field(ge=1)] = FAILED_INPUTS_BYTES
 
     @property
     def fallback_function(self) -> str | None:
         return self.fallback[len("function:") :] if self.fallback.startswith("function:") else None
 
 
-@dataclass(frozen=True)
+@section
 class SplitConfig:
     """Where a model may be cut between an edge device and fnrt (docs/edge.md).
 
@@ -363,21 +329,13 @@ class SplitConfig:
     here; 0 is all on the server, ``len(points) + 1`` all on the device.
     """
 
-    model: str = ""
-    points: tuple[str, ...] = ()
+    model: Text = ""
+    points: tuple[TensorName, ...] = ()
 
     def __post_init__(self) -> None:
         points = self.points
-        if not isinstance(points, tuple | list) or not all(isinstance(p, str) for p in points):
-            raise ManifestError("points", "must be a list of tensor names")
-        object.__setattr__(self, "points", tuple(points))
-        for point in points:
-            if not _TENSOR_NAME.match(point):
-                raise ManifestError("points", f"{point!r} is not a valid tensor name")
         if len(set(points)) != len(points):
             raise ManifestError("points", "names a tensor twice")
-        if not isinstance(self.model, str):
-            raise ManifestError("model", "must be the name of an artifact")
         if bool(self.model) != bool(points):
             raise ManifestError("model", "and 'points' go together: name the model and its cuts")
 
@@ -386,7 +344,7 @@ class SplitConfig:
         return bool(self.points)
 
 
-@dataclass(frozen=True)
+@section
 class EnvironmentConfig:
     """A Python environment of the function's own (docs/environments.md).
 
@@ -398,14 +356,11 @@ class EnvironmentConfig:
     in worker processes with it first on their path.
     """
 
-    requirements: tuple[str, ...] = ()
-    requirements_file: str = ""
+    requirements: Texts = ()
+    requirements_file: RelativePath = ""
 
     def __post_init__(self) -> None:
-        reqs = self.requirements
-        if not isinstance(reqs, tuple | list) or not all(isinstance(r, str) for r in reqs):
-            raise ManifestError("requirements", "must be a list of requirement strings")
-        cleaned = tuple(r.strip() for r in reqs)
+        cleaned = tuple(r.strip() for r in self.requirements)
         object.__setattr__(self, "requirements", cleaned)
         for req in cleaned:
             if not req or "\n" in req or req.startswith("-"):
@@ -413,9 +368,6 @@ class EnvironmentConfig:
                     "requirements",
                     f"{req!r}: one requirement specifier each (pip options are not taken)",
                 )
-        rel = self.requirements_file
-        if not isinstance(rel, str) or PurePosixPath(rel).is_absolute() or ".." in rel:
-            raise ManifestError("requirements_file", "must be a path inside the function folder")
 
     @property
     def enabled(self) -> bool:
@@ -444,7 +396,7 @@ class IsolationMode(Enum):
 DEFAULT_ISOLATION = IsolationMode.PROCESS
 
 
-@dataclass(frozen=True)
+@section
 class IsolationConfig:
     """How a function's instances are kept apart from the node and each other.
 
@@ -461,24 +413,14 @@ class IsolationConfig:
     none) kills a worker whose resident memory passes it.
     """
 
-    mode: str = ""  # "": the node's default
-    timeout_s: float = 0.0
-    memory_limit_bytes: int = 0
-    restart_backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
+    mode: Literal["", "thread", "process"] = ""  # "": the node's default
+    timeout_s: Seconds = 0.0
+    memory_limit_bytes: Annotated[Int, Field(ge=0)] = 0  # 0: no limit
+    restart_backoff_s: Seconds = 0.5
+    max_backoff_s: Seconds = 30.0
 
     def __post_init__(self) -> None:
-        modes = [m.value for m in IsolationMode]
-        if self.mode and self.mode not in modes:
-            raise ManifestError("mode", f"{self.mode!r} is not one of {modes}")
-        for name in ("timeout_s", "restart_backoff_s", "max_backoff_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                raise ManifestError(name, "must be a number of seconds >= 0")
-        limit = self.memory_limit_bytes
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise ManifestError("memory_limit_bytes", "must be an integer >= 0 (0: no limit)")
-        if limit and self.mode == IsolationMode.THREAD.value:
+        if self.memory_limit_bytes and self.mode == IsolationMode.THREAD.value:
             raise ManifestError(
                 "memory_limit_bytes", "needs mode = 'process' (a thread's memory is the server's)"
             )
@@ -496,16 +438,38 @@ class IsolationConfig:
         return float(min(self.restart_backoff_s * 2 ** (failures - 1), self.max_backoff_s))
 
 
-@dataclass(frozen=True)
+@section
 class Manifest:
     """A validated function manifest (see the module docstring for the file form)."""
 
-    name: str
-    handler: str
-    description: str = ""
-    artifacts: Mapping[str, str] = field(default_factory=dict)
-    inputs: Mapping[str, TensorSpec] = field(default_factory=dict)
-    outputs: Mapping[str, TensorSpec] = field(default_factory=dict)
+    name: Annotated[
+        Text,
+        Field(
+            pattern=NAME_PATTERN.pattern,
+            description="a function name: lowercase letters, digits, '-' and '_', at most 63, "
+            "starting with a letter or digit (it is the function's URL)",
+        ),
+    ]
+    handler: Annotated[
+        Text,
+        Field(
+            pattern=_HANDLER_PATTERN,
+            description="'module:attribute' of the handler class or function, e.g. 'handler:Model'",
+        ),
+    ]
+    description: Text = ""
+    artifacts: Annotated[
+        Mapping[str, Text],
+        Field(description="name -> a file or folder in the function folder (memory-mapped)"),
+    ] = field(default_factory=dict)
+    inputs: Annotated[
+        Mapping[TensorName, TensorSpec],
+        Field(description="name -> {dtype, shape}; -1 is any length"),
+    ] = field(default_factory=dict)
+    outputs: Annotated[
+        Mapping[TensorName, TensorSpec],
+        Field(description="name -> {dtype, shape}; -1 is any length"),
+    ] = field(default_factory=dict)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     requests: RequestsConfig = field(default_factory=RequestsConfig)
@@ -515,15 +479,9 @@ class Manifest:
     split: SplitConfig = field(default_factory=SplitConfig)
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
-    exclude: tuple[str, ...] = ()
+    exclude: Annotated[Texts, Field(description="glob patterns left out of the code bundle")] = ()
 
     def __post_init__(self) -> None:
-        check_name(self.name)
-        module, _, attr = self.handler.partition(":")
-        if not _MODULE.match(module) or not _IDENTIFIER.match(attr):
-            raise ManifestError(
-                "handler", f"{self.handler!r} must be 'module:attribute', e.g. 'handler:Model'"
-            )
         for key, rel in self.artifacts.items():
             if not _IDENTIFIER.match(key):
                 raise ManifestError(f"artifacts.{key}", "artifact names are Python identifiers")
@@ -540,10 +498,6 @@ class Manifest:
             )
         if self.split.enabled and self.split.model not in self.artifacts:
             raise ManifestError("split.model", f"{self.split.model!r} is not an artifact")
-        for section, specs in (("inputs", self.inputs), ("outputs", self.outputs)):
-            for tensor in specs:
-                if not _TENSOR_NAME.match(tensor):
-                    raise ManifestError(f"{section}.{tensor}", "is not a valid tensor name")
 
     @property
     def module(self) -> str:
@@ -609,59 +563,6 @@ class Manifest:
         }
 
 
-_TOP_KEYS = {
-    "name",
-    "handler",
-    "description",
-    "artifacts",
-    "inputs",
-    "outputs",
-    "batching",
-    "scaling",
-    "requests",
-    "result_cache",
-    "rollout",
-    "breaker",
-    "split",
-    "isolation",
-    "environment",
-    "exclude",
-}
-
-
-def _table(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, Mapping):
-        raise ManifestError(key, "must be a table")
-    return value
-
-
-def _build(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any:
-    known = set(cls.__dataclass_fields__)
-    for key in data:
-        if key not in known:
-            raise ManifestError(f"{prefix}.{key}", f"unknown key (known: {sorted(known)})")
-    try:
-        return cls(**data)
-    except ManifestError as exc:
-        raise exc.under(prefix) from None
-
-
-def _tensors(data: Mapping[str, Any], section: str) -> dict[str, TensorSpec]:
-    specs: dict[str, TensorSpec] = {}
-    for tensor, spec in _table(data, section).items():
-        where = f"{section}.{tensor}"
-        if not isinstance(spec, Mapping):
-            raise ManifestError(where, "must be a table with 'dtype' and 'shape'")
-        if "dtype" not in spec or "shape" not in spec:
-            raise ManifestError(where, "needs both 'dtype' and 'shape'")
-        shape = spec["shape"]
-        if not isinstance(shape, list | tuple):
-            raise ManifestError(f"{where}.shape", "must be a list of integers")
-        specs[tensor] = _build(TensorSpec, {**spec, "shape": tuple(shape)}, where)
-    return specs
-
-
 def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manifest:
     """Validate plain data (from TOML or JSON) into a :class:`Manifest`.
 
@@ -669,42 +570,18 @@ def parse_manifest(data: Mapping[str, Any], *, name: str | None = None) -> Manif
     """
     if not isinstance(data, Mapping):
         raise ManifestError("manifest", f"must be a table, got {type(data).__name__}")
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise ManifestError(key, f"unknown key (known: {sorted(_TOP_KEYS)})")
     chosen = name if name is not None else data.get("name")
     if chosen is None:
         raise ManifestError("name", "is required (or pass --name)")
     if "handler" not in data:
         raise ManifestError("handler", "is required, e.g. handler = 'handler:Model'")
-    for key in ("handler", "description"):
-        if key in data and not isinstance(data[key], str):
-            raise ManifestError(key, "must be a string")
-    artifacts = _table(data, "artifacts")
-    for key, rel in artifacts.items():
-        if not isinstance(rel, str):
-            raise ManifestError(f"artifacts.{key}", "must be a path string")
-    exclude = data.get("exclude", [])
-    if not isinstance(exclude, list) or not all(isinstance(p, str) for p in exclude):
-        raise ManifestError("exclude", "must be a list of glob patterns")
-    return Manifest(
-        name=check_name(chosen),
-        handler=data["handler"],
-        description=data.get("description", ""),
-        artifacts=dict(artifacts),
-        inputs=_tensors(data, "inputs"),
-        outputs=_tensors(data, "outputs"),
-        batching=_build(BatchingConfig, _table(data, "batching"), "batching"),
-        scaling=_build(ScalingConfig, _table(data, "scaling"), "scaling"),
-        requests=_build(RequestsConfig, _table(data, "requests"), "requests"),
-        result_cache=_build(ResultCacheConfig, _table(data, "result_cache"), "result_cache"),
-        rollout=_build(RolloutConfig, _table(data, "rollout"), "rollout"),
-        breaker=_build(BreakerConfig, _table(data, "breaker"), "breaker"),
-        split=_build(SplitConfig, _table(data, "split"), "split"),
-        isolation=_build(IsolationConfig, _table(data, "isolation"), "isolation"),
-        environment=_build(EnvironmentConfig, _table(data, "environment"), "environment"),
-        exclude=tuple(exclude),
-    )
+    return _validator().validate({**data, "name": chosen})
+
+
+@functools.cache
+def _validator() -> Validator[Manifest]:
+    """Manifests from plain data (made on first use)."""
+    return Validator(Manifest)
 
 
 def load_manifest(folder: Path, *, name: str | None = None) -> Manifest:

@@ -33,7 +33,7 @@ def test_defaults_and_round_trip() -> None:
         ({"inputs": {"x": {"dtype": "float31", "shape": [1]}}}, "inputs.x.dtype"),
         ({"inputs": {"x": {"dtype": "float32", "shape": [-2]}}}, "inputs.x.shape"),
         ({"inputs": {"x": {"dtype": "float32", "shape": "1,2"}}}, "inputs.x.shape"),
-        ({"inputs": {"x": {"dtype": "float32"}}}, "inputs.x"),
+        ({"inputs": {"x": {"dtype": "float32"}}}, "inputs.x.shape"),
         ({"outputs": {"y": 3}}, "outputs.y"),
         ({"batching": {"max_batch_size": 0}}, "batching.max_batch_size"),
         ({"batching": {"max_wait_ms": -1}}, "batching.max_wait_ms"),
