@@ -9,7 +9,16 @@ from typing import Any
 
 import httpx
 
-from fnrt.client.calls import DEFAULT_URL, Call, Priority, invoke_call, result_of, settle
+from fnrt.client.calls import (
+    DEFAULT_URL,
+    LIST_PAGE,
+    Call,
+    Priority,
+    invoke_call,
+    list_call,
+    result_of,
+    settle,
+)
 from fnrt.client.result import Result
 from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy
 from fnrt.functions.codec import Format
@@ -90,8 +99,18 @@ class AsyncClient:
             return False
 
     async def list(self) -> list[dict[str, Any]]:
-        response = await self._send(Call("GET", "/v1/functions", True))
-        return list(response.json()["functions"])
+        """Every deployed function (a page at a time, as many pages as there are)."""
+        found, cursor = [], None
+        while True:
+            page = await self.list_page(cursor=cursor)
+            found += page["functions"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return found
+
+    async def list_page(self, limit: int = LIST_PAGE, cursor: str | None = None) -> dict[str, Any]:
+        """Up to ``limit`` functions after ``cursor`` (the last page's ``next_cursor``)."""
+        return dict((await self._send(list_call(limit, cursor))).json())
 
     async def describe(self, name: str) -> dict[str, Any]:
         return dict((await self._send(Call("GET", f"/v1/functions/{name}", True))).json())

@@ -161,3 +161,15 @@ def unreachable(url: str, exc: httpx.TransportError) -> Unreachable:
     if isinstance(exc, httpx.ConnectError):
         return Unreachable(f"cannot reach the fnrt server at {url}: {exc}")
     return Unreachable(f"no answer from the fnrt server at {url}: {exc!r}")
+
+
+#: Functions per page of a listing (the server's default; it takes up to 1000).
+LIST_PAGE = 100
+
+
+def list_call(limit: int, cursor: str | None) -> Call:
+    """One page of ``GET /v1/functions``: ``limit`` functions after ``cursor``."""
+    params: dict[str, Any] = {"limit": limit}
+    if cursor:
+        params["cursor"] = cursor
+    return Call("GET", "/v1/functions", True, params=params)

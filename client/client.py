@@ -10,7 +10,16 @@ from typing import Any
 
 import httpx
 
-from fnrt.client.calls import DEFAULT_URL, Call, Priority, invoke_call, result_of, settle
+from fnrt.client.calls import (
+    DEFAULT_URL,
+    LIST_PAGE,
+    Call,
+    Priority,
+    invoke_call,
+    list_call,
+    result_of,
+    settle,
+)
 from fnrt.client.errors import NotFoundError
 from fnrt.client.result import Result
 from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy
@@ -111,7 +120,18 @@ class Client:
             return False
 
     def list(self) -> list[dict[str, Any]]:
-        return list(self._json(Call("GET", "/v1/functions", True))["functions"])
+        """Every deployed function (a page at a time, as many pages as there are)."""
+        found, cursor = [], None
+        while True:
+            page = self.list_page(cursor=cursor)
+            found += page["functions"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return found
+
+    def list_page(self, limit: int = LIST_PAGE, cursor: str | None = None) -> dict[str, Any]:
+        """Up to ``limit`` functions after ``cursor`` (the last page's ``next_cursor``)."""
+        return self._json(list_call(limit, cursor))
 
     def describe(self, name: str) -> dict[str, Any]:
         return self._json(Call("GET", f"/v1/functions/{name}", True))

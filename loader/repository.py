@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from fnrt.functions.bundle import file_digest
 from fnrt.functions.errors import (
@@ -162,11 +163,19 @@ class Repository:
         return True
 
     def get_version(self, name: str, version: str) -> VersionManifest:
+        return VersionManifest.from_dict(self.read_version(name, version))
+
+    def read_version(self, name: str, version: str) -> dict[str, Any]:
+        """A version manifest as stored, unchecked: for a glance (a listing, whether it
+        loads at start); :meth:`get_version` checks what it serves."""
         try:
             data, _ = self.store.get(f"functions/{check_name(name)}/versions/{version}.json")
+            found = json.loads(data)
         except (KeyNotFound, ValueError):
             raise VersionNotFound(name, version) from None
-        return VersionManifest.from_dict(json.loads(data))
+        if not isinstance(found, dict) or not isinstance(found.get("manifest"), dict):
+            raise VersionNotFound(name, version)
+        return found
 
     def list_versions(self, name: str) -> list[str]:
         prefix = function_prefix(name) + "versions/"
@@ -243,13 +252,23 @@ class Repository:
         data, new_etag = found
         return Feed.from_json(data), new_etag
 
-    def list_functions(self) -> list[str]:
-        suffix = "/routing.json"
-        return sorted(
-            k[len("functions/") : -len(suffix)]
-            for k in self.store.list("functions/")
-            if k.endswith(suffix) and k.count("/") == 2
-        )
+    def list_functions(self, after: str = "", limit: int | None = None) -> list[str]:
+        """Deployed functions' names in the store's key order (``name + "/"``): all of
+        them, or the ``limit`` after ``after`` (one listing of that page, whatever the
+        number deployed)."""
+        names: list[str] = []
+        while limit is None or len(names) < limit:
+            want = None if limit is None else limit - len(names)
+            page = self.store.list_folders("functions/", after, want)
+            names += [  # a function being deleted has versions but no routing left: not listed
+                n
+                for n in page
+                if NAME_PATTERN.match(n) and self.store.exists(f"functions/{n}/routing.json")
+            ]
+            if want is None or len(page) < want or f"{page[-1]}/" <= f"{after}/":
+                break  # the last page (or a store that would list the same page again)
+            after = page[-1]
+        return names
 
     def delete_function(self, name: str) -> None:
         """Remove the routing and version manifests (blobs stay: they may be shared)."""

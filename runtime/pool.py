@@ -169,6 +169,7 @@ class InstancePool:
         """What a call arriving now finds: a loaded instance, a pre-warmed one, or none."""
         if not self._any_loaded():
             kind = StartKind.COLD
+            self._prewarmed_at = None  # a pre-warm still loading: this call waits for it
         elif self._prewarmed_at is not None:
             kind = StartKind.PREWARMED
             self._stats.last_prewarm_lead_s = now - self._prewarmed_at
@@ -185,8 +186,14 @@ class InstancePool:
         """Load ahead of a predicted call; False when it was loaded already."""
         if self.instances:
             return False
-        await self.ensure(self.slots[0])
+        # marked before the load: a call may arrive in the turn between the instance
+        # being set and this resuming, and it must count as pre-warmed
         self._prewarmed_at = self._clock.now()
+        try:
+            await self.ensure(self.slots[0])
+        except BaseException:
+            self._prewarmed_at = None
+            raise
         return True
 
     # --- loading -----------------------------------------------------------------------

@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from fnrt.functions.errors import FunctionNotFound
+from fnrt.functions.errors import FnrtError, FunctionNotFound
 from fnrt.functions.headers import STICKY_HEADER
 from fnrt.functions.manifest import NAME_PATTERN
 from fnrt.functions.routing import Routing
@@ -39,6 +40,10 @@ class Planned(Protocol):
     """The keep-alive keeper's view of a function's plan (``describe`` shows it)."""
 
     def planned(self, name: str) -> dict[str, Any]: ...
+
+    def knows(self, name: str) -> bool:
+        """Whether it has learned ``name``'s calls (and may pre-warm it)."""
+        ...
 
 
 class Registry:
@@ -69,10 +74,12 @@ class Registry:
         return task
 
     async def start(self, *, preload: bool = False) -> list[asyncio.Future[None]]:
-        """Read every function's routing; load those that ask to start warm (the
-        loads, running on)."""
+        """Read every function's routing and serving manifest; serve at once those that
+        start warm (``--preload``, ``load_at_start``: their loads, running on) and those
+        the keeper has learned (it may pre-warm them). The others cost nothing here
+        until their first call, which reads them again."""
         await self._read_feed()  # before the routing: a change made meanwhile is seen again
-        names = await asyncio.to_thread(self.repository.list_functions)
+        names = await asyncio.to_thread(self._starting, preload)
         warming: list[asyncio.Future[None]] = []
         for name in names:
             try:
@@ -83,6 +90,27 @@ class Registry:
             if preload or scheduler.version.manifest.scaling.load_at_start:
                 warming.append(self.background(warm_logged(scheduler)))
         return warming
+
+    def _starting(self, preload: bool) -> list[str]:
+        """The functions served from the start (blocking: store reads)."""
+        names = self.repository.list_functions()
+        if preload:
+            return names
+        chosen = []
+        for name in names:
+            if self._keeper is not None and self._keeper.knows(name):
+                chosen.append(name)
+                continue
+            try:
+                routing, _ = self.repository.get_routing(name)
+                stored = self.repository.read_version(name, routing.primary)
+            except Exception as exc:
+                log.error("cannot serve %s: %s", name, exc)
+                continue
+            scaling = stored["manifest"].get("scaling")
+            if isinstance(scaling, dict) and scaling.get("load_at_start") is True:
+                chosen.append(name)  # checked in full when it is served, below
+        return chosen
 
     async def close(self) -> None:
         for entry in self._functions.values():
@@ -328,26 +356,60 @@ class Registry:
         """The kept failed requests of ``name`` (one version, or all), newest first."""
         return (await self.entry(name)).failures(version)
 
-    async def summaries(self) -> list[dict[str, Any]]:
-        """Name, serving version, state and description of every function."""
-        names = await asyncio.to_thread(self.repository.list_functions)
+    async def summaries(
+        self, limit: int | None = None, after: str = ""
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Name, serving version, state and description of the ``limit`` functions after
+        ``after`` (all: None), and the name to list after next (None at the end). A
+        function this node has not served yet is read, not loaded: it is cold."""
+        names = await asyncio.to_thread(
+            self.repository.list_functions, after, None if limit is None else limit + 1
+        )
+        more = limit is not None and len(names) > limit
+        names = names[:limit] if limit is not None else names
+        unread = [n for n in names if n not in self._functions]
+        read = await asyncio.to_thread(self._read_serving, unread) if unread else {}
         out = []
         for name in names:
-            try:
-                entry = await self.entry(name)
-            except FunctionNotFound:
-                continue  # deleted meanwhile
-            scheduler = entry.primary
+            entry = self._functions.get(name)
+            if entry is not None:
+                vm = entry.primary.version
+                summary = (vm.version, entry.primary.state.value, entry.routing.traffic)
+                description = vm.manifest.description
+            elif name in read:
+                routing, stored = read[name]
+                summary = (routing.primary, "cold", routing.traffic)
+                description = str(stored["manifest"].get("description", ""))
+            else:
+                continue  # deleted meanwhile, or unreadable
+            version, state, traffic = summary
             out.append(
                 {
                     "name": name,
-                    "version": scheduler.version.version,
-                    "state": scheduler.state.value,
-                    "traffic": dict(entry.routing.traffic),
-                    "description": scheduler.version.manifest.description,
+                    "version": version,
+                    "state": state,
+                    "traffic": dict(traffic),
+                    "description": description,
                 }
             )
-        return out
+        return out, (names[-1] if more and names else None)
+
+    def _read_serving(self, names: list[str]) -> dict[str, tuple[Routing, dict[str, Any]]]:
+        """Each function's routing and serving version as stored (blocking; a few
+        threads, so a page over S3 waits for a few round trips, not one per read)."""
+
+        def read(name: str) -> tuple[Routing, dict[str, Any]] | None:
+            try:
+                routing, _ = self.repository.get_routing(name)
+                return routing, self.repository.read_version(name, routing.primary)
+            except FnrtError as exc:
+                if not isinstance(exc, FunctionNotFound):
+                    log.warning("cannot list %s: %s", name, exc)
+                return None
+
+        with ThreadPoolExecutor(min(8, len(names)), thread_name_prefix="fnrt-list") as pool:
+            found = dict(zip(names, pool.map(read, names), strict=True))
+        return {name: got for name, got in found.items() if got is not None}
 
     def loaded(self) -> list[Scheduler]:
         """Every version scheduler on this node: primary versions first."""

@@ -211,6 +211,11 @@ class Splits:
     def schedulers(self) -> list[Scheduler]:
         return list(self._tails.values())
 
+    @property
+    def active(self) -> bool:
+        """Whether any tail or split version is kept here (else a sweep has nothing to do)."""
+        return bool(self._tails or self._versions)
+
     async def sweep(self, now: float, held: set[tuple[str, str]]) -> list[str]:
         """Scale idle tails to zero; forget versions the node no longer holds once
         their tails are idle and unloaded (a device may still send to one a while)."""

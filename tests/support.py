@@ -473,3 +473,13 @@ def s3_registry(tmp: Path, url: str, clock: Clock, memory_budget_bytes: int | No
     cache = BlobCache(CacheConfig(tmp / "cache"))
     loader = InstanceLoader(repository, tmp / "cache", detect_device("cpu"), cache)
     return make_node(tmp, clock, loader=loader, memory_budget_bytes=memory_budget_bytes)
+
+
+def listed_in_pages(repo: Repository, size: int) -> list[str]:
+    """Every function's name, read ``size`` at a time after the last one read."""
+    found: list[str] = []
+    while True:
+        page = repo.list_functions(found[-1] if found else "", size)
+        found += page
+        if len(page) < size:
+            return found

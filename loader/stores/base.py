@@ -8,6 +8,7 @@ several nodes at once.
 
 from __future__ import annotations
 
+import builtins
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -75,6 +76,14 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str) -> list[str]:
         """Keys that start with ``prefix``, sorted."""
+        ...
+
+    def list_folders(
+        self, prefix: str, after: str = "", limit: int | None = None
+    ) -> builtins.list[str]:
+        """The names one level below ``prefix`` (a folder, ending in "/") that hold a key,
+        in key order (``name + "/"``, as S3 lists them), each after ``after``; at most
+        ``limit`` of them. A page of names costs about the same however many there are."""
         ...
 
     def delete(self, key: str) -> None:

@@ -8,6 +8,7 @@ for the check and the rename, so they are safe across processes.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -113,6 +114,26 @@ class FileStore:
                 if key.startswith(prefix) and not key.startswith(".locks/"):
                     keys.append(key)
         return sorted(keys)
+
+    def list_folders(
+        self, prefix: str, after: str = "", limit: int | None = None
+    ) -> builtins.list[str]:
+        self.requests["ListObjectsV2"] += 1
+        base = self.root / prefix
+        try:
+            with os.scandir(base) as entries:
+                found_dirs = [e.name for e in entries if e.is_dir()]
+            start = f"{after}/" if after else ""
+            names = sorted((n for n in found_dirs if f"{n}/" > start), key=lambda n: f"{n}/")
+        except FileNotFoundError:
+            return []
+        found: builtins.list[str] = []
+        for name in names:  # a folder left empty (its keys deleted) holds no key
+            if limit is not None and len(found) >= limit:
+                break
+            if any(p.is_file() and not p.name.startswith(".") for p in (base / name).rglob("*")):
+                found.append(name)
+        return found
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):

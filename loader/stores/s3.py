@@ -9,6 +9,7 @@ jitter, and a final failure is a StoreError naming the object.
 
 from __future__ import annotations
 
+import builtins
 import os
 import tempfile
 import threading
@@ -225,6 +226,27 @@ class S3Store:
             for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
                 keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
             return sorted(keys)
+
+        return self._call("LIST", prefix, op)
+
+    def list_folders(
+        self, prefix: str, after: str = "", limit: int | None = None
+    ) -> builtins.list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        full = base + prefix
+
+        def op() -> builtins.list[str]:
+            names: builtins.list[str] = []
+            # "~" sorts after every character of a key below a function folder
+            extra = {"StartAfter": f"{full}{after}/~"} if after else {}
+            paginator = self.client.get_paginator("list_objects_v2")
+            pages = paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/", **extra)
+            for page in pages:
+                for common in page.get("CommonPrefixes", []):
+                    names.append(common["Prefix"][len(full) : -1])
+                    if limit is not None and len(names) >= limit:
+                        return names
+            return names
 
         return self._call("LIST", prefix, op)
 

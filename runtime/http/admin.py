@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from fnrt.functions.codec import Format, encode, negotiate
 from fnrt.functions.errors import BadRequest, FnrtError, Unauthorized
-from fnrt.functions.manifest import ROLLOUT_POLICIES
+from fnrt.functions.manifest import NAME_PATTERN, ROLLOUT_POLICIES
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.resource import Endpoint, resource
@@ -197,7 +197,17 @@ def _query_int(request: Request, key: str, default: int, low: int, high: int) ->
 
 @admin
 async def list_functions(request: Request) -> Response:
-    return JSONResponse({"functions": await node_of(request).registry.summaries()})
+    """Deployed functions a page at a time: ``?limit=`` (default 100, at most 1000) after
+    ``?cursor=`` (the last page's ``next_cursor``; null on the last page)."""
+    limit = _query_int(request, "limit", LIST_PAGE, 1, LIST_PAGE_MAX)
+    cursor = request.query_params.get("cursor")
+    if cursor is not None and not NAME_PATTERN.match(cursor):
+        raise BadRequest(f"?cursor={cursor!r} is not a function name (use next_cursor)")
+    functions, after = await node_of(request).registry.summaries(limit, cursor or "")
+    return JSONResponse({"functions": functions, "next_cursor": after})
+
+
+LIST_PAGE, LIST_PAGE_MAX = 100, 1000
 
 
 @admin

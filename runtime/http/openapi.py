@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from fnrt.functions.dtypes import DTYPE_OF_DATATYPE, DTYPES
-from fnrt.functions.manifest import Manifest, TensorSpec
+from fnrt.functions.manifest import NAME_PATTERN, Manifest, TensorSpec
 from fnrt.runtime.http.oip.spec import paths as v2_paths
 from fnrt.runtime.http.oip.spec import tensor_metadata
 from fnrt.runtime.http.spec import (
@@ -262,12 +262,35 @@ def _v1() -> dict[str, Schema]:
     }
     summary = {
         "type": "object",
-        "properties": {"functions": {"type": "array", "items": {"type": "object"}}},
+        "required": ["functions", "next_cursor"],
+        "properties": {
+            "functions": {"type": "array", "items": {"type": "object"}},
+            "next_cursor": {"type": ["string", "null"]},
+        },
     }
     return {
         "/v1/functions/{name}/invoke": invoke_path(),
         "/v1/functions": {
-            "get": admin_op("List functions", "listFunctions", ok(summary)),
+            "get": admin_op(
+                "List functions, a page at a time",
+                "listFunctions",
+                ok(summary),
+                400,
+                parameters=[
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        "description": "functions per page (default 100)",
+                    },
+                    {
+                        "name": "cursor",
+                        "in": "query",
+                        "schema": {"type": "string", "pattern": NAME_PATTERN.pattern},
+                        "description": "list after this function (the last page's next_cursor)",
+                    },
+                ],
+            ),
             "post": admin_op(
                 "Deploy a version (its blobs uploaded first)",
                 "deploy",

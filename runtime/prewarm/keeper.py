@@ -146,6 +146,18 @@ class Keeper:
         # under a keep-loaded plan stays unloaded until it is called.
         return Action(prewarm=plan.prewarm_after_min > 0 and load_from <= now < unload_at)
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` has a history (a node serves it from the start, so the sweep
+        can pre-warm it ahead of its next call)."""
+        return name in self.histories or name in self._live
+
+    def pending(self, name: str) -> bool:
+        """Whether the sweep must look at ``name`` although it is cold: a pre-warm is
+        planned, or it has a history no plan has been made from yet."""
+        if name in self._prewarm_at or name in self._live:
+            return True
+        return name in self.histories and name not in self._plans
+
     def planned(self, name: str) -> dict[str, Any]:
         """The pending plan of ``name`` (unix times), for describe."""
         out: dict[str, Any] = {}

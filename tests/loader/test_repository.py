@@ -10,7 +10,7 @@ from fnrt.functions.errors import BlobNotFound, FunctionNotFound, IntegrityError
 from fnrt.functions.routing import Routing
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
-from support import packed, write_function
+from support import listed_in_pages, packed, write_function
 
 
 def test_blobs_are_verified_while_written(tmp_path: Path) -> None:
@@ -60,3 +60,24 @@ def test_concurrent_routing_updates_all_land(tmp_path: Path) -> None:
     repo.delete_function("f")
     with pytest.raises(FunctionNotFound):
         repo.get_routing("f")
+
+
+NAMES = ["a", "a-b", "a_c", "ab", "b", "b0", "z"]
+
+
+def test_functions_list_in_pages_in_the_stores_key_order(tmp_path: Path) -> None:
+    repo = Repository(FileStore(tmp_path))
+    for name in NAMES:
+        repo.update_routing(name, lambda _: Routing.first("v-1", "t"))
+    everything = repo.list_functions()
+    assert sorted(everything) == sorted(NAMES)
+    assert everything == sorted(NAMES, key=lambda n: n + "/")  # "a-b/" before "a/", as S3
+    for size in (1, 2, 3, 7, 100):
+        assert listed_in_pages(repo, size) == everything
+    repo.delete_function("a_c")  # its folder stays (versions gone, routing gone): not listed
+    assert "a_c" not in repo.list_functions() and "a_c" not in listed_in_pages(repo, 2)
+    store = repo.store
+    assert isinstance(store, FileStore)
+    before = store.requests["ListObjectsV2"]
+    repo.list_functions("", 2)
+    assert store.requests["ListObjectsV2"] - before == 1  # one listing per page

@@ -12,7 +12,8 @@ from s3support import FaultProxy, MotoEndpoint
 from fnrt.functions.errors import StoreError
 from fnrt.functions.routing import Routing
 from fnrt.loader.repository import Repository
-from fnrt.loader.stores import KeyNotFound, PreconditionFailed, S3Store, open_store
+from fnrt.loader.stores import FileStore, KeyNotFound, PreconditionFailed, S3Store, open_store
+from support import listed_in_pages
 
 MiB = 1024 * 1024
 
@@ -84,6 +85,17 @@ def test_repository_over_s3(s3: MotoEndpoint) -> None:
     routing, _ = repo.get_routing("f")
     assert (routing.traffic, routing.previous) == ({"v-2": 100}, ("v-1",))
     assert repo.list_functions() == ["f"]
+
+
+def test_functions_list_in_pages_over_s3_as_over_a_folder(s3: MotoEndpoint, tmp_path: Path) -> None:
+    over_s3 = Repository(s3.store("fnrt", "paged"))
+    on_disk = Repository(FileStore(tmp_path))
+    for repo in (over_s3, on_disk):
+        for name in ["a", "a-b", "a_c", "ab", "b", "b0", "z"]:
+            repo.update_routing(name, lambda _: Routing.first("v-1", "t"))
+    assert over_s3.list_functions() == on_disk.list_functions()
+    for size in (1, 2, 3, 100):
+        assert listed_in_pages(over_s3, size) == on_disk.list_functions()
 
 
 def test_open_store_reads_s3_uris(s3: MotoEndpoint) -> None:

@@ -109,7 +109,8 @@ async def repository_index(request: Request) -> Response:
     body = await _control_body(request)
     registry = node_of(request).registry
     entries = []
-    for summary in await registry.summaries():
+    summaries, _ = await registry.summaries()  # all of them: Triton's index does not page
+    for summary in summaries:
         state = summary["state"]
         entry = {
             "name": summary["name"],

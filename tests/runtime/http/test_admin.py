@@ -198,3 +198,44 @@ def test_deploys_that_would_write_outside_their_folders_are_refused(tmp_path: Pa
         assert r.status_code == 400 and "not a plain relative path" in r.json()["error"]
         assert c.post("/v1/functions", json=body).status_code == 201  # same connection
         assert not (tmp_path / "evil.py").exists() and not (tmp_path / "x").exists()
+
+
+def test_the_listing_pages_and_reads_what_it_does_not_serve(tmp_path: Path) -> None:
+    from fnrt.functions.routing import Routing
+    from fnrt.loader.repository import Repository
+    from fnrt.loader.stores import FileStore
+    from support import publish
+
+    other = Repository(FileStore(tmp_path / "store"))  # deployed before the node started
+    names = [f"fn{i}" for i in range(7)]
+    for name in names:
+        vm = publish(other, write_function(tmp_path / "src", name))
+        other.put_version(vm)
+        other.update_routing(name, lambda _, v=vm.version: Routing.first(v, "t"))
+    with live_server(tmp_path) as srv, Client(srv.url) as client, srv.client() as c:
+        assert srv.node.registry.entries() == []  # none loads at start: none held
+        first = c.get("/v1/functions", params={"limit": 3}).json()
+        assert [f["name"] for f in first["functions"]] == names[:3]
+        assert first["next_cursor"] == "fn2"
+        assert {f["state"] for f in first["functions"]} == {"cold"}
+        rest = c.get("/v1/functions", params={"limit": 1000, "cursor": "fn2"}).json()
+        assert [f["name"] for f in rest["functions"]] == names[3:]
+        assert rest["next_cursor"] is None
+        assert srv.node.registry.entries() == []  # listed, still not held
+        assert [f["name"] for f in client.list()] == names
+        assert client.list_page(limit=2, cursor="fn5")["functions"][0]["name"] == "fn6"
+        c.post("/v1/functions/fn4/invoke", json={"x": [[1, 2, 3, 4]]})
+        warm = c.get("/v1/functions", params={"cursor": "fn3", "limit": 1}).json()
+        assert warm["functions"][0] == {
+            **warm["functions"][0],
+            "name": "fn4",
+            "state": "warm",
+        }
+        for query, why in [
+            ({"limit": 0}, "?limit= must be from 1 to 1000"),
+            ({"limit": "ten"}, "?limit='ten' is not an integer"),
+            ({"cursor": "Not A Name"}, "is not a function name"),
+            ({"cursor": ""}, "is not a function name"),
+        ]:
+            refused = c.get("/v1/functions", params=query)
+            assert refused.status_code == 400 and why in refused.json()["error"], refused.text

@@ -1,0 +1,74 @@
+"""The sweep: what it does for functions at work, and that idle ones cost it nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.prewarm.keeper import Keeper
+from support import live_server, make_node, publish, write_function
+
+X = [[1.0, 2.0, 3.0, 4.0]]
+
+
+def test_a_cold_function_is_passed_by_until_it_is_called_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock(start=0.0)
+    keeper = Keeper(tmp_path / "history.json", wall=lambda: 1_800_000_000.0 + clock.now())
+    node = make_node(tmp_path, clock, keeper=keeper)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        srv.call(node.deployer.deploy(publish(node.repository, write_function(tmp_path, "f"))))
+        scheduler = srv.call(node.registry.get("f"))
+        visits: set[float] = set()  # the clock's time of each sweep that looked at it
+        scale = scheduler.scale_to_zero
+
+        async def counted(now: float, **kw: Any) -> bool:
+            visits.add(now)
+            return await scale(now, **kw)
+
+        monkeypatch.setattr(scheduler, "scale_to_zero", counted)
+        assert c.post("/v1/functions/f/invoke", json={"x": X}).status_code == 200
+        srv.call(node.sweeper.sweep())
+        assert len(visits) == 1  # warm: looked at
+        clock.advance(301)  # past keep_alive_s (too little history to plan: the manifest's)
+        srv.call(node.sweeper.sweep())
+        assert scheduler.state.value == "cold" and len(visits) == 2
+        for _ in range(5):  # cold, nothing planned: passed by
+            clock.advance(1)
+            srv.call(node.sweeper.sweep())
+        assert len(visits) == 2
+        assert c.post("/v1/functions/f/invoke", json={"x": X}).status_code == 200
+        srv.call(node.sweeper.sweep())
+        assert len(visits) == 3  # called again: looked at again
+
+
+def test_a_restarted_node_serves_what_it_learned_and_reads_the_rest_on_call(
+    tmp_path: Path,
+) -> None:
+    from fnrt.functions.routing import Routing
+
+    wall = [1_800_000_000.0]
+    keeper = Keeper(tmp_path / "history.json", wall=lambda: wall[0])
+    node = make_node(tmp_path, keeper=keeper)
+    for name, extra in (("learned", ""), ("early", "load_at_start = true\n"), ("idle", "")):
+        folder = write_function(tmp_path / "src", name)
+        if extra:
+            toml = folder / "fnrt.toml"
+            toml.write_text(toml.read_text().replace("[scaling]\n", f"[scaling]\n{extra}"))
+        vm = publish(node.repository, folder)
+        node.repository.put_version(vm)
+        node.repository.update_routing(name, lambda _, v=vm.version: Routing.first(v, "t"))
+    for _ in range(3):
+        keeper.invoked("learned")
+        wall[0] += 600
+    keeper.save()
+    restarted = make_node(tmp_path, keeper=Keeper(tmp_path / "history.json"))
+    with live_server(tmp_path, node=restarted) as srv, srv.client() as c:
+        held = sorted(e.name for e in restarted.registry.entries())
+        assert held == ["early", "learned"]  # "idle" costs this node nothing yet
+        assert c.post("/v1/functions/idle/invoke", json={"x": X}).status_code == 200
+        assert sorted(e.name for e in restarted.registry.entries()) == ["early", "idle", "learned"]
