@@ -22,7 +22,7 @@ from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from fnrt.functions.errors import FnrtError, FunctionNotFound
+from fnrt.functions.errors import FunctionNotFound
 from fnrt.functions.headers import STICKY_HEADER
 from fnrt.functions.manifest import NAME_PATTERN
 from fnrt.functions.routing import Routing
@@ -402,9 +402,10 @@ class Registry:
             try:
                 routing, _ = self.repository.get_routing(name)
                 return routing, self.repository.read_version(name, routing.primary)
-            except FnrtError as exc:
-                if not isinstance(exc, FunctionNotFound):
-                    log.warning("cannot list %s: %s", name, exc)
+            except FunctionNotFound:
+                return None  # deleted meanwhile
+            except Exception as exc:  # one unreadable function must not fail the listing
+                log.warning("cannot list %s: %s", name, exc)
                 return None
 
         with ThreadPoolExecutor(min(8, len(names)), thread_name_prefix="fnrt-list") as pool:
