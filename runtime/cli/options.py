@@ -105,13 +105,12 @@ def setting(
     help: str,
     type: Any = None,
     default_text: str | None = None,
-    envvar: str | None = "",
     **kwargs: Any,
 ) -> Callable[[F], F]:
     """An option for the :class:`ServerSettings` field ``name``: ``--name-with-dashes``
-    reading ``FNRT_NAME`` unless ``decls`` or ``envvar`` say otherwise (``envvar=None``:
-    none). Its default is the dataclass's (sizes written with units); where that is
-    computed, the option is None unless given and ``--help`` shows ``default_text``."""
+    (unless ``decls`` name it) reading ``FNRT_NAME``. Its default is the dataclass's
+    (sizes written with units); where that is computed, the option is None unless
+    given and ``--help`` shows ``default_text``."""
     default = kwargs.pop("default", server_default(name))
     if default_text is None and default not in (None, ()):
         kwargs["default"] = format_bytes(default) if type is SIZE else default
@@ -122,7 +121,7 @@ def setting(
         *(decls or (f"--{name.replace('_', '-')}",)),
         name,
         type=type,
-        envvar=f"FNRT_{name.upper()}" if envvar == "" else envvar,
+        envvar=f"FNRT_{name.upper()}",
         show_envvar=True,
         show_default=show,
         help=help,
