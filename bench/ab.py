@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from loadgen import ROOT, copy_mlp, deploy, require_wrk, start_fnrt, write_script, wrk
 
-FOLDERS = ("functions", "loader", "runtime", "tracing", "edge")
+FOLDERS = ("client", "functions", "loader", "runtime", "tracing", "edge")
 
 
 def main() -> None:

@@ -1,9 +1,12 @@
-"""fnrt serving the ``mlp`` example versus a bare Starlette endpoint, same run, same load.
+"""fnrt serving the ``mlp`` example versus a bare Starlette endpoint and the HTTP floor.
 
     python bench/invoke.py [--connections 32] [--duration-s 8] [--rounds 3] [--plot FILE.png]
 
-Both servers run on uvicorn with uvloop and httptools, one process each, with
-``OMP_NUM_THREADS=1``; ``wrk`` (Debian package ``wrk``) drives them with the
+All three run on uvicorn with uvloop and httptools, one process each, with
+``OMP_NUM_THREADS=1``: fnrt (request log on, as in production), a bare
+Starlette endpoint calling the same model inline, and a raw ASGI app that
+reads the body and answers a constant one (``raw_app.py``: the floor the
+stack allows, no model); ``wrk`` (Debian package ``wrk``) drives them with the
 same body at the same concurrency. Each configuration runs ``--rounds`` times,
 interleaved so drift hits all alike; the median round is reported, and the
 ratio fnrt / bare is the figure to read (absolute numbers move with the machine).
@@ -31,6 +34,7 @@ from loadgen import (
     require_wrk,
     start_bare,
     start_fnrt,
+    start_raw,
     write_script,
     wrk,
 )
@@ -57,6 +61,8 @@ def main() -> None:
         procs.append(proc)
         bare, proc = start_bare(example, weights, env)
         procs.append(proc)
+        raw, proc = start_raw(env)
+        procs.append(proc)
         deploy(fnrt, example)
 
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
@@ -73,6 +79,7 @@ def main() -> None:
         urls = {
             "fnrt": f"{fnrt}/v1/functions/mlp/invoke",
             "bare": bare,
+            "raw": raw,
         }
         for url in urls.values():  # warm up both (first invoke loads fnrt's instance)
             for fmt in bodies:
@@ -101,13 +108,14 @@ def main() -> None:
                     f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>8}"
                 )
         print()
-        for fmt in bodies:
-            ratio = median(results[("fnrt", fmt)]).rps / median(results[("bare", fmt)]).rps
-            spread = [
-                round(a.rps / b.rps, 2)
-                for a, b in zip(results[("fnrt", fmt)], results[("bare", fmt)], strict=True)
-            ]
-            print(f"fnrt / bare requests/s ({fmt}): {ratio:.2f}x   per round: {spread}")
+        for base in ("bare", "raw"):
+            for fmt in bodies:
+                ratio = median(results[("fnrt", fmt)]).rps / median(results[(base, fmt)]).rps
+                spread = [
+                    round(a.rps / b.rps, 2)
+                    for a, b in zip(results[("fnrt", fmt)], results[(base, fmt)], strict=True)
+                ]
+                print(f"fnrt / {base} requests/s ({fmt}): {ratio:.2f}x   per round: {spread}")
         if args.plot:
             plot(results, args.plot)
     finally:
@@ -126,12 +134,12 @@ def plot(results: dict[tuple[str, str], list[Result]], path: Path) -> None:
 
     fmts = sorted({f for _, f in results})
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, name in enumerate(("bare", "fnrt")):
+    for i, name in enumerate(("raw", "bare", "fnrt")):
         values = [statistics.median(r.rps for r in results[(name, f)]) for f in fmts]
-        ax.bar([j + i * 0.38 for j in range(len(fmts))], values, width=0.38, label=name)
-    ax.set_xticks([j + 0.19 for j in range(len(fmts))], fmts)
+        ax.bar([j + i * 0.27 for j in range(len(fmts))], values, width=0.27, label=name)
+    ax.set_xticks([j + 0.27 for j in range(len(fmts))], fmts)
     ax.set_ylabel("requests/s")
-    ax.set_title("mlp example: fnrt vs bare Starlette")
+    ax.set_title("mlp example: fnrt, bare Starlette and the raw ASGI floor")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

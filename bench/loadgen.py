@@ -185,6 +185,15 @@ def start_bare(
     return f"http://127.0.0.1:{port}/invoke", proc
 
 
+def start_raw(env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes]]:
+    """The raw ASGI constant answer (``raw_app.py``): the HTTP floor; its URL and process."""
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).parent / "raw_app.py"), str(port)]
+    proc = subprocess.Popen(argv, env=env)
+    wait_ready(f"http://127.0.0.1:{port}/", proc)
+    return f"http://127.0.0.1:{port}/invoke", proc
+
+
 def copy_mlp(work: Path) -> tuple[Path, Path]:
     """A copy of ``examples/mlp`` in ``work`` with its weights made by its own script."""
     example = work / "mlp"

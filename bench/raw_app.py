@@ -1,0 +1,45 @@
+"""The HTTP floor for the serving benchmarks: a raw ASGI app answering a constant body.
+
+The same server stack fnrt runs on (uvicorn, uvloop, httptools, one process),
+no framework and no model: it reads the request body and answers the bytes
+an ``mlp`` invoke answers. Whatever a server does beyond this is overhead.
+Run as ``python bench/raw_app.py PORT``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvicorn
+
+ANSWER = json.dumps({"y": [[0.123456] * 10]}).encode()
+HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:  # the whole body, as a server must read it
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    await send({"type": "http.response.body", "body": ANSWER})
+
+
+if __name__ == "__main__":
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+    )
