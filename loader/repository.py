@@ -255,16 +255,13 @@ class Repository:
     def list_functions(self, after: str = "", limit: int | None = None) -> list[str]:
         """Deployed functions' names in the store's key order (``name + "/"``): all of
         them, or the ``limit`` after ``after`` (one listing of that page, whatever the
-        number deployed)."""
+        number deployed). A function being deleted may be listed until its versions are
+        gone: readers of its routing find it missing and pass it by."""
         names: list[str] = []
         while limit is None or len(names) < limit:
             want = None if limit is None else limit - len(names)
             page = self.store.list_folders("functions/", after, want)
-            names += [  # a function being deleted has versions but no routing left: not listed
-                n
-                for n in page
-                if NAME_PATTERN.match(n) and self.store.exists(f"functions/{n}/routing.json")
-            ]
+            names += [n for n in page if NAME_PATTERN.match(n)]  # a folder no deploy made
             if want is None or len(page) < want or f"{page[-1]}/" <= f"{after}/":
                 break  # the last page (or a store that would list the same page again)
             after = page[-1]

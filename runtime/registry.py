@@ -104,6 +104,8 @@ class Registry:
             try:
                 routing, _ = self.repository.get_routing(name)
                 stored = self.repository.read_version(name, routing.primary)
+            except FunctionNotFound:
+                continue  # deleted meanwhile
             except Exception as exc:
                 log.error("cannot serve %s: %s", name, exc)
                 continue

@@ -8,6 +8,7 @@ meaning (bytes, seconds).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
 _BYTES = {
@@ -31,26 +32,31 @@ _SECONDS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 def parse_bytes(text: str) -> int:
     """``"2GiB"`` -> 2147483648; ValueError naming the units it takes."""
-    match = _SIZE.fullmatch(str(text))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _BYTES:
-        raise ValueError(
-            f"{text!r} is not a size: a number of bytes, or with a unit "
-            "(B, KB, MB, GB, TB; KiB, MiB, GiB, TiB), e.g. 2GiB"
+    return int(
+        _scaled(
+            text,
+            _BYTES,
+            "a size: a number of bytes, or with a unit (B, KB, MB, GB, TB; "
+            "KiB, MiB, GiB, TiB), e.g. 2GiB",
         )
-    return int(float(match.group(1)) * _BYTES[unit])
+    )
 
 
 def parse_seconds(text: str) -> float:
     """``"250ms"`` -> 0.25, ``"5m"`` -> 300.0; ValueError naming the units it takes."""
+    return _scaled(
+        text,
+        _SECONDS,
+        "a duration: a number of seconds, or with a unit (ms, s, m, h), e.g. 250ms or 5m",
+    )
+
+
+def _scaled(text: str, units: Mapping[str, float], what: str) -> float:
+    """A number with an optional unit from ``units``, times that unit's factor."""
     match = _SIZE.fullmatch(str(text))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _SECONDS:
-        raise ValueError(
-            f"{text!r} is not a duration: a number of seconds, or with a unit "
-            "(ms, s, m, h), e.g. 250ms or 5m"
-        )
-    return float(match.group(1)) * _SECONDS[unit]
+    if match is None or match.group(2).lower() not in units:
+        raise ValueError(f"{text!r} is not {what}")
+    return float(match.group(1)) * units[match.group(2).lower()]
 
 
 def format_bytes(size: int) -> str:
