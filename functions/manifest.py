@@ -92,6 +92,7 @@ Text = StrictStr
 Seconds = Annotated[StrictFloat, Field(ge=0, description="seconds")]
 Millis = Annotated[StrictFloat, Field(ge=0, description="milliseconds")]
 Fraction = Annotated[StrictFloat, Field(ge=0, le=1)]
+GbSeconds = Annotated[StrictFloat, Field(ge=0, description="GB·s")]
 Texts = tuple[StrictStr, ...]
 TensorName = Annotated[
     Text, Field(pattern=_TENSOR_NAME.pattern, description="a tensor name ([A-Za-z0-9_.:/-])")
@@ -186,10 +187,18 @@ class ScalingConfig:
     scale_up_after_ms: Millis = 200.0
     scale_down_after_s: Seconds = 30.0
     keep_alive_policy: KeepAlivePolicy = "auto"
+    #: what a cold start is worth to ``auto`` (unset: the server's --cold-start-price-gb-s)
+    cold_start_price_gb_s: GbSeconds | None = None
+    #: or: so many seconds of this function's own instance kept idle
+    cold_start_price_s: Seconds | None = None
 
     def __post_init__(self) -> None:
         if self.min_instances > self.max_instances:
             raise ManifestError("min_instances", "must be an integer from 0 to max_instances")
+        if self.cold_start_price_gb_s is not None and self.cold_start_price_s is not None:
+            raise ManifestError(
+                "cold_start_price_s", "give cold_start_price_gb_s or cold_start_price_s, not both"
+            )
 
 
 Priority = Literal["high", "normal", "low"]
@@ -524,7 +533,8 @@ class Manifest:
             "inputs": {k: v.to_dict() for k, v in self.inputs.items()},
             "outputs": {k: v.to_dict() for k, v in self.outputs.items()},
             "batching": asdict(self.batching),
-            "scaling": asdict(self.scaling),
+            # unset prices left out: TOML has no null, and versions keep their ids
+            "scaling": {k: v for k, v in asdict(self.scaling).items() if v is not None},
             "requests": asdict(self.requests),
             # backend only when not "memory": versions deployed before it keep their ids
             "result_cache": {

@@ -118,12 +118,15 @@ def _describe(schema: dict[str, Any], node: dict[str, Any], plural: bool = False
     """What a value of ``node`` is, in words: ``an integer from 1 to 4096``."""
     if "enum" in node:
         return f"one of {node['enum']}"
+    if "anyOf" in node:  # an optional value: what it is when given (unset is left out)
+        given = [_deref(schema, n) for n in node["anyOf"] if n.get("type") != "null"]
+        return " or ".join(_describe(schema, n, plural) for n in given) or "valid"
     kind = node.get("type")
     description = node.get("description")
     if kind == "boolean":
         return "true or false"
     if kind in ("integer", "number"):
-        if description in ("seconds", "milliseconds", "bytes"):
+        if description in ("seconds", "milliseconds", "bytes", "GB·s"):
             noun = f"number{'s' if plural else ''} of {description}"
         else:
             noun = ("integer" if kind == "integer" else "number") + ("s" if plural else "")

@@ -32,8 +32,18 @@ def manifest_schema() -> dict[str, Any]:
 
 def _tidy(node: Any) -> None:
     """Descriptions on one line; no titles pydantic makes from field names; a mapping
-    with a key pattern takes no other keys."""
+    with a key pattern takes no other keys; an optional value is its type (TOML has no
+    null: unset is leaving the key out)."""
     if isinstance(node, dict):
+        options = node.get("anyOf")
+        if (
+            isinstance(options, list)
+            and {"type": "null"} in options
+            and node.get("default", 0) is None
+        ):
+            given = [o for o in options if o != {"type": "null"}]
+            del node["anyOf"], node["default"]
+            node.update(given[0] if len(given) == 1 else {"anyOf": given})
         for key in ("properties", "$defs"):
             for child in node.get(key, {}).values():
                 if isinstance(child, dict):

@@ -31,6 +31,7 @@ from fnrt.runtime.events import TelemetryEvents
 from fnrt.runtime.gateway import Gateway
 from fnrt.runtime.lifecycle import Lifecycle
 from fnrt.runtime.prewarm.keeper import Keeper
+from fnrt.runtime.prewarm.policies import PolicyConfig
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.result_cache import redis_client
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
@@ -140,7 +141,10 @@ def build_node(
         loader = InstanceLoader(repository, cache_dir, detect_device(settings.device), blobs)
     repository = loader.repository
     if keeper is None and learn_keep_alive:
-        keeper = Keeper(Path(loader.cache_dir) / "prewarm" / "history.json")
+        keeper = Keeper(
+            Path(loader.cache_dir) / "prewarm" / "history.json",
+            PolicyConfig(cold_start_price_gb_s=settings.cold_start_price_gb_s),
+        )
     admission = Admission(settings.max_queued)
 
     # The budget reads the node's schedulers at each load, after the node is built.

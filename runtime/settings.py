@@ -63,6 +63,8 @@ class ServerSettings:
     drain_delay_s: float = 0.0  # after SIGTERM, /readyz 503 but still accepting this long
     shutdown_timeout_s: float = 30.0  # then, work still running past it answers 503
     sweep_interval_s: float = 1.0
+    #: what a cold start is worth to the ``auto`` keep-alive, in GB·s of idle memory
+    cold_start_price_gb_s: float = 5000.0
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     redis_url: str | None = None  # the shared result cache (redis://host:6379/0)
     preload: bool = False
@@ -83,6 +85,8 @@ class ServerSettings:
             raise ValueError("sweep_interval_s: must be > 0")
         if self.watch_interval_s <= 0:
             raise ValueError("watch_interval_s: must be > 0")
+        if not self.cold_start_price_gb_s >= 0:
+            raise ValueError("cold_start_price_gb_s: must be a number >= 0")
         if self.isolation not in ("process", "thread"):
             raise ValueError(f"isolation: {self.isolation!r} is not process or thread")
         if self.device not in ("auto", "cpu", "cuda"):

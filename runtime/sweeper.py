@@ -32,6 +32,12 @@ log = logging.getLogger("fnrt.sweeper")
 HISTORY_SAVE_INTERVAL_S = 60.0
 
 
+def prewarm_lead_s(last_load_s: float) -> float:
+    """How long before a plan's first minute a pre-warm starts: twice the function's
+    last load and 5 s more (the sweep's second, a slower fetch), a minute at most."""
+    return min(60.0, 5.0 + 2.0 * last_load_s)
+
+
 class Sweeper:
     """Scale to zero, pre-warm, retire versions and watch the store, on timers."""
 
@@ -127,12 +133,16 @@ class Sweeper:
         if activity.loaded and scheduler.instances <= scaling.min_instances:
             return False
         idle_for = max(now - activity.last_active_s, 0.0)
+        instance_bytes = scheduler.stats.last_load_bytes or scheduler.version.size_bytes
         action = self.keeper.act(
             scheduler.name,
             policy,
             keep_alive_s=scaling.keep_alive_s,
             idle_since_unix=self.keeper.wall() - idle_for,
             loaded=activity.loaded,
+            memory_gb=instance_bytes / 2**30,
+            config=self.keeper.priced(scaling.cold_start_price_gb_s, scaling.cold_start_price_s),
+            lead_s=prewarm_lead_s(scheduler.stats.last_load_timings_s.get("total_s", 0.0)),
         )
         if action.unload:
             return await scheduler.scale_to_zero(now, force=True)

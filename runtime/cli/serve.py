@@ -184,6 +184,13 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "what is still queued or running answers 503 and the server exits, whatever handlers do",
 )
 @setting(
+    "cold_start_price_gb_s",
+    type=click.FloatRange(min=0),
+    help="what a cold start is worth to the auto keep-alive, in GB·s of idle memory: "
+    "higher keeps functions loaded longer and pre-warms wider (fewer cold starts, more "
+    "memory); a manifest's [scaling] cold_start_price_gb_s overrides it",
+)
+@setting(
     "fd_reserve",
     type=int,
     help="file descriptors kept from connections for the store, the cache and worker processes",

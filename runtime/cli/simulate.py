@@ -16,6 +16,8 @@ from fnrt.runtime.cli.options import Listed, flat
 
 POLICIES = ("fixed", "histogram", "time_of_day", "trend", "auto")
 DEFAULT_KEEP_ALIVE_MIN = (5, 10, 20, 60)
+#: ``auto``'s prices of a cold start with --plot: its curve, around the default (5,000)
+PLOT_PRICES_GB_S = (300.0, 1250.0, 5000.0, 20000.0, 80000.0)
 
 
 @click.command(short_help="replay an invocation trace through the keep-alive policies")
@@ -45,6 +47,15 @@ DEFAULT_KEEP_ALIVE_MIN = (5, 10, 20, 60)
     type=Listed(click.IntRange(min=1)),
     multiple=True,
     help="keep-alive lengths for the fixed policy  [default: 5,10,20,60]",
+)
+@click.option(
+    "--price-gb-s",
+    "price_lists",
+    type=Listed(click.FloatRange(min=0)),
+    multiple=True,
+    metavar="GBS[,GBS...]",
+    help="auto's prices of a cold start, in GB·s of idle memory (each function's memory "
+    "from --memory, else 1 GB)  [default: 5000; with --plot: 300,1250,5000,20000,80000]",
 )
 @click.option("--workers", type=int, default=2, show_default=True, help="processes")
 @click.option(
@@ -78,6 +89,7 @@ def simulate(
     write: str | None,
     policy_names: tuple[list[str], ...],
     keep_alive_lists: tuple[list[int], ...],
+    price_lists: tuple[list[float], ...],
     workers: int,
     node_lists: tuple[list[int], ...],
     routing_lists: tuple[list[str], ...],
@@ -93,7 +105,8 @@ def simulate(
     policy it reports the cold-start percentage (overall and the
     75th-percentile function), the memory kept idle (GB-hours with --memory,
     else instance-hours) and the pre-warms never used. --synthetic N makes up a
-    trace of N functions instead.
+    trace of N functions instead. auto runs once per price of a cold start
+    (--price-gb-s); --plot draws its curve against the fixed keep-alives'.
 
     With --nodes, it replays the trace over a fleet instead: each node with its
     own memory (L1) and disk (L2) budgets and the keep-alive policy on the calls
@@ -143,6 +156,7 @@ def simulate(
         trace,
         policies,
         fixed_keep_alive_min=flat(keep_alive_lists) or list(DEFAULT_KEEP_ALIVE_MIN),
+        prices_gb_s=flat(price_lists) or (PLOT_PRICES_GB_S if plot else ()),
         workers=workers,
     )
     took = time.perf_counter() - started

@@ -293,7 +293,7 @@ class FleetSimulator:
             if f in called:
                 continue
             resident = node.functions[f]
-            plan = self._plan(resident)
+            plan = self._plan(resident, f)
             if plan.warm(minute + 1 - resident.last):
                 continue
             node.unload(f, self.sizes[f])
@@ -303,10 +303,14 @@ class FleetSimulator:
         node.memory_mb_min += node.memory_mb
         node.peak_mb = max(node.peak_mb, node.memory_mb)
 
-    def _plan(self, resident: _Resident) -> Plan:
+    def _plan(self, resident: _Resident, f: int) -> Plan:
         if resident.plan is None:
             resident.plan = decide(
-                self.config.policy, self.config.policy_config, resident.history, resident.last
+                self.config.policy,
+                self.config.policy_config,
+                resident.history,
+                resident.last,
+                self.sizes[f] / 1024,
             )
         return resident.plan
 

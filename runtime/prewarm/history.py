@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 MINUTES_PER_DAY = 1440
 
 
@@ -36,6 +38,8 @@ class HistoryConfig:
         for name in ("range_min", "recent_idle", "days"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be an integer >= 1")
+        if self.days > 62:
+            raise ValueError("days: at most 62 (a bit each, in 64-bit integers)")
         if self.rate_half_life_min <= 0:
             raise ValueError("rate_half_life_min: must be > 0")
 
@@ -51,7 +55,9 @@ class History:
     square_sum: int = 0  # sum of bins squared (for the coefficient of variation)
     out_of_range: int = 0
     recent_idle: deque[int] = field(default_factory=deque)
-    day_bits: list[int] = field(default_factory=list)  # minute of day -> bit d: d days ago
+    #: minute of day -> bit d set when called d days ago (numpy: the time-of-day policy
+    #: reads hours of it at once)
+    day_bits: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     last_minute: int | None = None  # the last active minute
     last_day: int | None = None
     first_day: int | None = None
@@ -63,8 +69,8 @@ class History:
     def __post_init__(self) -> None:
         if not self.bins:
             self.bins = [0] * self.config.range_min
-        if not self.day_bits:
-            self.day_bits = [0] * MINUTES_PER_DAY
+        if not len(self.day_bits):
+            self.day_bits = np.zeros(MINUTES_PER_DAY, dtype=np.int64)
         self.recent_idle = deque(self.recent_idle, maxlen=self.config.recent_idle)
 
     @property
@@ -121,11 +127,10 @@ class History:
                 if self.last_day is not None:  # a new day: every bit one day older
                     shift = min(day - self.last_day, self.config.days)
                     keep = (1 << self.config.days) - 1
-                    self.day_bits = [(bits << shift) & keep for bits in self.day_bits]
+                    self.day_bits = (self.day_bits << shift) & keep
                 self.last_day = day
             if day == self.last_day:
-                bits = self.day_bits
-                bits[of_day : end + 1] = [b | 1 for b in bits[of_day : end + 1]]
+                self.day_bits[of_day : end + 1] |= 1
             minute = (day + 1) * MINUTES_PER_DAY
 
     def _rate(self, minute: int, invocations: int) -> None:
@@ -149,6 +154,17 @@ class History:
         """How many of the past days had a call in ``minute_of_day``."""
         return int(self.day_bits[minute_of_day % MINUTES_PER_DAY]).bit_count()
 
+    def days_called_ahead(self, now: int, minutes: int) -> np.ndarray:
+        """For each of the ``minutes`` minutes after ``now``, how many past days had a
+        call at that time of day (:meth:`called_on_days`, for all of them at once)."""
+        of_day = (now + np.arange(1, minutes + 1)) % MINUTES_PER_DAY
+        bits = self.day_bits[of_day]
+        count = np.zeros(minutes, dtype=np.int64)
+        for _ in range(self.config.days):
+            count += bits & 1
+            bits = bits >> 1
+        return count
+
     # --- persistence ----------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +172,7 @@ class History:
             "bins": {str(i): c for i, c in enumerate(self.bins) if c},
             "out_of_range": self.out_of_range,
             "recent_idle": list(self.recent_idle),
-            "day_bits": {str(m): b for m, b in enumerate(self.day_bits) if b},
+            "day_bits": {str(m): int(self.day_bits[m]) for m in np.flatnonzero(self.day_bits)},
             "last_minute": self.last_minute,
             "last_day": self.last_day,
             "first_day": self.first_day,

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,8 @@ class Keeper:
         self._live: dict[str, _Live] = {}
         self._prewarm_at: dict[str, float] = {}  # unix time of a planned pre-warm
         self._unload_after: dict[str, float] = {}  # unix time the plan releases it
-        self._plans: dict[str, tuple[tuple[Policy, int, int], Plan]] = {}
+        self._plans: dict[str, tuple[tuple[Policy, int, int, float, PolicyConfig], Plan]] = {}
+        self._priced: dict[tuple[float | None, float | None], PolicyConfig] = {}
         if path is not None and path.is_file():
             self._load(path)
 
@@ -92,8 +93,32 @@ class Keeper:
 
     # --- deciding (the sweep) ----------------------------------------------------------
 
-    def plan(self, name: str, policy: Policy, now_minute: int | None = None) -> Plan | None:
-        """The plan after ``name``'s last call, or None when it was never called."""
+    def priced(self, gb_s: float | None, s: float | None) -> PolicyConfig:
+        """The node's policy config with a function's own price of a cold start (its
+        manifest's ``cold_start_price_gb_s`` or ``cold_start_price_s``), if it sets one."""
+        if gb_s is None and s is None:
+            return self.config
+        key = (gb_s, s)
+        config = self._priced.get(key)
+        if config is None:
+            config = replace(
+                self.config,
+                cold_start_price_gb_s=self.config.cold_start_price_gb_s if gb_s is None else gb_s,
+                cold_start_price_s=s,
+            )
+            self._priced[key] = config
+        return config
+
+    def plan(
+        self,
+        name: str,
+        policy: Policy,
+        *,
+        memory_gb: float = 1.0,
+        config: PolicyConfig | None = None,
+    ) -> Plan | None:
+        """The plan after ``name``'s last call for an instance of ``memory_gb`` (at
+        ``config``'s price, default the node's), or None when it was never called."""
         live = self._live.get(name)
         if live is not None:
             self._commit(name, live)
@@ -101,11 +126,12 @@ class Keeper:
         history = self.histories.get(name)
         if history is None or history.last_minute is None:
             return None
-        key = (policy, history.invocations, history.last_minute)
+        config = config or self.config
+        key = (policy, history.invocations, history.last_minute, memory_gb, config)
         cached = self._plans.get(name)
         if cached is not None and cached[0] == key:
             return cached[1]  # nothing new since: the same plan (the sweep asks every second)
-        plan = decide(policy, self.config, history, history.last_minute)
+        plan = decide(policy, config, history, history.last_minute, memory_gb)
         self._plans[name] = (key, plan)
         return plan
 
@@ -117,11 +143,17 @@ class Keeper:
         keep_alive_s: float,
         idle_since_unix: float,
         loaded: bool,
+        memory_gb: float = 1.0,
+        config: PolicyConfig | None = None,
+        lead_s: float = 60.0,
     ) -> Action:
         """What to do now with an idle function: unload, pre-warm, or nothing.
 
         With ``fixed``, ``keep_alive_s`` (the manifest's) is the plan. Other
-        policies plan in minutes from the last call.
+        policies plan in minutes from the last call; ``auto`` weighs the memory of
+        an instance (``memory_gb``) against ``config``'s price of a cold start. A
+        pre-warm starts ``lead_s`` before the plan's first minute (the time a load
+        takes, with a margin), so the memory it holds is what the plan priced.
         """
         now = self.wall()
         live = self._live.get(name)
@@ -129,13 +161,13 @@ class Keeper:
             return Action()  # still being called this minute
         if policy is Policy.FIXED:
             return Action(unload=loaded and now - idle_since_unix >= keep_alive_s)
-        plan = self.plan(name, policy)
+        plan = self.plan(name, policy, memory_gb=memory_gb, config=config)
         if plan is None or plan.why.startswith("fixed"):  # not enough known: the manifest's
             return Action(unload=loaded and now - idle_since_unix >= keep_alive_s)
         history = self.histories[name]
         last = (history.last_minute or 0) * 60.0
         first, end = plan.loaded  # minutes after the last call's minute with it loaded
-        load_from = last + first * 60.0 - 60.0  # be loaded as the minute before begins
+        load_from = last + first * 60.0 - lead_s  # loaded as the plan's first minute begins
         unload_at = last + (end + 1) * 60.0
         self._prewarm_at[name] = load_from
         self._unload_after[name] = unload_at

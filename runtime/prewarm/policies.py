@@ -19,10 +19,16 @@ again ahead of the predicted next call:
   ``min_days`` days, pre-warm a minute before it.
 - ``trend``: when the call rate is rising, keep more instances warm ahead
   (``instances``), and never unload while it rises.
-- ``auto`` (the default): of the plans the history supports (fixed, the
-  histogram's or its forecast, time of day), the one with the lowest
-  expected cost over the idle times seen, a cold start weighing
-  ``cold_start_cost_min`` minutes of idle memory; trend decides the
+- ``auto`` (the default): the plan with the least expected cost, where a
+  cold start is priced in GB·s of idle memory (``cold_start_price_gb_s``)
+  and an idle minute costs the function's memory. Over the idle times seen,
+  blended with a few pseudo-samples of a scale-free prior (so a short
+  history does not overfit), it finds the best window of minutes to be
+  loaded, the pre-warm lead and the keep-alive together (:func:`best_window`,
+  exact and linear in the histogram's range), and compares it with the
+  forecast for idle times past the range and the time-of-day prediction.
+  Large functions get tight windows, small ones generous ones; a higher
+  price buys fewer cold starts with more memory. Trend decides the
   instances.
 
 How far a pre-warm goes is the runtime's call when it acts: into memory
@@ -63,7 +69,11 @@ class PolicyConfig:
     lookahead_min: int = 240
     rising_per_min: float = 0.5  # rate slope (calls/min per min) that counts as rising
     max_instances: int = 8
-    cold_start_cost_min: float = 10.0  # auto: a cold start weighs this many idle minutes
+    cold_start_price_gb_s: float = 5000.0  # auto: a cold start is worth this much idle memory
+    cold_start_price_s: float | None = None  # or: this many seconds of the function's own instance
+    prior_weight: float = 3.0  # auto: pseudo-samples of the scale-free idle-time prior
+    prior_range_min: int = 1440  # auto: the prior's idle times, 1 minute to a day
+    min_instance_gb: float = 1 / 64  # auto: an instance costs at least this much memory
 
     def __post_init__(self) -> None:
         if self.keep_alive_min < 0:
@@ -74,6 +84,16 @@ class PolicyConfig:
             raise ValueError("margin: must be a fraction from 0 to 1")
         if self.min_samples < 1 or self.min_days < 1 or self.lookahead_min < 1:
             raise ValueError("min_samples, min_days, lookahead_min: must be >= 1")
+        if self.cold_start_price_gb_s < 0 or (self.cold_start_price_s or 0) < 0:
+            raise ValueError("cold_start_price_gb_s, cold_start_price_s: must be >= 0")
+        if self.prior_weight < 0 or self.prior_range_min < 1 or self.min_instance_gb <= 0:
+            raise ValueError("prior_weight: must be >= 0; min_instance_gb: must be > 0")
+
+    def cold_start_gb_min(self, memory_gb: float) -> float:
+        """What one cold start of an instance of ``memory_gb`` is worth, in GB·min."""
+        if self.cold_start_price_s is not None:
+            return self.cold_start_price_s / 60.0 * max(memory_gb, self.min_instance_gb)
+        return self.cold_start_price_gb_s / 60.0
 
 
 @dataclass(frozen=True)
@@ -192,12 +212,13 @@ def time_of_day(config: PolicyConfig, history: History, now: int) -> Plan | None
     """
     if history.days_seen < config.min_days:
         return None  # not enough days to see a pattern
-    for d in range(1, config.lookahead_min + 1):
-        if history.called_on_days(now + d) >= config.min_days:
-            if d <= config.keep_alive_min:
-                return Plan(0, d + 1, why="time of day")
-            return Plan(d - 1, 3, why="time of day")  # a minute early, for three
-    return None
+    found = np.flatnonzero(history.days_called_ahead(now, config.lookahead_min) >= config.min_days)
+    if not len(found):
+        return None
+    d = int(found[0]) + 1
+    if d <= config.keep_alive_min:
+        return Plan(0, d + 1, why="time of day")
+    return Plan(d - 1, 3, why="time of day")  # a minute early, for three
 
 
 def trend_instances(config: PolicyConfig, history: History) -> int:
@@ -214,39 +235,127 @@ def trend(config: PolicyConfig, history: History, now: int) -> Plan:
     return replace(plan, instances=instances, why="trend" if instances > 1 else "fixed")
 
 
-def expected_cost(config: PolicyConfig, history: History, plan: Plan) -> float:
-    """Per idle period, the minutes ``plan`` would keep an instance loaded for nothing,
-    plus ``cold_start_cost_min`` for each cold start, over the idle times seen so far."""
-    bins = history.bins
-    total = 0.0
+def idle_counts(config: PolicyConfig, history: History) -> tuple[np.ndarray, float]:
+    """How often the next call came ``d`` minutes after the last (index ``d``, from 0 to
+    the histogram's range + 1), and how often later, each with ``prior_weight``
+    pseudo-samples of a scale-free prior (``1/d`` over a day): a handful of idle times
+    does not decide alone, and a function called once may well not be called again
+    within the range."""
+    size = len(history.bins) + 2
+    counts = np.zeros(size)
     for i in history.nonzero:
-        d = i + 1
-        total += bins[i] * (
-            plan.idle_loaded_min(d) + (0 if plan.warm(d) else config.cold_start_cost_min)
-        )
-    if history.out_of_range:
-        long = max(max(history.recent_idle, default=0), len(bins)) + 1
-        total += history.out_of_range * (
-            plan.idle_loaded_min(long) + (0 if plan.warm(long) else config.cold_start_cost_min)
-        )
-    return total / max(history.samples, 1)
+        counts[i + 1] = history.bins[i]
+    beyond = float(history.out_of_range)
+    if config.prior_weight:
+        prior = 1.0 / np.arange(1, max(config.prior_range_min, size - 1) + 1)
+        prior *= config.prior_weight / prior.sum()
+        counts[1 : size - 1] += prior[: size - 2]
+        beyond += float(prior[size - 2 :].sum())
+    return counts, beyond
 
 
-def auto(config: PolicyConfig, history: History, now: int) -> Plan:
-    """The cheapest of the plans the history supports (``expected_cost``): the
-    histogram's (or its forecast), the time-of-day prediction, or ``fixed``."""
-    candidates = [fixed(config, history, now)]
-    why = representative(config, history)
-    if not why or why == "idle times beyond the histogram":
-        candidates.append(histogram(config, history, now))
-    predicted = time_of_day(config, history, now)
-    if predicted is not None:
-        candidates.append(predicted)
-    plan = candidates[0]
-    if len(candidates) > 1 and history.samples:
-        plan = min(candidates, key=lambda p: expected_cost(config, history, p))
-    if plan is candidates[0] and why:
-        plan = replace(plan, why=f"fixed: {why}")
+@dataclass(frozen=True)
+class Window:
+    """The minutes ``first``..``last`` after a call to be loaded, and what they cost."""
+
+    first: int
+    last: int
+    cost: float  # per idle period, in GB·min
+
+    def plan(self, why: str) -> Plan:
+        if self.last < self.first:
+            return Plan(0, 0, why=why)  # unload at once, never pre-warm
+        if self.first == 1:
+            return Plan(0, self.last, why=why)
+        return Plan(self.first, self.last - self.first + 1, why=why)
+
+
+def best_window(
+    counts: np.ndarray,
+    beyond: float,
+    memory_gb: float,
+    cold_gb_min: float,
+) -> Window:
+    """The window of loaded minutes with the least expected cost, exactly.
+
+    ``counts[d]``: idle periods whose next call came ``d`` minutes after the last one
+    (``d`` up to ``len(counts) - 2``); ``beyond``: periods longer than that. Loaded for
+    minutes ``a..b``, a call at ``d`` is warm when ``a <= d <= b`` and found the instance
+    idle for ``clip(d - a, 0, b - a + 1)`` minutes, so the total cost is
+    ``memory_gb * idle + cold_gb_min * cold``. With prefix sums ``N`` (counts) and ``S``
+    (counts times ``d``) it splits into ``U(b) + V(a) + cold_gb_min * total``:
+
+    - ``U(b) = m * (S[b+1] + (b+1) * (total - N[b+1])) - C * N[b]``
+    - ``V(a) = m * (a * N[a] - S[a] - a * total) + C * N[a-1]``
+
+    so the best ``b`` for each ``a`` is a suffix minimum of ``U``: linear in the range,
+    not quadratic. Loading nothing (every call cold) is the last candidate.
+    """
+    top = len(counts) - 2  # the last minute a window may cover
+    total = float(counts.sum()) + beyond
+    n = np.cumsum(counts)
+    s = np.cumsum(counts * np.arange(len(counts)))
+    m, c = memory_gb, cold_gb_min
+    d = np.arange(1, top + 1)
+    u = m * (s[d + 1] + (d + 1) * (total - n[d + 1])) - c * n[d]
+    v = m * (d * n[d] - s[d] - d * total) + c * n[d - 1]
+    suffix = np.minimum.accumulate(u[::-1])[::-1]
+    a = int(np.argmin(v + suffix))
+    b = a + int(np.argmin(u[a:]))
+    cost = float(v[a] + suffix[a]) + c * total
+    nothing = c * total
+    if nothing <= cost:
+        return Window(1, 0, nothing / max(total, 1e-12))
+    return Window(a + 1, b + 1, cost / max(total, 1e-12))
+
+
+def expected_cost(
+    config: PolicyConfig,
+    history: History,
+    plan: Plan,
+    memory_gb: float = 1.0,
+    counted: tuple[np.ndarray, float] | None = None,
+) -> float:
+    """Per idle period, in GB·min: the memory ``plan`` keeps loaded for nothing plus
+    the price of its cold starts, over the idle times seen (and the prior; those past
+    the histogram as long as the longest recent one)."""
+    counts, beyond = counted if counted is not None else idle_counts(config, history)
+    memory_gb = max(memory_gb, config.min_instance_gb)
+    cold = config.cold_start_gb_min(memory_gb)
+    d = np.arange(len(counts))
+    idle = plan.idle_loaded_many(d)
+    total = float((counts * (memory_gb * idle + cold * ~plan.warm_many(d))).sum())
+    if beyond:
+        long = max(max(history.recent_idle, default=0), len(history.bins)) + 1
+        total += beyond * (
+            memory_gb * plan.idle_loaded_min(long) + (0 if plan.warm(long) else cold)
+        )
+    return total / max(float(counts.sum()) + beyond, 1e-12)
+
+
+def auto(config: PolicyConfig, history: History, now: int, memory_gb: float = 1.0) -> Plan:
+    """The plan with the least expected cost at the configured price of a cold start:
+    the best window of the idle-time distribution (:func:`best_window`), the forecast
+    when idle times are mostly past the histogram, or the time-of-day prediction."""
+    if not history.samples and not config.prior_weight:
+        plan = replace(fixed(config, history, now), why="fixed: too few idle times")
+    else:
+        memory_gb = max(memory_gb, config.min_instance_gb)
+        counted = idle_counts(config, history)
+        window = best_window(*counted, memory_gb, config.cold_start_gb_min(memory_gb))
+        plan = window.plan("cost")
+        candidates = []
+        if representative(config, history) == "idle times beyond the histogram":
+            candidates.append(forecast(config, history, now))
+        predicted = time_of_day(config, history, now)
+        if predicted is not None:
+            candidates.append(predicted)
+        if candidates:
+            cost = expected_cost(config, history, plan, memory_gb, counted)
+            for candidate in candidates:
+                other = expected_cost(config, history, candidate, memory_gb, counted)
+                if other < cost:
+                    plan, cost = candidate, other
     instances = trend_instances(config, history)
     return replace(plan, instances=instances) if instances > 1 else plan
 
@@ -256,10 +365,14 @@ POLICIES = {
     Policy.HISTOGRAM: histogram,
     Policy.TIME_OF_DAY: lambda c, h, n: time_of_day(c, h, n) or fixed(c, h, n),
     Policy.TREND: trend,
-    Policy.AUTO: auto,
 }
 
 
-def decide(policy: Policy, config: PolicyConfig, history: History, now: int) -> Plan:
-    """The plan after a call at minute ``now`` (already recorded in ``history``)."""
+def decide(
+    policy: Policy, config: PolicyConfig, history: History, now: int, memory_gb: float = 1.0
+) -> Plan:
+    """The plan after a call at minute ``now`` (already recorded in ``history``) for an
+    instance of ``memory_gb`` (only ``auto`` prices memory)."""
+    if policy is Policy.AUTO:
+        return auto(config, history, now, memory_gb)
     return POLICIES[policy](config, history, now)

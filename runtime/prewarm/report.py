@@ -41,7 +41,8 @@ def table(outcomes: Sequence[Outcome]) -> str:
 
 
 def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
-    """Cold-start % against idle memory-time, one point per policy (fixed as a line)."""
+    """Cold-start % against idle memory-time, one point per policy; fixed keep-alives and
+    ``auto`` at several prices as lines."""
     plt = _pyplot()
 
     memory = all(o.idle_gb_minutes is not None for o in outcomes)
@@ -68,8 +69,26 @@ def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
                 xytext=(4, 4),
                 fontsize=8,
             )
+    priced = sorted((o for o in outcomes if o.label.startswith("auto ")), key=idle)
+    if priced:  # auto at several prices of a cold start: its curve
+        ax.plot(
+            [idle(o) for o in priced],
+            [o.cold_percent for o in priced],
+            "D-",
+            color="tab:blue",
+            label="auto, by price of a cold start",
+        )
+        for o in priced:
+            ax.annotate(
+                o.label.removeprefix("auto "),
+                (idle(o), o.cold_percent),
+                textcoords="offset points",
+                xytext=(4, -12),
+                fontsize=8,
+                color="tab:blue",
+            )
     # hollow markers, each smaller than the last: policies at the same point stay visible
-    others = [o for o in outcomes if not o.label.startswith("fixed")]
+    others = [o for o in outcomes if not o.label.startswith(("fixed", "auto "))]
     for i, o in enumerate(others):
         ax.plot(
             [idle(o)],
@@ -82,6 +101,10 @@ def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
         )
     ax.set_xlabel("idle memory, " + ("GB-hours" if memory else "instance-hours"))
     ax.set_ylabel("cold starts, % of invocations")
+    if all(o.cold_percent > 0 for o in outcomes):  # the low end is where policies differ
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(plt.FuncFormatter(_twos_and_fives))
     ax.set_title(title or "keep-alive policies: cold starts against idle memory")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -136,6 +159,12 @@ def fleet_plot(outcomes: Sequence[FleetOutcome], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _twos_and_fives(value: float, _: object) -> str:
+    """Minor tick labels of a log axis: 0.02 and 0.05, not every one between."""
+    leading = f"{value:.0e}"[0]
+    return f"{value:g}" if leading in "25" else ""
 
 
 def _pyplot() -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,6 +94,7 @@ def simulate_one(trace: Trace, policy: Policy, config: PolicyConfig, label: str 
         if not len(firsts):
             continue
         history = History()
+        instance_gb = _instance_gb(memory_gb, f)
         cold = 1  # the first call of the trace
         idle = 0
         plan: Plan | None = None
@@ -110,7 +111,7 @@ def simulate_one(trace: Trace, policy: Policy, config: PolicyConfig, label: str 
                         prewarms += 1
                         unused += d > end
             history.record_run(first, last, calls)
-            plan = decide(policy, config, history, last)
+            plan = decide(policy, config, history, last, instance_gb)
             previous = last
         if plan is not None:  # until the trace ends
             idle += plan.idle_loaded_min(minutes - previous) * plan.instances
@@ -131,6 +132,14 @@ def simulate_one(trace: Trace, policy: Policy, config: PolicyConfig, label: str 
         prewarms,
         unused,
     )
+
+
+def _instance_gb(memory_gb: np.ndarray | None, f: int) -> float:
+    """A function's memory for ``auto``'s prices: its app's, else 1 GB (so that without a
+    memory file, GB·s read as instance-seconds)."""
+    if memory_gb is None or np.isnan(memory_gb[f]):
+        return 1.0
+    return float(memory_gb[f])
 
 
 def _simulate_constant(trace: Trace, plan: Plan, label: str) -> Outcome:
@@ -193,19 +202,25 @@ def simulate(
     policies: Sequence[Policy],
     *,
     fixed_keep_alive_min: Sequence[int] = (10,),
+    prices_gb_s: Sequence[float] = (),
     config: PolicyConfig | None = None,
     workers: int = 1,
 ) -> list[Outcome]:
-    """Each policy over ``trace`` (``fixed`` once per keep-alive length), the functions
-    split across ``workers`` processes."""
+    """Each policy over ``trace`` (``fixed`` once per keep-alive length, ``auto`` once per
+    price of a cold start in ``prices_gb_s``, default the config's), the functions split
+    across ``workers`` processes."""
     config = config or PolicyConfig()
     jobs: list[_Job] = []
     for policy in policies:
         if policy is Policy.FIXED:
             for minutes in fixed_keep_alive_min:
                 jobs.append(
-                    _Job(f"fixed {minutes} min", policy, _with(config, keep_alive_min=minutes))
+                    _Job(f"fixed {minutes} min", policy, replace(config, keep_alive_min=minutes))
                 )
+        elif policy is Policy.AUTO and prices_gb_s:
+            for price in prices_gb_s:
+                priced = replace(config, cold_start_price_gb_s=price, cold_start_price_s=None)
+                jobs.append(_Job(auto_label(price), policy, priced))
         else:
             jobs.append(_Job(policy.value, policy, config))
     if workers <= 1:
@@ -229,7 +244,6 @@ def simulate(
     return [_merge(by_label[job.label]) for job in jobs]
 
 
-def _with(config: PolicyConfig, **changes: int) -> PolicyConfig:
-    from dataclasses import replace
-
-    return replace(config, **changes)
+def auto_label(price_gb_s: float) -> str:
+    """``auto 5,000 GB·s``: the label of ``auto`` at one price of a cold start."""
+    return f"auto {price_gb_s:,.6g} GB·s"

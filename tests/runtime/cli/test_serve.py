@@ -136,6 +136,8 @@ def _value_for(option: click.Option, tmp_path: Path) -> tuple[str, object]:
         return str(tmp_path / "f"), tmp_path / "f"
     if kind is click.INT:
         return "1234", 1234
+    if isinstance(kind, (click.FloatRange, type(click.FLOAT))):
+        return "1234.5", 1234.5
     return "text-value", "text-value"
 
 

@@ -38,3 +38,23 @@ def test_a_bad_list_item_is_refused_naming_the_option(capsys: pytest.CaptureFixt
     assert "'sometimes' is not one of" in capsys.readouterr().err
     assert main(["simulate", "--trace", "/no/such/day.csv"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_auto_runs_once_per_price_and_plots_its_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["simulate", "--synthetic", "30", "--days", "2", "--policy", "fixed,auto"]
+    assert main([*base, "--price-gb-s", "1000,20000"]) == 0
+    rows = {line.split("  ")[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert {"auto 1,000 GB·s", "auto 20,000 GB·s"} <= set(rows)
+    # a dearer cold start: fewer of them, more memory held idle
+    cheap, dear = rows["auto 1,000 GB·s"], rows["auto 20,000 GB·s"]
+    assert float(dear[3]) <= float(cheap[3]) and float(dear[6].replace(",", "")) >= float(
+        cheap[6].replace(",", "")
+    )
+    png = tmp_path / "curve.png"
+    assert main([*base, "--plot", str(png)]) == 0  # five prices by default with --plot
+    out = capsys.readouterr().out
+    assert out.count("auto ") == 5 and png.stat().st_size > 10_000
+    assert main([*base, "--price-gb-s", "-5"]) == 2
+    assert "Invalid value for '--price-gb-s'" in capsys.readouterr().err

@@ -7,10 +7,13 @@ from pathlib import Path
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.prewarm.policies import Policy
-from support import live_server, make_node, publish, wait_until, write_function
+from support import ECHO_MANIFEST, live_server, make_node, publish, wait_until, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 BASE_UNIX = 1_800_000_000.0  # a minute boundary
+#: a cold start worth 10 minutes of the instance: waiting 29 idle minutes loaded is
+#: dearer than unloading at once and loading again just before the next call
+PRICED = ECHO_MANIFEST + "cold_start_price_s = 600\n"
 
 
 def server_parts(tmp_path: Path) -> tuple[ManualClock, Keeper]:
@@ -23,7 +26,8 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call(tmp_path: Path) -
     clock, keeper = server_parts(tmp_path)
     node = make_node(tmp_path, clock, keeper=keeper)
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
-        srv.call(node.deployer.deploy(publish(node.repository, write_function(tmp_path, "job"))))
+        folder = write_function(tmp_path, "job", manifest=PRICED)
+        srv.call(node.deployer.deploy(publish(node.repository, folder)))
         scheduler = srv.call(node.registry.get("job"))
 
         def call() -> dict[str, str]:
@@ -40,7 +44,10 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call(tmp_path: Path) -
         clock.advance(5 * 60)
         srv.call(node.sweeper.sweep())
         assert scheduler.state.value == "cold"
-        clock.advance(24 * 60 + 30)  # a minute before the predicted call
+        clock.advance(24 * 60 + 30)  # 30 s before the predicted minute: not yet, the
+        srv.call(node.sweeper.sweep())  # lead is the load's time and 5 s (it takes ~0)
+        assert scheduler.state.value == "cold"
+        clock.advance(27)
         srv.call(node.sweeper.sweep())
         wait_until(lambda: scheduler.state.value == "warm")
         clock.advance(30)
@@ -62,8 +69,8 @@ def test_prewarming_never_takes_memory_from_a_warm_function(tmp_path: Path) -> N
     clock, keeper = server_parts(tmp_path)
     node = make_node(tmp_path, clock, keeper=keeper)
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
-        for name, keep_s in (("job", 300), ("busy", 7200)):
-            folder = write_function(tmp_path, name, keep_alive_s=keep_s)
+        for name, manifest in (("job", PRICED), ("busy", ECHO_MANIFEST)):  # busy: tiny, kept
+            folder = write_function(tmp_path, name, manifest=manifest)
             srv.call(node.deployer.deploy(publish(node.repository, folder)))
         job, busy = srv.call(node.registry.get("job")), srv.call(node.registry.get("busy"))
         for _ in range(8):
@@ -76,7 +83,7 @@ def test_prewarming_never_takes_memory_from_a_warm_function(tmp_path: Path) -> N
         clock.advance(5 * 60)
         srv.call(node.sweeper.sweep())
         c.post("/v1/functions/busy/invoke", json={"x": X})  # busy stays in use
-        clock.advance(24 * 60 + 30)
+        clock.advance(24 * 60 + 57)
         srv.call(node.sweeper.sweep())
         srv.call(node.sweeper.sweep())
         assert busy.state.value == "warm"  # not evicted for a pre-warm
@@ -89,10 +96,10 @@ def test_the_history_survives_a_restart(tmp_path: Path) -> None:
     for _ in range(10):
         keeper.invoked("job")
         wall[0] += 30 * 60
-    before = keeper.plan("job", Policy.AUTO)
+    before = keeper.plan("job", Policy.AUTO, memory_gb=4.0)
     keeper.save()
     again = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
-    assert again.plan("job", Policy.AUTO) == before and before is not None
+    assert again.plan("job", Policy.AUTO, memory_gb=4.0) == before and before is not None
     assert before.prewarm_after_min > 0
     (tmp_path / "bad.json").write_text("{not json")
     assert Keeper(tmp_path / "bad.json").histories == {}  # unreadable: start afresh

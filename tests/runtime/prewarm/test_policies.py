@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from fnrt.runtime.prewarm.history import MINUTES_PER_DAY, History
-from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, decide, representative
+from fnrt.runtime.prewarm.policies import (
+    Plan,
+    Policy,
+    PolicyConfig,
+    Window,
+    best_window,
+    decide,
+    representative,
+)
 
 CONFIG = PolicyConfig()
 
@@ -91,18 +102,70 @@ def test_trend_warms_more_instances_while_the_rate_climbs() -> None:
     assert decide(Policy.TREND, CONFIG, flat, 29).instances == 1
 
 
-@pytest.mark.parametrize(
-    ("history", "why"),
-    [
-        (periodic(30, 40), "histogram"),
-        (periodic(600, 10), "forecast"),
-        (periodic(30, 2), "fixed: too few idle times"),
-    ],
-)
-def test_auto_chooses_by_what_the_history_supports(history: History, why: str) -> None:
-    assert decide(Policy.AUTO, CONFIG, history, history.last_minute or 0).why == why
+def test_best_window_is_the_cheapest_of_all_windows() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        counts = np.zeros(52)
+        where = rng.integers(1, 51, size=int(rng.integers(1, 8)))
+        counts[where] = rng.integers(1, 20, size=len(where))
+        if rng.random() < 0.5:
+            counts[2:51] += rng.random() * np.linspace(1, 0.1, 49)  # a smooth prior
+        beyond = float(rng.integers(0, 4))
+        m, c = float(rng.uniform(0.05, 4)), float(rng.uniform(0, 100))
+        found = best_window(counts, beyond, m, c)
+        d = np.arange(len(counts))
+        total = counts.sum() + beyond
+        costs = [c * total]  # nothing loaded
+        for a in range(1, 51):
+            for b in range(a, 51):
+                plan = Window(a, b, 0).plan("")
+                idle = (counts * plan.idle_loaded_many(d)).sum() + beyond * (b - a + 1)
+                cold = (counts * ~plan.warm_many(d)).sum() + beyond
+                costs.append(m * idle + c * cold)
+        assert found.cost * total == pytest.approx(min(costs), rel=1e-9, abs=1e-9)
+
+
+def test_auto_weighs_memory_against_the_price_of_a_cold_start() -> None:
+    h = periodic(30, 10)
+    small = decide(Policy.AUTO, CONFIG, h, 270, memory_gb=0.1)
+    assert small.prewarm_after_min == 0 and small.warm(30)  # cheap to keep: kept
+    large = decide(Policy.AUTO, CONFIG, h, 270, memory_gb=4.0)
+    assert large.loaded == (30, 30)  # dear to keep: unloaded, back for the call
+    assert large.why == "cost"
+    free = decide(Policy.AUTO, replace(CONFIG, cold_start_price_gb_s=0.0), h, 270, memory_gb=1)
+    assert free == Plan(0, 0, why="cost")  # a cold start costs nothing: never loaded idle
+    dear = decide(Policy.AUTO, replace(CONFIG, cold_start_price_gb_s=1e7), h, 270, memory_gb=4)
+    assert dear.loaded == (1, 240)  # worth any memory: loaded across the whole range
+
+
+def test_a_price_in_seconds_is_memory_blind() -> None:
+    ten_minutes = PolicyConfig(cold_start_price_s=600)
+    h = periodic(30, 10)
+    plans = {decide(Policy.AUTO, ten_minutes, h, 270, memory_gb=m) for m in (0.1, 1, 16)}
+    assert plans == {Plan(30, 1, why="cost")}  # 29 idle minutes cost more than 10
+
+
+def test_a_short_history_does_not_decide_alone() -> None:
+    short, long = periodic(30, 3), periodic(30, 40)
+    planned = [decide(Policy.AUTO, CONFIG, h, h.last_minute or 0, 1.0) for h in (short, long)]
+    assert all(p.warm(30) for p in planned)
+    # two idle times of 30 minutes do not yet say the next is 30 minutes away
+    assert planned[0].loaded[0] < planned[1].loaded[0]
+    # called once: the prior alone, a keep-alive that shrinks as the instance grows
+    once = periodic(30, 1)
+    kept = [decide(Policy.AUTO, CONFIG, once, 0, m).keep_alive_min for m in (0.1, 1, 4, 32)]
+    assert kept == sorted(kept, reverse=True) and kept[0] == 240 and kept[-1] == 0
+    unpriced = decide(Policy.AUTO, replace(CONFIG, prior_weight=0), once, 0)
+    assert unpriced.why == "fixed: too few idle times"  # no prior: the manifest's keep_alive_s
+
+
+def test_auto_forecasts_idle_times_past_the_histogram() -> None:
+    plan = decide(Policy.AUTO, CONFIG, periodic(600, 10), 5400, memory_gb=1.0)
+    assert plan.why == "forecast" and plan.warm(600) and not plan.warm(300)
 
 
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="head_percentile"):
         PolicyConfig(head_percentile=99, tail_percentile=5)
+    with pytest.raises(ValueError, match="cold_start_price"):
+        PolicyConfig(cold_start_price_gb_s=-1)
