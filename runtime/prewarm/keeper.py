@@ -169,7 +169,10 @@ class Keeper:
         first, end = plan.loaded  # minutes after the last call's minute with it loaded
         load_from = last + first * 60.0 - lead_s  # loaded as the plan's first minute begins
         unload_at = last + (end + 1) * 60.0
-        self._prewarm_at[name] = load_from
+        if plan.prewarm_after_min > 0:  # a pre-warm to come: the sweep must look
+            self._prewarm_at[name] = load_from
+        else:  # kept from the call: once unloaded, nothing to do until the next one
+            self._prewarm_at.pop(name, None)
         self._unload_after[name] = unload_at
         if loaded:
             early = plan.prewarm_after_min > 0 and now < load_from  # unload now, back later

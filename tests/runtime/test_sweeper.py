@@ -9,7 +9,7 @@ import pytest
 
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
-from support import live_server, make_node, publish, write_function
+from support import ECHO_MANIFEST, live_server, make_node, publish, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 
@@ -21,7 +21,11 @@ def test_a_cold_function_is_passed_by_until_it_is_called_again(
     keeper = Keeper(tmp_path / "history.json", wall=lambda: 1_800_000_000.0 + clock.now())
     node = make_node(tmp_path, clock, keeper=keeper)
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
-        srv.call(node.deployer.deploy(publish(node.repository, write_function(tmp_path, "f"))))
+        # a cold start worth nothing: auto unloads it once idle and plans no pre-warm
+        folder = write_function(
+            tmp_path, "f", manifest=ECHO_MANIFEST + "cold_start_price_gb_s = 0\n"
+        )
+        srv.call(node.deployer.deploy(publish(node.repository, folder)))
         scheduler = srv.call(node.registry.get("f"))
         visits: set[float] = set()  # the clock's time of each sweep that looked at it
         scale = scheduler.scale_to_zero
@@ -34,7 +38,7 @@ def test_a_cold_function_is_passed_by_until_it_is_called_again(
         assert c.post("/v1/functions/f/invoke", json={"x": X}).status_code == 200
         srv.call(node.sweeper.sweep())
         assert len(visits) == 1  # warm: looked at
-        clock.advance(301)  # past keep_alive_s (too little history to plan: the manifest's)
+        clock.advance(61)  # the minute of the call is over
         srv.call(node.sweeper.sweep())
         assert scheduler.state.value == "cold" and len(visits) == 2
         for _ in range(5):  # cold, nothing planned: passed by
