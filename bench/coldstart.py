@@ -197,9 +197,19 @@ def main() -> None:
             rows.setdefault(label, []).append(seconds)
 
         buf = bytearray(16 * MiB)
+        # a folder store's blobs are mapped in place: fnrt's copy of the weights
+        cached = work / "store" / "blobs" / "sha256" / _digest_of(weights)
+
+        def into_page_cache(path: Path) -> None:
+            with path.open("rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds}", flush=True)
-            # L2: the file is on local disk (and in the page cache)
+            # L2: the file is on local disk and in the page cache, as the floor's file is
+            # (the last round's downloads may have pushed either out)
+            into_page_cache(cached)
             elapsed, t, tier = local.cold_invoke("wide", x)
             assert tier == "l2", tier
             add("fnrt L2 wake -> first response", elapsed)
@@ -224,6 +234,7 @@ def main() -> None:
                 with torch.inference_mode():
                     net(torch.from_numpy(x))
 
+            into_page_cache(weights)
             add("floor: safetensors mmap + meta module + forward", timed(floor))
 
             # L3: an empty disk cache, fetched from the S3 endpoint

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from fnrt.functions.errors import IntegrityError
 from fnrt.functions.version import check_digest
-from fnrt.loader.integrity import fingerprint, quick_digest, read_record, write_record
+from fnrt.loader.integrity import fingerprint, read_record, recheck, write_record
 
 log = logging.getLogger("fnrt.cache")
 
@@ -86,7 +86,10 @@ class BlobCache:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 st = path.stat()
-                found.append((max(st.st_atime, st.st_mtime), path.name, st.st_size))
+                used = max(st.st_atime, st.st_mtime)
+                with contextlib.suppress(FileNotFoundError):  # the record's mtime: last use
+                    used = max(used, path.with_suffix(".ok").stat().st_mtime)
+                found.append((used, path.name, st.st_size))
         with self._mutex:
             self._lru = OrderedDict((name, size) for _, name, size in sorted(found))
         self._make_room(0)  # the budget holds from the start, not only at the next fetch
@@ -156,13 +159,13 @@ class BlobCache:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _verified(self, path: Path, digest: str) -> bool:
-        """True if ``path`` holds ``digest``: by its recorded xxh3 (read at every load,
-        ``integrity.py``), else by its sha256; a mismatch deletes it."""
+        """True if ``path`` holds ``digest``: by its record (``integrity.recheck``: its
+        identity unchanged, else its xxh3), else by its sha256; a mismatch deletes it."""
         if not path.exists():
             return False
         record = path.with_suffix(".ok")
         known = read_record(record)
-        if known is not None and quick_digest(path) == known:
+        if known is not None and recheck(record, path, known):
             return True
         if known is None:  # first seen (or an older record): the full check
             found = fingerprint(path)
@@ -183,8 +186,8 @@ class BlobCache:
         with self._mutex:
             self._lru[digest] = size
             self._lru.move_to_end(digest)
-        with contextlib.suppress(OSError):  # atime survives a restart as the LRU order;
-            os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))  # mtime stays
+        with contextlib.suppress(OSError):  # the LRU order survives a restart as the
+            os.utime(path.with_suffix(".ok"))  # record's mtime (the blob's identity stays)
 
     def _make_room(self, incoming_bytes: int) -> None:
         with self._mutex:

@@ -3,12 +3,17 @@
 A blob's sha256 (its content address) is checked once, when a file is first
 seen: fetched into the disk cache, or first loaded from a folder store. The
 same pass takes an xxh3-128 of the file (about 15 GB/s here, ten times
-sha256), kept in a small record beside the file. Every later load reads the
-file again through xxh3. That read is the one a cold start makes anyway: it
-brings the pages the handler's mmap is about to touch into the page cache, so
-the check costs little (``bench/coldstart.py`` measures it). A file changed
-in place, even with its size and mtime restored, fails it: the disk cache
-fetches the blob again, a folder store refuses it with an error naming it.
+sha256), kept in a small record beside the file with the file's identity:
+size, mtime, ctime, inode and device. A later load compares that identity
+with the file's (one ``stat``): unchanged, the content is what was verified
+and the load maps it straight away (a cold start from the disk cache at the
+floor, ``bench/coldstart.py``); changed in any way, the file is read again
+through xxh3. Writing to a file changes its ctime, which no process can set
+back (``utime`` restores mtime only), so a file changed in place, even with
+its size and mtime restored, is read again and fails: the disk cache fetches
+the blob again, a folder store refuses it with an error naming it. What the
+identity cannot see is a disk that flips bits with no write; the checksums
+of the filesystem or the device are the guard there.
 """
 
 from __future__ import annotations
@@ -53,21 +58,52 @@ def quick_digest(path: Path) -> str:
     return quick.hexdigest()
 
 
-def read_record(record: Path) -> str | None:
-    """The xxh3 kept in ``record``, or None (no record, or one of an older format)."""
+def identity(path: Path) -> str:
+    """What changes when anything writes to ``path``: size, mtime, ctime, inode, device."""
+    st = path.stat()
+    return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {st.st_dev}"
+
+
+@dataclass(frozen=True)
+class Record:
+    """A verified file's identity then, and its xxh3."""
+
+    identity: str
+    xxh3: str
+
+    def unchanged(self, path: Path) -> bool:
+        """Whether ``path`` is the file verified (no write since): no need to read it."""
+        try:
+            return identity(path) == self.identity
+        except OSError:
+            return False
+
+
+def read_record(record: Path) -> Record | None:
+    """The record kept in ``record``, or None (no record, or one of an older format)."""
     with contextlib.suppress(FileNotFoundError, UnicodeDecodeError):
         lines = record.read_text().splitlines()
         if len(lines) >= 2 and lines[1].startswith("xxh3:"):
-            return lines[1][len("xxh3:") :]
+            return Record(lines[0], lines[1][len("xxh3:") :])
     return None
 
 
 def write_record(record: Path, path: Path, xxh3: str) -> None:
-    """Keep ``path``'s xxh3 in ``record`` (written whole or not at all)."""
-    st = path.stat()
+    """Keep ``path``'s identity and xxh3 in ``record`` (written whole or not at all)."""
     tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{st.st_size} {st.st_mtime_ns} {st.st_ino}\nxxh3:{xxh3}\n")
+    tmp.write_text(f"{identity(path)}\nxxh3:{xxh3}\n")
     os.replace(tmp, record)
+
+
+def recheck(record: Path, path: Path, known: Record) -> bool:
+    """Whether ``path`` still holds what ``known`` verified: by its identity (a ``stat``),
+    else by reading it through xxh3 (then the record takes its new identity)."""
+    if known.unchanged(path):
+        return True
+    if quick_digest(path) != known.xxh3:
+        return False
+    write_record(record, path, known.xxh3)  # the same bytes (touched, copied back)
+    return True
 
 
 class Verifier:
@@ -79,11 +115,11 @@ class Verifier:
 
     def check(self, path: Path, digest: str) -> None:
         """Raise IntegrityError unless ``path`` holds ``digest``: by sha256 the first
-        time, by its recorded xxh3 after that."""
+        time, by its record after that (:func:`recheck`)."""
         record = self.root / digest
         known = read_record(record)
         if known is not None:
-            if quick_digest(path) == known:
+            if recheck(record, path, known):
                 return
             raise CorruptBlob(digest, str(path), "changed since it was verified")
         found = fingerprint(path)

@@ -1,4 +1,5 @@
-"""The check at every load: sha256 the first time, xxh3 after."""
+"""The check at every load: sha256 the first time; after, the file's identity, and xxh3
+when that changed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fnrt.functions.errors import CorruptBlob
+from fnrt.loader import integrity
 from fnrt.loader.integrity import Verifier, fingerprint, quick_digest
 
 
@@ -42,3 +44,28 @@ def test_a_file_that_never_matched_its_digest_is_refused(tmp_path: Path) -> None
     path.write_bytes(b"not what was deployed")
     with pytest.raises(CorruptBlob, match="hashes to sha256:"):
         Verifier(tmp_path / "verified").check(path, "0" * 64)
+
+
+def test_an_unchanged_file_is_not_read_again_and_a_touched_one_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(1 << 20)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    verifier = Verifier(tmp_path / "verified")
+    verifier.check(path, digest)
+    reads: list[Path] = []
+    monkeypatch.setattr(integrity, "quick_digest", lambda p: reads.append(p) or quick_digest(p))
+    for _ in range(3):
+        verifier.check(path, digest)
+    assert reads == []  # a stat said it is the file verified: no read at a load
+    os.utime(path)  # touched, the same bytes: read once, then trusted again
+    verifier.check(path, digest)
+    verifier.check(path, digest)
+    assert reads == [path]
+    copy = tmp_path / "copy"
+    copy.write_bytes(data)
+    os.replace(copy, path)  # another file (inode) with the same bytes: read, accepted
+    verifier.check(path, digest)
+    assert reads == [path, path]
