@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from fnrt.functions.errors import HandlerError
 from fnrt.functions.extras import install_hint
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 Request = Mapping[str, "np.ndarray[Any, Any]"]
 Result = Mapping[str, Any]
 BatchFn = Callable[[list[Request]], Sequence[Result]]
+M = TypeVar("M")  # what Artifact.module builds: a torch module
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,14 @@ class Artifact(Protocol):
 
     def onnx_session(self, device: Device | None = None, **options: Any) -> Any:
         """An ``onnxruntime.InferenceSession`` opened from the cached path."""
+        ...
+
+    def module(
+        self, build: Callable[[], M], device: Device | str | None = None, *, strict: bool = True
+    ) -> M:
+        """``build()`` on torch's ``meta`` device (no allocation, no random init) with the
+        artifact's weights (safetensors or a torch checkpoint) assigned in place: mapped
+        from the file, not copied. A parameter the weights do not give is refused."""
         ...
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -12,6 +13,8 @@ from fnrt.functions.handler import Device
 from fnrt.loader.formats import onnx as onnx_format
 from fnrt.loader.formats import safetensors as safetensors_format
 from fnrt.loader.formats import torch as torch_format
+
+M = TypeVar("M")
 
 
 def _device_str(device: Device | str) -> str:
@@ -43,3 +46,13 @@ class LocalArtifact:
 
     def onnx_session(self, device: Device | None = None, **options: Any) -> Any:
         return onnx_format.session(self.path, (device or self.device).onnx_providers, **options)
+
+    def module(
+        self, build: Callable[[], M], device: Device | str | None = None, *, strict: bool = True
+    ) -> M:
+        """``build()`` on the ``meta`` device with this artifact's weights (safetensors,
+        or a torch checkpoint) assigned, mapped and not copied: the cold-start floor."""
+        with self.path.open("rb") as f:
+            checkpoint = f.read(4) == b"PK\x03\x04"  # torch.save's zip; else safetensors
+        weights = self.state_dict(device) if checkpoint else self.tensors(device)
+        return torch_format.mapped_module(build, weights, strict=strict)

@@ -16,10 +16,8 @@ from .model import build
 class WideMLP(Handler):
     def load(self, artifacts: Mapping[str, Artifact], device: Device) -> None:
         self.device = device.torch
-        with torch.device("meta"):  # no random init: the weights come from the file
-            self.model = build()
-        self.model.load_state_dict(artifacts["weights"].tensors(device), assign=True)
-        self.model.eval()
+        # built on the meta device, the mapped weights assigned: no random init, no copy
+        self.model = artifacts["weights"].module(build, device)
 
     def __call__(self, batch: list[Request]) -> Sequence[Result]:
         sizes = [len(r["x"]) for r in batch]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from fnrt.functions.errors import HandlerError
 from fnrt.functions.extras import require
+
+M = TypeVar("M")
 
 
 def state_dict(path: Path, device: str = "cpu", *, trust_pickle: bool = False) -> dict[str, Any]:
@@ -19,3 +23,26 @@ def state_dict(path: Path, device: str = "cpu", *, trust_pickle: bool = False) -
     if not isinstance(loaded, dict):
         return {"": loaded}
     return loaded
+
+
+def mapped_module(build: Callable[[], M], weights: Mapping[str, Any], *, strict: bool = True) -> M:
+    """``build()`` on the ``meta`` device, then ``weights`` assigned in place, in eval mode.
+
+    Building on ``meta`` allocates nothing and initialises nothing (a module built
+    normally fills every parameter with random numbers only to overwrite them), and
+    ``load_state_dict(assign=True)`` makes the parameters the mapped tensors themselves:
+    no copy. A parameter or buffer the weights do not give stays on ``meta`` and is
+    refused by name (with ``strict=False``, a missing key is no error by itself; a
+    non-persistent buffer must be set again after).
+    """
+    torch = require("torch", "building a torch module")
+
+    with torch.device("meta"):
+        made = build()
+    made.load_state_dict(weights, strict=strict, assign=True)  # type: ignore[attr-defined]
+    named = [*made.named_parameters(), *made.named_buffers()]  # type: ignore[attr-defined]
+    empty = [name for name, tensor in named if tensor.is_meta]
+    if empty:
+        raise HandlerError(f"the weights do not give {', '.join(empty[:5])}; they stay empty")
+    made.eval()  # type: ignore[attr-defined]
+    return made

@@ -128,3 +128,30 @@ def test_weights_are_views_of_the_file_in_thread_mode(tmp_path: Path, built: Pat
         assert not weight.untyped_storage().resizable()  # from_numpy over the memmap
         path = server.node.repository.blob_path(instance.version.artifacts["weights"].digest)
         assert str(path) in Path("/proc/self/maps").read_text()
+
+
+def test_the_wide_mlp_builds_on_meta_with_its_mapped_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "wide-mlp"
+    shutil.copytree(EXAMPLES / "wide-mlp", folder, ignore=shutil.ignore_patterns("weights.*"))
+    made = subprocess.run(
+        [sys.executable, str(folder / "make_weights.py"), "--seed", "3"], capture_output=True
+    )
+    assert made.returncode == 0, made.stderr
+    import importlib.util
+
+    # the example's own network, seeded as its weights were (by path: "model" is taken)
+    spec = importlib.util.spec_from_file_location("wide_mlp_model", folder / "model.py")
+    assert spec is not None and spec.loader is not None
+    network = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(network)
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    with torch.inference_mode():
+        expected = network.seeded(3)(torch.from_numpy(x)).numpy()
+    with live_server(tmp_path / "srv") as srv:
+        assert main(["deploy", str(folder), "--server", srv.url, "--quiet"]) == 0
+        r = httpx.post(f"{srv.url}/v1/functions/wide-mlp/invoke", json={"x": x.tolist()})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(np.array(r.json()["y"]), expected, rtol=1e-4, atol=1e-5)
+    capsys.readouterr()

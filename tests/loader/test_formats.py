@@ -8,9 +8,11 @@ import torch
 from safetensors.numpy import load_file
 from safetensors.torch import save_file
 
-from fnrt.functions.errors import FnrtError
+from fnrt.functions.errors import FnrtError, HandlerError
+from fnrt.functions.handler import Device
+from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.formats import safetensors as st
-from fnrt.loader.formats.torch import state_dict
+from fnrt.loader.formats.torch import mapped_module, state_dict
 
 
 def test_save_arrays_is_readable_by_the_safetensors_package(tmp_path: Path) -> None:
@@ -58,3 +60,29 @@ def test_torch_checkpoints_load_mapped_and_refuse_pickled_code(tmp_path: Path) -
     torch.save({"w": Evil()}, tmp_path / "evil.pt")
     with pytest.raises(Exception, match="Weights only load failed"):
         state_dict(tmp_path / "evil.pt")
+
+
+def test_a_module_is_built_on_meta_with_the_mapped_weights_assigned(tmp_path: Path) -> None:
+    def build() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+    source = build()
+    save_file(source.state_dict(), tmp_path / "w.safetensors")
+    torch.save(source.state_dict(), tmp_path / "w.pt")
+    x = torch.randn(5, 4)
+    for name in ("w.safetensors", "w.pt"):
+        path = tmp_path / name
+        artifact = LocalArtifact("w", path, "0" * 64, path.stat().st_size, Device())
+        made = artifact.module(build)
+        assert not made.training
+        torch.testing.assert_close(made(x), source(x))
+    mapped = st.tensors(tmp_path / "w.safetensors")
+    made = mapped_module(build, mapped)
+    assert made[0].weight.data_ptr() == mapped["0.weight"].data_ptr()  # assigned, not copied
+    save_file({"0.weight": source[0].weight.detach().contiguous()}, tmp_path / "part.safetensors")
+    part = tmp_path / "part.safetensors"
+    artifact = LocalArtifact("w", part, "0" * 64, part.stat().st_size, Device())
+    with pytest.raises(RuntimeError, match="Missing key"):
+        artifact.module(build)
+    with pytest.raises(HandlerError, match=r"0\.bias.*stay empty"):
+        artifact.module(build, strict=False)
