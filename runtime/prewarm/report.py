@@ -52,43 +52,27 @@ def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
         return value / 60.0
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    fixed = sorted((o for o in outcomes if o.label.startswith("fixed")), key=idle)
-    if fixed:
-        ax.plot(
-            [idle(o) for o in fixed],
-            [o.cold_percent for o in fixed],
-            "o-",
-            color="grey",
-            label="fixed keep-alive",
-        )
-        for o in fixed:
+    # fixed keep-alives, and auto at several prices of a cold start: a curve each
+    for prefix, style, color, label, below in (
+        ("fixed ", "o-", "grey", "fixed keep-alive", False),
+        ("auto ", "D-", "tab:blue", "auto, by price of a cold start", True),
+    ):
+        curve = sorted((o for o in outcomes if o.label.startswith(prefix)), key=idle)
+        if not curve:
+            continue
+        points = [(idle(o), o.cold_percent) for o in curve]
+        ax.plot(*zip(*points, strict=True), style, color=color, label=label)
+        for o, point in zip(curve, points, strict=True):
             ax.annotate(
-                o.label.removeprefix("fixed "),
-                (idle(o), o.cold_percent),
+                o.label.removeprefix(prefix),
+                point,
                 textcoords="offset points",
-                xytext=(4, 4),
+                xytext=(4, -12 if below else 4),
                 fontsize=8,
-            )
-    priced = sorted((o for o in outcomes if o.label.startswith("auto ")), key=idle)
-    if priced:  # auto at several prices of a cold start: its curve
-        ax.plot(
-            [idle(o) for o in priced],
-            [o.cold_percent for o in priced],
-            "D-",
-            color="tab:blue",
-            label="auto, by price of a cold start",
-        )
-        for o in priced:
-            ax.annotate(
-                o.label.removeprefix("auto "),
-                (idle(o), o.cold_percent),
-                textcoords="offset points",
-                xytext=(4, -12),
-                fontsize=8,
-                color="tab:blue",
+                color=color if below else None,
             )
     # hollow markers, each smaller than the last: policies at the same point stay visible
-    others = [o for o in outcomes if not o.label.startswith(("fixed", "auto "))]
+    others = [o for o in outcomes if not o.label.startswith(("fixed ", "auto "))]
     for i, o in enumerate(others):
         ax.plot(
             [idle(o)],
