@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -32,6 +33,26 @@ class Result:
     p50_ms: float
     p99_ms: float
     errors: int
+    #: CPU the server's processes (workers included) spent per request, when wrk was
+    #: given its pid: steadier than requests/s on a shared machine, whose share of the
+    #: cores drifts from run to run.
+    cpu_us: float | None = None
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) that ``pid`` and its live descendants have used."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):  # it exited meanwhile
+            continue
+    return total
 
 
 def require_wrk() -> None:
@@ -87,7 +108,12 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
 
-def wrk(url: str, script: Path, connections: int, duration_s: int) -> Result:
+def wrk(
+    url: str, script: Path, connections: int, duration_s: int, pid: int | None = None
+) -> Result:
+    """Load ``url`` with ``wrk``; with ``pid`` (the server's), also the CPU it spent
+    per request."""
+    cpu_before = tree_cpu_s(pid) if pid is not None else 0.0
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(script), url],
         check=True,
@@ -101,25 +127,40 @@ def wrk(url: str, script: Path, connections: int, duration_s: int) -> Result:
         return match.group(1)
 
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    cpu_us = None
+    if pid is not None:
+        requests = int(find(r"(\d+) requests in"))
+        cpu_us = (tree_cpu_s(pid) - cpu_before) / max(requests, 1) * 1e6
     return Result(
         float(find(r"Requests/sec:\s+([\d.]+)")),
         _ms(find(r"\s50%\s+(\S+)")),
         _ms(find(r"\s99%\s+(\S+)")),
         int(errors.group(1)) if errors else 0,
+        cpu_us,
     )
 
 
 def report(results: dict[str, list[Result]], baseline: str, column: str) -> None:
     """The median round of each variant, and every round's requests/s against
-    ``baseline``'s in the same round (with their median)."""
-    print(f"{column:<12} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'ratio':>7}")
+    ``baseline``'s in the same round (with their median); with CPU figures, the
+    median CPU per request of each variant against the baseline's."""
+    cpu = all(r.cpu_us is not None for rounds in results.values() for r in rounds)
+    extra = f" {'CPU us/req':>11} {'CPU ratio':>9}" if cpu else ""
+    print(
+        f"{column:<12} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'ratio':>7}{extra}"
+    )
     base = median(results[baseline]).rps
+    base_cpu = median_cpu_us(results[baseline]) if cpu else 0.0
     for name, rounds in results.items():
         r = median(rounds)
-        print(
+        line = (
             f"{name:<12} {r.rps:>9.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
             f"{r.errors:>8} {r.rps / base:>6.2f}x"
         )
+        if cpu:
+            used = median_cpu_us(rounds)
+            line += f" {used:>11.0f} {used / base_cpu:>8.2f}x"
+        print(line)
     print()
     for name in results:
         per_round = [
@@ -129,6 +170,14 @@ def report(results: dict[str, list[Result]], baseline: str, column: str) -> None
             f"{name} / {baseline} requests/s per round: {per_round}, "
             f"median {statistics.median(per_round):.2f}x"
         )
+    if cpu:
+        for name, rounds in results.items():
+            print(f"{name} CPU us/req per round: {[round(r.cpu_us or 0) for r in rounds]}")
+
+
+def median_cpu_us(results: list[Result]) -> float:
+    """The median CPU per request over rounds (rounds measured with a pid)."""
+    return statistics.median(r.cpu_us for r in results if r.cpu_us is not None)
 
 
 def median(results: list[Result]) -> Result:

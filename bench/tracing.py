@@ -10,7 +10,10 @@ collector on 127.0.0.1 that accepts and drops what it gets), and
 costs). ``wrk`` loads each in turn, in interleaved rounds that each start
 with another variant (so no variant always runs first); the table shows the
 median round, and the last lines the median of the per-round ratios against
-``off`` (this machine drifts by ±10% between rounds).
+``off`` (this machine drifts by ±10% between rounds). The CPU columns are the
+server's CPU time (its worker included) per request, median over rounds, and
+its ratio to ``off``'s: what telemetry costs, less blurred by the machine's
+drift than requests/s.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def main() -> None:
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
         body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
         script = write_script(work, "invoke", "application/msgpack", body)
-        urls = {}
+        urls, pids = {}, {}
         for i, (name, extra) in enumerate(variants.items()):
             store = work / f"store-{i}"
             with open(work / f"{i}.log", "wb") as logs:  # the request log goes here
@@ -83,6 +86,7 @@ def main() -> None:
             procs.append(proc)
             deploy(server, example)
             urls[name] = f"{server}/v1/functions/mlp/invoke"
+            pids[name] = proc.pid
             wrk(urls[name], script, args.connections, 1)  # warm up
 
         results: dict[str, list[Result]] = {name: [] for name in variants}
@@ -90,7 +94,9 @@ def main() -> None:
         for round_ in range(args.rounds):  # each round starts with another variant
             order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for name in order:
-                results[name].append(wrk(urls[name], script, args.connections, args.duration_s))
+                results[name].append(
+                    wrk(urls[name], script, args.connections, args.duration_s, pids[name])
+                )
 
         print(
             f"\nmlp example, {args.connections} connections, "

@@ -14,9 +14,12 @@ from typing import Any, Protocol
 
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
-from fnrt.runtime.queue import Pending
+from fnrt.runtime.queue import Pending, Priority
 from fnrt.tracing.spans import fail
 from fnrt.tracing.telemetry import Telemetry
+
+#: The attributes of a queue span, one dict per priority (shared: never changed).
+_PRIORITY = {p: {"fnrt.priority": p.name.lower()} for p in Priority}
 
 
 class StartKind(StrEnum):
@@ -155,16 +158,10 @@ class TelemetryEvents:
         for p in batch:
             if p.span is None:
                 continue
-            tracing.child(
-                p.span,
-                "queue",
-                {"fnrt.priority": p.priority.name.lower()},
-                start_ns=p.enqueued_ns,
-                end_ns=started_ns,
-            )
+            tracing.after(p.span, "queue", p.enqueued_ns, started_ns, _PRIORITY[p.priority])
             if p.cold and load is not None:
                 load_start, load_end, attributes = load
-                tracing.child(p.span, "load", attributes, start_ns=load_start, end_ns=load_end)
+                tracing.after(p.span, "load", load_start, load_end, attributes)
         if span is not None:
             if failure is not None:
                 fail(span, failure)

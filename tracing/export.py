@@ -20,13 +20,18 @@ from typing import Any, Protocol, TextIO
 import orjson
 
 from fnrt.tracing.otlp import encode_request
-from fnrt.tracing.recorder import Span
+from fnrt.tracing.recorder import Record, Span, as_span
 
 log = logging.getLogger("fnrt.tracing")
 
 
+#: What the request path hands an exporter: ended spans, and spans made after the fact
+#: as plain records (:class:`Record`; :func:`as_span` makes them spans).
+Exported = Span | Record
+
+
 class SpanExporter(Protocol):
-    def export(self, spans: Sequence[Span]) -> None: ...
+    def export(self, spans: Sequence[Exported]) -> None: ...
 
     def shutdown(self) -> None: ...
 
@@ -53,7 +58,7 @@ class OtlpHttpExporter:
         kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         return kind(url.hostname or "", url.port, timeout=self.timeout_s)
 
-    def export(self, spans: Sequence[Span]) -> None:
+    def export(self, spans: Sequence[Exported]) -> None:
         body = encode_request(spans, self.resource)
         headers = {"Content-Type": "application/x-protobuf"}
         for attempt in (1, 2):  # a kept-alive connection the collector closed: once more
@@ -104,9 +109,9 @@ class ConsoleExporter:
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
 
-    def export(self, spans: Sequence[Span]) -> None:
+    def export(self, spans: Sequence[Exported]) -> None:
         for span in spans:
-            self.stream.write(orjson.dumps(span_dict(span), default=str).decode() + "\n")
+            self.stream.write(orjson.dumps(span_dict(as_span(span)), default=str).decode() + "\n")
         self.stream.flush()
 
     def shutdown(self) -> None:
@@ -119,8 +124,8 @@ class MemoryExporter:
     def __init__(self) -> None:
         self.spans: list[Span] = []
 
-    def export(self, spans: Sequence[Span]) -> None:
-        self.spans.extend(spans)
+    def export(self, spans: Sequence[Exported]) -> None:
+        self.spans.extend(as_span(s) for s in spans)
 
     def shutdown(self) -> None:
         pass
@@ -148,14 +153,14 @@ class BatchExporter:
         self.batch_size = batch_size
         self.max_queued = max_queued
         self.dropped = 0
-        self._pending: deque[Span] = deque()  # append and popleft are atomic
+        self._pending: deque[Exported] = deque()  # append and popleft are atomic
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="fnrt-span-export", daemon=True)
         self._thread.start()
 
-    def add(self, span: Span) -> None:
-        """Take one ended span (the request path: an append)."""
+    def add(self, span: Exported) -> None:
+        """Take one ended span or record (the request path: an append)."""
         pending = self._pending
         if len(pending) >= self.max_queued:
             self.dropped += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import IntEnum
 from typing import Any, NamedTuple
 
@@ -56,6 +56,7 @@ class Span:
 
     __slots__ = (
         "_sink",
+        "_traceparent",
         "attributes",
         "context",
         "end_ns",
@@ -92,6 +93,14 @@ class Span:
         self.status = StatusCode.UNSET
         self.status_message = ""
         self._sink = sink
+        self._traceparent = ""
+
+    @property
+    def traceparent(self) -> str:
+        """The W3C ``traceparent`` naming this span (formatted once)."""
+        if not self._traceparent:
+            self._traceparent = format_traceparent(self.context)
+        return self._traceparent
 
     @property
     def recording(self) -> bool:
@@ -121,6 +130,39 @@ class Span:
 
     def __repr__(self) -> str:
         return f"Span({self.name!r}, trace={self.context.trace_id:032x})"
+
+
+class Record(NamedTuple):
+    """A span made after the fact (a request's queue wait, its load, the encoding of its
+    answer): its times and attributes are known when it is made, and nothing refers to
+    its id, so it is a plain tuple on the request path and becomes a span, with an id
+    drawn then, in the export thread (:func:`as_span`, or encoded from as it is)."""
+
+    name: str
+    parent: SpanContext  # a recorded span's context: the record is always sampled
+    start_ns: int
+    end_ns: int
+    attributes: Mapping[str, Any]
+
+
+def as_span(item: Span | Record) -> Span:
+    """``item`` as a :class:`Span` (records get their id here)."""
+    if isinstance(item, Span):
+        return item
+    parent = item.parent
+    context = SpanContext(parent.trace_id, random.getrandbits(64) or 1, True, parent.trace_state)
+    span = Span(
+        item.name,
+        context,
+        parent,
+        SpanKind.INTERNAL,
+        item.start_ns,
+        dict(item.attributes),
+        [],
+        None,
+    )
+    span.end_ns = item.end_ns
+    return span
 
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
@@ -154,7 +196,8 @@ def format_traceparent(context: SpanContext) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.flags:02x}"
 
 
-_context = tuple.__new__  # a SpanContext without NamedTuple's keyword handling (hot path)
+# a SpanContext or a Record without NamedTuple's keyword handling (the hot path)
+_context = _record = tuple.__new__
 
 
 class Sampler:
@@ -176,13 +219,17 @@ class Sampler:
         return (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
 
 
+#: Where ended sampled spans and records go (an exporter's ``add``).
+Sink = Callable[["Span | Record"], None]
+
+
 class Tracer:
-    """Starts spans; ended sampled spans go to ``sink`` (an exporter's ``add``)."""
+    """Starts spans; ended sampled spans, and records, go to ``sink``."""
 
     def __init__(
         self,
         config: TraceConfig,
-        sink: Callable[[Span], None],
+        sink: Sink,
         on_shutdown: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
@@ -195,6 +242,18 @@ class Tracer:
         """Export what is still batched (at the end of a server or a CLI call)."""
         if self._on_shutdown is not None:
             self._on_shutdown()
+
+    def after(
+        self,
+        name: str,
+        parent: SpanContext,
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any],
+    ) -> None:
+        """Export a span of ``parent`` made after the fact (a :class:`Record`): a tuple
+        and an append, its id drawn when it is exported. ``parent`` must be sampled."""
+        self._sink(_record(Record, (name, parent, start_ns, end_ns, attributes)))
 
     def record(
         self,

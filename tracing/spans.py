@@ -3,7 +3,10 @@
 One invoke makes a server span (HTTP semantic-convention attributes; the
 caller's ``traceparent`` / ``tracestate`` as its parent; ``traceresponse``
 in the reply) with children for its queue wait, the model load it waited for
-(tier, bytes, per-step timings) and the encoding of its answer. Each batch is
+(tier, bytes, per-step timings) and the encoding of its answer. Those
+children are known whole when they are made, so they are plain records
+(:class:`fnrt.tracing.recorder.Record`) until the export thread makes them
+spans. Each batch is
 one span of its own, linked to every request span it served. With tracing
 off every method is a ``None`` check, so the request path pays nothing.
 """
@@ -61,23 +64,20 @@ class Tracing:
             return None
         return self.tracer.start(name, kind=kind)
 
-    def child(
+    def after(
         self,
         parent: Span | None,
         name: str,
-        attributes: dict[str, Any] | None = None,
-        *,
-        start_ns: int | None = None,
-        end_ns: int | None = None,
-    ) -> Span | None:
-        """A child of ``parent`` when it is recorded; ended at ``end_ns`` when given
-        (spans made after the fact)."""
-        if parent is None or self.tracer is None or not parent.recording:
-            return None
-        span = self.tracer.start(name, parent.context, attributes=attributes, start_ns=start_ns)
-        if end_ns is not None:
-            span.end(end_ns)
-        return span
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any],
+    ) -> None:
+        """A child of ``parent``, when it is recorded, that began and ended already
+        (a queue wait, a load, an encoding): a plain record on the request path, made
+        a span in the export thread."""
+        if parent is None or self.tracer is None or parent._sink is None:
+            return
+        self.tracer.after(name, parent.context, start_ns, end_ns, attributes)
 
     def batch_span(
         self, function: str, version: str, requests: Iterable[Span | None], start_ns: int
@@ -158,12 +158,12 @@ def finish_server_span(span: Span | None, status: int, attributes: Mapping[str, 
 
 def traceresponse(span: Span | None) -> str | None:
     """The W3C ``traceresponse`` header value naming ``span``."""
-    return format_traceparent(span.context) if span is not None else None
+    return span.traceparent if span is not None else None
 
 
 def ids(span: Span | None) -> tuple[str, str] | None:
     """``(trace_id, span_id)`` in hex, for logs."""
     if span is None:
         return None
-    context: SpanContext = span.context
-    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+    traceparent = span.traceparent  # 00-{trace id}-{span id}-{flags}
+    return traceparent[3:35], traceparent[36:52]

@@ -10,6 +10,7 @@ requests straight to :func:`serve_invoke`. Errors go through the same
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -111,11 +112,14 @@ async def _answer(
     served = answered.served
     trail.function, trail.version = answered.scheduler.name, answered.scheduler.version.version
     trail.cold_tier = served.cold_tier
-    encoding = node.telemetry.tracing.child(trail.span, "encode")
-    out = encode(served.outputs, reply, limits)
-    if encoding is not None:
-        encoding.set_attribute("fnrt.response.bytes", len(out))
-        encoding.end()
+    if trail.span is None:
+        out = encode(served.outputs, reply, limits)
+    else:
+        started_ns = time.time_ns()
+        out = encode(served.outputs, reply, limits)
+        node.telemetry.tracing.after(
+            trail.span, "encode", started_ns, time.time_ns(), {"fnrt.response.bytes": len(out)}
+        )
     return out, reply.media_type, served_headers(answered)
 
 

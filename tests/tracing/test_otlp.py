@@ -7,8 +7,17 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from fnrt.tracing.otlp import encode_request
-from fnrt.tracing.recorder import SpanContext, SpanKind, StatusCode, Tracer, parse_traceparent
+from fnrt.tracing.recorder import (
+    Record,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    Tracer,
+    as_span,
+    parse_traceparent,
+)
 from fnrt.tracing.setup import TraceConfig
+from fnrt.tracing.spans import Tracing
 
 
 def test_spans_decode_with_the_official_schema() -> None:
@@ -66,3 +75,53 @@ def test_spans_decode_with_the_official_schema() -> None:
 def test_context_defaults() -> None:
     context = SpanContext(1, 2, sampled=False)
     assert context.flags == 0 and not context.remote
+
+
+def test_records_decode_as_children_of_their_request_span() -> None:
+    """Spans made after the fact (queue, load, encode) travel as records and are
+    encoded straight from them: same tree, times and attributes as a span, with an
+    id of their own drawn at export; a trace state and an unhashable attribute go too."""
+    ended: list[object] = []
+    tracer = Tracer(TraceConfig(), ended.append)
+    remote = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v")
+    root = tracer.start("POST /v1/functions/{name}/invoke", remote, kind=SpanKind.SERVER)
+    tracer.after("queue", root.context, 10, 25, {"fnrt.priority": "normal"})
+    tracer.after("load", root.context, 11, 20, {"fnrt.load.tiers": ["l2"], "fnrt.load.s": 0.5})
+    root.end()
+    local = tracer.start("POST /v1/functions/{name}/invoke")
+    tracer.after("encode", local.context, 30, 31, {"fnrt.response.bytes": 4096})
+    local.end()
+    records = [r for r in ended if isinstance(r, Record)]
+    assert [r.name for r in records] == ["queue", "load", "encode"]
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(encode_request(ended, {"service.name": "fnrt-test"}))  # type: ignore[arg-type]
+    spans = {s.name: s for s in request.resource_spans[0].scope_spans[0].spans}
+    queue, load, encode = spans["queue"], spans["load"], spans["encode"]
+    for child, parent in ((queue, root), (load, root), (encode, local)):
+        assert child.trace_id == parent.context.trace_id.to_bytes(16, "big")
+        assert child.parent_span_id == parent.context.span_id.to_bytes(8, "big")
+        assert child.span_id not in (b"\0" * 8, child.parent_span_id)
+        assert child.kind == ProtoSpan.SPAN_KIND_INTERNAL
+        assert child.flags == 0x101  # sampled, parent local
+    assert queue.trace_state == "k=v" and encode.trace_state == ""
+    assert (queue.start_time_unix_nano, queue.end_time_unix_nano) == (10, 25)
+    assert {a.key: a.value.string_value for a in queue.attributes} == {"fnrt.priority": "normal"}
+    values = {a.key: a.value for a in load.attributes}
+    assert [v.string_value for v in values["fnrt.load.tiers"].array_value.values] == ["l2"]
+    assert values["fnrt.load.s"].double_value == 0.5
+    assert {a.key: a.value.int_value for a in encode.attributes} == {"fnrt.response.bytes": 4096}
+    # the in-memory and console exporters see them as spans
+    span = as_span(records[0])
+    assert (span.name, span.parent, span.start_ns, span.end_ns) == ("queue", root.context, 10, 25)
+    assert span.context.trace_id == root.context.trace_id and span.context.trace_state == "k=v"
+    assert span.kind is SpanKind.INTERNAL and span.attributes == {"fnrt.priority": "normal"}
+
+
+def test_an_unsampled_parent_makes_no_records() -> None:
+    ended: list[object] = []
+    tracing = Tracing(Tracer(TraceConfig(sampler="traceidratio", sampler_ratio=0.0), ended.append))
+    root = tracing.server_span("POST", "/v1/functions/{name}/invoke", "/x", {})
+    assert root is not None and not root.recording
+    tracing.after(root, "queue", 1, 2, {})
+    tracing.after(None, "queue", 1, 2, {})
+    assert ended == []
