@@ -1,6 +1,7 @@
 """fnrt serving the ``mlp`` example versus a bare Starlette endpoint and the HTTP floor.
 
     python bench/invoke.py [--connections 32] [--duration-s 8] [--rounds 3] [--plot FILE.png]
+                           [--no-breakdown]
 
 All three run on uvicorn with uvloop and httptools, one process each, with
 ``OMP_NUM_THREADS=1``: fnrt (request log on, as in production), a bare
@@ -10,6 +11,11 @@ stack allows, no model); ``wrk`` (Debian package ``wrk``) drives them with the
 same body at the same concurrency. Each configuration runs ``--rounds`` times,
 interleaved so drift hits all alike; the median round is reported, and the
 ratio fnrt / bare is the figure to read (absolute numbers move with the machine).
+
+Then (unless ``--no-breakdown``) py-spy samples the raw app's and fnrt's event
+loop thread through one more JSON run each, and the output shows where a
+request's time goes there, part by part, in microseconds a request, beside the
+raw app's whole figure (``breakdown.py``; py-spy from the package index).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 import msgpack
 import msgpack_numpy
 import numpy as np
+from breakdown import print_breakdown, profile_under_load
 from loadgen import (
     Result,
     copy_mlp,
@@ -48,6 +55,12 @@ def main() -> None:
     parser.add_argument("--duration-s", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plot", type=Path, help="write a bar chart of requests/s to this PNG")
+    parser.add_argument(
+        "--no-breakdown",
+        dest="breakdown",
+        action="store_false",
+        help="skip the py-spy breakdown of a request's time on the event loop's thread",
+    )
     args = parser.parse_args()
     require_wrk()
 
@@ -63,6 +76,7 @@ def main() -> None:
         procs.append(proc)
         raw, proc = start_raw(env)
         procs.append(proc)
+        pids = {"fnrt": procs[0].pid, "raw": procs[2].pid}
         deploy(fnrt, example)
 
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
@@ -118,6 +132,16 @@ def main() -> None:
                 print(f"fnrt / {base} requests/s ({fmt}): {ratio:.2f}x   per round: {spread}")
         if args.plot:
             plot(results, args.plot)
+        if args.breakdown:
+            floor = profile_under_load(
+                pids["raw"], urls["raw"], scripts["json"], args.connections, args.duration_s, work
+            )
+            ours = profile_under_load(
+                pids["fnrt"], urls["fnrt"], scripts["json"], args.connections, args.duration_s, work
+            )
+            if floor is not None and ours is not None:
+                print_breakdown("raw ASGI (json)", floor)
+                print_breakdown("fnrt mlp (json)", ours, floor.loop_cpu_us)
     finally:
         for p in procs:
             p.terminate()
