@@ -1,6 +1,8 @@
 """Prometheus metrics for ``GET /metrics``, on a registry of the server's own.
 
-Counters and histograms are updated on the request path (a lock and an add
+The series updated per request or per batch are lock-free (:class:`LoopCounter`,
+:class:`LoopHistogram`: a dict add, a bisect), since only the event loop's
+thread updates them; the rest are ``prometheus_client``'s (a lock and an add
 each); gauges that describe state (warm instances, queue depth, memory, GPU)
 are read when ``/metrics`` is scraped, from a callback the runtime gives.
 Names follow Prometheus conventions: ``fnrt_`` prefix, base units
@@ -9,12 +11,17 @@ Names follow Prometheus conventions: ``fnrt_`` prefix, base units
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.process_collector import ProcessCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -40,27 +47,81 @@ class FunctionState:
 
 StateSource = Callable[[], Iterable[FunctionState]]
 
-M = TypeVar("M", Counter, Histogram)
+
+class LoopCounter:
+    """A labelled counter for the request path, updated on the event loop's thread only:
+    a dict add, no lock (``prometheus_client`` takes a lock per ``inc``). Read at scrape
+    as ``{name}_total``."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        values = self.values
+        values[labels] = values.get(labels, 0.0) + amount
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=list(self.labels))
+        for labels, value in sorted(list(self.values.items())):  # list(): one step, atomic
+            family.add_metric(list(labels), value)
+        yield family
 
 
-class Labelled(Generic[M]):
-    """A metric's children by label values, each looked up once.
+class LoopHistogram:
+    """A labelled histogram for the request path, updated on the event loop's thread
+    only: a bisect and two adds, no lock (``prometheus_client`` scans its buckets in
+    Python and takes two locks per ``observe``). Read at scrape with cumulative buckets."""
 
-    ``prometheus_client``'s ``labels()`` checks its arguments and takes a lock on
-    every call (about 2 µs): three times per request on the hot path. Label
-    sets here are bounded (functions, versions, statuses, kinds) and children
-    are never removed, so each is kept.
-    """
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: tuple[str, ...],
+        buckets: tuple[float, ...],
+    ) -> None:
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.bounds = tuple(float(b) for b in buckets)
+        # per label values: a count per bucket (the last is +Inf), then the sum
+        self.series: dict[tuple[str, ...], list[float]] = {}
 
-    def __init__(self, metric: M) -> None:
-        self.metric: M = metric
-        self._children: dict[tuple[str, ...], M] = {}
+    def child(self, labels: tuple[str, ...]) -> list[float]:
+        """The label values' counts (made on first use): hold it to observe into."""
+        found = self.series.get(labels)
+        if found is None:
+            found = self.series[labels] = [0.0] * (len(self.bounds) + 2)
+        return found
 
-    def __call__(self, *values: str) -> M:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self.metric.labels(*values)
-        return child
+    def observe(self, child: list[float], amount: float) -> None:
+        child[bisect_left(self.bounds, amount)] += 1  # le: the first bound >= amount
+        child[-1] += amount
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
+        for labels, child in sorted(list(self.series.items())):
+            counts = child[:-1]
+            cumulative, buckets = 0.0, []
+            for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
+                cumulative += count
+                buckets.append((_le(bound), cumulative))
+            family.add_metric(list(labels), buckets, child[-1])
+        yield family
+
+
+def _le(bound: float) -> str:
+    """A bucket's ``le`` label as Prometheus writes it (``0.005``, ``1.0``, ``+Inf``)."""
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+class _LoopCollector:
+    """Exposes the loop-thread series at scrape."""
+
+    def __init__(self, series: Iterable[LoopCounter | LoopHistogram]) -> None:
+        self._series = tuple(series)
+
+    def collect(self) -> Iterator[Metric]:
+        for series in self._series:
+            yield from series.collect()
 
 
 class _StateCollector:
@@ -141,39 +202,32 @@ class Metrics:
     def __init__(self, *, gpu: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
+        # Updated per request or per batch, on the event loop's thread: lock-free series.
+        self.requests = LoopCounter(
             "fnrt_requests",
             "Requests answered, by function, version and HTTP status",
-            ["function", "version", "status"],
-            registry=r,
+            ("function", "version", "status"),
         )
-        self.request_seconds = Histogram(
+        self.request_seconds = LoopHistogram(
             "fnrt_request_duration_seconds",
             "Time from request to response",
-            ["function"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("function",),
+            LATENCY_BUCKETS_S,
         )
-        self.queue_seconds = Histogram(
+        self.queue_seconds = LoopHistogram(
             "fnrt_queue_wait_seconds",
             "Time a request waited for its batch to start",
-            ["function"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("function",),
+            LATENCY_BUCKETS_S,
         )
-        self.compute_seconds = Histogram(
+        self.compute_seconds = LoopHistogram(
             "fnrt_batch_compute_duration_seconds",
             "Time a batch took on its instance",
-            ["function"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("function",),
+            LATENCY_BUCKETS_S,
         )
-        self.batch_size = Histogram(
-            "fnrt_batch_size",
-            "Requests per batch",
-            ["function"],
-            buckets=BATCH_BUCKETS,
-            registry=r,
+        self.batch_size = LoopHistogram(
+            "fnrt_batch_size", "Requests per batch", ("function",), BATCH_BUCKETS
         )
         self.cold_starts = Counter(
             "fnrt_cold_starts",
@@ -200,11 +254,10 @@ class Metrics:
             ["tier"],
             registry=r,
         )
-        self.starts = Counter(
+        self.starts = LoopCounter(
             "fnrt_invocation_starts",
             "Calls by what they found: warm, prewarmed (loaded ahead for them) or cold",
-            ["function", "kind"],
-            registry=r,
+            ("function", "kind"),
         )
         self.prewarms = Counter(
             "fnrt_prewarms",
@@ -220,13 +273,18 @@ class Metrics:
             registry=r,
         )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu, fds
-        # The children updated per request or per batch, looked up once each.
-        self._requests = Labelled(self.requests)
-        self._request_seconds = Labelled(self.request_seconds)
-        self._starts = Labelled(self.starts)
-        self._batch_size = Labelled(self.batch_size)
-        self._compute_seconds = Labelled(self.compute_seconds)
-        self._queue_seconds = Labelled(self.queue_seconds)
+        r.register(
+            _LoopCollector(
+                (
+                    self.requests,
+                    self.request_seconds,
+                    self.queue_seconds,
+                    self.compute_seconds,
+                    self.batch_size,
+                    self.starts,
+                )
+            )
+        )
         self._l1_hits = self.tier_hits.labels("l1")
         gpu_collector = _gpu_collector() if gpu else None
         if gpu_collector is not None:
@@ -241,12 +299,13 @@ class Metrics:
         self.registry.register(_StoreCollector(requests))
 
     def request(self, function: str, version: str, status: int, seconds: float) -> None:
-        self._requests(function, version, str(status)).inc()
-        self._request_seconds(function).observe(seconds)
+        self.requests.inc((function, version, str(status)))
+        histogram = self.request_seconds
+        histogram.observe(histogram.child((function,)), seconds)
 
     def start(self, function: str, kind: str) -> None:
         """A call found its function warm, pre-warmed or cold."""
-        self._starts(function, kind).inc()
+        self.starts.inc((function, kind))
 
     def prewarm(self, function: str, outcome: str) -> None:
         self.prewarms.labels(function, outcome).inc()
@@ -255,11 +314,13 @@ class Metrics:
         self.instance_restarts.labels(function, cause).inc()
 
     def batch(self, function: str, size: int, compute_s: float, waits_s: Iterable[float]) -> None:
-        self._batch_size(function).observe(size)
-        self._compute_seconds(function).observe(compute_s)
-        queue = self._queue_seconds(function)
+        key = (function,)
+        self.batch_size.observe(self.batch_size.child(key), size)
+        self.compute_seconds.observe(self.compute_seconds.child(key), compute_s)
+        queue = self.queue_seconds
+        child = queue.child(key)
         for wait in waits_s:
-            queue.observe(wait)
+            queue.observe(child, wait)
 
     def load(self, function: str, tier: str, size_bytes: int, seconds: float) -> None:
         self.cold_starts.labels(function, tier).inc()

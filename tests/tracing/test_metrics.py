@@ -7,6 +7,7 @@ import itertools
 from pathlib import Path
 
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fnrt.runtime.http.app import build_app
@@ -100,3 +101,33 @@ def test_kept_children_count_per_label_set() -> None:
     assert got[("fnrt_request_duration_seconds_count", (("function", "a"),))] == 3
     assert got[("fnrt_invocation_starts_total", (("function", "a"), ("kind", "warm")))] == 2
     assert got[("fnrt_queue_wait_seconds_count", (("function", "a"),))] == 3
+
+
+def test_the_request_path_series_read_as_prometheus_counters_and_histograms() -> None:
+    """The lock-free series the request path updates expose what prometheus_client's
+    would: a ``_total`` counter, and histograms with cumulative ``le`` buckets, a
+    count and a sum, parsed back by prometheus_client's own parser."""
+    metrics = Metrics(gpu=False)
+    for seconds in (0.0004, 0.0005, 0.003, 0.003, 99.0):
+        metrics.request("f", "v1", 200, seconds)
+    metrics.request("f", "v1", 503, 0.002)
+    metrics.batch("f", 3, 0.02, [0.001, 0.0002, 0.5])
+    metrics.start("f", "warm")
+    metrics.start("f", "warm")
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+    requests = {s.labels["status"]: s.value for s in families["fnrt_requests"].samples}
+    assert requests == {"200": 5.0, "503": 1.0}
+    samples = families["fnrt_request_duration_seconds"].samples
+    buckets = {s.labels["le"]: s.value for s in samples if s.name.endswith("_bucket")}
+    assert buckets["0.0005"] == 2  # le is inclusive
+    assert buckets["0.0025"] == 3 and buckets["0.005"] == 5 and buckets["60.0"] == 5
+    assert buckets["+Inf"] == 6
+    (count,) = [s.value for s in samples if s.name.endswith("_count")]
+    (total,) = [s.value for s in samples if s.name.endswith("_sum")]
+    assert count == 6 and total == pytest.approx(0.0004 + 0.0005 + 0.006 + 99.0 + 0.002)
+    queue = families["fnrt_queue_wait_seconds"].samples
+    assert [s.value for s in queue if s.labels.get("le") == "0.001"] == [2]
+    sizes = families["fnrt_batch_size"].samples
+    assert [s.value for s in sizes if s.name.endswith("_sum")] == [3]
+    starts = families["fnrt_invocation_starts"].samples
+    assert [(s.labels["kind"], s.value) for s in starts] == [("warm", 2.0)]
