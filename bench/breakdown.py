@@ -4,11 +4,11 @@
 keeps the samples of the event loop's thread (its main thread), and sorts each
 into a part of the request path by the innermost frame that belongs to one
 (a numpy frame under ``functions/tensors.py`` counts as decoding). Shares times
-the thread's CPU per request give microseconds per request. The event loop's
-own part is what py-spy saw with no deeper Python frame: uvloop and the task
-machinery in C, and the resumption of coroutines, which sampling without
-stopping the process often cannot unwind (``perf`` puts nearly all of a
-server's time in the interpreter, little in uvloop). py-spy comes from
+the thread's CPU per request give microseconds per request. py-spy stops the
+server for each sample (100 a second): sampling without stopping it
+(``--nonblocking``) often cannot unwind the coroutines being resumed, and put
+half of fnrt's time in the event loop itself. The event loop's part is what
+py-spy saw with no deeper Python frame: uvloop and the task machinery in C. py-spy comes from
 the package index (``pip install py-spy``); it reads another process's memory,
 which needs ptrace rights (root, or ``kernel.yama.ptrace_scope=0``).
 """
@@ -121,8 +121,8 @@ def profile_under_load(
         print("no breakdown: py-spy is not installed (pip install py-spy)")
         return None
     out = work / f"py-spy-{pid}.txt"
-    argv = [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250"]
-    argv += ["--nonblocking", "--duration", str(duration_s + 1), "--output", str(out)]
+    argv = [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "100"]
+    argv += ["--duration", str(duration_s + 1), "--output", str(out)]
     sampler = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     cpu_before = thread_cpu_s(pid, pid)
     result = wrk(url, script, connections, duration_s)
