@@ -64,6 +64,7 @@ class Keeper:
         self._unload_after: dict[str, float] = {}  # unix time the plan releases it
         self._plans: dict[str, tuple[tuple[Policy, int, int, float, PolicyConfig], Plan]] = {}
         self._priced: dict[tuple[float | None, float | None], PolicyConfig] = {}
+        self._fixed: set[str] = set()  # kept by the manifest's keep_alive_s: nothing to plan
         if path is not None and path.is_file():
             self._load(path)
 
@@ -81,6 +82,12 @@ class Keeper:
         self._live[name] = _Live(minute, 1)
         self._prewarm_at.pop(name, None)
         self._unload_after.pop(name, None)
+
+    def _settle(self, name: str) -> None:
+        """Commit ``name``'s calls of a past minute to its history."""
+        live = self._live.pop(name, None)
+        if live is not None:
+            self._commit(name, live)
 
     def _commit(self, name: str, live: _Live) -> None:
         history = self.histories.get(name)
@@ -119,10 +126,7 @@ class Keeper:
     ) -> Plan | None:
         """The plan after ``name``'s last call for an instance of ``memory_gb`` (at
         ``config``'s price, default the node's), or None when it was never called."""
-        live = self._live.get(name)
-        if live is not None:
-            self._commit(name, live)
-            del self._live[name]
+        self._settle(name)
         history = self.histories.get(name)
         if history is None or history.last_minute is None:
             return None
@@ -160,7 +164,10 @@ class Keeper:
         if live is not None and live.minute >= int(now // 60):
             return Action()  # still being called this minute
         if policy is Policy.FIXED:
+            self._settle(name)  # its minute is over: into the history, nothing pending
+            self._fixed.add(name)
             return Action(unload=loaded and now - idle_since_unix >= keep_alive_s)
+        self._fixed.discard(name)
         plan = self.plan(name, policy, memory_gb=memory_gb, config=config)
         if plan is None or plan.why.startswith("fixed"):  # not enough known: the manifest's
             return Action(unload=loaded and now - idle_since_unix >= keep_alive_s)
@@ -191,7 +198,7 @@ class Keeper:
         planned, or it has a history no plan has been made from yet."""
         if name in self._prewarm_at or name in self._live:
             return True
-        return name in self.histories and name not in self._plans
+        return name in self.histories and name not in self._plans and name not in self._fixed
 
     def planned(self, name: str) -> dict[str, Any]:
         """The pending plan of ``name`` (unix times), for describe."""

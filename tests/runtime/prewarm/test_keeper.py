@@ -103,3 +103,23 @@ def test_the_history_survives_a_restart(tmp_path: Path) -> None:
     assert before.prewarm_after_min > 0
     (tmp_path / "bad.json").write_text("{not json")
     assert Keeper(tmp_path / "bad.json").histories == {}  # unreadable: start afresh
+
+
+def test_an_idle_function_leaves_nothing_pending_once_its_minute_is_over(
+    tmp_path: Path,
+) -> None:
+    """The sweep passes by a cold function with nothing pending: after its last call's
+    minute, one look files the calls into its history, for a fixed keep-alive (no
+    plan to make) as for a planned one."""
+    for policy in (Policy.FIXED, Policy.AUTO):
+        clock, keeper = server_parts(tmp_path / policy.value)
+        keeper.invoked("f")
+        keeper.invoked("f")
+        assert keeper.pending("f")  # called this minute
+        looks = (0.0, 61.0)  # within the minute, then past it
+        for advance_s in looks:
+            clock.advance(advance_s)
+            action = keeper.act("f", policy, keep_alive_s=60.0, idle_since_unix=0.0, loaded=False)
+            assert not action.unload and not action.prewarm
+            assert keeper.pending("f") == (advance_s == 0.0), policy
+        assert keeper.histories["f"].invocations == 2
