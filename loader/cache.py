@@ -30,6 +30,7 @@ from pathlib import Path
 from fnrt.functions.errors import IntegrityError
 from fnrt.functions.version import check_digest
 from fnrt.loader.integrity import fingerprint, read_record, recheck, write_record
+from fnrt.loader.leftovers import writer_gone
 
 log = logging.getLogger("fnrt.cache")
 
@@ -76,10 +77,13 @@ class BlobCache:
     # --- index -------------------------------------------------------------------
 
     def rebuild(self) -> None:
-        """Re-read the folder: index every blob by last use; drop stale temporaries."""
+        """Re-read the folder: index every blob by last use; drop the temporaries of
+        downloads whose process is gone (another process on this cache may be
+        downloading into its own right now)."""
         for leftover in self.tmp.iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()  # a download that died; never served
+            if writer_gone(leftover):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()  # a download that died; never served
         found = []
         for path in self.blobs.iterdir():
             if path.suffix == ".ok" or path.name.startswith("."):

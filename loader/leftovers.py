@@ -1,8 +1,9 @@
 """Temporary files a killed process left behind, found and removed at start.
 
 An upload spooled to ``cache/uploads`` and a store write in progress
-(``write_atomic``'s ``.NAME.PID.XXXX.tmp`` beside its target) are named with
-the id of the process writing them. At start a node removes those whose
+(``write_atomic``'s ``.NAME.PID.XXXX.tmp`` beside its target), and a blob
+the L2 cache is downloading (``cache/tmp``), are named with the id of
+the process writing them. At start a node removes those whose
 process is gone: a ``kill -9`` during a 200 MB deploy left 260 MB behind.
 Files of processes still running (another node on the same folder) stay.
 """
@@ -57,6 +58,12 @@ def _files(root: Path, recursive: bool) -> Iterator[Path]:
         for name in names:
             if name.endswith(".tmp"):
                 yield Path(folder) / name
+
+
+def writer_gone(path: Path) -> bool:
+    """Whether ``path``, named ``HEX.PID.…`` (an upload spool, a cache download), was
+    left by a process that is gone (unnamed: older than ``UNNAMED_AGE_S``)."""
+    return _stale(path, _SPOOL, time.time())
 
 
 def remove_leftovers(uploads: Path, store_root: Path | None = None) -> int:

@@ -103,9 +103,18 @@ def test_leftovers_of_a_crash_are_swept_and_index_rebuilt(tmp_path: Path) -> Non
     cache = BlobCache(CacheConfig(tmp_path))
     data = b"kept"
     cache.get(digest_of(data), writer(data))
-    (tmp_path / "tmp" / "dead.1.abc.part").write_bytes(b"half")
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    dead = tmp_path / "tmp" / f"9d441aee2461d229.{int(gone.stdout)}.abc.part"
+    dead.write_bytes(b"half")
+    running = tmp_path / "tmp" / f"9d441aee2461d229.{os.getpid()}.def.part"
+    running.write_bytes(b"being written by another cache on this folder")
     again = BlobCache(CacheConfig(tmp_path))
-    assert list((tmp_path / "tmp").iterdir()) == []
+    assert list((tmp_path / "tmp").iterdir()) == [running]
     assert digest_of(data) in again and again.size_bytes == len(data)
 
 

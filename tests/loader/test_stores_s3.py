@@ -52,6 +52,24 @@ def test_multipart_upload_and_parallel_ranged_download(
     assert (tmp_path / "copy").read_bytes() == data
     assert sum(moved) == len(data)
     assert proxy.gets(b"/fnrt/big") == 3  # three 5 MiB ranges
+    assert not [r for r in proxy.requests if r.startswith(b"HEAD ")]  # the first GET sized it
+
+
+@pytest.mark.parametrize("size", [0, 1, 5 * MiB - 1, 5 * MiB, 5 * MiB + 1])
+def test_download_sizes_the_object_from_its_first_range(
+    s3: MotoEndpoint, proxy: FaultProxy, tmp_path: Path, size: int
+) -> None:
+    """Empty, smaller than a part, a part exactly, one byte over: the first ranged GET
+    says the size, and the file is the object byte for byte."""
+    data = os.urandom(size)
+    s3.store("fnrt").put("obj", data)
+    store = s3.store("fnrt", url=proxy.url)
+    (tmp_path / "copy").write_bytes(b"stale bytes longer than some objects")
+    store.download("obj", tmp_path / "copy")
+    assert (tmp_path / "copy").read_bytes() == data
+    assert proxy.gets(b"/fnrt/obj") == max(1, -(-size // (5 * MiB)))
+    with pytest.raises(KeyNotFound):
+        store.download("missing", tmp_path / "none")
 
 
 def test_transient_failures_are_retried(
