@@ -75,7 +75,7 @@ class Tracing:
         """A child of ``parent``, when it is recorded, that began and ended already
         (a queue wait, a load, an encoding): a plain record on the request path, made
         a span in the export thread."""
-        if parent is None or self.tracer is None or parent._sink is None:
+        if parent is None or self.tracer is None or not parent.recording:
             return
         self.tracer.after(name, parent.context, start_ns, end_ns, attributes)
 
