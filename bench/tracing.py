@@ -2,18 +2,19 @@
 
     python bench/tracing.py [--connections 32] [--duration-s 5] [--rounds 6]
 
-Four ``fnrt serve`` processes serve ``examples/mlp``, differing only in
+Five ``fnrt serve`` processes serve ``examples/mlp``, differing only in
 telemetry: ``off`` (metrics and the request log, no spans: the baseline),
 ``10%`` and ``100%`` (``--trace otlp --trace-sample``, exporting to an OTLP
 collector on 127.0.0.1 that accepts and drops what it gets), and
 ``no-log`` (``--no-request-log``, to show what the per-request JSON line
-costs). ``wrk`` loads each in turn, in interleaved rounds that each start
-with another variant (so no variant always runs first); the table shows the
-median round, and the last lines the median of the per-round ratios against
-``off`` (this machine drifts by ±10% between rounds). The CPU columns are the
-server's CPU time (its worker included) per request, median over rounds, and
-its ratio to ``off``'s: what telemetry costs, less blurred by the machine's
-drift than requests/s.
+costs), and ``off-again``, a second server like ``off``: how far two identical
+servers differ in this run, the margin any other ratio needs. ``wrk`` loads
+each in turn, in interleaved rounds that each start with another variant (so
+no variant always runs first); the table shows the median round, and the last
+lines the median of the per-round ratios against ``off`` (this machine drifts
+by ±10% between rounds). The CPU columns are the server's CPU time (its worker
+included) per request, median over rounds, and its ratio to ``off``'s: what
+telemetry costs, less blurred by the machine's drift than requests/s.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def main() -> None:
             "10%": ["--trace", "otlp", "--trace-endpoint", collector, "--trace-sample", "0.1"],
             "100%": ["--trace", "otlp", "--trace-endpoint", collector, "--trace-sample", "1.0"],
             "no-log": ["--no-request-log"],
+            "off-again": [],  # a second server like "off": the noise floor of the run
         }
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
         body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
