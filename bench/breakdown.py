@@ -15,7 +15,6 @@ which needs ptrace rights (root, or ``kernel.yama.ptrace_scope=0``).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen import Result, wrk
+from loadgen import Result, stat_cpu_s, wrk
 
 #: (part, path fragments of its frames), in the order a frame is tested. Frames are
 #: py-spy's ``function (path:line)``; the first part whose fragment a frame's text
@@ -78,9 +77,7 @@ def py_spy() -> str | None:
 
 def thread_cpu_s(pid: int, tid: int) -> float:
     """CPU seconds (user and system) of one thread of ``pid``."""
-    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(Path(f"/proc/{pid}/task/{tid}/stat"))
 
 
 def part_of(frames: list[str]) -> str:

@@ -39,15 +39,21 @@ class Result:
     cpu_us: float | None = None
 
 
+def stat_cpu_s(stat: Path) -> float:
+    """CPU seconds (user and system) in a ``/proc/.../stat`` file (a process's or a
+    thread's)."""
+    text = stat.read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user and system) that ``pid`` and its live descendants have used."""
     total, todo = 0.0, [pid]
     while todo:
         current = todo.pop()
         try:
-            stat = Path(f"/proc/{current}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            total += stat_cpu_s(Path(f"/proc/{current}/stat"))
             for task in Path(f"/proc/{current}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, ValueError):  # it exited meanwhile
