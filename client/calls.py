@@ -173,3 +173,31 @@ def list_call(limit: int, cursor: str | None) -> Call:
     if cursor:
         params["cursor"] = cursor
     return Call("GET", "/v1/functions", True, params=params)
+
+
+#: A generate stream of msgpack frames (``Accept``), and msgpack bodies.
+FRAMES = "application/vnd.fnrt.frames+msgpack"
+MSGPACK = "application/msgpack"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of a generate stream: ``chunk`` (its outputs), ``done`` (finish reason
+    and usage) or ``error`` (the error body, with its status)."""
+
+    kind: str
+    data: dict[str, Any]
+
+
+def read_frames(pieces: Iterator[bytes]) -> Iterator[Event]:
+    """The events of a frames stream: each a 4-byte big-endian length, then msgpack."""
+    buffer = b""
+    for piece in pieces:
+        buffer += piece
+        while len(buffer) >= 4:
+            size = int.from_bytes(buffer[:4], "big")
+            if len(buffer) < 4 + size:
+                break
+            frame = decode(buffer[4 : 4 + size], Format.MSGPACK, UNBOUNDED)
+            buffer = buffer[4 + size :]
+            yield Event(str(frame["event"]), dict(frame["data"]))

@@ -12,18 +12,23 @@ import httpx
 
 from fnrt.client.calls import (
     DEFAULT_URL,
+    FRAMES,
     LIST_PAGE,
+    MSGPACK,
     Call,
+    Event,
     Priority,
+    error_of,
     invoke_call,
     list_call,
+    read_frames,
     result_of,
     settle,
 )
 from fnrt.client.errors import NotFoundError
 from fnrt.client.result import Result
 from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy
-from fnrt.functions.codec import Format
+from fnrt.functions.codec import Format, encode
 from fnrt.functions.version import VersionManifest
 
 _CHUNK_BYTES = 1024 * 1024
@@ -109,6 +114,31 @@ class Client:
             headers=headers,
         )
         return result_of(self._send(call))
+
+    def generate(
+        self,
+        name: str,
+        /,
+        inputs: Mapping[str, Any],
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Iterator[Event]:
+        """Stream a generative function's answer (docs/generation.md): an
+        :class:`Event` per chunk (``kind`` "chunk", ``data`` its outputs), then one
+        "done" (``finish_reason``, ``usage``). An error before the first chunk raises
+        as an invoke's would; one after it arrives as an "error" event."""
+        sent = {"content-type": MSGPACK, "accept": FRAMES, **(headers or {})}
+        asked = {**(parameters or {}), "stream": True}
+        body = encode({**inputs, "parameters": asked}, Format.MSGPACK)
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
+        path = f"/v1/functions/{name}/generate"
+        with self._http.stream("POST", path, content=body, headers=sent, timeout=timeout) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise error_of(r)
+            yield from read_frames(r.iter_bytes())
 
     # --- the server ---------------------------------------------------------------------
 

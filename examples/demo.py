@@ -2,8 +2,9 @@
 
 Starts ``fnrt serve`` on 127.0.0.1 (port ``FNRT_PORT``, default 8000) over the
 embedded store in ``./.fnrt/store``, deploys ``examples/mlp``,
-``examples/mlp-onnx`` and ``examples/cnn-split``, invokes each once and
-prints the result, runs one edge split call of ``cnn-split``
+``examples/mlp-onnx``, ``examples/cnn-split`` and ``examples/tiny-lm`` (trained
+here first), invokes each once and prints the result, streams one answer of
+``tiny-lm`` token by token, runs one edge split call of ``cnn-split``
 (``fnrt edge run``), then keeps serving until Ctrl-C. The request log (a JSON
 line per request) goes to ``.fnrt/requests.log``, so that load on the demo
 leaves this terminal readable.
@@ -56,6 +57,8 @@ def main() -> None:
     run(str(BIN / "python"), str(ROOT / "examples/mlp/make_weights.py"))
     run(str(BIN / "python"), str(ROOT / "examples/mlp-onnx/export.py"))
     run(str(BIN / "python"), str(ROOT / "examples/cnn-split/export.py"))
+    print("== training examples/tiny-lm on its corpus (about 30 s)")
+    run(str(BIN / "python"), str(ROOT / "examples/tiny-lm/train.py"))
 
     print(f"== starting fnrt serve on {SERVER}")
     serve = [str(BIN / "fnrt"), "serve", "--port", str(PORT)]
@@ -74,6 +77,13 @@ def main() -> None:
         print(run(str(BIN / "fnrt"), "deploy", str(ROOT / "examples/cnn-split"), "--quiet"))
         print("== fnrt invoke cnn-split")
         print(run(str(BIN / "fnrt"), "invoke", "cnn-split", "-i", sample))
+        print("== fnrt deploy examples/tiny-lm")
+        print(run(str(BIN / "fnrt"), "deploy", str(ROOT / "examples/tiny-lm"), "--quiet"))
+        print("== fnrt invoke tiny-lm --stream (continuous batching, token by token)")
+        prompt = json.dumps({"prompt": ["The keeper"]})
+        stream = [str(BIN / "fnrt"), "invoke", "tiny-lm", "--json", prompt, "--stream"]
+        stream += ["--param", "max_new_tokens=80", "--param", "temperature=0.6"]
+        subprocess.run(stream, check=True, env=os.environ | {"FNRT_SERVER": SERVER})
         print("== fnrt edge run cnn-split (the head here, the tail on the server)")
         edge = ("--cache-dir", str(ROOT / ".fnrt/edge"), "-v")
         print(run(str(BIN / "fnrt"), "edge", "run", "cnn-split", "-i", sample, *edge, stderr=True))

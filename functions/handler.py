@@ -15,8 +15,9 @@ A handler is a class::
 or a plain function ``def handle(batch) -> list`` for handlers with no state,
 or a per-request function wrapped by :func:`per_request`. ``__call__``,
 ``handle``, ``load`` and ``unload`` may be ``async def``: they run on an event
-loop of the instance's own, never on the server's. Generators (streamed
-results) are refused until generative functions exist. A request is a mapping
+loop of the instance's own, never on the server's. Python generators are
+refused: a handler that streams is a generative handler
+(:mod:`fnrt.functions.generation`). A request is a mapping
 of input name to a read-only numpy array; a result is a mapping of output name
 to an array-like (numpy array, torch tensor, list). The handler returns exactly
 one result per request, in order.
@@ -30,83 +31,22 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING
 
 from fnrt.functions.errors import HandlerError
 from fnrt.functions.extras import install_hint
+from fnrt.functions.generation import check_generator
 from fnrt.functions.manifest import Manifest
+from fnrt.functions.resources import Artifact as Artifact
+from fnrt.functions.resources import Device as Device
+from fnrt.functions.resources import Request as Request
+from fnrt.functions.resources import Result as Result
 
 if TYPE_CHECKING:
-    import numpy as np
+    pass
 
-Request = Mapping[str, "np.ndarray[Any, Any]"]
-Result = Mapping[str, Any]
 BatchFn = Callable[[list[Request]], Sequence[Result]]
-M = TypeVar("M")  # what Artifact.module builds: a torch module
-
-
-@dataclass(frozen=True)
-class Device:
-    """Where an instance runs. Chosen once per process by ``fnrt.loader.device``."""
-
-    kind: Literal["cpu", "cuda"] = "cpu"
-    index: int = 0
-
-    @property
-    def torch(self) -> str:
-        """The torch device string: ``"cpu"`` or ``"cuda:N"``."""
-        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
-
-    @property
-    def onnx_providers(self) -> list[Any]:
-        """onnxruntime providers this device has (never ones that would fail to load)."""
-        if self.kind == "cuda":
-            return [("CUDAExecutionProvider", {"device_id": self.index}), "CPUExecutionProvider"]
-        return ["CPUExecutionProvider"]
-
-    def __str__(self) -> str:
-        return self.torch
-
-
-@runtime_checkable
-class Artifact(Protocol):
-    """A deployed artifact as the handler's ``load`` sees it, already on local disk.
-
-    ``path`` is a file (or a folder, for folder artifacts) that may be opened
-    directly; the helpers map weights from it without reading them into a
-    private buffer.
-    """
-
-    name: str
-    path: Path
-    digest: str
-    size_bytes: int
-
-    def tensors(self, device: Device | str = "cpu") -> dict[str, Any]:
-        """A safetensors file as ``torch`` tensors backed by the mapped file."""
-        ...
-
-    def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
-        """A safetensors file as read-only numpy arrays backed by the mapped file."""
-        ...
-
-    def state_dict(self, device: Device | str = "cpu") -> dict[str, Any]:
-        """A torch checkpoint via ``torch.load(mmap=True, weights_only=True)``."""
-        ...
-
-    def onnx_session(self, device: Device | None = None, **options: Any) -> Any:
-        """An ``onnxruntime.InferenceSession`` opened from the cached path."""
-        ...
-
-    def module(
-        self, build: Callable[[], M], device: Device | str | None = None, *, strict: bool = True
-    ) -> M:
-        """``build()`` on torch's ``meta`` device (no allocation, no random init) with the
-        artifact's weights (safetensors or a torch checkpoint) assigned in place: mapped
-        from the file, not copied. A parameter the weights do not give is refused."""
-        ...
 
 
 class Handler:
@@ -147,9 +87,9 @@ def _defines_call(cls: type) -> bool:
 def _refuse_generator(fn: object, where: str) -> None:
     if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
         raise HandlerError(
-            f"{where} is a generator: streamed results are not supported yet; "
-            "return (or, in an async handler, return from the coroutine) one result "
-            "per request"
+            f"{where} is a Python generator: return (or, in an async handler, return "
+            "from the coroutine) one result per request; to stream results, write a "
+            "generative handler (start/step, with a [generation] section: docs/generation.md)"
         )
 
 
@@ -219,5 +159,8 @@ def import_handler(code_dir: Path, manifest: Manifest, package: str) -> object:
             f"handler module '{manifest.module}' has no attribute '{manifest.attribute}'"
         )
     obj = getattr(module, manifest.attribute)
-    check_contract(obj, manifest.handler)
+    if manifest.generative:
+        check_generator(obj, manifest.handler)
+    else:
+        check_contract(obj, manifest.handler)
     return obj

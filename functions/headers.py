@@ -26,3 +26,5 @@ FALLBACK_HEADER = "x-fnrt-fallback"
 SERVER_MS_HEADER = "x-fnrt-server-ms"
 #: A split's head: the sha256 of its ONNX bytes.
 DIGEST_HEADER = "x-fnrt-digest"
+#: A generative function's whole answer: why its sequence ended (stop, length, deadline).
+FINISH_HEADER = "x-fnrt-finish-reason"

@@ -393,6 +393,43 @@ def read_requirements(path: Path) -> tuple[str, ...]:
     return tuple(lines)
 
 
+@section
+class GenerationConfig:
+    """A generative function: answered step by step, with continuous batching
+    (docs/generation.md). Its presence makes the function generative: the handler
+    is a class with ``start`` and ``step`` (``fnrt.Generator``).
+
+    Between two steps, waiting requests join while fewer than ``max_active``
+    sequences run and their tokens (prompt plus ``max_new_tokens`` each) fit in
+    ``token_budget`` (0: no budget). ``max_new_tokens`` is the most a request may
+    ask for, and what it gets when it asks for nothing; ``max_prompt_tokens`` (0:
+    only the budget bounds it) refuses longer prompts. A prompt's tokens are the
+    elements of ``prompt_input`` (default: the first input; a ``bytes`` element
+    counts its length). ``parameters`` names what else a request may set (a
+    ``temperature``, a ``seed``); anything else is refused with a 422.
+    """
+
+    max_active: Annotated[Int, Field(ge=1, le=4096)] = 8
+    token_budget: Annotated[Int, Field(ge=0)] = 0
+    max_new_tokens: Annotated[Int, Field(ge=1, le=1_000_000)] = 256
+    max_prompt_tokens: Annotated[Int, Field(ge=0)] = 0
+    prompt_input: Text = ""
+    parameters: Texts = ()
+
+    def __post_init__(self) -> None:
+        for name in self.parameters:
+            if not _IDENTIFIER.match(name):
+                raise ManifestError("parameters", f"{name!r} is not an identifier")
+            if name in ("max_new_tokens", "stream"):
+                raise ManifestError("parameters", f"{name!r} is fnrt's own: leave it out")
+        if self.token_budget and self.token_budget <= self.max_new_tokens:
+            raise ManifestError(
+                "token_budget",
+                f"{self.token_budget} leaves no room for a prompt beside max_new_tokens "
+                f"({self.max_new_tokens})",
+            )
+
+
 class IsolationMode(Enum):
     """Where a function's instances run."""
 
@@ -488,6 +525,7 @@ class Manifest:
     split: SplitConfig = field(default_factory=SplitConfig)
     isolation: IsolationConfig = field(default_factory=IsolationConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    generation: GenerationConfig | None = None
     exclude: Annotated[Texts, Field(description="glob patterns left out of the code bundle")] = ()
 
     def __post_init__(self) -> None:
@@ -507,6 +545,32 @@ class Manifest:
             )
         if self.split.enabled and self.split.model not in self.artifacts:
             raise ManifestError("split.model", f"{self.split.model!r} is not an artifact")
+        if self.generation is not None:
+            self._check_generation(self.generation)
+
+    def _check_generation(self, generation: GenerationConfig) -> None:
+        if not self.inputs or not self.outputs:
+            raise ManifestError("generation", "needs declared [inputs] and [outputs]")
+        if generation.prompt_input and generation.prompt_input not in self.inputs:
+            raise ManifestError(
+                "generation.prompt_input", f"{generation.prompt_input!r} is not an input"
+            )
+        if "parameters" in self.inputs:
+            raise ManifestError("inputs.parameters", "is the generation parameters' key")
+        if self.result_cache.enabled:
+            raise ManifestError("result_cache", "does not apply to a generative function")
+        if self.split.enabled:
+            raise ManifestError("split", "does not apply to a generative function")
+
+    @property
+    def generative(self) -> bool:
+        return self.generation is not None
+
+    @property
+    def prompt_input(self) -> str:
+        """The input whose elements count as a generative function's prompt tokens."""
+        assert self.generation is not None
+        return self.generation.prompt_input or next(iter(self.inputs))
 
     @property
     def module(self) -> str:
@@ -567,6 +631,17 @@ class Manifest:
                     }
                 }
                 if self.environment != EnvironmentConfig()
+                else {}
+            ),
+            # Only when set: a function without it is not generative.
+            **(
+                {
+                    "generation": {
+                        **asdict(self.generation),
+                        "parameters": list(self.generation.parameters),
+                    }
+                }
+                if self.generation is not None
                 else {}
             ),
             "exclude": list(self.exclude),

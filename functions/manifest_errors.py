@@ -88,8 +88,16 @@ def _deref(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
             node = {**schema["$defs"][name], **{k: v for k, v in node.items() if k != "$ref"}}
         elif len(node.get("allOf", ())) == 1:
             node = {**node["allOf"][0], **{k: v for k, v in node.items() if k != "allOf"}}
+        elif _optional_section(node):  # a section that may be left out ([generation])
+            given = next(n for n in node["anyOf"] if n.get("type") != "null")
+            node = {**given, **{k: v for k, v in node.items() if k != "anyOf"}}
         else:
             return node
+
+
+def _optional_section(node: dict[str, Any]) -> bool:
+    options = node.get("anyOf", ())
+    return len(options) == 2 and {"type": "null"} in options and any("$ref" in n for n in options)
 
 
 def _node(schema: dict[str, Any], loc: Sequence[str | int]) -> dict[str, Any] | None:

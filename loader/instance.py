@@ -7,6 +7,7 @@ calls it on the instance's own executor thread, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import os
@@ -24,6 +25,7 @@ import numpy as np
 
 from fnrt.functions.bundle import unpack_code
 from fnrt.functions.errors import BlobNotFound
+from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import Device, Request, bundle_package, import_handler
 from fnrt.functions.tensors import coerce_result
 from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_rel
@@ -32,6 +34,7 @@ from fnrt.loader.cache import BlobCache
 from fnrt.loader.environment import Environments
 from fnrt.loader.integrity import Verifier, tree_differences
 from fnrt.loader.repository import Repository
+from fnrt.loader.stepper import Stepper
 from fnrt.tracing.handler_spans import TraceParent, capture
 
 log = logging.getLogger("fnrt.loader")
@@ -69,6 +72,7 @@ class Instance:
     timings_s: dict[str, float] = field(default_factory=dict)
     size_bytes: int = 0
     tier: LoadTier = LoadTier.L2
+    stepper: Stepper | None = None  # a generative handler's
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
@@ -82,6 +86,16 @@ class Instance:
         with capture(trace) as spans:
             ran = run_checked(self.call, self.version, batch)
         return replace(ran, spans=spans) if spans else ran
+
+    def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped:
+        """One step of a generative handler (its handler spans go under ``trace``)."""
+        if self.stepper is None or self.call is _closed:
+            raise RuntimeError("instance is closed" if self.stepper else "not a generative handler")
+        if trace is None:
+            return self.stepper(batch)
+        with capture(trace) as spans:
+            stepped = self.stepper(batch)
+        return replace(stepped, spans=spans) if spans else stepped
 
     @property
     def alive(self) -> bool:
@@ -145,6 +159,8 @@ class Runnable(Protocol):
     def alive(self) -> bool: ...
 
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran: ...
+
+    def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped: ...
 
     def close(self) -> None: ...
 
@@ -312,7 +328,9 @@ class InstanceLoader:
             "load_s": built.load_s,
             "total_s": time.perf_counter() - start,
         }
-        return Instance(vm, built.call, executor, release, timings, built.size_bytes, files.tier)
+        return Instance(
+            vm, built.call, executor, release, timings, built.size_bytes, files.tier, built.stepper
+        )
 
 
 @dataclass(frozen=True)
@@ -335,6 +353,7 @@ class Built:
     size_bytes: int
     import_s: float
     load_s: float
+    stepper: Stepper | None = None  # a generative handler's (``call`` then refuses)
 
 
 def build_handler(
@@ -348,8 +367,11 @@ def build_handler(
     mark = time.perf_counter()
     unload: Callable[[], None] | None = None
     handler = obj() if inspect.isclass(obj) else obj  # a class is instantiated once
-    per_batch = handler if handler is obj else type(handler).__call__
+    generative = vm.manifest.generative
+    per_batch = handler if handler is obj or not callable(handler) else type(handler).__call__
     hooks = [per_batch, getattr(handler, "load", None), getattr(handler, "unload", None)]
+    if generative:
+        hooks += [getattr(handler, m, None) for m in ("start", "step", "stop")]
     loop = asyncio.new_event_loop() if any(map(inspect.iscoroutinefunction, hooks)) else None
     if handler is not obj:
         load = getattr(handler, "load", None)
@@ -357,11 +379,31 @@ def build_handler(
             _run(loop, load, artifacts, device)
         unload = getattr(handler, "unload", None)
     load_s = time.perf_counter() - mark
+    size = held_bytes(handler) or vm.size_bytes  # an onnxruntime session hides its tensors
+    if generative:
+        stepper = Stepper(handler, vm, functools.partial(_run, loop))
+        unload = _closing(stepper, unload)
+        if loop is not None:
+            _, unload = _on_loop(loop, _not_batched, unload)
+        return Built(_not_batched, unload, size, import_s, load_s, stepper)
     call = cast(Callable[[list[Request]], Sequence[Any]], handler)
     if loop is not None:  # async hooks run on the instance's own loop, on its thread
         call, unload = _on_loop(loop, call, unload)
-    size = held_bytes(handler) or vm.size_bytes  # an onnxruntime session hides its tensors
     return Built(call, unload, size, import_s, load_s)
+
+
+def _not_batched(batch: list[Request]) -> Sequence[Any]:
+    raise RuntimeError("a generative function's instance is driven step by step")
+
+
+def _closing(stepper: Stepper, unload: Callable[[], Any] | None) -> Callable[[], Any]:
+    """``unload`` after letting the stepper's active sequences go."""
+
+    def close() -> Any:
+        stepper.close()
+        return unload() if unload is not None else None
+
+    return close
 
 
 def _run(loop: asyncio.AbstractEventLoop | None, fn: Callable[..., Any], *args: Any) -> Any:

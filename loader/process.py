@@ -33,6 +33,7 @@ from fnrt.functions.errors import (
     InstanceLost,
     Unavailable,
 )
+from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
@@ -148,19 +149,45 @@ class ProcessInstance:
         return reply
 
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
+        reply = self._exchange({"op": "run", "trace": trace}, batch)
+        results = self._responses.read(reply, copy=True)
+        spans = reply.get("spans") or []
+        return Ran(results, float(reply["infer_s"]), float(reply["output_s"]), spans)
+
+    def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped:
+        """One step of a generative handler in the worker: the joining sequences' inputs
+        through the request arena, their parameters and the leaving ids in the message."""
+        message = {
+            "op": "step",
+            "trace": trace,
+            "joining": [[j.id, dict(j.parameters), j.max_new_tokens] for j in batch.joining],
+            "leaving": list(batch.leaving),
+        }
+        reply = self._exchange(message, [j.inputs for j in batch.joining])
+        outputs = self._responses.read(reply, copy=True)
+        return Stepped(
+            list(reply["ids"]),
+            outputs,
+            list(reply["ended"]),
+            float(reply["infer_s"]),
+            float(reply["output_s"]),
+            reply.get("spans") or [],
+        )
+
+    def _exchange(self, message: dict[str, Any], arrays: list[Request]) -> dict[str, Any]:
+        """Send one message with ``arrays`` in the request arena; the worker's reply
+        (RemoteError if the handler raised there)."""
         if self._lost is not None:
             raise self._lost
-        layout = self._requests.write(batch)
+        layout = self._requests.write(arrays)
         try:
-            self._channel.send({"op": "run", "trace": trace, **layout})
+            self._channel.send({**message, **layout})
         except ChannelClosed:
             raise self._died() from None
         reply = self._receive(self._isolation.timeout_s or None)
         if not reply["ok"]:
             raise RemoteError(reply["error"], reply.get("traceback", ""))
-        results = self._responses.read(reply, copy=True)
-        spans = reply.get("spans") or []
-        return Ran(results, float(reply["infer_s"]), float(reply["output_s"]), spans)
+        return reply
 
     def _receive(self, timeout_s: float | None) -> dict[str, Any]:
         try:

@@ -8,6 +8,9 @@ and maps the artifacts itself from those files, so workers of one model share
 its weight pages through the page cache. It then serves batches one at a
 time: inputs are views of the request arena, outputs are written into the
 response arena, and only their layout crosses the socket (``arena.py``).
+A generative handler's steps go the same way (``op: step``): the joining
+sequences' inputs in the request arena, each step's chunks in the response
+arena (``stepper.py`` keeps the active sequences here, in the worker).
 
 The worker dies with the server (``PR_SET_PDEATHSIG``) and ignores Ctrl-C
 (the server stops it in order). It imports numpy, msgpack and the handler's
@@ -28,12 +31,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from fnrt.functions.errors import FnrtError
+from fnrt.functions.generation import Joining, StepBatch
 from fnrt.functions.handler import Device, Request, bundle_package, import_handler
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.channel import Channel, ChannelClosed
-from fnrt.loader.instance import build_handler, run_checked
+from fnrt.loader.instance import Built, build_handler, run_checked
 from fnrt.tracing.handler_spans import capture
 
 log = logging.getLogger("fnrt.worker")
@@ -97,8 +101,11 @@ def serve(channel: Channel) -> int:
                     return 1
             channel.send({"ok": True})
             return 0
-        batch = cast(list[Request], requests.read(message, copy=False))
         trace = message.get("trace")
+        if message["op"] == "step":
+            channel.send(_step(built, requests, responses, message, trace))
+            continue
+        batch = cast(list[Request], requests.read(message, copy=False))
         try:
             with capture((trace[0], trace[1]) if trace else None) as spans:
                 ran = run_checked(built.call, vm, batch)
@@ -111,6 +118,37 @@ def serve(channel: Channel) -> int:
         if spans:  # only a traced batch whose handler made spans has any
             reply["spans"] = spans
         channel.send(reply)
+
+
+def _step(
+    built: Built, requests: Arena, responses: Arena, message: dict[str, Any], trace: Any
+) -> dict[str, Any]:
+    """One step of a generative handler; the reply to send."""
+    if built.stepper is None:
+        return _failure(RuntimeError("not a generative handler"))
+    # copied: a sequence keeps its inputs for many steps, the arena only until the next
+    inputs = requests.read(message, copy=True)
+    joining = [
+        Joining(int(id_), inp, params, int(max_new))
+        for (id_, params, max_new), inp in zip(message["joining"], inputs, strict=True)
+    ]
+    try:
+        with capture((trace[0], trace[1]) if trace else None) as spans:
+            stepped = built.stepper(StepBatch(joining, list(message["leaving"])))
+    except Exception as exc:
+        return _failure(exc)
+    layout = responses.write(stepped.outputs)
+    reply = {
+        "ok": True,
+        "ids": stepped.ids,
+        "ended": stepped.ended,
+        "infer_s": stepped.infer_s,
+        "output_s": stepped.output_s,
+        **layout,
+    }
+    if spans:
+        reply["spans"] = spans
+    return reply
 
 
 def check(code_dir: Path) -> int:

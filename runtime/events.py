@@ -8,6 +8,7 @@ drops them (tests, and nodes built without telemetry).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
 from fnrt.runtime.queue import Pending, Priority
+from fnrt.runtime.stream import Usage
 from fnrt.tracing.spans import fail
 from fnrt.tracing.telemetry import Telemetry
 
@@ -63,9 +65,51 @@ class Events(Protocol):
         handler_spans: Sequence[Mapping[str, Any]] = (),
     ) -> None: ...
 
+    def step_started(
+        self, vm: VersionManifest, joining: Sequence[Pending], started_ns: int
+    ) -> None:
+        """A generative function's step starts; ``joining`` sequences join it."""
+
+    def step(
+        self,
+        vm: VersionManifest,
+        size: int,
+        joined: int,
+        elapsed_s: float,
+        failure: BaseException | None,
+        tokens: int = 0,
+    ) -> None:
+        """A step over ``size`` sequences (``joined`` of them new) made ``tokens`` chunks."""
+
+    def sequence_ended(
+        self, vm: VersionManifest, waiting: Pending, reason: str, usage: Usage
+    ) -> None:
+        """A generate request ended (``reason``) with ``usage``."""
+
 
 class NoEvents:
     """An observer that drops every event."""
+
+    def step_started(
+        self, vm: VersionManifest, joining: Sequence[Pending], started_ns: int
+    ) -> None:
+        pass
+
+    def step(
+        self,
+        vm: VersionManifest,
+        size: int,
+        joined: int,
+        elapsed_s: float,
+        failure: BaseException | None,
+        tokens: int = 0,
+    ) -> None:
+        pass
+
+    def sequence_ended(
+        self, vm: VersionManifest, waiting: Pending, reason: str, usage: Usage
+    ) -> None:
+        pass
 
     def started(self, name: str, kind: StartKind) -> None:
         pass
@@ -166,3 +210,52 @@ class TelemetryEvents:
             if failure is not None:
                 fail(span, failure)
             span.end()
+
+    def step_started(
+        self, vm: VersionManifest, joining: Sequence[Pending], started_ns: int
+    ) -> None:
+        tracing = self.telemetry.tracing
+        if not tracing.enabled:
+            return
+        load = self._loads.get((vm.name, vm.version))
+        for p in joining:
+            if p.span is None:
+                continue
+            tracing.after(p.span, "queue", p.enqueued_ns, started_ns, _PRIORITY[p.priority])
+            if p.cold and load is not None:
+                load_start, load_end, attributes = load
+                tracing.after(p.span, "load", load_start, load_end, attributes)
+
+    def step(
+        self,
+        vm: VersionManifest,
+        size: int,
+        joined: int,
+        elapsed_s: float,
+        failure: BaseException | None,
+        tokens: int = 0,
+    ) -> None:
+        self.telemetry.metrics.step(vm.name, size, elapsed_s, tokens)
+
+    def sequence_ended(
+        self, vm: VersionManifest, waiting: Pending, reason: str, usage: Usage
+    ) -> None:
+        tokens = usage.completion_tokens
+        self.telemetry.metrics.sequence(
+            vm.name,
+            reason,
+            usage.time_to_first_token_s if tokens else None,
+            usage.time_per_output_token_s if tokens > 1 else None,
+        )
+        span = waiting.span
+        if span is None or not self.telemetry.tracing.enabled:
+            return
+        ended_ns = time.time_ns()  # the sequence's time from its first chunk to its end
+        first_ns = ended_ns - int((usage.total_s - usage.time_to_first_token_s) * 1e9)
+        attributes = {
+            "fnrt.finish_reason": reason,
+            "fnrt.tokens.prompt": usage.prompt_tokens,
+            "fnrt.tokens.completion": tokens,
+            "fnrt.time_to_first_token_ms": round(usage.time_to_first_token_s * 1000, 3),
+        }
+        self.telemetry.tracing.after(span, "generate", first_ns, ended_ns, attributes)

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from fnrt.functions.errors import CircuitOpen, FnrtError, VersionRetired
+from fnrt.functions.generation import Asked
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.clock import Clock
@@ -48,6 +49,7 @@ class Decoded:
     inputs: Request
     priority: Priority | None = None  # asked for in the body (OIP parameters): headers win
     timeout_s: float | None = None
+    asked: Asked | None = None  # a generate request's parameters, checked for the version
 
 
 #: Turns the request's body into inputs for the version chosen to answer it.
@@ -154,7 +156,7 @@ class Gateway:
                 options.span,
                 options.client,
             )
-        return Call(scheduler, inputs, options, self._clock.now(), target.split)
+        return Call(scheduler, inputs, options, self._clock.now(), target.split, decoded.asked)
 
     async def _fallback(self, call: Call) -> Served:
         """Answer while the version's breaker is open: the last result for the same
@@ -193,4 +195,5 @@ def _queue(scheduler: Scheduler, call: Call) -> Awaitable[Served]:
         span=options.span,
         now=call.started,
         client=options.client,
+        asked=call.asked,
     )

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fnrt.functions.errors import FnrtError
+from fnrt.functions.generation import Asked
 from fnrt.functions.handler import Request
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.protection import Served
@@ -55,6 +56,7 @@ class Call:
     options: Options
     started: float  # clock time it reached the guards
     split: int | None = None  # a split tail's k
+    asked: Asked | None = None  # a generate request's parameters
     answered_by: Scheduler | None = None  # set when another function answered (fallback)
     _key: str | None = field(default=None, repr=False)
 
@@ -169,6 +171,8 @@ class BreakerGuard:
             protection.failed(now, now - call.started, error, call.inputs)
             return
         assert served is not None
+        if served.stream is not None:  # a sequence: counted when it ends (sequencer.py)
+            return
         protection.succeeded(now, now - call.started)
         if protection.last_results is not None:
             protection.last_results.put(call.key, served.outputs)

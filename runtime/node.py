@@ -87,9 +87,9 @@ class Node:
         when everything finished in time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while any(s.queued or s.activity().busy for s in self.schedulers()):
+        while any(s.outstanding or s.activity().busy for s in self.schedulers()):
             if loop.time() >= deadline:
-                busy = [s.key for s in self.schedulers() if s.queued or s.activity().busy]
+                busy = [s.key for s in self.schedulers() if s.outstanding or s.activity().busy]
                 log.warning("shutdown: cutting off %s after %.1f s", ", ".join(busy), timeout_s)
                 for scheduler in self.schedulers():
                     scheduler.stop("the server is shutting down")
@@ -112,7 +112,9 @@ class Node:
     def function_states(self) -> list[FunctionState]:
         """Warm instances and queue depth of every version held here (for /metrics)."""
         return [
-            FunctionState(s.name, s.version.version, s.instances, s.queued, s.pool.running)
+            FunctionState(
+                s.name, s.version.version, s.instances, s.queued, s.pool.running, s.active
+            )
             for s in self.schedulers()
         ]
 

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, TypeVar, cast
 
 from fnrt.functions.errors import (
     FnrtError,
@@ -30,6 +31,7 @@ from fnrt.functions.errors import (
     InstanceStopped,
     LoadError,
 )
+from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable
@@ -43,6 +45,7 @@ log = logging.getLogger("fnrt.pool")
 
 #: Builds one instance of a version on the executor's thread (``launch`` by default).
 LoadInstance = Callable[[VersionManifest, Executor], Runnable]
+R = TypeVar("R")
 #: Called before a load with ("name/version", bytes it expects to need); frees memory.
 MakeRoom = Callable[[str, int], Awaitable[None]]
 
@@ -77,7 +80,7 @@ class Slot:
     retry_at: float = 0.0  # no load before this clock time (backoff)
     backing_off: bool = False  # its load is waiting out the backoff
     worker: asyncio.Task[None] | None = field(default=None, repr=False)  # the batcher's
-    running_future: asyncio.Future[Ran] | None = field(default=None, repr=False)  # its batch
+    running_future: asyncio.Future[Any] | None = field(default=None, repr=False)  # its batch
     stop_reason: str | None = None  # why its running batch is being stopped (stop_running)
 
     @property
@@ -297,12 +300,27 @@ class InstancePool:
     ) -> Ran:
         """Run one batch on the slot's instance. An instance lost on the way (it died,
         or ran past ``timeout_s``) is replaced; its InstanceLost is raised."""
+        return await self._on_instance(slot, instance, instance.run_timed, batch, trace)
+
+    async def step(
+        self, slot: Slot, instance: Runnable, batch: StepBatch, trace: TraceParent | None = None
+    ) -> Stepped:
+        """Run one step of a generative handler on the slot's instance, as :meth:`run`
+        runs a batch (``timeout_s`` bounds one step)."""
+        return await self._on_instance(slot, instance, instance.step_timed, batch, trace)
+
+    async def _on_instance(
+        self,
+        slot: Slot,
+        instance: Runnable,
+        call: Callable[[Any, TraceParent | None], R],
+        batch: Any,
+        trace: TraceParent | None,
+    ) -> R:
         slot.running = True
         loop = asyncio.get_running_loop()
         try:
-            ran = slot.running_future = loop.run_in_executor(
-                instance.executor, instance.run_timed, batch, trace
-            )
+            ran = slot.running_future = loop.run_in_executor(instance.executor, call, batch, trace)
             if self._thread_timeout_s:  # a worker process times its batches itself
                 try:
                     result = await asyncio.wait_for(ran, self._thread_timeout_s)
@@ -325,7 +343,7 @@ class InstancePool:
             slot.running_future = None
             slot.last_active = self._clock.now()
         slot.failures = 0
-        return result
+        return cast(R, result)
 
     def stop_running(self, reason: str) -> int:
         """Stop every batch running now (a handler that may never return): its requests
@@ -369,10 +387,11 @@ class InstancePool:
 
     # --- scaling -----------------------------------------------------------------------
 
-    def wants_another(self, queued: int, now: float) -> bool:
-        """Whether the queue has been deep long enough for one more instance."""
+    def wants_another(self, queued: int, now: float, batch_size: int | None = None) -> bool:
+        """Whether the queue has been deep long enough for one more instance (deep: a
+        batch of ``batch_size``, by default ``max_batch_size``, waits)."""
         scaling = self._manifest.scaling
-        size = self._manifest.batching.max_batch_size
+        size = batch_size or self._manifest.batching.max_batch_size
         if queued >= size:
             self._deep_since = self._deep_since if self._deep_since is not None else now
         else:

@@ -21,6 +21,7 @@ from fnrt.runtime.clock import Clock
 from fnrt.runtime.outcomes import OutcomeWindow
 from fnrt.runtime.queue import Outputs
 from fnrt.runtime.result_cache import ResultCache, SharedResults
+from fnrt.runtime.stream import Stream
 
 #: How long a last result is kept for the breaker's "cache" fallback.
 LAST_RESULT_TTL_S = 24 * 3600.0
@@ -37,6 +38,7 @@ class Served:
     cold_tier: LoadTier | None = None  # set when it waited for a load
     cached: bool = False  # answered from the result cache
     fallback: str | None = None  # "cache" or "function:NAME" when the breaker was open
+    stream: Stream | None = None  # a generative function's answer, chunk by chunk
 
 
 @dataclass(frozen=True)

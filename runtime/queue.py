@@ -84,6 +84,11 @@ class RequestQueue:
         self._classes[pending.priority].append(pending)
         self._size += 1
 
+    def put_back(self, pending: Pending) -> None:
+        """Return a request just taken to the head of its class (it did not fit)."""
+        self._classes[pending.priority].appendleft(pending)
+        self._size += 1
+
     def oldest_enqueued_at(self) -> float | None:
         heads = [q[0].enqueued_at for q in self._classes if q]
         return min(heads) if heads else None

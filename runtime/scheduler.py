@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fnrt.functions.errors import Unavailable
+from fnrt.functions.generation import Asked, check_prompt, parse_parameters, prompt_tokens
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.version import VersionManifest
@@ -36,6 +37,7 @@ from fnrt.runtime.protection import Failure, Protection, Served
 from fnrt.runtime.queue import Client, Priority
 from fnrt.runtime.result_cache import ResultCache, SharedResults
 from fnrt.runtime.scaling import Activity
+from fnrt.runtime.sequencer import Sequencer
 from fnrt.runtime.stats import Stats
 
 __all__ = ["Scheduler", "SchedulerFactory", "Served"]
@@ -67,8 +69,16 @@ class Scheduler:
         self.pool = InstancePool(
             version, load, clock, self.stats, events, make_room, in_thread=isolation is THREAD
         )
-        self.batcher = Batcher(version, self.pool, clock, self.stats, events, admission)
         self.protection = Protection(version.manifest, clock, redis=redis, version=version.version)
+        # A generative version's requests are sequences, stepped by a continuous batcher.
+        self.batcher: Batcher | Sequencer
+        self.sequencer: Sequencer | None = None
+        if version.manifest.generative:
+            self.batcher = self.sequencer = Sequencer(
+                version, self.pool, clock, self.stats, events, admission, self.protection
+            )
+        else:
+            self.batcher = Batcher(version, self.pool, clock, self.stats, events, admission)
 
     # --- what it is --------------------------------------------------------------------
 
@@ -127,8 +137,19 @@ class Scheduler:
     def last_results(self) -> ResultCache | None:
         return self.protection.last_results
 
+    @property
+    def active(self) -> int:
+        """Sequences of a generative version in a step batch now (0 for others)."""
+        return self.sequencer.active if self.sequencer is not None else 0
+
+    @property
+    def outstanding(self) -> int:
+        """Requests not answered yet: queued, and a generative version's running sequences
+        (between its steps no batch runs, yet the version is busy)."""
+        return self.batcher.queued + self.active
+
     def activity(self) -> Activity:
-        return self.pool.activity(self.batcher.queued)
+        return self.pool.activity(self.outstanding)
 
     # --- as a memory resident (fnrt.loader.memory) ---------------------------------------
 
@@ -163,6 +184,7 @@ class Scheduler:
         span: Any = None,
         now: float | None = None,
         client: Client | None = None,
+        asked: Asked | None = None,
     ) -> Awaitable[Served]:
         """Admit one request into the queue (raising at once if it may not join) and
         return what waits for its answer. No guards: those are ``Gateway.submit``'s.
@@ -170,13 +192,51 @@ class Scheduler:
 
         Not a coroutine of its own: the wait is the batcher's, one frame less on
         every resumption of the request. ``now``: the clock's time of arrival, when
-        the caller has read it already."""
+        the caller has read it already.
+
+        A generative version answers at once with the sequence's stream (``asked``:
+        its generation parameters, checked; the function's defaults when None)."""
         if now is None:
             now = self._clock.now()
+        if self.sequencer is not None:
+            return self._generate(inputs, now, priority, timeout_s, span, client, asked)
         self.batcher.admit(now, timeout_s)
         cold = self.pool.count_start(now) is StartKind.COLD
         return self.batcher.enqueue(
             inputs, now, priority=priority, timeout_s=timeout_s, span=span, cold=cold, client=client
+        )
+
+    def _generate(
+        self,
+        inputs: Request,
+        now: float,
+        priority: Priority | None,
+        timeout_s: float | None,
+        span: Any,
+        client: Client | None,
+        asked: Asked | None,
+    ) -> Awaitable[Served]:
+        assert self.sequencer is not None
+        manifest = self.version.manifest
+        config = manifest.generation
+        assert config is not None
+        if asked is None:
+            asked = parse_parameters(config, None)
+        tokens = prompt_tokens(config, inputs, manifest.prompt_input)
+        check_prompt(config, tokens, asked.max_new_tokens, manifest.prompt_input)
+        self.sequencer.admit(now, timeout_s)
+        cold = self.pool.count_start(now) is StartKind.COLD
+        return self.sequencer.enqueue(
+            inputs,
+            now,
+            priority=priority,
+            timeout_s=timeout_s,
+            span=span,
+            cold=cold,
+            client=client,
+            parameters=asked.parameters,
+            max_new_tokens=asked.max_new_tokens,
+            prompt_tokens=tokens,
         )
 
     async def warm(self) -> None:
@@ -194,7 +254,7 @@ class Scheduler:
     ) -> bool:
         """Drop idle instances (see :meth:`InstancePool.scale_to_zero`)."""
         return await self.pool.scale_to_zero(
-            now, self.batcher.queued, force=force, keep_primary=keep_primary
+            now, self.outstanding, force=force, keep_primary=keep_primary
         )
 
     async def unload(self, wait_s: float) -> tuple[bool, int]:
@@ -248,6 +308,7 @@ class Scheduler:
             "arrival_rate_per_s": round(self.arrivals.rate_per_s(now), 3),
             **self.stats.describe(),
             **self.protection.describe(now),
+            **({"generation": self.sequencer.describe()} if self.sequencer is not None else {}),
         }
 
 

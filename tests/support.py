@@ -483,3 +483,63 @@ def listed_in_pages(repo: Repository, size: int) -> list[str]:
         found += page
         if len(page) < size:
             return found
+
+
+#: A generative handler: each step emits the next integer after the prompt ``x``
+#: (``n``, and its text). Parameters: ``until`` (done at that number), ``delay_ms``
+#: (each step sleeps), ``fail_at`` (the step that reaches it raises). Step sizes go to
+#: ``fnrt_test_gates.loads`` when the gates are importable (thread isolation).
+COUNTER_HANDLER = """
+import time
+from fnrt.functions import Chunk, Generator
+
+try:
+    import fnrt_test_gates as gates
+except ImportError:
+    gates = None
+
+class Counter(Generator):
+    def start(self, sequences):
+        for s in sequences:
+            s.state = int(s.inputs["x"][0])
+        return [self._emit(s) for s in sequences]
+
+    def step(self, sequences):
+        if gates is not None:
+            gates.loads.append([(s.id, s.generated) for s in sequences])
+        delay = max(float(s.parameters.get("delay_ms", 0)) for s in sequences)
+        time.sleep(delay / 1000)
+        return [self._emit(s) for s in sequences]
+
+    def _emit(self, s):
+        s.state += 1
+        if s.parameters.get("fail_at") == s.state:
+            raise ValueError(f"failed at {s.state}")
+        until = s.parameters.get("until")
+        done = until is not None and s.state >= until
+        return Chunk({"n": [s.state], "text": [f"{s.state} ".encode()]}, done=done)
+"""
+
+COUNTER_MANIFEST = """
+name = "{name}"
+handler = "handler:Counter"
+
+[inputs]
+x = {{ dtype = "int64", shape = [1] }}
+
+[outputs]
+n = {{ dtype = "int64", shape = [1] }}
+text = {{ dtype = "bytes", shape = [1] }}
+
+[generation]
+max_active = {max_active}
+max_new_tokens = 50
+max_prompt_tokens = 1
+parameters = ["until", "delay_ms", "fail_at"]
+
+[scaling]
+max_queue = {max_queue}
+
+[isolation]
+mode = "{mode}"
+"""

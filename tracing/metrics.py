@@ -32,6 +32,10 @@ LATENCY_BUCKETS_S = (
     60.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: Time per output token of a generative function: from a tiny model (~1 ms) to a large one.
+TOKEN_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class FunctionState:
     warm_instances: int
     queued: int
     running: int = 0  # batches running now
+    active_sequences: int = 0  # generative functions: sequences in a step batch now
 
 
 StateSource = Callable[[], Iterable[FunctionState]]
@@ -138,14 +143,22 @@ class _StateCollector:
         running = GaugeMetricFamily(
             "fnrt_running_batches", "Batches running now", labels=["function", "version"]
         )
+        active = GaugeMetricFamily(
+            "fnrt_active_sequences",
+            "Sequences of a generative function in a step batch now",
+            labels=["function", "version"],
+        )
         for state in self._source():
             labels = [state.function, state.version]
             warm.add_metric(labels, state.warm_instances)
             depth.add_metric(labels, state.queued)
             running.add_metric(labels, state.running)
+            if state.active_sequences:
+                active.add_metric(labels, state.active_sequences)
         yield warm
         yield depth
         yield running
+        yield active
 
 
 class _StoreCollector:
@@ -229,6 +242,39 @@ class Metrics:
         self.batch_size = LoopHistogram(
             "fnrt_batch_size", "Requests per batch", ("function",), BATCH_BUCKETS
         )
+        # Generative functions (docs/generation.md), per step or per sequence.
+        self.time_to_first_token = LoopHistogram(
+            "fnrt_time_to_first_token_seconds",
+            "Time from a generate request's arrival to its first chunk",
+            ("function",),
+            LATENCY_BUCKETS_S,
+        )
+        self.time_per_output_token = LoopHistogram(
+            "fnrt_time_per_output_token_seconds",
+            "Time per chunk after the first, per sequence",
+            ("function",),
+            TOKEN_BUCKETS_S,
+        )
+        self.step_size = LoopHistogram(
+            "fnrt_step_size", "Sequences per step of a generative function", ("function",),
+            BATCH_BUCKETS,
+        )  # fmt: skip
+        self.step_seconds = LoopHistogram(
+            "fnrt_step_duration_seconds",
+            "Time one step of a generative function took on its instance",
+            ("function",),
+            TOKEN_BUCKETS_S,
+        )
+        self.tokens = LoopCounter(
+            "fnrt_generated_tokens",
+            "Chunks (tokens) generated; its rate is tokens per second",
+            ("function",),
+        )
+        self.sequences = LoopCounter(
+            "fnrt_sequences",
+            "Generate requests ended, by reason: stop, length, deadline, cancelled",
+            ("function", "reason"),
+        )
         self.cold_starts = Counter(
             "fnrt_cold_starts",
             "Instance loads, by the tier the model came from (l2 disk, l3 store)",
@@ -282,6 +328,12 @@ class Metrics:
                     self.compute_seconds,
                     self.batch_size,
                     self.starts,
+                    self.time_to_first_token,
+                    self.time_per_output_token,
+                    self.step_size,
+                    self.step_seconds,
+                    self.tokens,
+                    self.sequences,
                 )
             )
         )
@@ -321,6 +373,27 @@ class Metrics:
         child = queue.child(key)
         for wait in waits_s:
             queue.observe(child, wait)
+
+    def step(self, function: str, size: int, seconds: float, tokens: int) -> None:
+        """One step of a generative function over ``size`` sequences, making ``tokens``
+        chunks."""
+        key = (function,)
+        self.step_size.observe(self.step_size.child(key), size)
+        self.step_seconds.observe(self.step_seconds.child(key), seconds)
+        if tokens:
+            self.tokens.inc(key, tokens)
+
+    def sequence(
+        self, function: str, reason: str, first_token_s: float | None, per_token_s: float | None
+    ) -> None:
+        """A generate request ended (``reason``)."""
+        key = (function,)
+        self.sequences.inc((function, reason))
+        if first_token_s is not None:
+            self.time_to_first_token.observe(self.time_to_first_token.child(key), first_token_s)
+        if per_token_s is not None:
+            histogram = self.time_per_output_token
+            histogram.observe(histogram.child(key), per_token_s)
 
     def load(self, function: str, tier: str, size_bytes: int, seconds: float) -> None:
         self.cold_starts.labels(function, tier).inc()

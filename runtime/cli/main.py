@@ -162,6 +162,18 @@ def _deploy_to_store(
     "--output", "-o", type=click.Path(path_type=Path), help="save outputs to this .npz file"
 )
 @click.option("--verbose", "-v", is_flag=True, help="print which version served, and the trace id")
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="a generative function: print each chunk as it comes (text outputs as text)",
+)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="a generation parameter (max_new_tokens=20, temperature=0.8), repeatable",
+)
 @client_options
 def invoke(
     name: str,
@@ -169,11 +181,18 @@ def invoke(
     wire: str,
     output: Path | None,
     verbose: bool,
+    stream: bool,
+    params: tuple[str, ...],
     client: ClientSettings,
 ) -> int:
     """Invoke function NAME once and print its outputs as JSON (or save them with
-    --output)."""
+    --output). With --stream, a generative function's chunks are printed as they
+    come, then why it ended and its usage (docs/generation.md)."""
     import numpy as np
+
+    if stream or params:
+        with connect(client) as server:
+            return _stream(server, name, inputs, _parameters(params), stream)
 
     from fnrt.functions.codec import Format
     from fnrt.tracing.recorder import SpanKind
@@ -208,6 +227,61 @@ def invoke(
         trace = f", trace {found[0]}" if found else ""
         print(f"served by {result.version}{trace}", file=sys.stderr)
     return 0
+
+
+def _parameters(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; a value that reads as JSON (20, 0.8, true) is that value."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--param")
+        try:
+            out[key] = json.loads(text)
+        except ValueError:
+            out[key] = text
+    return out
+
+
+def _stream(
+    server: Any, name: str, inputs: dict[str, Any], parameters: dict[str, Any], live: bool
+) -> int:
+    """Print a generate stream: bytes outputs as text as they come, other outputs as a
+    JSON line per chunk; then the finish reason and usage on stderr."""
+    import numpy as np
+
+    failed = False
+    for event in server.generate(name, inputs, parameters):
+        if event.kind == "chunk":
+            texts = [v for v in event.data.values() if _is_text(v)]
+            if texts:
+                piece = b"".join(np.asarray(texts[0], dtype=object).reshape(-1))
+                sys.stdout.write(piece.decode("utf-8", "replace"))
+                sys.stdout.flush()
+            else:
+                plain = {k: np.asarray(v).tolist() for k, v in event.data.items()}
+                print(json.dumps(plain, default=_printable), flush=live)
+        elif event.kind == "done":
+            usage = event.data.get("usage", {})
+            print(file=sys.stdout)
+            print(
+                f"[{event.data.get('finish_reason')}: {usage.get('completion_tokens')} tokens, "
+                f"first after {usage.get('time_to_first_token_ms')} ms, "
+                f"{usage.get('time_per_output_token_ms')} ms per token]",
+                file=sys.stderr,
+            )
+        else:
+            print(file=sys.stdout)
+            print(f"error: {event.data.get('error')}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
+
+
+def _is_text(value: Any) -> bool:
+    import numpy as np
+
+    elements = np.asarray(value, dtype=object).reshape(-1)
+    return elements.size > 0 and all(isinstance(e, bytes) for e in elements)
 
 
 # --- ls / describe / rm / schema ---------------------------------------------------

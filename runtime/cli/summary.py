@@ -51,7 +51,11 @@ def describe_text(d: Mapping[str, Any]) -> str:
     if requirements:
         row("environment", ", ".join(requirements))
     row("scaling", _scaling(manifest.get("scaling") or {}, d.get("keep_alive") or {}))
-    row("batching", _batching(manifest.get("batching") or {}))
+    generation = inst.get("generation")
+    if generation is not None:
+        row("generation", _generation(generation))
+    else:
+        row("batching", _batching(manifest.get("batching") or {}))
     lines.append("(fnrt describe NAME --json for everything)")
     return "\n".join(lines)
 
@@ -94,6 +98,18 @@ def _latency(inst: Mapping[str, Any]) -> str:
     return (
         f"queue p50 {_ms(q.get('p50_ms'))} p99 {_ms(q.get('p99_ms'))}; "
         f"compute p50 {_ms(c.get('p50_ms'))} p99 {_ms(c.get('p99_ms'))}"
+    )
+
+
+def _generation(g: Mapping[str, Any]) -> str:
+    """A generative function's sequences: active now, ended, and their token times."""
+    first = g.get("time_to_first_token") or {}
+    per = g.get("time_per_output_token") or {}
+    ended = ", ".join(f"{k} {n}" for k, n in (g.get("ended") or {}).items()) or "none ended"
+    return (
+        f"{g.get('active_sequences', 0)} active of {g.get('max_active')}; {ended}; "
+        f"{g.get('tokens', 0)} tokens; first token p50 {_ms(first.get('p50_ms'))} "
+        f"p99 {_ms(first.get('p99_ms'))}; per token p50 {_ms(per.get('p50_ms'))}"
     )
 
 

@@ -29,6 +29,7 @@ from fnrt.runtime.http.connection import (
     guarded_protocol,
     raise_descriptor_limit,
 )
+from fnrt.runtime.http.generate import GENERATE_PATH, OIP_GENERATE_PATH, serve_generate
 from fnrt.runtime.http.invoke import INVOKE_PATH, SERVED_HEADERS, Scope, Send, serve_invoke
 from fnrt.runtime.http.oip import routes as oip_routes
 from fnrt.runtime.http.oip.infer import INFER_PATH, serve_infer
@@ -60,6 +61,27 @@ async def _infer_route(scope: Scope, receive: Receive, send: Send) -> None:
     await serve_infer(node, params["name"], params.get("version"), scope, receive, send)
 
 
+async def _generate_route(scope: Scope, receive: Receive, send: Send) -> None:
+    node = scope["app"].state.node
+    await serve_generate(node, scope["path_params"]["name"], scope, receive, send)
+
+
+async def _oip_generate_route(scope: Scope, receive: Receive, send: Send) -> None:
+    params = scope["path_params"]
+    node = scope["app"].state.node
+    streamed = scope["path"].endswith("_stream")
+    await serve_generate(
+        node,
+        params["name"],
+        scope,
+        receive,
+        send,
+        version=params.get("version"),
+        oip=True,
+        oip_stream=streamed,
+    )
+
+
 #: The hot paths as ordinary routes too: FnrtApp answers them before the router, so
 #: these serve only when that is bypassed, and give other methods a 405 with ``Allow``.
 _RAW_ROUTES = [
@@ -67,6 +89,12 @@ _RAW_ROUTES = [
     Route("/v2/models/{name}/infer", _infer_route, methods=["POST"]),
     Route("/v2/models/{name}/versions/{version}/infer", _infer_route, methods=["POST"]),
     Route("/v1/functions/{name}/split/{k}", split.split_route, methods=["POST"]),
+    Route("/v1/functions/{name}/generate", _generate_route, methods=["POST"]),
+    *(
+        Route(f"/v2/models/{{name}}{versioned}/{kind}", _oip_generate_route, methods=["POST"])
+        for versioned in ("", "/versions/{version}")
+        for kind in ("generate", "generate_stream")
+    ),
 ]
 
 
@@ -90,6 +118,24 @@ class FnrtApp(Starlette):
             if match is not None:
                 name, k = match.groups()
                 await split.serve_split(self.state.node, name, k, scope, receive, send)
+                return
+            match = GENERATE_PATH.fullmatch(path)
+            if match is not None:
+                await serve_generate(self.state.node, match.group(1), scope, receive, send)
+                return
+            match = OIP_GENERATE_PATH.fullmatch(path)
+            if match is not None:
+                name, version, streamed = match.groups()
+                await serve_generate(
+                    self.state.node,
+                    name,
+                    scope,
+                    receive,
+                    send,
+                    version=version,
+                    oip=True,
+                    oip_stream=streamed is not None,
+                )
                 return
         await Starlette.__call__(self, scope, receive, send)
 

@@ -16,15 +16,18 @@ from typing import Any
 
 from fnrt.functions.codec import Format, decode, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError
+from fnrt.functions.generation import join_chunks
 from fnrt.functions.headers import (
     CACHE_HEADER,
     COLD_START_HEADER,
     FALLBACK_HEADER,
+    FINISH_HEADER,
     FUNCTION_HEADER,
     PRIORITY_HEADER,
     TIMEOUT_HEADER,
     VERSION_HEADER,
 )
+from fnrt.functions.limits import TensorLimits
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Answered, Decoded, Options, Target
@@ -33,6 +36,7 @@ from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.queue import Client, Priority
+from fnrt.runtime.stream import Stream
 from fnrt.tracing.spans import TRACERESPONSE, fail, traceresponse
 
 Scope = MutableMapping[str, Any]
@@ -112,6 +116,8 @@ async def _answer(
     served = answered.served
     trail.function, trail.version = answered.scheduler.name, answered.scheduler.version.version
     trail.cold_tier = served.cold_tier
+    if served.stream is not None:  # a generative function: its whole result
+        return await _whole(answered, served.stream, reply, limits, trail)
     if trail.span is None:
         out = encode(served.outputs, reply, limits)
     else:
@@ -121,6 +127,25 @@ async def _answer(
             trail.span, "encode", started_ns, time.time_ns(), {"fnrt.response.bytes": len(out)}
         )
     return out, reply.media_type, served_headers(answered)
+
+
+async def _whole(
+    answered: Answered, stream: Stream, reply: Format, limits: TensorLimits, trail: Trail
+) -> Answer:
+    """A generative function's answer to an invoke: every chunk, joined (with the
+    function's default parameters); why it ended in a header."""
+    try:
+        chunks = [chunk async for chunk in stream]
+    finally:
+        if not stream.done:
+            stream.cancel()  # the client left while it ran
+    assert stream.ended is not None
+    outputs = join_chunks(answered.scheduler.version.manifest.outputs, chunks)
+    headers = served_headers(answered)
+    headers[FINISH_HEADER] = stream.ended.reason
+    if stream.cold_tier is not None:
+        headers[COLD_START_HEADER] = trail.cold_tier = stream.cold_tier
+    return encode(outputs, reply, limits), reply.media_type, headers
 
 
 def served_headers(answered: Answered) -> dict[str, str]:

@@ -34,6 +34,7 @@ from fnrt.runtime.http.spec import (
     admin_op,
     data_error_responses,
     error_responses,
+    generate_path,
     invoke_path,
     ok,
     path_param,
@@ -270,6 +271,7 @@ def _v1() -> dict[str, Schema]:
     }
     return {
         "/v1/functions/{name}/invoke": invoke_path(),
+        "/v1/functions/{name}/generate": generate_path(),
         "/v1/functions": {
             "get": admin_op(
                 "List functions, a page at a time",

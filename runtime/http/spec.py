@@ -134,6 +134,63 @@ def invoke_path() -> Schema:
     }
 
 
+def generate_path() -> Schema:
+    """``POST /v1/functions/{name}/generate`` (docs/generation.md)."""
+    body = {
+        "type": "object",
+        "properties": {
+            "parameters": {
+                "type": "object",
+                "description": "max_new_tokens, stream, and what the function declares",
+                "properties": {
+                    "max_new_tokens": {"type": "integer", "minimum": 1},
+                    "stream": {"type": "boolean"},
+                },
+                "additionalProperties": True,
+            }
+        },
+        "additionalProperties": True,
+    }
+    whole = {
+        "type": "object",
+        "required": ["outputs"],
+        "properties": {
+            "outputs": {"type": "object", "additionalProperties": True},
+            "finish_reason": {
+                "type": "string",
+                "enum": ["stop", "length", "deadline", "cancelled"],
+            },
+            "usage": {"type": "object"},
+        },
+    }
+    return {
+        "post": {
+            "summary": "Generate: a generative function's answer, streamed or whole",
+            "description": "The inputs, as for an invoke, and optional parameters. Streams "
+            "(Server-Sent Events for JSON, msgpack frames for msgpack) when "
+            "parameters.stream is true or Accept asks for a stream.",
+            "operationId": "generate",
+            "parameters": [NAME, *INVOKE_HEADERS],
+            "requestBody": {
+                "required": True,
+                "content": {JSON: {"schema": body}, MSGPACK: {"schema": {}}},
+            },
+            "responses": {
+                "200": {
+                    "description": "the whole result, or the stream of its chunks",
+                    "content": {
+                        JSON: {"schema": whole},
+                        MSGPACK: {"schema": {}},
+                        "text/event-stream": {"schema": {"type": "string"}},
+                        "application/vnd.fnrt.frames+msgpack": {"schema": {}},
+                    },
+                },
+                **data_error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+            },
+        }
+    }
+
+
 def admin_op(
     summary: str, operation_id: str, ok: dict[str, Schema], *errors: int, **extra: Any
 ) -> Schema:

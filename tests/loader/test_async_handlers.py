@@ -89,5 +89,6 @@ def test_a_generator_handler_is_refused_at_deploy(
                             attribute=attribute, mode="thread")  # fmt: skip
     with live_server(tmp_path) as srv:
         assert main(["deploy", str(folder), "--server", srv.url, "-q"]) != 0
-        assert "is a generator: streamed results are not supported yet" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "is a Python generator" in err and "docs/generation.md" in err
         assert httpx.get(f"{srv.url}/v1/functions/gen").status_code == 404  # nothing deployed

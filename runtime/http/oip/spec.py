@@ -129,6 +129,42 @@ def _v2_model_paths(base: str, params: list[Schema], suffix_id: str) -> dict[str
                 },
             },
         },
+        **{
+            f"{base}/{kind}": {
+                "parameters": params,
+                "post": {
+                    "summary": summary,
+                    "description": "Triton's generate extension, for a generative function "
+                    "(docs/generation.md): inputs by name, an optional id, other keys and "
+                    "'parameters' as parameters.",
+                    "operationId": f"{kind.replace('_s', 'S')}{suffix_id}",
+                    "requestBody": {
+                        "required": True,
+                        "content": {JSON: {"schema": {"type": "object"}}},
+                    },
+                    "responses": {
+                        "200": {"description": answer, "content": {media: {"schema": schema}}},
+                        **error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+                    },
+                },
+            }
+            for kind, summary, answer, media, schema in (
+                (
+                    "generate",
+                    "Generate: the whole answer",
+                    "one response object",
+                    JSON,
+                    {"type": "object"},
+                ),
+                (
+                    "generate_stream",
+                    "Generate: streamed",
+                    "SSE data: response objects",
+                    "text/event-stream",
+                    {"type": "string"},
+                ),
+            )
+        },
     }
 
 
