@@ -17,11 +17,15 @@ defaults otherwise (worker processes):
 Requests arrive as a Poisson process at each rate (as multiples of what one
 sequence at a time can serve, measured first), the same schedule for every
 mode: a prompt from the corpus and ``max_new_tokens`` drawn from 8 to 96, so
-lengths differ as real answers do. The two generative modes stream (SSE):
-time to first token is the first chunk's arrival; a static batch answers
-whole, so its first token is its last. Per mode and rate it prints tokens/s,
-time to first token and latency (p50, p99), each also as a ratio against one
-sequence at a time in the same run.
+lengths differ as real answers do. The generative modes are asked for whole
+answers, whose usage says when the server made the first token (so the
+client's parsing, on the same cores, does not weigh on one mode more than
+another); ``continuous SSE`` streams the same requests, timing the first
+chunk's arrival at the client. A static batch answers whole: its first token
+is its last. Per mode and rate it prints tokens/s, time to first token and
+latency (p50, p99), and their ratios against one sequence at a time in the
+same run. ``--isolation thread`` serves the handlers in the server's process
+(the default is worker processes: one round trip per step).
 """
 
 from __future__ import annotations
@@ -148,11 +152,15 @@ def build(work: Path) -> dict[str, Path]:
     return folders
 
 
-async def one(client: httpx.AsyncClient, url: str, ask: Ask, start: float, streamed: bool) -> Done:
+async def one(client: httpx.AsyncClient, url: str, ask: Ask, start: float, how: str) -> Done:
+    """One request, sent at its time: ``stream`` (SSE: the first chunk's arrival is its
+    first token), ``whole`` (a generate answered whole: the server's usage says when its
+    first token was made) or ``batch`` (an invoke of the static function: its first
+    token is its last)."""
     await asyncio.sleep(max(start + ask.at_s - time.perf_counter(), 0))
     sent = time.perf_counter()
-    first = None
-    if streamed:
+    first_s = None
+    if how == "stream":
         body = {
             "prompt": [ask.prompt],
             "parameters": {"max_new_tokens": ask.tokens, "stream": True},
@@ -162,24 +170,30 @@ async def one(client: httpx.AsyncClient, url: str, ask: Ask, start: float, strea
             r.raise_for_status()
             async for piece in r.aiter_raw():
                 seen = piece.count(b"event: chunk")
-                if seen and first is None:
-                    first = time.perf_counter()
+                if seen and first_s is None:
+                    first_s = time.perf_counter() - sent
                 chunks += seen
-    else:
-        body = {"prompt": [ask.prompt], "max_new_tokens": [ask.tokens]}
+    elif how == "whole":
+        body = {"prompt": [ask.prompt], "parameters": {"max_new_tokens": ask.tokens}}
         r = await client.post(url, json=body)
+        r.raise_for_status()
+        answer = r.json()
+        chunks = answer["usage"]["completion_tokens"]
+        first_s = answer["usage"]["time_to_first_token_ms"] / 1000
+    else:
+        r = await client.post(url, json={"prompt": [ask.prompt], "max_new_tokens": [ask.tokens]})
         r.raise_for_status()
         chunks = len(r.json()["text"][0])
     end = time.perf_counter()
-    first = first if first is not None else end
-    return Done(ask, first - sent, end - sent, chunks, end - start)
+    first_s = first_s if first_s is not None else end - sent
+    return Done(ask, first_s, end - sent, chunks, end - start)
 
 
-async def run(url: str, asks: list[Ask], streamed: bool) -> list[Done]:
+async def run(url: str, asks: list[Ask], how: str) -> list[Done]:
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         start = time.perf_counter()
-        return list(await asyncio.gather(*(one(client, url, a, start, streamed) for a in asks)))
+        return list(await asyncio.gather(*(one(client, url, a, start, how) for a in asks)))
 
 
 def pct(values: list[float], q: float) -> float:
@@ -217,14 +231,19 @@ def capacity(url: str) -> float:
         async with httpx.AsyncClient(timeout=600) as client:
             started = time.perf_counter()
             for a in asks:
-                await one(client, url, a, time.perf_counter(), True)
+                await one(client, url, a, time.perf_counter(), "whole")
             return (time.perf_counter() - started) / len(asks)
 
     return 1.0 / asyncio.run(closed())
 
 
-MODES = {"one at a time": ("lm-one", True), "static": ("lm-static", False),
-         "continuous": ("lm-continuous", True)}  # fmt: skip
+#: mode -> (function, how it is asked: see ``one``)
+MODES = {
+    "one at a time": ("lm-one", "whole"),
+    "static": ("lm-static", "batch"),
+    "continuous": ("lm-continuous", "whole"),
+    "continuous SSE": ("lm-continuous", "stream"),
+}
 
 
 def main() -> None:
@@ -233,6 +252,9 @@ def main() -> None:
     parser.add_argument("--rates", default="0.5,1.5,4", help="multiples of one-at-a-time capacity")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, help="draw tokens/s and p99 latency to this PNG")
+    parser.add_argument(
+        "--isolation", choices=["process", "thread"], default="process", help="fnrt serve's"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fnrt-bench-generate-"))
     prompts = [
@@ -241,23 +263,25 @@ def main() -> None:
     try:
         print("== training tiny-lm and building the three functions")
         folders = build(work)
-        server, proc = start_fnrt(str(work / "store"), work / "cache", dict(os.environ))
+        server, proc = start_fnrt(
+            str(work / "store"), work / "cache", dict(os.environ), "--isolation", args.isolation
+        )
         try:
             for folder in folders.values():
                 deploy(server, folder)
             for name in folders:  # loaded before any measurement
                 httpx.post(f"{server}/v1/functions/{name}/warm", timeout=120).raise_for_status()
             warm = Ask(0, "The boy", 8)
-            asyncio.run(run(f"{server}/v1/functions/lm-static/invoke", [warm], False))
+            asyncio.run(run(f"{server}/v1/functions/lm-static/invoke", [warm], "batch"))
             one_rate = capacity(f"{server}/v1/functions/lm-one/generate")
             print(f"one sequence at a time serves {one_rate:.1f} requests/s at 52 tokens each")
             results: dict[tuple[str, float], Figures] = {}
             for multiple in [float(r) for r in args.rates.split(",")]:
                 rate = multiple * one_rate
                 asks = schedule(rate, args.duration_s, prompts, args.seed)
-                for mode, (name, streamed) in MODES.items():
-                    route = "generate" if streamed else "invoke"
-                    done = asyncio.run(run(f"{server}/v1/functions/{name}/{route}", asks, streamed))
+                for mode, (name, how) in MODES.items():
+                    route = "invoke" if how == "batch" else "generate"
+                    done = asyncio.run(run(f"{server}/v1/functions/{name}/{route}", asks, how))
                     results[(mode, multiple)] = figures(done)
                     time.sleep(1)
             report(results, one_rate)
@@ -273,7 +297,7 @@ def main() -> None:
 def report(results: dict[tuple[str, float], Figures], one_rate: float) -> None:
     multiples = sorted({m for _, m in results})
     print()
-    print(f"{'rate':>16} {'mode':>14} {'tokens/s':>9} {'first p50':>10} {'first p99':>10} "
+    print(f"{'rate':>16} {'mode':>15} {'tokens/s':>9} {'first p50':>10} {'first p99':>10} "
           f"{'total p50':>10} {'total p99':>10}   ratios to one at a time: tokens/s, "
           "first p99, total p99")  # fmt: skip
     for m in multiples:
@@ -282,7 +306,7 @@ def report(results: dict[tuple[str, float], Figures], one_rate: float) -> None:
             f = results[(mode, m)]
             label = f"{m:g}x ({m * one_rate:.1f}/s)"
             print(
-                f"{label:>16} {mode:>14} {f.tokens_per_s:9.0f} {f.first_p50_ms:8.0f}ms "
+                f"{label:>16} {mode:>15} {f.tokens_per_s:9.0f} {f.first_p50_ms:8.0f}ms "
                 f"{f.first_p99_ms:8.0f}ms {f.total_p50_ms:8.0f}ms {f.total_p99_ms:8.0f}ms   "
                 f"{f.tokens_per_s / base.tokens_per_s:5.2f}x "
                 f"{f.first_p99_ms / base.first_p99_ms:6.2f}x "

@@ -70,14 +70,25 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
     return dtype
 
 
+#: name_of's answers, per dtype (a few: the dtypes fnrt knows, in either byte order).
+_NAMES: dict[np.dtype[Any], str | None] = {}
+
+
 def name_of(dtype: np.dtype[Any]) -> str | None:
     """The manifest name of a numpy dtype, or None when fnrt has no name for it."""
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        pass
     if dtype == _bfloat16():
-        return "bfloat16"
-    if dtype == OBJECT:
-        return "bytes"
-    name = dtype.name
-    return name if name in DTYPES else None
+        name: str | None = "bfloat16"
+    elif dtype == OBJECT:
+        name = "bytes"
+    else:
+        name = dtype.name if dtype.name in DTYPES else None
+    if name is not None and len(_NAMES) < 64:  # only known names: the cache stays small
+        _NAMES[dtype] = name
+    return name
 
 
 def is_numeric(dtype: np.dtype[Any]) -> bool:
