@@ -48,8 +48,8 @@ from fnrt.functions.codec import (
     negotiate,
 )
 from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError, UnsupportedMediaType
-from fnrt.functions.generation import Asked, join_chunks, parse_parameters
-from fnrt.functions.headers import COLD_START_HEADER, FINISH_HEADER, VERSION_HEADER
+from fnrt.functions.generation import Asked, parse_parameters
+from fnrt.functions.headers import COLD_START_HEADER, VERSION_HEADER
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Answered, Decoded, Target
@@ -62,6 +62,7 @@ from fnrt.runtime.http.invoke import (
     header_map,
     request_options,
     served_headers,
+    whole_result,
 )
 from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.problems import problem, status_of, unexpected
@@ -219,7 +220,7 @@ async def _serve(
     try:
         if wire.stream:
             return await _send_stream(send, answered, stream, wire, out_headers, trail)
-        return await _send_joined(send, answered, stream, wire, out_headers, trail, node)
+        return await _send_joined(send, answered, stream, wire, trail, node)
     except FnrtError as exc:  # before anything was sent: an answer like any request's
         return await _send_problem(send, exc, headers, trail.span)
     finally:
@@ -328,16 +329,10 @@ async def _send_joined(
     answered: Answered,
     stream: Stream,
     wire: Wire,
-    headers: dict[str, str],
     trail: Trail,
     node: Node,
 ) -> int:
-    chunks = [chunk async for chunk in stream]
-    assert stream.ended is not None
-    specs = answered.scheduler.version.manifest.outputs
-    outputs = join_chunks(specs, chunks)
-    headers[FINISH_HEADER] = stream.ended.reason
-    _cold(headers, stream)
+    outputs, headers = await whole_result(answered, stream, trail)
     body = _whole_body(answered, wire, outputs, stream.ended, node)
     await _send_whole(send, 200, body, wire.fmt.media_type, headers, trail.span)
     return 200

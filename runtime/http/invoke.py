@@ -27,7 +27,6 @@ from fnrt.functions.headers import (
     TIMEOUT_HEADER,
     VERSION_HEADER,
 )
-from fnrt.functions.limits import TensorLimits
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Answered, Decoded, Options, Target
@@ -117,7 +116,8 @@ async def _answer(
     trail.function, trail.version = answered.scheduler.name, answered.scheduler.version.version
     trail.cold_tier = served.cold_tier
     if served.stream is not None:  # a generative function: its whole result
-        return await _whole(answered, served.stream, reply, limits, trail)
+        outputs, headers_out = await whole_result(answered, served.stream, trail)
+        return encode(outputs, reply, limits), reply.media_type, headers_out
     if trail.span is None:
         out = encode(served.outputs, reply, limits)
     else:
@@ -129,11 +129,12 @@ async def _answer(
     return out, reply.media_type, served_headers(answered)
 
 
-async def _whole(
-    answered: Answered, stream: Stream, reply: Format, limits: TensorLimits, trail: Trail
-) -> Answer:
-    """A generative function's answer to an invoke: every chunk, joined (with the
-    function's default parameters); why it ended in a header."""
+async def whole_result(
+    answered: Answered, stream: Stream, trail: Trail
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A generative function's answer to an invoke or an infer: every chunk, joined
+    (with the function's default parameters), and the answer's headers, why it ended
+    among them."""
     try:
         chunks = [chunk async for chunk in stream]
     finally:
@@ -145,7 +146,7 @@ async def _whole(
     headers[FINISH_HEADER] = stream.ended.reason
     if stream.cold_tier is not None:
         headers[COLD_START_HEADER] = trail.cold_tier = stream.cold_tier
-    return encode(outputs, reply, limits), reply.media_type, headers
+    return outputs, headers
 
 
 def served_headers(answered: Answered) -> dict[str, str]:

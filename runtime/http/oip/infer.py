@@ -23,6 +23,7 @@ from fnrt.runtime.http.invoke import (
     request_options,
     serve_raw,
     served_headers,
+    whole_result,
 )
 from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.oip.wire import (
@@ -80,15 +81,18 @@ async def _answer(
     trail.function, trail.version = scheduler.name, scheduler.version.version
     trail.cold_tier = served.cold_tier
     request = decoded[-1]
+    outputs, extra = served.outputs, None
+    if served.stream is not None:  # a generative function: its whole result
+        outputs, extra = await whole_result(answered, served.stream, trail)
     out, json_length = encode_response(
         scheduler.name,
         scheduler.version.version,
         request,
-        served.outputs,
+        outputs,
         scheduler.version.manifest.outputs,
         limits,
     )
-    extra = served_headers(answered)
+    extra = extra or served_headers(answered)
     media_type = "application/json"
     if json_length is not None:
         extra[HEADER_LENGTH] = str(json_length)

@@ -463,3 +463,14 @@ def test_fnrt_describe_summarises_generation(
     assert main(["describe", "count", "--server", server.url]) == 0
     out = capsys.readouterr().out
     assert "generation" in out and "0 active of 8; length 1; 3 tokens; first token p50" in out
+
+
+def test_an_oip_infer_of_a_generative_function_answers_its_whole_result(
+    server: LiveServer,
+) -> None:
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [96]}]}
+    r = httpx.post(f"{server.url}/v2/models/count/infer", json=body)
+    assert r.status_code == 200, r.text
+    outputs = {o["name"]: o for o in r.json()["outputs"]}
+    assert outputs["n"]["data"] == list(range(97, 147)) and outputs["n"]["shape"] == [50]
+    assert r.headers["x-fnrt-finish-reason"] == "length"
