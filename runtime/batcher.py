@@ -16,6 +16,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fnrt.functions.errors import (
@@ -62,6 +63,32 @@ class Admission:
     def __init__(self, max_queued: int) -> None:
         self.max_queued = max_queued
         self.queued = 0
+
+    def check(
+        self,
+        version: VersionManifest,
+        closing: bool,
+        queued: int,
+        stats: Stats,
+        retry_after_s: Callable[[], float],
+    ) -> None:
+        """Raise unless one more request may join a version's queue of ``queued``:
+        VersionRetired (it is closing), Overloaded (its bound, or the node's)."""
+        name = version.name
+        if closing:
+            raise VersionRetired(f"function '{name}' version {version.version} is shutting down")
+        if queued >= version.manifest.scaling.max_queue:
+            stats.rejected += 1
+            raise Overloaded(
+                f"function '{name}' has {queued} requests queued (its limit)",
+                retry_after_s=retry_after_s(),
+            )
+        if self.queued >= self.max_queued:
+            stats.rejected += 1
+            raise Overloaded(
+                f"the server has {self.queued} requests queued (its limit)",
+                retry_after_s=retry_after_s(),
+            )
 
 
 class Batcher:
@@ -152,23 +179,9 @@ class Batcher:
         """Raise unless a request may join the queue now: VersionRetired (closing),
         Overloaded (a queue bound), Unavailable (adaptive batching: it cannot
         finish within the target)."""
-        if self.closing:
-            raise VersionRetired(
-                f"function '{self.name}' version {self.version.version} is shutting down"
-            )
-        limit = self._manifest.scaling.max_queue
-        if len(self._queue) >= limit:
-            self._stats.rejected += 1
-            raise Overloaded(
-                f"function '{self.name}' has {len(self._queue)} requests queued (its limit)",
-                retry_after_s=self._retry_after_s(),
-            )
-        if self._admission.queued >= self._admission.max_queued:
-            self._stats.rejected += 1
-            raise Overloaded(
-                f"the server has {self._admission.queued} requests queued (its limit)",
-                retry_after_s=self._retry_after_s(),
-            )
+        self._admission.check(
+            self.version, self.closing, len(self._queue), self._stats, self._retry_after_s
+        )
         batching = self._manifest.batching
         if batching.adaptive:
             budget = batching.target_p99_ms / 1000.0

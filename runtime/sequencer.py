@@ -37,8 +37,6 @@ from fnrt.functions.errors import (
     HandlerFailed,
     InstanceLost,
     InstanceStopped,
-    Overloaded,
-    VersionRetired,
 )
 from fnrt.functions.generation import CANCELLED, DEADLINE, Joining, StepBatch, Stepped
 from fnrt.functions.handler import Request
@@ -205,23 +203,9 @@ class Sequencer:
     def admit(self, now: float, timeout_s: float | None) -> None:
         """Raise unless a request may join the queue now: VersionRetired (closing),
         Overloaded (a queue bound)."""
-        if self.closing:
-            raise VersionRetired(
-                f"function '{self.name}' version {self.version.version} is shutting down"
-            )
-        limit = self._manifest.scaling.max_queue
-        if len(self._queue) >= limit:
-            self._stats.rejected += 1
-            raise Overloaded(
-                f"function '{self.name}' has {len(self._queue)} requests queued (its limit)",
-                retry_after_s=self._retry_after_s(),
-            )
-        if self._admission.queued >= self._admission.max_queued:
-            self._stats.rejected += 1
-            raise Overloaded(
-                f"the server has {self._admission.queued} requests queued (its limit)",
-                retry_after_s=self._retry_after_s(),
-            )
+        self._admission.check(
+            self.version, self.closing, len(self._queue), self._stats, self._retry_after_s
+        )
 
     def _retry_after_s(self) -> float:
         per_step = self.cost.predict(self._config.max_active) if self.cost.fitted else 0.05

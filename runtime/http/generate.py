@@ -53,13 +53,13 @@ from fnrt.functions.headers import COLD_START_HEADER, VERSION_HEADER
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.gateway import Answered, Decoded, Target
-from fnrt.runtime.http.body import ClientGone, Receive, client_of, read_body
+from fnrt.runtime.http.body import ClientGone, Receive, client_of
 from fnrt.runtime.http.invoke import (
     CLIENT_GONE,
-    JSON_BODY_HINT,
     Scope,
     Send,
     header_map,
+    read_data,
     request_options,
     served_headers,
     whole_result,
@@ -245,16 +245,7 @@ async def _submit(
     if node.invoke_keys is not None:
         node.invoke_keys.check(name, headers)
     options = request_options(headers, trail.span, client_of(receive))
-    settings = node.settings
-    if fmt is Format.JSON:
-        body = await read_body(
-            headers, receive, settings.json_body_limit, JSON_BODY_HINT, settings.body_timeout_s
-        )
-    else:
-        body = await read_body(
-            headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
-        )
-    raw = decode(body, fmt, settings.tensor_limits)
+    raw = decode(await read_data(node, headers, receive, fmt), fmt, node.settings.tensor_limits)
     request_id = None
     if oip and "id" in raw:
         request_id = raw.pop("id")

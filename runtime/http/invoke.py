@@ -86,6 +86,18 @@ def request_options(
     return Options(priority, timeout_s, span, client)
 
 
+async def read_data(node: Node, headers: Mapping[str, str], receive: Receive, fmt: Format) -> bytes:
+    """A data request's body, within the limit of its format (JSON's is lower)."""
+    settings = node.settings
+    if fmt is Format.JSON:
+        return await read_body(
+            headers, receive, settings.json_body_limit, JSON_BODY_HINT, settings.body_timeout_s
+        )
+    return await read_body(
+        headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
+
+
 async def _answer(
     node: Node, name: str, headers: Mapping[str, str], receive: Receive, trail: Trail
 ) -> Answer:
@@ -94,17 +106,8 @@ async def _answer(
     if node.invoke_keys is not None:
         node.invoke_keys.check(name, headers)
     options = request_options(headers, trail.span, client_of(receive))
-    settings = node.settings
-    limits = settings.tensor_limits
-    if fmt is Format.JSON:
-        body = await read_body(
-            headers, receive, settings.json_body_limit, JSON_BODY_HINT, settings.body_timeout_s
-        )
-    else:
-        body = await read_body(
-            headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
-        )
-    decoded = decode(body, fmt, limits)
+    limits = node.settings.tensor_limits
+    decoded = decode(await read_data(node, headers, receive, fmt), fmt, limits)
 
     def inputs(vm: VersionManifest) -> Decoded:
         trail.function, trail.version = vm.name, vm.version
