@@ -474,3 +474,27 @@ def test_an_oip_infer_of_a_generative_function_answers_its_whole_result(
     outputs = {o["name"]: o for o in r.json()["outputs"]}
     assert outputs["n"]["data"] == list(range(97, 147)) and outputs["n"]["shape"] == [50]
     assert r.headers["x-fnrt-finish-reason"] == "length"
+
+
+def test_a_high_priority_request_joins_before_earlier_normal_ones(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv:
+        deploy(srv, tmp_path, "one", max_active=1)
+        ended: list[str] = []
+
+        def ask(label: str, priority: str, tokens: int) -> None:
+            body = {"x": [0], "parameters": {"max_new_tokens": tokens, "delay_ms": 10}}
+            httpx.post(url(srv, "one"), json=body, headers={"x-fnrt-priority": priority})
+            ended.append(label)
+
+        first = threading.Thread(target=ask, args=("running", "normal", 20))
+        first.start()
+        wait_until(lambda: srv.node.schedulers()[0].active == 1)
+        later = [threading.Thread(target=ask, args=(f"normal{i}", "normal", 3)) for i in range(2)]
+        for t in later:
+            t.start()
+        wait_until(lambda: srv.node.schedulers()[0].queued == 2)
+        high = threading.Thread(target=ask, args=("high", "high", 3))
+        high.start()
+        for t in (first, *later, high):
+            t.join()
+        assert ended[:2] == ["running", "high"], ended
