@@ -92,6 +92,11 @@ def main() -> None:
             f"  curl -s -X POST {SERVER}/v1/functions/mlp/invoke \\\n"
             "       -H 'content-type: application/json' -d @examples/mlp/sample.json\n"
         )
+        print(
+            f"  curl -sN -X POST {SERVER}/v1/functions/tiny-lm/generate \\\n"
+            "       -H 'content-type: application/json' -H 'accept: text/event-stream' \\\n"
+            """       -d '{"prompt": ["The boy"], "parameters": {"max_new_tokens": 60}}'\n"""
+        )
         print(f"  {BIN / 'fnrt'} ls --server {SERVER}")
         print(f"  tail -f {REQUEST_LOG.relative_to(ROOT)}   # a JSON line per request")
         print("\nCtrl-C stops the server.")
