@@ -123,8 +123,7 @@ class VersionManifest:
     @functools.cached_property
     def version(self) -> str:
         """``v-`` and the first 12 hex digits of the sha256 of the content."""
-        canonical = json.dumps(self._content(), sort_keys=True, separators=(",", ":"))
-        return "v-" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
+        return _digest_id(self._content())
 
     def blobs(self) -> list[FileRef]:
         """Every stored file this version needs: the bundle, then each artifact's files."""
@@ -135,6 +134,9 @@ class VersionManifest:
         return sum(f.size_bytes for f in self.blobs())
 
     def _content(self) -> dict[str, Any]:
+        stored: dict[str, Any] | None = self.__dict__.get("_stored")  # an older fnrt's
+        if stored is not None:
+            return stored
         return {
             "manifest": self.manifest.to_dict(),
             "bundle": self.bundle.to_dict(),
@@ -174,5 +176,29 @@ class VersionManifest:
             )
         claimed = data.get("version")
         if claimed is not None and claimed != vm.version:
-            raise FnrtError(f"version id {claimed!r} does not match its content ({vm.version})")
+            stored = _stored_content(data)
+            if stored is None or claimed != _digest_id(stored):
+                raise FnrtError(f"version id {claimed!r} does not match its content ({vm.version})")
+            # Stored by an older fnrt that wrote its content otherwise (whole numbers of
+            # seconds as 300, not 300.0): the content as stored still hashes to the id it
+            # claims, so the version keeps that id, and is written as it was stored.
+            vm.__dict__["version"] = claimed
+            vm.__dict__["_stored"] = stored
         return vm
+
+
+def _digest_id(content: Mapping[str, Any]) -> str:
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return "v-" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _stored_content(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A stored version's content exactly as it was written (None if it lacks a part)."""
+    try:
+        return {
+            "manifest": dict(data["manifest"]),
+            "bundle": dict(data["bundle"]),
+            "artifacts": dict(sorted(dict(data.get("artifacts", {})).items())),
+        }
+    except (KeyError, TypeError, ValueError):
+        return None
