@@ -23,9 +23,6 @@ from fnrt.functions.errors import (
     ClientLeft,
     DeadlineExceeded,
     FnrtError,
-    HandlerFailed,
-    InstanceLost,
-    InstanceStopped,
     Overloaded,
     Unavailable,
     VersionRetired,
@@ -43,13 +40,7 @@ from fnrt.runtime.batching import (
 )
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events
-from fnrt.runtime.pool import (
-    InstancePool,
-    Slot,
-    describe_failure,
-    new_error_id,
-    remote_traceback,
-)
+from fnrt.runtime.pool import InstancePool, Slot, run_failure
 from fnrt.runtime.protection import Served
 from fnrt.runtime.queue import Client, Outputs, Pending, Priority, RequestQueue
 from fnrt.runtime.stats import Stats
@@ -330,7 +321,7 @@ class Batcher:
         except Exception as exc:
             failure = exc
             stats.errors += len(batch)
-            error = self._batch_error(exc, len(batch))
+            error = run_failure(exc, self.version, f"a batch of {len(batch)}")
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(error)
@@ -351,22 +342,3 @@ class Batcher:
             self._events.batch(
                 self.version, batch, started, started_ns, elapsed, failure, span, spans
             )
-
-    def _batch_error(self, exc: Exception, size: int) -> FnrtError:
-        if isinstance(exc, InstanceStopped):
-            return exc  # an unload or a shutdown stopped it: 503, logged by the pool
-        error_id = new_error_id()
-        if isinstance(exc, InstanceLost):
-            exc.error_id = error_id
-            exc.fields["error_id"] = error_id
-            return exc  # logged by the pool, with its cause
-        log.error(
-            "function %s %s failed on a batch of %d (error id %s)%s",
-            self.name,
-            self.version.version,
-            size,
-            error_id,
-            remote_traceback(exc),
-            exc_info=exc,
-        )
-        return HandlerFailed(self.name, error_id, describe_failure(exc))

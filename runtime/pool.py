@@ -26,6 +26,7 @@ from typing import Any, TypeVar, cast
 
 from fnrt.functions.errors import (
     FnrtError,
+    HandlerFailed,
     HandlerTimeout,
     InstanceLost,
     InstanceStopped,
@@ -465,6 +466,29 @@ class InstancePool:
                 slot.loading = None
             if slot.instance is not None:
                 await self.drop(slot)
+
+
+def run_failure(exc: Exception, vm: VersionManifest, what: str) -> FnrtError:
+    """What the requests of a failed batch (or step: ``what`` names it, for the log) are
+    answered with: the stop or loss as it is (the pool logged it), else HandlerFailed
+    with an error id the logged traceback carries."""
+    if isinstance(exc, InstanceStopped):
+        return exc  # an unload or a shutdown stopped it: 503, logged by the pool
+    error_id = new_error_id()
+    if isinstance(exc, InstanceLost):
+        exc.error_id = error_id
+        exc.fields["error_id"] = error_id
+        return exc  # logged by the pool, with its cause
+    log.error(
+        "function %s %s failed on %s (error id %s)%s",
+        vm.name,
+        vm.version,
+        what,
+        error_id,
+        remote_traceback(exc),
+        exc_info=exc,
+    )
+    return HandlerFailed(vm.name, error_id, describe_failure(exc))
 
 
 def remote_traceback(exc: BaseException) -> str:

@@ -34,9 +34,6 @@ from fnrt.functions.errors import (
     ClientLeft,
     DeadlineExceeded,
     FnrtError,
-    HandlerFailed,
-    InstanceLost,
-    InstanceStopped,
 )
 from fnrt.functions.generation import CANCELLED, DEADLINE, Joining, StepBatch, Stepped
 from fnrt.functions.handler import Request
@@ -46,13 +43,7 @@ from fnrt.runtime.batcher import Admission
 from fnrt.runtime.batching import CostModel, RateEstimator
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events
-from fnrt.runtime.pool import (
-    InstancePool,
-    Slot,
-    describe_failure,
-    new_error_id,
-    remote_traceback,
-)
+from fnrt.runtime.pool import InstancePool, Slot, run_failure
 from fnrt.runtime.protection import Protection, Served
 from fnrt.runtime.queue import Client, Outputs, Pending, Priority, RequestQueue
 from fnrt.runtime.stats import Stats, Window
@@ -426,7 +417,7 @@ class Sequencer:
             stepped = await self._pool.step(slot, instance, batch)
         except Exception as exc:
             failure = exc
-            error = self._step_error(exc, len(everyone))
+            error = run_failure(exc, self.version, f"a step of {len(everyone)} sequences")
             for r in everyone:
                 self._fail(r.waiting, error)
             running.clear()
@@ -498,25 +489,6 @@ class Sequencer:
             waiting,
             ClientLeft(f"function '{self.name}': the client left while its request was queued"),
         )
-
-    def _step_error(self, exc: Exception, size: int) -> FnrtError:
-        if isinstance(exc, InstanceStopped):
-            return exc
-        error_id = new_error_id()
-        if isinstance(exc, InstanceLost):
-            exc.error_id = error_id
-            exc.fields["error_id"] = error_id
-            return exc
-        log.error(
-            "function %s %s failed on a step of %d sequences (error id %s)%s",
-            self.name,
-            self.version.version,
-            size,
-            error_id,
-            remote_traceback(exc),
-            exc_info=exc,
-        )
-        return HandlerFailed(self.name, error_id, describe_failure(exc))
 
     def describe(self) -> dict[str, Any]:
         config = self._config
