@@ -36,6 +36,7 @@ from fnrt.runtime.batching import (
     RateEstimator,
     adaptive_plan,
     flush_delay_s,
+    job_pause_s,
     predicted_finish_s,
 )
 from fnrt.runtime.clock import Clock
@@ -134,6 +135,7 @@ class Batcher:
         span: Any = None,
         cold: bool = False,
         client: Client | None = None,
+        alone: bool = False,
     ) -> Served:
         """Queue one request admitted at ``now`` (:meth:`admit`) and wait for its outputs.
 
@@ -149,6 +151,8 @@ class Batcher:
         chosen = self.default_priority if priority is None else priority  # HIGH is 0: falsy
         pending = Pending(inputs, future, now, chosen, deadline, cold)
         pending.client = client
+        if alone:
+            pending.alone = True
         if span is not None:
             pending.span, pending.enqueued_ns = span, time.time_ns()
         self._queue.push(pending)
@@ -165,6 +169,30 @@ class Batcher:
         totals.success.add(self._clock.now() - now)
         totals.last_request_unix_s = time.time()
         return Served(outputs, self._stats.last_load_tier if cold else None)
+
+    async def enqueue_block(
+        self, records: list[Request], now: float, *, cold: bool = False
+    ) -> list[Outputs]:
+        """Queue a block of job records (at most a batch of them), admitted at ``now``,
+        at job priority: they join one batch together, each a request of the handler's
+        own; the outputs of each, in order. One future and one queue entry for the
+        block: a job's records cost the event loop next to nothing each."""
+        self._stats.requests += len(records)
+        future: asyncio.Future[list[Outputs]] = asyncio.get_running_loop().create_future()
+        pending = Pending({}, future, now, Priority.JOB, None, cold)  # type: ignore[arg-type]
+        pending.block, pending.rows = records, len(records)
+        self._queue.push(pending)
+        self._admission.queued += 1
+        self._wake.set()
+        totals = self._stats.totals
+        try:
+            outputs = await future
+        except FnrtError:
+            totals.fail.add(self._clock.now() - now)
+            raise
+        totals.success.add(self._clock.now() - now)
+        totals.last_request_unix_s = time.time()
+        return outputs
 
     def admit(self, now: float, timeout_s: float | None) -> None:
         """Raise unless a request may join the queue now: VersionRetired (closing),
@@ -300,9 +328,30 @@ class Batcher:
             for pending in taken.abandoned:
                 self._abandon(pending)
             if taken.batch:
-                await self._run_batch(slot, instance, taken.batch)
+                started = self._clock.now()
+                await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
+                if taken.blocks and all(p.priority is Priority.JOB for p in taken.batch):
+                    ended = self._clock.now()
+                    pause = job_pause_s(ended - started, self.arrivals.rate_per_s(ended))
+                    if pause > 0:
+                        await self._yield_to_live(pause)
 
-    async def _run_batch(self, slot: Slot, instance: Any, batch: list[Pending]) -> None:
+    async def _yield_to_live(self, pause_s: float) -> None:
+        """Leave the instance to live requests for ``pause_s`` after a batch of job
+        records: ended at once by a live request in the queue."""
+        deadline = self._clock.now() + pause_s
+        while not self._queue.live() and not self.closing:
+            left = deadline - self._clock.now()
+            if left <= 0:
+                return
+            self._wake.clear()
+            await self._clock.wait(self._wake, left)
+
+    async def _run_batch(
+        self, slot: Slot, instance: Any, batch: list[Pending], rows: int, blocks: bool = False
+    ) -> None:
+        """Run one batch on ``instance`` and answer its requests (``rows``: the handler's
+        requests in it; ``blocks``: some are blocks of job records, answered a list each)."""
         started = self._clock.now()
         started_ns = time.time_ns()
         failure: BaseException | None = None
@@ -317,28 +366,54 @@ class Batcher:
         if span is not None and span.recording:  # handler spans (OTel API) go under it
             trace = (f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")
         try:
-            ran = await self._pool.run(slot, instance, [p.inputs for p in batch], trace)
+            inputs = _rows(batch) if blocks else [p.inputs for p in batch]
+            ran = await self._pool.run(slot, instance, inputs, trace)
         except Exception as exc:
             failure = exc
-            stats.errors += len(batch)
-            error = run_failure(exc, self.version, f"a batch of {len(batch)}")
+            stats.errors += rows
+            error = run_failure(exc, self.version, f"a batch of {rows}")
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(error)
         else:
-            for p, result in zip(batch, ran.results, strict=True):
-                if not p.future.done():
-                    p.future.set_result(result)
+            if blocks:
+                _answer_blocks(batch, ran.results)
+            else:
+                for p, result in zip(batch, ran.results, strict=True):
+                    if not p.future.done():
+                        p.future.set_result(result)
         finally:
             elapsed = self._clock.now() - started
-            self.cost.observe(len(batch), elapsed)
+            self.cost.observe(rows, elapsed)
             stats.compute.add(elapsed)
             stats.batches += 1
-            stats.batch_sizes[len(batch)] += 1
+            stats.batch_sizes[rows] += 1
             if ran is not None:  # handing inputs over: the rest of the batch's time
                 handed_s = max(elapsed - ran.infer_s - ran.output_s, 0.0)
-                totals.batch(len(batch), handed_s, ran.infer_s, ran.output_s)
+                totals.batch(rows, handed_s, ran.infer_s, ran.output_s)
             spans = ran.spans if ran is not None else ()
             self._events.batch(
-                self.version, batch, started, started_ns, elapsed, failure, span, spans
+                self.version, batch, started, started_ns, elapsed, failure, span, spans, rows
             )
+
+
+def _rows(batch: list[Pending]) -> list[Request]:
+    """The handler's requests of a batch holding blocks of job records, in order."""
+    inputs: list[Request] = []
+    for p in batch:
+        if p.block is not None:
+            inputs.extend(p.block)
+        else:
+            inputs.append(p.inputs)
+    return inputs
+
+
+def _answer_blocks(batch: list[Pending], results: list[Any]) -> None:
+    """Each request its result, and each block the list of its records' results."""
+    at = 0
+    for p in batch:
+        rows = p.rows
+        if not p.future.done():
+            answer: Any = results[at] if p.block is None else results[at : at + rows]
+            p.future.set_result(answer)
+        at += rows

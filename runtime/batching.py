@@ -148,3 +148,20 @@ def predicted_finish_s(
     batches = math.ceil((queued_ahead + 1) / size)
     rounds = math.ceil(batches / max(instances, 1))
     return rounds * cost.predict(size)
+
+
+#: While live requests arrive, a batch of job records alone is followed by a pause
+#: this many times its length (a live request ends it at once): jobs take at most
+#: ``1 / (1 + JOB_YIELD)`` of an instance's time from live traffic, and all of it
+#: when there is none.
+JOB_YIELD = 4.0
+#: Live arrivals per second under which an instance counts as idle for jobs.
+LIVE_RATE_PER_S = 1.0
+
+
+def job_pause_s(batch_s: float, live_rate_per_s: float, yield_factor: float = JOB_YIELD) -> float:
+    """How long a slot waits, after a batch of job records only, before it takes the
+    next: none when no live request came lately (jobs may take the whole instance)."""
+    if live_rate_per_s < LIVE_RATE_PER_S:
+        return 0.0
+    return batch_s * yield_factor

@@ -63,7 +63,10 @@ class Events(Protocol):
         failure: BaseException | None,
         span: Any = None,
         handler_spans: Sequence[Mapping[str, Any]] = (),
-    ) -> None: ...
+        rows: int | None = None,
+    ) -> None:
+        """A batch ended (``rows``: the handler's requests in it, when blocks of job
+        records made it more than ``len(batch)``)."""
 
     def step_started(
         self, vm: VersionManifest, joining: Sequence[Pending], started_ns: int
@@ -138,6 +141,7 @@ class NoEvents:
         failure: BaseException | None,
         span: Any = None,
         handler_spans: Sequence[Mapping[str, Any]] = (),
+        rows: int | None = None,
     ) -> None:
         pass
 
@@ -190,9 +194,11 @@ class TelemetryEvents:
         failure: BaseException | None,
         span: Any = None,
         handler_spans: Sequence[Mapping[str, Any]] = (),
+        rows: int | None = None,
     ) -> None:
         metrics = self.telemetry.metrics
-        metrics.batch(vm.name, len(batch), elapsed_s, (started - p.enqueued_at for p in batch))
+        size = len(batch) if rows is None else rows
+        metrics.batch(vm.name, size, elapsed_s, (started - p.enqueued_at for p in batch))
         metrics.warm_hits(sum(1 for p in batch if not p.cold))
         tracing = self.telemetry.tracing
         if not tracing.enabled:

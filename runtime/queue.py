@@ -1,9 +1,12 @@
-"""The admission queue of one function: three priority classes, deadlines, aging.
+"""The admission queue of one function: three priority classes, deadlines, aging,
+and a fourth class below them for job records.
 
 High-priority requests are taken first and never wait behind a backlog of
 lower ones; a request that has waited ``aging_s`` counts as one class higher
-(two classes after twice that), so low ones are never starved. Within a class
-requests leave in arrival order. Taking a batch is a pure function of the
+(two classes after twice that), so low ones are never starved. Job records
+(``Priority.JOB``, asynchronous jobs: ``runtime/jobs/``) never age: they take
+only what the live classes leave of a batch. Within a class requests leave in
+arrival order. Taking a batch is a pure function of the
 queue and ``now``; the scheduler owns the asyncio side.
 """
 
@@ -28,13 +31,15 @@ class Priority(IntEnum):
     HIGH = 0
     NORMAL = 1
     LOW = 2
+    JOB = 3  # a job's records: idle capacity only, never aged (not a client's to ask for)
 
     @staticmethod
     def parse(text: str) -> Priority:
-        try:
-            return Priority[text.strip().upper()]
-        except KeyError:
-            raise ValueError(f"priority {text!r} is not high, normal or low") from None
+        """A client's priority: high, normal or low."""
+        key = text.strip().upper()
+        if key not in ("HIGH", "NORMAL", "LOW"):
+            raise ValueError(f"priority {text!r} is not high, normal or low")
+        return Priority[key]
 
 
 class Client(Protocol):
@@ -57,6 +62,9 @@ class Pending:
     span: Any = None  # the request's server span, when tracing is on
     enqueued_ns: int = 0  # wall-clock enqueue time for its queue span (tracing on)
     client: Client | None = None  # its connection, when the server tells if it left
+    alone: bool = False  # runs in a batch of its own (a job record tried again)
+    block: list[Request] | None = None  # a block of job records, answered as one list
+    rows: int = 1  # the handler's requests it stands for (a block's length)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class Taken:
     expired: list[Pending]
     removed: int  # everything popped: the batch, the expired, and requests already answered
     abandoned: list[Pending]  # their clients disconnected while they waited
+    rows: int = 0  # the handler's requests in the batch (a block counts its records)
+    blocks: bool = False  # the batch holds a block of job records
 
 
 class RequestQueue:
@@ -74,7 +84,7 @@ class RequestQueue:
 
     def __init__(self, aging_s: float) -> None:
         self.aging_s = aging_s
-        self._classes: tuple[deque[Pending], ...] = (deque(), deque(), deque())
+        self._classes: tuple[deque[Pending], ...] = tuple(deque() for _ in Priority)
         self._size = 0
 
     def __len__(self) -> int:
@@ -89,6 +99,10 @@ class RequestQueue:
         self._classes[pending.priority].appendleft(pending)
         self._size += 1
 
+    def live(self) -> int:
+        """Requests queued in the live classes (every one but job records)."""
+        return self._size - len(self._classes[Priority.JOB])
+
     def oldest_enqueued_at(self) -> float | None:
         heads = [q[0].enqueued_at for q in self._classes if q]
         return min(heads) if heads else None
@@ -97,6 +111,8 @@ class RequestQueue:
         return {p.name.lower(): len(self._classes[p]) for p in Priority}
 
     def _effective(self, pending: Pending, now: float) -> tuple[int, float]:
+        if pending.priority is Priority.JOB:
+            return Priority.JOB, pending.enqueued_at
         promoted = int((now - pending.enqueued_at) / self.aging_s) if self.aging_s > 0 else 0
         return max(int(pending.priority) - promoted, 0), pending.enqueued_at
 
@@ -118,13 +134,17 @@ class RequestQueue:
 
         A request already answered (its future is done) is discarded; one whose
         deadline has passed is returned in ``expired`` for a 504, and one whose
-        client disconnected in ``abandoned``.
+        client disconnected in ``abandoned``. A block of job records counts its
+        records and joins only a batch it fits in whole (or an empty one); a
+        request ``alone`` gets a batch of its own.
         """
         batch: list[Pending] = []
         expired: list[Pending] = []
         abandoned: list[Pending] = []
         removed = 0
-        while len(batch) < max_size:
+        size = 0
+        blocks = False
+        while size < max_size:
             pending = self._pop_next(now)
             if pending is None:
                 break
@@ -138,9 +158,19 @@ class RequestQueue:
             if client is not None and client.disconnected:
                 abandoned.append(pending)
                 continue
+            rows = pending.rows
+            if batch and (pending.alone or size + rows > max_size):
+                self.put_back(pending)  # the next batch takes it
+                removed -= 1
+                break
             pending.started = True
             batch.append(pending)
-        return Taken(batch, expired, removed, abandoned)
+            size += rows
+            if pending.block is not None:
+                blocks = True
+            if pending.alone:
+                break
+        return Taken(batch, expired, removed, abandoned, size, blocks)
 
     def drain(self) -> list[Pending]:
         """Remove and return everything queued."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from fnrt.runtime.events import Events, NoEvents, StartKind
 from fnrt.runtime.outcomes import OutcomeWindow
 from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance, MakeRoom
 from fnrt.runtime.protection import Failure, Protection, Served
-from fnrt.runtime.queue import Client, Priority
+from fnrt.runtime.queue import Client, Outputs, Priority
 from fnrt.runtime.result_cache import ResultCache, SharedResults
 from fnrt.runtime.scaling import Activity
 from fnrt.runtime.sequencer import Sequencer
@@ -73,12 +73,15 @@ class Scheduler:
         # A generative version's requests are sequences, stepped by a continuous batcher.
         self.batcher: Batcher | Sequencer
         self.sequencer: Sequencer | None = None
+        self._requests: Batcher | None = None  # the request batcher (not generative)
         if version.manifest.generative:
             self.batcher = self.sequencer = Sequencer(
                 version, self.pool, clock, self.stats, events, admission, self.protection
             )
         else:
-            self.batcher = Batcher(version, self.pool, clock, self.stats, events, admission)
+            self.batcher = self._requests = Batcher(
+                version, self.pool, clock, self.stats, events, admission
+            )
 
     # --- what it is --------------------------------------------------------------------
 
@@ -185,6 +188,7 @@ class Scheduler:
         now: float | None = None,
         client: Client | None = None,
         asked: Asked | None = None,
+        alone: bool = False,
     ) -> Awaitable[Served]:
         """Admit one request into the queue (raising at once if it may not join) and
         return what waits for its answer. No guards: those are ``Gateway.submit``'s.
@@ -195,16 +199,38 @@ class Scheduler:
         the caller has read it already.
 
         A generative version answers at once with the sequence's stream (``asked``:
-        its generation parameters, checked; the function's defaults when None)."""
+        its generation parameters, checked; the function's defaults when None).
+        ``alone``: run it in a batch of its own (a job record tried again after its
+        batch failed, so it fails only for its own sake)."""
         if now is None:
             now = self._clock.now()
-        if self.sequencer is not None:
+        batcher = self._requests
+        if batcher is None:
             return self._generate(inputs, now, priority, timeout_s, span, client, asked)
-        self.batcher.admit(now, timeout_s)
+        batcher.admit(now, timeout_s)
         cold = self.pool.count_start(now) is StartKind.COLD
-        return self.batcher.enqueue(
-            inputs, now, priority=priority, timeout_s=timeout_s, span=span, cold=cold, client=client
+        return batcher.enqueue(
+            inputs,
+            now,
+            priority=priority,
+            timeout_s=timeout_s,
+            span=span,
+            cold=cold,
+            client=client,
+            alone=alone,
         )
+
+    def submit_block(self, records: Sequence[Request]) -> Awaitable[list[Outputs]]:
+        """Admit a block of job records (at most a batch; see :meth:`Batcher.enqueue_block`)
+        into the batcher at job priority; what waits for their outputs. A generative
+        version takes its records one by one (:meth:`submit`)."""
+        batcher = self._requests
+        if batcher is None:
+            raise TypeError(f"function '{self.name}' is generative: submit its records one by one")
+        now = self._clock.now()
+        batcher.admit(now, None)
+        cold = self.pool.count_start(now) is StartKind.COLD
+        return batcher.enqueue_block(list(records), now, cold=cold)
 
     def _generate(
         self,

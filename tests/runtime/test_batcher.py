@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from test_pool import Loads
 
-from fnrt.functions.errors import DeadlineExceeded, Overloaded, VersionRetired
+from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, Overloaded, VersionRetired
 from fnrt.functions.handler import Request
 from fnrt.runtime.batcher import Admission, Batcher
+from fnrt.runtime.batching import JOB_YIELD, job_pause_s
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.events import NoEvents
 from fnrt.runtime.pool import InstancePool
@@ -128,3 +129,57 @@ def test_a_deadline_that_passes_in_the_queue_is_a_504(tmp_path: Path) -> None:
             batcher.admit(clock.now(), None)
 
     asyncio.run(scenario())
+
+
+def test_blocks_of_job_records_fill_what_live_requests_leave(tmp_path: Path) -> None:
+    gate = threading.Event()
+    batches: list[list[float]] = []
+
+    def gated(batch: list[Request]) -> Sequence[Any]:
+        gate.wait(10)
+        batches.append([float(r["x"][0, 0]) for r in batch])
+        return [{"y": r["x"] + 1} for r in batch]
+
+    async def scenario() -> tuple[Any, ...]:
+        batcher = _batcher(tmp_path, Loads(gated))
+        first = asyncio.ensure_future(_submit(batcher, 0))
+        for _ in range(100):  # the first batch (of one) is running
+            await asyncio.sleep(0.01)
+            if batcher.queued == 0 and batcher._pool.instances:
+                break
+        block = asyncio.ensure_future(batcher.enqueue_block([_x(10), _x(11), _x(12)], 1000.0))
+        small = asyncio.ensure_future(batcher.enqueue_block([_x(20)], 1000.0))
+        live = [asyncio.ensure_future(_submit(batcher, i)) for i in (1, 2)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        out = await asyncio.gather(first, block, small, *live)
+        await batcher.close()
+        return tuple(out)
+
+    _, block, small, _, two = asyncio.run(scenario())
+    # live requests first; a block joins a batch only whole (the three do not fit in
+    # the two places left) and blocks keep their order: the next batch takes both
+    assert batches == [[0.0], [1.0, 2.0], [10.0, 11.0, 12.0, 20.0]]
+    assert [float(o["y"][0, 0]) for o in block] == [11.0, 12.0, 13.0]
+    assert [float(o["y"][0, 0]) for o in small] == [21.0]
+    assert float(two.outputs["y"][0, 0]) == 3.0
+
+
+def test_a_failed_block_fails_every_record_in_it(tmp_path: Path) -> None:
+    def failing(batch: list[Request]) -> Sequence[Any]:
+        raise ValueError("no")
+
+    async def scenario() -> None:
+        batcher = _batcher(tmp_path, Loads(failing))
+        with pytest.raises(HandlerFailed, match="ValueError: no"):
+            await batcher.enqueue_block([_x(1), _x(2), _x(3)], 1000.0)
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_job_batches_pause_only_while_live_requests_arrive() -> None:
+    assert job_pause_s(0.002, live_rate_per_s=0.0) == 0.0  # idle: jobs take it all
+    assert job_pause_s(0.002, live_rate_per_s=0.5) == 0.0
+    assert job_pause_s(0.002, live_rate_per_s=500.0) == pytest.approx(0.002 * JOB_YIELD)
+    assert job_pause_s(0.002, live_rate_per_s=500.0, yield_factor=1.0) == pytest.approx(0.002)

@@ -3,6 +3,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from fnrt.runtime.queue import Pending, Priority, RequestQueue
 
 
@@ -83,3 +85,38 @@ def test_take_sets_aside_requests_whose_client_disconnected() -> None:
     assert names(taken.batch) == ["stays"] and names(taken.abandoned) == ["left"]
     assert not left.started and taken.removed == 2
     loop.close()
+
+
+def test_job_records_never_age_and_fill_what_live_requests_leave() -> None:
+    loop = asyncio.new_event_loop()
+    q = RequestQueue(aging_s=1.0)
+    for i in range(3):
+        q.push(pending(loop, f"job{i}", 0.0, Priority.JOB))
+    q.push(pending(loop, "low", 100.0, Priority.LOW))
+    q.push(pending(loop, "normal", 100.0, Priority.NORMAL))
+    # a hundred aging periods later the job records still come after every live class
+    assert names(q.take(4, now=100.0).batch) == ["normal", "low", "job0", "job1"]
+    assert q.depth_by_priority() == {"high": 0, "normal": 0, "low": 0, "job": 1}
+    loop.close()
+
+
+def test_a_record_alone_gets_a_batch_of_its_own() -> None:
+    loop = asyncio.new_event_loop()
+    q = RequestQueue(aging_s=1.0)
+    q.push(pending(loop, "a", 0.0, Priority.JOB))
+    alone = pending(loop, "alone", 0.1, Priority.JOB)
+    alone.alone = True
+    q.push(alone)
+    q.push(pending(loop, "b", 0.2, Priority.JOB))
+    first = q.take(8, now=1.0)
+    assert names(first.batch) == ["a"] and first.removed == 1
+    assert len(q) == 2
+    assert names(q.take(8, now=1.0).batch) == ["alone"]
+    assert names(q.take(8, now=1.0).batch) == ["b"]
+    loop.close()
+
+
+def test_clients_cannot_ask_for_the_job_class() -> None:
+    assert Priority.parse(" Low ") is Priority.LOW
+    with pytest.raises(ValueError, match="not high, normal or low"):
+        Priority.parse("job")

@@ -146,6 +146,7 @@ def test_priority_ordering_under_a_backlog(tmp_path: Path) -> None:
             "high": 1,
             "normal": 2,
             "low": 3,
+            "job": 0,
         }
         gate("release").set()
         assert blocker.result().status_code == 200
