@@ -26,6 +26,14 @@ wrk.body = f:read("*all")
 f:close()
 """
 
+#: Appended to a script: each connection waits this long after each answer (a rate
+#: held below capacity).
+DELAY = """
+function delay()
+  return {delay_ms}
+end
+"""
+
 
 @dataclass(frozen=True)
 class Result:

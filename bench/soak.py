@@ -21,13 +21,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from loadgen import copy_mlp, deploy, require_wrk, start_fnrt, write_script, wrk
-
-DELAY = """
-function delay()
-  return {delay_ms}
-end
-"""
+from loadgen import DELAY, copy_mlp, deploy, require_wrk, start_fnrt, write_script, wrk
 
 
 def rss_bytes(pid: int) -> int:

@@ -175,6 +175,32 @@ def list_call(limit: int, cursor: str | None) -> Call:
     return Call("GET", "/v1/functions", True, params=params)
 
 
+#: Record files a job takes, by suffix (the server's ``runtime/jobs/records.py``).
+RECORD_MEDIA = {
+    ".jsonl": "application/x-ndjson",
+    ".ndjson": "application/x-ndjson",
+    ".msgpack": "application/vnd.fnrt.records+msgpack",
+    ".mpk": "application/vnd.fnrt.records+msgpack",
+    ".npz": "application/x-npz",
+}
+
+
+def record_media(name: str) -> str:
+    """The media type of a record file, by its suffix; FnrtError for another suffix."""
+    for suffix, media in RECORD_MEDIA.items():
+        if name.lower().endswith(suffix):
+            return media
+    raise FnrtError(f"{name}: a record file is .jsonl, .msgpack or .npz")
+
+
+def job_options(
+    chunk_records: int | None, webhook: str | None, version: str | None
+) -> dict[str, Any]:
+    """A submit's options, as query parameters or body fields."""
+    found = {"chunk_records": chunk_records, "webhook": webhook, "version": version}
+    return {k: v for k, v in found.items() if v is not None}
+
+
 #: A generate stream of msgpack frames (``Accept``), and msgpack bodies.
 FRAMES = "application/vnd.fnrt.frames+msgpack"
 MSGPACK = "application/msgpack"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +20,23 @@ from fnrt.client.calls import (
     Priority,
     error_of,
     invoke_call,
+    job_options,
     list_call,
     read_frames,
+    record_media,
     result_of,
     settle,
 )
 from fnrt.client.errors import NotFoundError
 from fnrt.client.result import Result
 from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy
-from fnrt.functions.codec import Format, encode
+from fnrt.functions.codec import Format, encode, iter_msgpack
+from fnrt.functions.limits import UNBOUNDED
 from fnrt.functions.version import VersionManifest
 
 _CHUNK_BYTES = 1024 * 1024
+#: A job's results as a msgpack stream, one map per record.
+RECORDS = "application/vnd.fnrt.records+msgpack"
 
 
 class Client:
@@ -178,6 +183,117 @@ class Client:
             params["version"] = version
         return self._json(Call("GET", f"/v1/functions/{name}/failures", True, params=params))
 
+    # --- jobs ---------------------------------------------------------------------------
+
+    def submit_job(
+        self,
+        name: str,
+        records: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        input: Path | str | None = None,
+        chunk_records: int | None = None,
+        webhook: str | None = None,
+        version: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Queue an asynchronous job of function ``name``: ``records`` (input maps, sent
+        in the body), a local record file ``input`` (a ``Path``: .jsonl, .msgpack or .npz,
+        streamed; ``progress`` is called with the bytes sent), or an object of the
+        server's store (``input`` as a ``str`` key, or the store's URI and a key). The
+        job's status, with its ``id``."""
+        options = job_options(chunk_records, webhook, version)
+        path = f"/v1/functions/{name}/jobs"
+        if (records is None) == (input is None):
+            raise ValueError("give records or input, not both or neither")
+        if records is not None:
+            body = encode({"records": list(records), **options}, Format.MSGPACK)
+            call = Call("POST", path, False, headers={"content-type": MSGPACK}, content=body)
+        elif isinstance(input, Path):
+            headers = {"content-type": record_media(input.name)}
+            call = Call(
+                "POST",
+                path,
+                False,
+                params=options,
+                headers=headers,
+                content=_chunks(input, progress),
+            )
+        else:
+            call = Call("POST", path, False, json={"input": input, **options})
+        return self._json(call)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """A job's state, progress, timings and version."""
+        return self._json(Call("GET", f"/v1/jobs/{job_id}", True))
+
+    def jobs(
+        self, function: str | None = None, limit: int = 20, after: str | None = None
+    ) -> dict[str, Any]:
+        """A page of jobs, oldest first (``next``: the ``after`` of the next page)."""
+        params: dict[str, Any] = {"limit": limit}
+        if function:
+            params["function"] = function
+        if after:
+            params["after"] = after
+        return self._json(Call("GET", "/v1/jobs", True, params=params))
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job: no chunk starts after this."""
+        return self._json(Call("DELETE", f"/v1/jobs/{job_id}", True))
+
+    def wait_job(
+        self,
+        job_id: str,
+        *,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
+        on_status: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Poll until the job ends (done, failed or cancelled); its last status.
+        TimeoutError past ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            status = self.job(job_id)
+            if on_status is not None:
+                on_status(status)
+            if status["state"] in ("done", "failed", "cancelled"):
+                return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {status['state']}")
+            self._sleep(poll_s)
+
+    def job_results(self, job_id: str) -> Iterator[dict[str, Any]]:
+        """A finished job's results in input order: ``{"index", "outputs"}`` (numpy
+        arrays) or ``{"index", "error"}`` per record."""
+        call = Call("GET", f"/v1/jobs/{job_id}/result", True, headers={"accept": RECORDS})
+        with self._http.stream(call.method, call.path, headers=call.headers) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise error_of(r)
+            yield from iter_msgpack(_Pieces(r.iter_bytes()), UNBOUNDED)
+
+    def download_job_result(
+        self, job_id: str, dest: Path, progress: Callable[[int], None] | None = None
+    ) -> int:
+        """Write a finished job's results to ``dest`` in the format its suffix names
+        (.jsonl, .msgpack or .npz); the bytes written."""
+        media = record_media(dest.name)
+        written = 0
+        path = f"/v1/jobs/{job_id}/result"
+        with self._http.stream("GET", path, headers={"accept": media}) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise error_of(r)
+            partial = dest.with_name(dest.name + ".part")
+            with partial.open("wb") as out:
+                for piece in r.iter_bytes():
+                    out.write(piece)
+                    written += len(piece)
+                    if progress is not None:
+                        progress(len(piece))
+            partial.replace(dest)
+        return written
+
     # --- deploying (admin) --------------------------------------------------------------
 
     def deploy(self, version: VersionManifest, policy: str | None = None) -> dict[str, Any]:
@@ -240,6 +356,26 @@ def _chunks(source: Path | bytes, progress: Callable[[int], None] | None) -> Ite
         if progress is not None:
             progress(len(piece))
         yield piece
+
+
+class _Pieces:
+    """Bytes arriving in pieces, read as a file (for msgpack's unpacker)."""
+
+    def __init__(self, pieces: Iterator[bytes]) -> None:
+        self._pieces = pieces
+        self._held = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._held) < size:
+            piece = next(self._pieces, None)
+            if piece is None:
+                break
+            self._held += piece
+        if size < 0:
+            out, self._held = self._held, b""
+        else:
+            out, self._held = self._held[:size], self._held[size:]
+        return out
 
 
 def _file_chunks(path: Path) -> Iterator[bytes]:

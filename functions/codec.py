@@ -13,9 +13,9 @@ name to value; :mod:`fnrt.functions.tensors` checks it against the manifest.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import numpy as np
@@ -176,6 +176,51 @@ def decode_msgpack(body: bytes, limits: TensorLimits = DEFAULT_LIMITS) -> dict[s
     except Exception as exc:
         raise BadRequest(f"body is not valid msgpack: {exc}") from None
     return _top_level(obj)
+
+
+class Readable(Protocol):
+    """What msgpack's unpacker reads from: a file, or bytes arriving in pieces."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+def iter_msgpack(
+    stream: Readable, limits: TensorLimits = DEFAULT_LIMITS, max_object_bytes: int = 64 << 20
+) -> Iterator[dict[str, Any]]:
+    """The maps of a msgpack stream (one after another, as ``msgpack.Packer`` writes
+    them), each checked as :func:`decode_msgpack` checks a body; BadRequest when one
+    is malformed or is not a map (``MalformedAt.index`` says which)."""
+    unpacker = msgpack.Unpacker(
+        stream,
+        object_hook=_hook(limits),
+        raw=False,
+        strict_map_key=False,
+        max_buffer_size=max_object_bytes,
+    )
+    index = 0
+    while True:
+        try:
+            obj = unpacker.unpack()
+        except msgpack.OutOfData:
+            return
+        except FnrtError as exc:
+            raise MalformedAt(index, exc.message) from None
+        except Exception as exc:
+            raise MalformedAt(index, f"not valid msgpack: {exc}") from None
+        try:
+            yield _top_level(obj)
+        except BadRequest as exc:
+            raise MalformedAt(index, exc.message) from None
+        index += 1
+
+
+class MalformedAt(BadRequest):
+    """The ``index``-th object of a msgpack stream is malformed."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
+        self.reason = reason
 
 
 def encode_msgpack(payload: Mapping[str, Any]) -> bytes:

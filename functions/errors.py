@@ -87,6 +87,29 @@ class InvalidInput(FnrtError):
         self.input = input
 
 
+class BadRecord(InvalidInput):
+    """One record of a job does not match the function's inputs (422): named by its
+    index (from 0) and, in JSON Lines, its line (from 1)."""
+
+    def __init__(self, record: int, line: int | None, cause: FnrtError) -> None:
+        where = f"record {record}" + (f" (line {line})" if line is not None else "")
+        FnrtError.__init__(self, f"{where}: {cause.message}", record=record, **cause.fields)
+        if line is not None:
+            self.fields["line"] = line
+        self.input = cause.fields.get("input")
+
+
+class MalformedRecords(BadRequest):
+    """A job's record file cannot be read (400), at the record (and line) named."""
+
+    def __init__(self, record: int, line: int | None, reason: str) -> None:
+        where = f"record {record}" + (f" (line {line})" if line is not None else "")
+        fields: dict[str, Any] = {"record": record}
+        if line is not None:
+            fields["line"] = line
+        super().__init__(f"{where}: {reason}", **fields)
+
+
 class PayloadTooLarge(FnrtError):
     def __init__(self, limit_bytes: int, hint: str = "") -> None:
         message = f"request body is larger than the limit of {limit_bytes} bytes"

@@ -29,6 +29,8 @@ from fnrt.runtime.clock import Clock, SystemClock
 from fnrt.runtime.deployer import Deployer
 from fnrt.runtime.events import TelemetryEvents
 from fnrt.runtime.gateway import Gateway
+from fnrt.runtime.jobs.board import JobBoard, node_id
+from fnrt.runtime.jobs.runner import JobConfig, JobRunner
 from fnrt.runtime.lifecycle import Lifecycle
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.prewarm.policies import PolicyConfig
@@ -63,6 +65,7 @@ class Node:
     gateway: Gateway
     deployer: Deployer
     sweeper: Sweeper
+    jobs: JobRunner
     invoke_keys: InvokeKeys | None = None  # None: invokes need no key
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
 
@@ -79,12 +82,15 @@ class Node:
         warming = await self.registry.start(preload=self.settings.preload)
         self.lifecycle.warming = set(warming)
         self.sweeper.start()
+        self.jobs.start()
         self.lifecycle.started()
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for queued and running work to finish, then cut off
         what is left (503: retry elsewhere) and abandon instances that still run. True
-        when everything finished in time."""
+        when everything finished in time. Job chunks running here are not waited for:
+        they go back to the fleet's queue at once."""
+        await self.jobs.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while any(s.outstanding or s.activity().busy for s in self.schedulers()):
@@ -99,7 +105,8 @@ class Node:
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Stop the timers, finish what was accepted (cut off past ``timeout_s``), unload
-        everything."""
+        everything. Job chunks still running go back to the fleet's queue."""
+        await self.jobs.close()
         await self.sweeper.close()
         await self.drain(timeout_s)
         await self.registry.close()
@@ -162,6 +169,17 @@ def build_node(
     )
     registry = Registry(repository, factory, clock, keeper)
     splits = Splits(registry, loader, factory)
+    jobs = JobRunner(
+        JobBoard(repository.store, node_id()),
+        registry,
+        JobConfig(
+            enabled=settings.jobs,
+            poll_interval_s=settings.job_poll_interval_s,
+            lease_s=settings.job_lease_s,
+            chunks_per_node=settings.job_chunks,
+        ),
+        serving=lambda: not node.lifecycle.draining,
+    )
     node = Node(
         settings=settings,
         clock=clock,
@@ -185,9 +203,11 @@ def build_node(
             sweep_interval_s=settings.sweep_interval_s,
             watch_interval_s=settings.watch_interval_s,
         ),
+        jobs=jobs,
     )
     telemetry.metrics.watch(node.function_states)
     telemetry.metrics.watch_store(lambda: repository.store.requests)
+    telemetry.metrics.watch_jobs(lambda: jobs.queued_records, lambda: jobs.running)
     return node
 
 

@@ -67,6 +67,11 @@ class ServerSettings:
     cold_start_price_gb_s: float = 5000.0
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     redis_url: str | None = None  # the shared result cache (redis://host:6379/0)
+    jobs: bool = True  # take chunks of asynchronous jobs (runtime/jobs/)
+    job_poll_interval_s: float = 1.0  # how often the store's job queue is read
+    job_lease_s: float = 30.0  # a chunk's hold: a killed node's chunks are taken again after it
+    job_chunks: int = 2  # chunks one node runs at once
+    max_job_bytes: int = 1024 * 1024 * 1024  # largest record file a job submit takes, else 413
     preload: bool = False
     isolation: str = "process"  # where instances run unless a manifest says: process, thread
     device: str = "auto"
@@ -110,6 +115,12 @@ class ServerSettings:
             raise ValueError("max_connections: must be at least 1")
         if self.fd_reserve < 0:
             raise ValueError("fd_reserve: must be >= 0")
+        if self.job_poll_interval_s <= 0 or self.job_lease_s <= 0:
+            raise ValueError("job_poll_interval_s, job_lease_s: must be > 0")
+        if self.job_chunks < 1:
+            raise ValueError("job_chunks: must be at least 1")
+        if self.max_job_bytes < 1024:
+            raise ValueError("max_job_bytes: must be at least 1024")
         if self.max_queued < 1:
             raise ValueError("max_queued: must be at least 1")
         if self.disk_cache_bytes <= 0:

@@ -174,6 +174,26 @@ class _StoreCollector:
         yield family
 
 
+class _JobCollector:
+    def __init__(self, queued: Callable[[], Mapping[str, int]], running: Callable[[], int]) -> None:
+        self._queued = queued
+        self._running = running
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "fnrt_job_queued_records",
+            "Records of asynchronous jobs not yet done, by function (the whole fleet's, as "
+            "this node last read the store's queue): what KEDA scales nodes on",
+            labels=["function"],
+        )
+        for function, count in sorted(self._queued().items()):
+            family.add_metric([function], count)
+        yield family
+        yield GaugeMetricFamily(
+            "fnrt_job_chunks_running", "Job chunks this node is running", value=self._running()
+        )
+
+
 class _GpuCollector:
     """GPU utilisation and memory through NVML, when a GPU and its library are there."""
 
@@ -349,6 +369,12 @@ class Metrics:
     def watch_store(self, requests: Callable[[], Mapping[str, int]]) -> None:
         """Report the store's request counts by operation at every scrape."""
         self.registry.register(_StoreCollector(requests))
+
+    def watch_jobs(
+        self, queued: Callable[[], Mapping[str, int]], running: Callable[[], int]
+    ) -> None:
+        """Report job records waiting (by function) and chunks running here at every scrape."""
+        self.registry.register(_JobCollector(queued, running))
 
     def request(self, function: str, version: str, status: int, seconds: float) -> None:
         self.requests.inc((function, version, str(status)))

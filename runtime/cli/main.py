@@ -19,7 +19,7 @@ import click
 from fnrt.client import ServerError
 from fnrt.functions.errors import FnrtError
 from fnrt.runtime.about import installed_version
-from fnrt.runtime.cli import dev, edge, simulate, summary, versions
+from fnrt.runtime.cli import dev, edge, job, simulate, summary, versions
 from fnrt.runtime.cli.options import client_options, connect, input_options
 from fnrt.runtime.cli.serve import serve
 from fnrt.runtime.settings import ClientSettings, env_trace_settings, s3_config
@@ -368,6 +368,7 @@ cli.add_command(serve)
 cli.add_command(dev.dev)
 cli.add_command(simulate.simulate)
 cli.add_command(edge.edge)
+cli.add_command(job.job)
 for command in versions.COMMANDS:
     cli.add_command(command)
 

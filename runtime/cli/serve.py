@@ -208,6 +208,21 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "worker process each (a crash, a hang or a leak stays there), or a thread of the server",
 )
 @setting("device", type=click.Choice(["auto", "cpu", "cuda"]), help="where instances run")
+@flag(
+    "jobs",
+    "--jobs/--no-jobs",
+    help="take chunks of asynchronous jobs (fnrt job) from the store's queue, at the lowest "
+    "priority; --no-jobs: this node still takes submits but runs none",
+)
+@setting("job_poll_interval_s", type=DURATION, help="how often the store's job queue is read")
+@setting(
+    "job_lease_s",
+    type=DURATION,
+    help="how long a node holds a job chunk without renewing it: a killed node's chunks "
+    "are taken again by others after this",
+)
+@setting("job_chunks", type=int, help="job chunks this node runs at once")
+@setting("max_job_bytes", type=SIZE, help="largest record file a job submit takes, else 413")
 @flag("preload", help="load every function at start instead of at first invoke")
 @setting("log_level", type=LOG_LEVEL, help="log level")
 @flag("log_json", help="log JSON lines")

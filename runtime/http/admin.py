@@ -165,8 +165,8 @@ async def failures(request: Request) -> Response:
     at a time: ``?limit=`` (default 20, at most 100) from ``?offset=``."""
     fmt = negotiate(request.headers.get("accept"), Format.JSON)
     name = request.path_params["name"]
-    limit = _query_int(request, "limit", FAILURES_PAGE, 1, FAILURES_PAGE_MAX)
-    offset = _query_int(request, "offset", 0, 0, 1 << 31)
+    limit = query_int(request, "limit", FAILURES_PAGE, 1, FAILURES_PAGE_MAX)
+    offset = query_int(request, "offset", 0, 0, 1 << 31)
     kept = await node_of(request).registry.failures(name, request.query_params.get("version"))
     page = kept[offset : offset + limit]
     after = offset + len(page)
@@ -182,7 +182,7 @@ async def failures(request: Request) -> Response:
 FAILURES_PAGE, FAILURES_PAGE_MAX = 20, 100
 
 
-def _query_int(request: Request, key: str, default: int, low: int, high: int) -> int:
+def query_int(request: Request, key: str, default: int, low: int, high: int) -> int:
     text = request.query_params.get(key)
     if text is None:
         return default
@@ -199,7 +199,7 @@ def _query_int(request: Request, key: str, default: int, low: int, high: int) ->
 async def list_functions(request: Request) -> Response:
     """Deployed functions a page at a time: ``?limit=`` (default 100, at most 1000) after
     ``?cursor=`` (the last page's ``next_cursor``; null on the last page)."""
-    limit = _query_int(request, "limit", LIST_PAGE, 1, LIST_PAGE_MAX)
+    limit = query_int(request, "limit", LIST_PAGE, 1, LIST_PAGE_MAX)
     cursor = request.query_params.get("cursor")
     if cursor is not None and not NAME_PATTERN.match(cursor):
         raise BadRequest(f"?cursor={cursor!r} is not a function name (use next_cursor)")
@@ -242,7 +242,7 @@ async def unload(request: Request) -> Response:
     running after ``?wait_s=`` (default 10) is stopped: its requests get 503 and its
     instance is abandoned (a handler that never returns cannot hold it)."""
     node = node_of(request)
-    wait_s = _query_int(request, "wait_s", UNLOAD_WAIT_S, 0, 3600)
+    wait_s = query_int(request, "wait_s", UNLOAD_WAIT_S, 0, 3600)
     scheduler = await node.registry.get(request.path_params["name"])
     unloaded, stopped = await scheduler.unload(wait_s)
     body = {

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 
 from fnrt.functions.errors import FnrtError
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.http import admin, health, openapi, split
+from fnrt.runtime.http import admin, health, jobs, openapi, split
 from fnrt.runtime.http.body import Receive
 from fnrt.runtime.http.connection import (
     ConnectionLimits,
@@ -298,6 +298,7 @@ def build_app(
             *_RAW_ROUTES,
             *admin.routes,
             *health.routes,
+            *jobs.routes,
             *oip_routes.routes,
             *openapi.routes,
             *split.routes,

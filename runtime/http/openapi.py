@@ -251,6 +251,143 @@ def _v1_split() -> dict[str, Schema]:
     }
 
 
+def _v1_jobs() -> dict[str, Schema]:
+    """Asynchronous jobs (docs/jobs.md)."""
+    job_id = path_param(
+        "id",
+        "job id: 25 hex digits",
+        {"type": "string", "pattern": "^[0-9a-f]{25}$"},
+        "001a2402" + "0" * 17,
+    )
+    count = {"type": "integer", "minimum": 0}
+    status = {
+        "type": "object",
+        "required": ["id", "function", "version", "state", "progress", "timings"],
+        "properties": {
+            "id": {"type": "string"},
+            "function": {"type": "string"},
+            "version": {"type": "string", "description": "the version that runs every record"},
+            "state": {"enum": ["queued", "running", "done", "failed", "cancelled"]},
+            "reason": {"type": ["string", "null"]},
+            "progress": {
+                "type": "object",
+                "properties": {
+                    k: count
+                    for k in (
+                        "records_total",
+                        "records_done",
+                        "records_failed",
+                        "chunks_total",
+                        "chunks_done",
+                    )
+                },
+            },
+            "timings": {"type": "object"},
+        },
+    }
+    record = {"type": "object", "description": "input name -> tensor, as an invoke's body"}
+    submit = {
+        "type": "object",
+        "properties": {
+            "records": {"type": "array", "items": record},
+            "input": {"type": "string", "description": "a key of the server's store"},
+            "chunk_records": {"type": "integer", "minimum": 1, "maximum": 100_000},
+            "webhook": {"type": "string", "format": "uri"},
+            "version": {"type": "string"},
+        },
+    }
+    results = {"schema": {"type": "string"}}
+    return {
+        "/v1/functions/{name}/jobs": {
+            "parameters": [NAME],
+            "post": {
+                "summary": "Queue a job of records: answered 202 with its id",
+                "description": "Records inline ({records: [...]}, JSON or msgpack), an object "
+                "of the store ({input: key}), or a record file as the body: "
+                "application/x-ndjson, application/vnd.fnrt.records+msgpack or "
+                "application/x-npz, with the options as query parameters. Every record is "
+                "checked first: a bad one is refused naming its index (and line).",
+                "operationId": "submitJob",
+                "parameters": [
+                    {
+                        "name": "chunk_records",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100_000},
+                    },
+                    {"name": "webhook", "in": "query", "schema": {"type": "string"}},
+                    {"name": "version", "in": "query", "schema": {"type": "string"}},
+                ],
+                "requestBody": {"required": True, "content": {JSON: {"schema": submit}}},
+                "responses": {
+                    **ok(status, "queued; Location: /v1/jobs/{id}", "202"),
+                    **error_responses(400, 401, 404, 413, 415, 422),
+                },
+            },
+        },
+        "/v1/jobs": {
+            "get": admin_op(
+                "List jobs, oldest first, a page at a time",
+                "listJobs",
+                ok(
+                    {
+                        "type": "object",
+                        "required": ["jobs", "next"],
+                        "properties": {
+                            "jobs": {"type": "array", "items": status},
+                            "next": {"type": ["string", "null"]},
+                        },
+                    }
+                ),
+                400,
+                parameters=[
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+                    },
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "schema": {"type": "string", "pattern": "^[0-9a-f]{25}$"},
+                    },
+                    {"name": "function", "in": "query", "schema": {"type": "string"}},
+                ],
+            ),
+        },
+        "/v1/jobs/{id}": {
+            "parameters": [job_id],
+            "get": {
+                "summary": "A job's state, progress, timings and version",
+                "operationId": "getJob",
+                "responses": {**ok(status), **error_responses(400, 401, 404)},
+            },
+            "delete": {
+                "summary": "Cancel a job: no chunk starts after this",
+                "operationId": "cancelJob",
+                "responses": {**ok(status), **error_responses(400, 401, 404, 409)},
+            },
+        },
+        "/v1/jobs/{id}/result": {
+            "parameters": [job_id],
+            "get": {
+                "summary": "One result per record, in input order, once the job has ended",
+                "operationId": "jobResult",
+                "responses": {
+                    "200": {
+                        "description": '{"index", "outputs"} or {"index", "error"} per record',
+                        "content": {
+                            "application/x-ndjson": results,
+                            "application/vnd.fnrt.records+msgpack": results,
+                            "application/x-npz": results,
+                        },
+                    },
+                    **error_responses(400, 401, 404, 409, 415),
+                },
+            },
+        },
+    }
+
+
 def _v1() -> dict[str, Schema]:
     deployed = {
         "type": "object",
@@ -353,6 +490,7 @@ def _v1() -> dict[str, Schema]:
         },
         **_v1_versions(),
         **_v1_split(),
+        **_v1_jobs(),
         "/v1/blobs/{digest}": {
             "parameters": [DIGEST],
             "head": admin_op(

@@ -20,6 +20,7 @@ def exported_names() -> set[str]:
     metrics.batch("mlp", 1, 0.005, [0.001])
     metrics.load("mlp", "l2", 10, 0.2)
     metrics.prewarms.labels("mlp", "hit").inc()
+    metrics.watch_jobs(lambda: {"mlp": 10}, lambda: 1)
     names = set()
     for family in text_string_to_metric_families(metrics.exposition().decode()):
         names.update(s.name for s in family.samples)

@@ -135,9 +135,11 @@ def test_the_deployment_drains_as_the_node_does() -> None:
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/var/cache/fnrt", "/dev/shm"} <= mounts  # L2 cache; workers' arenas
     (scaled,) = [d for d in docs if d["kind"] == "ScaledObject"]
-    query = next(t for t in scaled["spec"]["triggers"] if t["type"] == "prometheus")
-    scaled_on = set(re.findall(r"(fnrt_\w+)\{", query["metadata"]["query"]))
-    assert scaled_on == {"fnrt_queue_depth", "fnrt_running_batches"}
+    queries = [t for t in scaled["spec"]["triggers"] if t["type"] == "prometheus"]
+    scaled_on = {
+        name for q in queries for name in re.findall(r"(fnrt_\w+)\{", q["metadata"]["query"])
+    }
+    assert scaled_on == {"fnrt_queue_depth", "fnrt_running_batches", "fnrt_job_queued_records"}
     assert scaled_on <= exported_names()  # metrics the server really exports
     (dashboard,) = [d for d in docs if d["metadata"]["name"] == "fnrt-grafana-dashboard"]
     assert json.loads(dashboard["data"]["fnrt-dashboard.json"])["panels"]

@@ -86,7 +86,7 @@ def schemathesis_run(url: str, *selection: str) -> subprocess.CompletedProcess[s
     config = Path(__file__).parent / "schemathesis.toml"
     argv = [str(Path(sys.executable).parent / "st"), "--config-file", str(config)]
     argv += ["run", f"{url}/openapi.json", "--checks", "all"]
-    argv += ["--max-examples", "15", "--seed", "1", "--workers", "1", *selection]
+    argv += ["--max-examples", "10", "--seed", "1", "--workers", "1", *selection]
     env = os.environ | {
         "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
         "PYTHONPATH": str(Path(__file__).parent),

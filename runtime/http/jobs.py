@@ -1,0 +1,394 @@
+"""Asynchronous jobs over HTTP: submit, status, results, cancel, list.
+
+``POST /v1/functions/{name}/jobs`` takes the records inline (``{"records": [...]}``
+in JSON or msgpack), as a record file in the body (JSON Lines, a msgpack stream or
+``.npz``, by ``Content-Type``), or as a reference to an object in the store
+(``{"input": "key"}`` or ``?input=key``). Every record is checked against the
+version that will run it before the job is queued; the answer is 202 with the
+job's id and ``Location``. ``GET /v1/jobs/{id}`` is its state and progress;
+``GET /v1/jobs/{id}/result`` streams one result per record, in input order;
+``DELETE /v1/jobs/{id}`` cancels it. See ``docs/jobs.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from fnrt.functions.codec import (
+    Format,
+    NotJsonNumber,
+    NotJsonText,
+    decode,
+    encode_json,
+    encode_msgpack,
+    format_of,
+)
+from fnrt.functions.errors import BadRequest, Conflict, FnrtError, PayloadTooLarge
+from fnrt.loader.stores.base import check_key
+from fnrt.runtime.http.admin import admin, query_int
+from fnrt.runtime.http.body import read_body
+from fnrt.runtime.http.resource import resource
+from fnrt.runtime.http.state import Node, node_of
+from fnrt.runtime.jobs.board import JobSpec, JobState, JobStatus, is_id, new_id
+from fnrt.runtime.jobs.records import (
+    RecordFormat,
+    check_records,
+    format_of_media,
+    format_of_name,
+    negotiate_records,
+    read_records,
+)
+
+#: Records per chunk (the unit a node leases and writes) unless the submit says.
+DEFAULT_CHUNK_RECORDS = 1000
+MAX_CHUNK_RECORDS = 100_000
+MAX_WEBHOOK_CHARS = 2048
+LIST_PAGE, LIST_PAGE_MAX = 20, 100
+#: What fnrt keeps in the store (functions, blobs, jobs and their queue): never a job's input.
+OWN_FOLDERS = frozenset({"functions", "blobs", "jobs", "jobqueue", "changes.json"})
+
+
+async def submit(request: Request) -> Response:
+    """Queue a job of the function's records (202, ``Location: /v1/jobs/{id}``)."""
+    node = node_of(request)
+    name = request.path_params["name"]
+    headers = request.headers
+    if node.invoke_keys is not None:
+        node.invoke_keys.check(name, headers)
+    options: dict[str, Any] = dict(request.query_params)
+    media = headers.get("content-type", "")
+    record_format = format_of_media(media)
+    spool: Path | None = None
+    raw_records: list[Any] = []
+    try:
+        if record_format is not None:  # a record file as the body
+            spool = await _spool(node, request)
+            source = "body"
+        else:
+            fmt = format_of(media or None)
+            body = await read_body(headers, request.receive, *_inline_limit(node, fmt))
+            fields = await asyncio.to_thread(_fields, body, fmt) if body else {}
+            for key in ("chunk_records", "webhook", "version", "input"):
+                if key in fields and key not in options:
+                    options[key] = fields[key]
+            listed = fields.get("records")
+            source = "inline"
+            if listed is None:
+                ref = options.get("input")
+                if not isinstance(ref, str) or not ref:
+                    raise BadRequest(
+                        'a job needs records: {"records": [...]}, a record file as the body '
+                        '(JSON Lines, msgpack stream or .npz), or {"input": "<store key>"}'
+                    )
+                key = _store_key(node, ref)
+                record_format = format_of_name(key)
+                spool = await _fetch(node, key)
+                source = key
+            elif not isinstance(listed, list):
+                raise BadRequest('"records" must be a list of input maps')
+            else:
+                raw_records = listed
+        version = options.get("version")
+        if version is not None and not isinstance(version, str):
+            raise BadRequest("version must be a string")
+        scheduler = await (
+            node.registry.get_version(name, version) if version else node.registry.route(name)
+        )
+        vm = scheduler.version
+        specs = vm.manifest.inputs
+        limits = node.settings.tensor_limits
+        if spool is not None:
+            assert record_format is not None
+            records = await asyncio.to_thread(read_records, spool, record_format, specs, limits)
+        else:
+            records = await asyncio.to_thread(check_records, raw_records, specs)
+    finally:
+        if spool is not None:
+            spool.unlink(missing_ok=True)
+    if not records:
+        raise BadRequest("the job has no records")
+    now = node.jobs.board.clock()
+    spec = JobSpec(
+        id=new_id(now),
+        function=vm.name,
+        version=vm.version,
+        records=len(records),
+        chunk_records=_chunk_records(options.get("chunk_records")),
+        created_unix_s=now,
+        source=source,
+        webhook=_webhook(options.get("webhook")),
+    )
+    await asyncio.to_thread(node.jobs.board.create, spec, records)
+    node.jobs.poke()
+    status = await asyncio.to_thread(node.jobs.board.status, spec.id)
+    return JSONResponse(
+        status.to_dict(now), status_code=202, headers={"location": f"/v1/jobs/{spec.id}"}
+    )
+
+
+def _inline_limit(node: Node, fmt: Format) -> tuple[int, str]:
+    """A submit body's limit: an invoke's (JSON is parsed whole, holding the GIL); more
+    records go as a file body, read record by record."""
+    settings = node.settings
+    hint = "send the records as a file body (application/x-ndjson, x-npz or msgpack stream)"
+    if fmt is Format.JSON:
+        return settings.json_body_limit, hint
+    return settings.max_body_bytes, hint
+
+
+def _fields(body: bytes, fmt: Format) -> dict[str, Any]:
+    return decode(body, fmt)
+
+
+async def _spool(node: Node, request: Request) -> Path:
+    """The body, streamed to a file in the node's upload folder within ``max_job_bytes``."""
+    limit = node.settings.max_job_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(limit, "a job's record file (--max-job-bytes)")
+    path = _spool_path(node)
+    received = 0
+    try:
+        with path.open("wb") as out:
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > limit:
+                    raise PayloadTooLarge(limit, "a job's record file (--max-job-bytes)")
+                out.write(chunk)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _spool_path(node: Node) -> Path:
+    folder = Path(node.settings.cache_dir) / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    # the pid in the name: a node removes the spools of dead processes at start
+    fd, name = tempfile.mkstemp(dir=folder, prefix=f"job.{os.getpid()}.")
+    os.close(fd)
+    return Path(name)
+
+
+async def _fetch(node: Node, key: str) -> Path:
+    path = _spool_path(node)
+    try:
+        await asyncio.to_thread(node.repository.store.download, key, path)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    if path.stat().st_size > node.settings.max_job_bytes:
+        path.unlink(missing_ok=True)
+        raise PayloadTooLarge(node.settings.max_job_bytes, f"the store object '{key}'")
+    return path
+
+
+def _store_key(node: Node, ref: str) -> str:
+    """A reference to an object of this node's store: a key, or the store's URI and a key."""
+    uri = node.repository.store.uri.rstrip("/") + "/"
+    if ref.startswith(uri):
+        ref = ref[len(uri) :]
+    elif "://" in ref:
+        raise BadRequest(
+            f"input {ref!r} is not in this server's store ({uri}): give a key in it",
+            input=ref,
+        )
+    try:
+        key = check_key(ref)
+    except ValueError as exc:
+        raise BadRequest(str(exc), input=ref) from None
+    if key.split("/", 1)[0] in OWN_FOLDERS or key.startswith("."):
+        raise BadRequest(
+            f"input {ref!r} is in fnrt's own part of the store: put a job's records "
+            "elsewhere (e.g. inputs/)",
+            input=ref,
+        )
+    return key
+
+
+def _chunk_records(value: Any) -> int:
+    if value is None:
+        return DEFAULT_CHUNK_RECORDS
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise BadRequest(f"chunk_records {value!r} is not an integer") from None
+    if not 1 <= count <= MAX_CHUNK_RECORDS:
+        raise BadRequest(f"chunk_records must be from 1 to {MAX_CHUNK_RECORDS}")
+    return count
+
+
+def _webhook(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > MAX_WEBHOOK_CHARS:
+        raise BadRequest(
+            f"webhook must be an http(s) URL of at most {MAX_WEBHOOK_CHARS} characters"
+        )
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BadRequest(f"webhook {value!r} is not an http(s) URL")
+    return value
+
+
+def _job_id(request: Request) -> str:
+    job: str = request.path_params["id"]
+    if not is_id(job):
+        raise BadRequest(f"{job!r} is not a job id", job=job)
+    return job
+
+
+async def _status(request: Request) -> JobStatus:
+    """The job named by the path, once the caller may see its function."""
+    node = node_of(request)
+    status = await asyncio.to_thread(node.jobs.board.status, _job_id(request))
+    if node.invoke_keys is not None:
+        node.invoke_keys.check(status.spec.function, request.headers)
+    return status
+
+
+async def get_job(request: Request) -> Response:
+    """A job's state, progress (records done and failed of total), timings and version."""
+    status = await _status(request)
+    return JSONResponse(status.to_dict(node_of(request).jobs.board.clock()))
+
+
+async def cancel_job(request: Request) -> Response:
+    """Cancel a job: no chunk starts after this (409 when it has ended already)."""
+    status = await _status(request)
+    board = node_of(request).jobs.board
+    cancelled = await asyncio.to_thread(board.cancel, status.spec.id)
+    return JSONResponse(cancelled.to_dict(board.clock()))
+
+
+@admin
+async def list_jobs(request: Request) -> Response:
+    """Jobs a page at a time, oldest first: ``?limit=`` (default 20, at most 100) after
+    ``?after=`` (the last id of the page before), ``?function=`` to keep one function's."""
+    board = node_of(request).jobs.board
+    limit = query_int(request, "limit", LIST_PAGE, 1, LIST_PAGE_MAX)
+    after = request.query_params.get("after")
+    if after is not None and not is_id(after):
+        raise BadRequest(f"?after={after!r} is not a job id")
+    function = request.query_params.get("function")
+    ids = await asyncio.to_thread(board.listing, after or "", limit)
+    statuses = []
+    for job in ids:
+        with contextlib.suppress(FnrtError):  # a job being written or removed
+            statuses.append(await asyncio.to_thread(board.status, job))
+    now = board.clock()
+    shown = [s.to_dict(now) for s in statuses if function is None or s.spec.function == function]
+    return JSONResponse({"jobs": shown, "next": ids[-1] if len(ids) == limit else None})
+
+
+async def get_result(request: Request) -> Response:
+    """One result per record, in input order, as JSON Lines (the default), a msgpack
+    stream or ``.npz`` (by ``Accept``). 409 until the job has ended."""
+    status = await _status(request)
+    state = status.state.state
+    if not state.final:
+        raise Conflict(
+            f"job '{status.spec.id}' is {state.value} ({status.records_done} of "
+            f"{status.spec.records} records done): its results come when it ends",
+            job=status.spec.id,
+            state=state.value,
+        )
+    fmt = negotiate_records(request.headers.get("accept"))
+    board = node_of(request).jobs.board
+    if fmt is RecordFormat.NPZ:
+        body = await asyncio.to_thread(_npz, board, status)
+        return Response(body, media_type=fmt.media_type, headers=_result_headers(status, fmt))
+    return StreamingResponse(
+        _stream(board, status, fmt), media_type=fmt.media_type, headers=_result_headers(status, fmt)
+    )
+
+
+def _result_headers(status: JobStatus, fmt: RecordFormat) -> dict[str, str]:
+    name = f"{status.spec.function}-{status.spec.id}{fmt.suffix}"
+    return {"content-disposition": f'attachment; filename="{name}"'}
+
+
+async def _stream(board: Any, status: JobStatus, fmt: RecordFormat) -> AsyncIterator[bytes]:
+    spec = status.spec
+    for chunk in range(spec.chunks):
+        results = await asyncio.to_thread(_chunk_or_none, board, spec, chunk)
+        first = chunk * spec.chunk_records
+        if results is None:
+            results = [_not_run(status) for _ in range(spec.chunk_size(chunk))]
+        lines = [_line(first + i, r, fmt) for i, r in enumerate(results)]
+        yield b"".join(lines)
+
+
+def _chunk_or_none(board: Any, spec: JobSpec, chunk: int) -> list[dict[str, Any]] | None:
+    with contextlib.suppress(FnrtError):
+        results: list[dict[str, Any]] = board.chunk_results(spec.id, chunk)
+        return results
+    return None
+
+
+def _not_run(status: JobStatus) -> dict[str, Any]:
+    why = "cancelled" if status.state.state is JobState.CANCELLED else "not run"
+    return {"error": {"message": f"the job was {why} before this record ran", "type": "NotRun"}}
+
+
+def _line(index: int, result: Mapping[str, Any], fmt: RecordFormat) -> bytes:
+    if fmt is RecordFormat.MSGPACK:
+        return encode_msgpack({"index": index, **result})
+    if "outputs" in result:
+        try:
+            outputs = encode_json(result["outputs"])
+        except (NotJsonNumber, NotJsonText) as exc:
+            error = {"message": exc.message, "type": type(exc).__name__}
+            return orjson.dumps({"index": index, "error": error}) + b"\n"
+        return b'{"index":%d,"outputs":%s}\n' % (index, outputs)
+    return orjson.dumps({"index": index, "error": result["error"]}) + b"\n"
+
+
+def _npz(board: Any, status: JobStatus) -> bytes:
+    """Every output as one array, record ``i`` its row ``i``; only for a job whose every
+    record succeeded with outputs of one shape."""
+    spec = status.spec
+    if status.state.state is not JobState.DONE or status.records_failed:
+        raise Conflict(
+            f"job '{spec.id}' has records without results ({status.records_failed} failed, "
+            f"state {status.state.state.value}): .npz holds whole columns only; ask for "
+            "application/x-ndjson or application/vnd.fnrt.records+msgpack",
+            job=spec.id,
+        )
+    columns: dict[str, list[Any]] = {}
+    for chunk in range(spec.chunks):
+        for result in board.chunk_results(spec.id, chunk):
+            for name, value in result["outputs"].items():
+                columns.setdefault(name, []).append(value)
+    out = io.BytesIO()
+    try:
+        arrays = {
+            name: np.stack([np.asarray(v) for v in values]) for name, values in columns.items()
+        }
+    except ValueError as exc:
+        raise Conflict(
+            f"outputs differ in shape from record to record ({exc}): ask for JSON Lines"
+        ) from None
+    np.savez(out, **arrays)  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+routes = [
+    resource("/v1/functions/{name}/jobs", post=submit),
+    resource("/v1/jobs", get=list_jobs),
+    resource("/v1/jobs/{id}", get=get_job, delete=cancel_job),
+    resource("/v1/jobs/{id}/result", get=get_result),
+]

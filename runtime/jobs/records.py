@@ -1,0 +1,212 @@
+"""A job's records: read from the formats a job takes and checked against the inputs
+of the version that will run them.
+
+A record is one request's inputs (``{name: array}``, what an invoke body holds).
+A job brings them as:
+
+- JSON Lines (``.jsonl``, ``application/x-ndjson``): one input map per line;
+- a msgpack stream (``.msgpack``, ``application/vnd.fnrt.records+msgpack``): input
+  maps one after another, arrays as an invoke's msgpack body carries them;
+- ``.npz`` (``application/x-npz``): one array per input, record ``i`` being row
+  ``i`` of each;
+- a list in the submit body itself (``{"records": [...]}``, JSON or msgpack).
+
+Everything is checked before the job is queued: a record that cannot be read is
+a 400 and one that does not match the manifest a 422, both naming the record
+(and its line, in JSON Lines).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from fnrt.functions.codec import MalformedAt, iter_msgpack
+from fnrt.functions.errors import (
+    BadRecord,
+    BadRequest,
+    FnrtError,
+    MalformedRecords,
+    UnsupportedMediaType,
+)
+from fnrt.functions.limits import TensorLimits
+from fnrt.functions.manifest import TensorSpec
+from fnrt.functions.tensors import as_array, coerce_request
+
+Record = dict[str, "np.ndarray[Any, Any]"]
+
+
+class RecordFormat(Enum):
+    """A file of records, by its media type."""
+
+    JSONL = "application/x-ndjson"
+    MSGPACK = "application/vnd.fnrt.records+msgpack"
+    NPZ = "application/x-npz"
+
+    @property
+    def media_type(self) -> str:
+        return self.value
+
+    @property
+    def suffix(self) -> str:
+        return _SUFFIXES_BY_FORMAT[self]
+
+
+_MEDIA_TYPES = {
+    "application/x-ndjson": RecordFormat.JSONL,
+    "application/jsonl": RecordFormat.JSONL,
+    "application/jsonlines": RecordFormat.JSONL,
+    "application/vnd.fnrt.records+msgpack": RecordFormat.MSGPACK,
+    "application/x-npz": RecordFormat.NPZ,
+}
+_SUFFIXES = {
+    ".jsonl": RecordFormat.JSONL,
+    ".ndjson": RecordFormat.JSONL,
+    ".msgpack": RecordFormat.MSGPACK,
+    ".mpk": RecordFormat.MSGPACK,
+    ".npz": RecordFormat.NPZ,
+}
+_SUFFIXES_BY_FORMAT = {
+    RecordFormat.JSONL: ".jsonl",
+    RecordFormat.MSGPACK: ".msgpack",
+    RecordFormat.NPZ: ".npz",
+}
+
+
+def format_of_media(media: str) -> RecordFormat | None:
+    """The record format a media type names; None when it names none."""
+    return _MEDIA_TYPES.get(media.split(";", 1)[0].strip().lower())
+
+
+def format_of_name(name: str) -> RecordFormat:
+    """The record format a file or store key is in, by its suffix."""
+    for suffix, fmt in _SUFFIXES.items():
+        if name.lower().endswith(suffix):
+            return fmt
+    raise BadRequest(
+        f"cannot tell the format of {name!r}: name it .jsonl, .msgpack or .npz", input=name
+    )
+
+
+def negotiate_records(accept: str | None) -> RecordFormat:
+    """The format results are sent in: the first that ``Accept`` names (JSON Lines for
+    none, ``*/*`` or JSON)."""
+    if not accept:
+        return RecordFormat.JSONL
+    for part in accept.split(","):
+        media = part.split(";", 1)[0].strip().lower()
+        if media in ("*/*", "application/*", "", "application/json"):
+            return RecordFormat.JSONL
+        if media in ("application/msgpack", "application/x-msgpack"):
+            return RecordFormat.MSGPACK
+        found = _MEDIA_TYPES.get(media)
+        if found is not None:
+            return found
+    raise UnsupportedMediaType(
+        f"cannot send results as {accept!r}: ask for "
+        + ", ".join(f.media_type for f in RecordFormat),
+        accept=accept,
+    )
+
+
+def read_records(
+    path: Path, fmt: RecordFormat, specs: Mapping[str, TensorSpec], limits: TensorLimits
+) -> list[Record]:
+    """Every record of the file at ``path``, checked against ``specs``. Raises
+    MalformedRecords (400) or BadRecord (422) naming the first bad record."""
+    if fmt is RecordFormat.NPZ:
+        return _npz(path, specs)
+    with path.open("rb") as stream:
+        if fmt is RecordFormat.JSONL:
+            return list(_checked(_jsonl(stream), specs))
+        return list(_checked(_msgpack(stream, limits), specs))
+
+
+def check_records(raw: Sequence[Any], specs: Mapping[str, TensorSpec]) -> list[Record]:
+    """The records of a submit body's ``records`` list, checked against ``specs``."""
+    return list(_checked(((i, None, r) for i, r in enumerate(raw)), specs))
+
+
+def _checked(
+    raw: Iterator[tuple[int, int | None, Any]], specs: Mapping[str, TensorSpec]
+) -> Iterator[Record]:
+    for index, line, obj in raw:
+        if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+            kind = type(obj).__name__
+            raise MalformedRecords(
+                index, line, f"a record is a map of input name to tensor, not {kind}"
+            )
+        try:
+            yield coerce_request(specs, obj)
+        except FnrtError as exc:
+            raise BadRecord(index, line, exc) from None
+
+
+def _jsonl(stream: Any) -> Iterator[tuple[int, int | None, Any]]:
+    index = 0
+    for number, text in enumerate(stream, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedRecords(index, number, f"not valid JSON: {exc}") from None
+        yield index, number, obj
+        index += 1
+
+
+def _msgpack(stream: Any, limits: TensorLimits) -> Iterator[tuple[int, int | None, Any]]:
+    try:
+        for index, obj in enumerate(iter_msgpack(stream, limits)):
+            yield index, None, obj
+    except MalformedAt as exc:
+        raise MalformedRecords(exc.index, None, exc.reason) from None
+
+
+def _npz(path: Path, specs: Mapping[str, TensorSpec]) -> list[Record]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            columns = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise BadRequest(f"not a readable .npz file: {exc}") from None
+    if not columns:
+        raise BadRequest("the .npz file holds no arrays")
+    lengths = {name: (a.shape[0] if a.ndim else None) for name, a in columns.items()}
+    counts = set(lengths.values())
+    if None in counts or len(counts) != 1:
+        described = ", ".join(f"'{n}': {c}" for n, c in lengths.items())
+        raise BadRequest(
+            "every array of a .npz of records needs the same first dimension "
+            f"(one row per record); got {described}"
+        )
+    (count,) = counts
+    assert count is not None
+    checked = _whole_columns(columns, specs)
+    if checked is not None:  # one check a column: the rows are its views
+        return [{n: a[i] for n, a in checked.items()} for i in range(count)]
+    rows = ((i, None, {n: a[i] for n, a in columns.items()}) for i in range(count))
+    return list(_checked(rows, specs))  # record by record: the first bad one is named
+
+
+def _whole_columns(
+    columns: Mapping[str, np.ndarray[Any, Any]], specs: Mapping[str, TensorSpec]
+) -> dict[str, np.ndarray[Any, Any]] | None:
+    """The columns converted as each row would be, when every row passes; None when
+    some row does not (or the names differ)."""
+    if specs and set(columns) != set(specs):
+        return None
+    try:
+        converted = {n: as_array(n, c, specs.get(n)) for n, c in columns.items()}
+    except FnrtError:
+        return None
+    for name, column in converted.items():
+        spec = specs.get(name)
+        if spec is not None and not spec.matches_shape(column.shape[1:]):
+            return None
+    return converted
