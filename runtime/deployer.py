@@ -104,6 +104,7 @@ class Deployer:
             entry.canary = canary
             canary.start()
             entry.last_rollout = canary.status
+            await canary.first_step.wait()  # answered with the first share already routed
             return Deployed(
                 vm.name, vm.version, created, entry.routing, rollout="canary", checks=checks
             )

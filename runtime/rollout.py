@@ -179,6 +179,8 @@ class Canary:
     set_traffic: SetTraffic
     status: RolloutStatus = field(init=False)
     task: asyncio.Task[None] | None = None
+    #: Set once the first step's split is written (or the rollout ended before it).
+    first_step: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.status = RolloutStatus(
@@ -192,6 +194,7 @@ class Canary:
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._run())
+        self.task.add_done_callback(lambda _: self.first_step.set())
 
     async def cancel(self, why: str) -> None:
         if self.task is not None and not self.task.done():
@@ -208,6 +211,7 @@ class Canary:
                     self._end(RolloutState.STOPPED, "the routing was changed")
                     return
                 self.status.percent = percent
+                self.first_step.set()
                 if percent >= 100:
                     break
                 started = self.clock.now()

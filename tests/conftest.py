@@ -5,12 +5,37 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import support
+
+
+def _share_default_ssl_context() -> None:
+    """httpx reads the CA bundle into a new SSL context for every client it makes (about
+    30 ms), even one that only ever speaks http:// to 127.0.0.1, and the tests make
+    hundreds (``httpx.get`` makes one a call). Clients made with the default settings
+    share one context here; any other settings (a test's own CA, verify=False) get
+    their own, as before."""
+    import httpx._transports.default as transports
+
+    build = transports.create_ssl_context
+    shared: list[Any] = []
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None or not trust_env:
+            return build(verify=verify, cert=cert, trust_env=trust_env)
+        if not shared:
+            shared.append(build())
+        return shared[0]
+
+    transports.create_ssl_context = create_ssl_context  # type: ignore[assignment]
+
+
+_share_default_ssl_context()
 
 
 @pytest.fixture(autouse=True)

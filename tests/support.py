@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -227,13 +228,37 @@ def make_node(
 
 
 class _Server(uvicorn.Server):
+    """uvicorn's server, stopping as soon as it is told to: its main loop looks for
+    ``should_exit`` every 0.1 s and its shutdown waits 0.1 s for connections even when
+    there are none; a test suite starting hundreds of servers would wait a minute."""
+
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self.ready = threading.Event()
+        self.exit_now: asyncio.Event | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self.exit_now = asyncio.Event()
         await super().startup(sockets)
         self.ready.set()
+
+    async def main_loop(self) -> None:
+        assert self.exit_now is not None
+        await self.on_tick(0)  # the Date header
+        while not self.should_exit:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.exit_now.wait(), 1.0)
+            await self.on_tick(0)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.server_state.connections:  # uvicorn's own: ask them to finish, then wait
+            await super().shutdown(sockets)
+            return
+        for server in self.servers:
+            server.close()
+        await self._wait_tasks_to_complete()
+        if not self.force_exit:
+            await self.lifespan.shutdown()
 
 
 class LiveServer:
@@ -273,6 +298,8 @@ class LiveServer:
 
     def stop(self) -> None:
         self._server.should_exit = True
+        if self.loop is not None and self._server.exit_now is not None:
+            self.loop.call_soon_threadsafe(self._server.exit_now.set)
         self._thread.join(30)
         self._sock.close()
 
