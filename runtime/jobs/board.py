@@ -34,6 +34,7 @@ import secrets
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -47,6 +48,8 @@ from fnrt.functions.errors import Conflict, FnrtError, NotFound
 from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed
 
 JOBS = "jobs/"
+#: Job specs a node keeps read (the most recently used).
+SPECS_KEPT = 10_000
 QUEUE = "jobqueue/"
 #: A job id: 13 hex digits of the submit time in ms, then 12 random ones (ids sort by age).
 ID_LENGTH = 25
@@ -281,8 +284,10 @@ class JobBoard:
     store: ObjectStore
     node: str
     clock: Callable[[], float] = time.time  # wall time: leases are compared across nodes
-    _specs: dict[str, JobSpec] = field(default_factory=dict)
-    _done: dict[tuple[str, int], ChunkDone] = field(default_factory=dict)  # never changes
+    #: Specs read (they never change), the most recently used kept.
+    _specs: OrderedDict[str, JobSpec] = field(default_factory=OrderedDict)
+    #: Finished chunks' counts (they never change) of jobs still under way here.
+    _done: dict[str, dict[int, ChunkDone]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # --- submit --------------------------------------------------------------------------
@@ -299,24 +304,29 @@ class JobBoard:
         self.store.put(f"{JOBS}{spec.id}/job.json", orjson.dumps(spec.to_dict()), if_absent=True)
         self.store.put(f"{JOBS}{spec.id}/state.json", StateDoc().to_json(), if_absent=True)
         self.store.put(f"{QUEUE}{spec.id}", spec.function.encode())
-        with self._lock:
-            self._specs[spec.id] = spec
+        self._keep(spec)
 
     # --- reading -------------------------------------------------------------------------
 
     def spec(self, job: str) -> JobSpec:
         with self._lock:
             found = self._specs.get(job)
-        if found is not None:
-            return found
+            if found is not None:
+                self._specs.move_to_end(job)
+                return found
         try:
             data, _ = self.store.get(f"{JOBS}{job}/job.json")
         except KeyNotFound:
             raise JobNotFound(job) from None
         spec = JobSpec.from_dict(orjson.loads(data))
-        with self._lock:
-            self._specs[job] = spec
+        self._keep(spec)
         return spec
+
+    def _keep(self, spec: JobSpec) -> None:
+        with self._lock:
+            self._specs[spec.id] = spec
+            while len(self._specs) > SPECS_KEPT:
+                self._specs.popitem(last=False)
 
     def state(self, job: str) -> tuple[StateDoc, str]:
         try:
@@ -326,26 +336,34 @@ class JobBoard:
         return StateDoc.from_json(data), etag
 
     def done_chunks(self, job: str) -> dict[int, ChunkDone]:
-        """The finished chunks of a job and their counts (each read once per node)."""
-        found: dict[int, ChunkDone] = {}
+        """The finished chunks of a job and their counts (each read once per node while
+        the job is under way)."""
+        with self._lock:
+            known = dict(self._done.get(job, {}))
         for key in self.store.list(f"{JOBS}{job}/done/"):
             chunk = int(key.rsplit("/", 1)[1])
-            with self._lock:
-                known = self._done.get((job, chunk))
-            if known is None:
+            if chunk not in known:
                 try:
-                    known = ChunkDone.from_json(self.store.get(key)[0])
+                    known[chunk] = ChunkDone.from_json(self.store.get(key)[0])
                 except KeyNotFound:
                     continue
-                with self._lock:
-                    self._done[(job, chunk)] = known
-            found[chunk] = known
-        return found
+        with self._lock:
+            self._done[job] = known
+        return known
 
     def status(self, job: str) -> JobStatus:
+        """A job's status. An ended one's counts are in its state (a done job's are
+        its spec's): no chunk is read for it."""
         spec = self.spec(job)
         state, _ = self.state(job)
+        if state.state in (JobState.DONE, JobState.FAILED) and state.records_failed is not None:
+            with self._lock:
+                self._done.pop(job, None)
+            return JobStatus(spec, state, spec.chunks, spec.records, state.records_failed)
         done = self.done_chunks(job)
+        if state.state.final:
+            with self._lock:
+                self._done.pop(job, None)
         failed = sum(d.failed for d in done.values())
         return JobStatus(spec, state, len(done), sum(d.records for d in done.values()), failed)
 

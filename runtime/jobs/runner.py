@@ -148,11 +148,15 @@ class JobRunner:
         board = self.board
         queued = await asyncio.to_thread(board.queued)
         counts: dict[str, int] = {}
+        self._started_jobs &= set(queued)
         for job in queued:
             status = await asyncio.to_thread(board.status, job)
             spec = status.spec
             if status.state.state.final:
                 await asyncio.to_thread(board.forget, job)
+                continue
+            if status.chunks_done == spec.chunks:  # its last chunk's node died ending it
+                await self._end(job)
                 continue
             left = spec.records - status.records_done
             counts[spec.function] = counts.get(spec.function, 0) + left
@@ -190,11 +194,7 @@ class JobRunner:
                 results = await self._compute(spec.function, spec.version, records)
             renewing.cancel()
             await asyncio.to_thread(board.finish_chunk, holder.lease, results)
-            ended = await asyncio.to_thread(board.complete, lease.job)
-            if ended is not None:
-                log.info("job %s %s", lease.job, ended.state.state.value)
-                if spec.webhook:
-                    await self._notify(spec.webhook, ended.to_dict(board.clock()))
+            await self._end(lease.job)
         except asyncio.CancelledError:  # the node stops: another takes the chunk at once
             with contextlib.suppress(Exception):
                 stopping = asyncio.to_thread(
@@ -214,6 +214,16 @@ class JobRunner:
             renewing.cancel()
             self._running.pop(key, None)
             self._wake.set()  # room for another chunk
+
+    async def _end(self, job: str) -> None:
+        """End the job if every chunk is done; the node whose write ends it calls the
+        webhook."""
+        board = self.board
+        ended = await asyncio.to_thread(board.complete, job)
+        if ended is not None:
+            log.info("job %s %s", job, ended.state.state.value)
+            if ended.spec.webhook:
+                await self._notify(ended.spec.webhook, ended.to_dict(board.clock()))
 
     async def _renew(self, holder: _Holder) -> None:
         every_s = self.config.lease_s / 3

@@ -20,6 +20,7 @@ import pytest
 from fnrt.client import Client
 from fnrt.functions.tensors import coerce_request
 from fnrt.runtime.gateway import Decoded, Options, Target
+from fnrt.runtime.jobs.board import JobBoard, JobSpec, new_id
 from support import (
     LiveServer,
     error_of,
@@ -447,3 +448,22 @@ def test_a_draining_node_gives_its_chunks_back_at_once(tmp_path: Path) -> None:
             assert (lease.attempt, lease.reason) == (0, "its node stopped")
             assert c.get(r.headers["location"]).json()["state"] == "running"
             gate("job").set()
+
+
+def test_a_job_whose_last_node_died_before_ending_it_is_ended_by_another(
+    server: LiveServer,
+) -> None:
+    board = server.node.jobs.board
+    dead = JobBoard(board.store, "dead-node")  # finishes every chunk, dies before ending
+    spec = JobSpec(new_id(time.time()), "echo", "v-1", 20, 10, time.time())
+    with server.client() as c:
+        server.call(server.node.jobs.close())  # so the live node takes no chunk itself
+        dead.create(spec, [{"x": np.ones((1, 4), np.float32)} for _ in range(20)])
+        for _ in range(2):
+            lease = dead.claim(spec.id, 30)
+            assert lease is not None
+            dead.finish_chunk(lease, [{"outputs": {"y": np.ones((1, 4))}}] * 10)
+        assert c.get(f"/v1/jobs/{spec.id}").json()["state"] == "queued"
+        server.loop.call_soon_threadsafe(server.node.jobs.start)  # type: ignore[union-attr]
+        status = _wait(c, f"/v1/jobs/{spec.id}")
+    assert status["state"] == "done" and status["progress"]["records_done"] == 20
