@@ -48,8 +48,8 @@ from fnrt.runtime.jobs.records import (
     check_records,
     format_of_media,
     format_of_name,
+    iter_records,
     negotiate_records,
-    read_records,
 )
 
 #: Records per chunk (the unit a node leases and writes) unless the submit says.
@@ -108,30 +108,52 @@ async def submit(request: Request) -> Response:
             node.registry.get_version(name, version) if version else node.registry.route(name)
         )
         vm = scheduler.version
-        specs = vm.manifest.inputs
-        limits = node.settings.tensor_limits
-        if spool is not None:
-            assert record_format is not None
-            records = await asyncio.to_thread(read_records, spool, record_format, specs, limits)
-        else:
-            records = await asyncio.to_thread(check_records, raw_records, specs)
+        chunk_records = _chunk_records(options.get("chunk_records"))
+        webhook = _webhook(options.get("webhook"))
+        board = node.jobs.board
+        now = board.clock()
+        job = new_id(now)
+        settings, specs = node.settings, vm.manifest.inputs
+
+        def write() -> int:  # in a thread: records read, checked and written a chunk at a time
+            if spool is None:
+                records = iter(check_records(raw_records, specs))
+            else:
+                assert record_format is not None
+                records = iter_records(
+                    spool,
+                    record_format,
+                    specs,
+                    settings.tensor_limits,
+                    max_line_bytes=settings.json_body_limit,
+                    max_npz_bytes=settings.max_job_bytes,
+                )
+            try:
+                count = board.write_chunks(job, records, chunk_records)
+            except BaseException:
+                board.discard(job)
+                raise
+            if not count:
+                board.discard(job)
+            return count
+
+        count = await asyncio.to_thread(write)
     finally:
         if spool is not None:
             spool.unlink(missing_ok=True)
-    if not records:
+    if not count:
         raise BadRequest("the job has no records")
-    now = node.jobs.board.clock()
     spec = JobSpec(
-        id=new_id(now),
+        id=job,
         function=vm.name,
         version=vm.version,
-        records=len(records),
-        chunk_records=_chunk_records(options.get("chunk_records")),
+        records=count,
+        chunk_records=chunk_records,
         created_unix_s=now,
         source=source,
-        webhook=_webhook(options.get("webhook")),
+        webhook=webhook,
     )
-    await asyncio.to_thread(node.jobs.board.create, spec, records)
+    await asyncio.to_thread(board.publish, spec)
     node.jobs.poke()
     status = await asyncio.to_thread(node.jobs.board.status, spec.id)
     return JSONResponse(

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -293,14 +293,36 @@ class JobBoard:
     # --- submit --------------------------------------------------------------------------
 
     def create(self, spec: JobSpec, records: Sequence[Record]) -> None:
-        """Write a new job: its chunks, what it asked, its state, and last its place in
-        the queue (so no node sees a job that is not whole)."""
+        """Write a new job whose records are all at hand (see :meth:`write_chunks`)."""
         if len(records) != spec.records:
             raise ValueError(f"{len(records)} records for a job of {spec.records}")
-        for chunk in range(spec.chunks):
-            start = chunk * spec.chunk_records
-            part = records[start : start + spec.chunk_size(chunk)]
-            self.store.put(_chunk_key(spec.id, "in", chunk), encode_msgpack(_packed(part)))
+        self.write_chunks(spec.id, iter(records), spec.chunk_records)
+        self.publish(spec)
+
+    def write_chunks(self, job: str, records: Iterator[Record], chunk_records: int) -> int:
+        """Write a new job's records, a chunk as each fills (memory holds one chunk);
+        how many there were. Nothing is queued yet: :meth:`publish` does that, and
+        :meth:`discard` removes what was written when reading the records failed."""
+        count = chunk = 0
+        part: list[Record] = []
+        for record in records:
+            part.append(record)
+            count += 1
+            if len(part) == chunk_records:
+                self.store.put(_chunk_key(job, "in", chunk), encode_msgpack(_packed(part)))
+                chunk, part = chunk + 1, []
+        if part:
+            self.store.put(_chunk_key(job, "in", chunk), encode_msgpack(_packed(part)))
+        return count
+
+    def discard(self, job: str) -> None:
+        """Remove the chunks of a job that was never published."""
+        for key in self.store.list(f"{JOBS}{job}/"):
+            self.store.delete(key)
+
+    def publish(self, spec: JobSpec) -> None:
+        """Queue a job whose chunks are written: what it asked, its state, and last its
+        place in the queue (so no node sees a job that is not whole)."""
         self.store.put(f"{JOBS}{spec.id}/job.json", orjson.dumps(spec.to_dict()), if_absent=True)
         self.store.put(f"{JOBS}{spec.id}/state.json", StateDoc().to_json(), if_absent=True)
         self.store.put(f"{QUEUE}{spec.id}", spec.function.encode())

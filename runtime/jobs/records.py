@@ -18,6 +18,7 @@ a 400 and one that does not match the manifest a 422, both naming the record
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from enum import Enum
@@ -33,6 +34,7 @@ from fnrt.functions.errors import (
     BadRequest,
     FnrtError,
     MalformedRecords,
+    PayloadTooLarge,
     UnsupportedMediaType,
 )
 from fnrt.functions.limits import TensorLimits
@@ -118,14 +120,32 @@ def negotiate_records(accept: str | None) -> RecordFormat:
 def read_records(
     path: Path, fmt: RecordFormat, specs: Mapping[str, TensorSpec], limits: TensorLimits
 ) -> list[Record]:
-    """Every record of the file at ``path``, checked against ``specs``. Raises
-    MalformedRecords (400) or BadRecord (422) naming the first bad record."""
+    """Every record of the file at ``path``, checked against ``specs`` (see
+    :func:`iter_records`)."""
+    return list(iter_records(path, fmt, specs, limits))
+
+
+def iter_records(
+    path: Path,
+    fmt: RecordFormat,
+    specs: Mapping[str, TensorSpec],
+    limits: TensorLimits,
+    max_line_bytes: int = 8 << 20,
+    max_npz_bytes: int = 1 << 30,
+) -> Iterator[Record]:
+    """The records of the file at ``path`` one at a time, each checked against
+    ``specs`` (a job's chunks are written as they fill: memory holds a chunk, not the
+    file). Raises MalformedRecords (400) or BadRecord (422) naming the first bad
+    record, PayloadTooLarge (413) for a JSON line longer than ``max_line_bytes`` or
+    an ``.npz`` whose arrays take more than ``max_npz_bytes`` once decompressed."""
     if fmt is RecordFormat.NPZ:
-        return _npz(path, specs)
+        yield from _npz(path, specs, max_npz_bytes)
+        return
     with path.open("rb") as stream:
         if fmt is RecordFormat.JSONL:
-            return list(_checked(_jsonl(stream), specs))
-        return list(_checked(_msgpack(stream, limits), specs))
+            yield from _checked(_jsonl(stream, max_line_bytes), specs)
+        else:
+            yield from _checked(_msgpack(stream, limits), specs)
 
 
 def check_records(raw: Sequence[Any], specs: Mapping[str, TensorSpec]) -> list[Record]:
@@ -148,9 +168,13 @@ def _checked(
             raise BadRecord(index, line, exc) from None
 
 
-def _jsonl(stream: Any) -> Iterator[tuple[int, int | None, Any]]:
+def _jsonl(stream: Any, max_line_bytes: int) -> Iterator[tuple[int, int | None, Any]]:
     index = 0
-    for number, text in enumerate(stream, start=1):
+    number = 0
+    while text := stream.readline(max_line_bytes + 1):
+        number += 1
+        if len(text) > max_line_bytes:
+            raise LineTooLong(index, number, max_line_bytes)
         if not text.strip():
             continue
         try:
@@ -169,7 +193,12 @@ def _msgpack(stream: Any, limits: TensorLimits) -> Iterator[tuple[int, int | Non
         raise MalformedRecords(exc.index, None, exc.reason) from None
 
 
-def _npz(path: Path, specs: Mapping[str, TensorSpec]) -> list[Record]:
+def _npz(path: Path, specs: Mapping[str, TensorSpec], max_bytes: int) -> Iterator[Record]:
+    unpacked = _npz_bytes(path)
+    if unpacked > max_bytes:  # a small compressed file can declare a huge array
+        raise PayloadTooLarge(
+            max_bytes, f"the .npz holds {unpacked} bytes of arrays once decompressed"
+        )
     try:
         with np.load(path, allow_pickle=False) as archive:
             columns = {name: archive[name] for name in archive.files}
@@ -189,9 +218,39 @@ def _npz(path: Path, specs: Mapping[str, TensorSpec]) -> list[Record]:
     assert count is not None
     checked = _whole_columns(columns, specs)
     if checked is not None:  # one check a column: the rows are its views
-        return [{n: a[i] for n, a in checked.items()} for i in range(count)]
+        for i in range(count):
+            yield {n: a[i] for n, a in checked.items()}
+        return
     rows = ((i, None, {n: a[i] for n, a in columns.items()}) for i in range(count))
-    return list(_checked(rows, specs))  # record by record: the first bad one is named
+    yield from _checked(rows, specs)  # record by record: the first bad one is named
+
+
+def _npz_bytes(path: Path) -> int:
+    """What the arrays of an ``.npz`` take in memory, from their headers alone."""
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                with archive.open(name) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+                total += math.prod(shape) * dtype.itemsize
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise BadRequest(f"not a readable .npz file: {exc}") from None
+    return total
+
+
+class LineTooLong(PayloadTooLarge):
+    """A JSON line past the limit of an invoke's JSON body (413), named."""
+
+    def __init__(self, record: int, line: int, limit_bytes: int) -> None:
+        super().__init__(
+            limit_bytes, f"record {record} (line {line}) is longer: a record is one invoke's body"
+        )
+        self.fields.update(record=record, line=line)
 
 
 def _whole_columns(

@@ -467,3 +467,19 @@ def test_a_job_whose_last_node_died_before_ending_it_is_ended_by_another(
         server.loop.call_soon_threadsafe(server.node.jobs.start)  # type: ignore[union-attr]
         status = _wait(c, f"/v1/jobs/{spec.id}")
     assert status["state"] == "done" and status["progress"]["records_done"] == 20
+
+
+def test_a_submit_refused_halfway_through_its_file_leaves_nothing_stored(
+    server: LiveServer,
+) -> None:
+    lines = [json.dumps({"x": [[i, 0, 0, 0]]}) for i in range(2500)]
+    lines[2100] = '{"x": [[1, 2]]}'  # after two chunks of 1000 were written
+    with server.client() as c:
+        r = c.post(
+            "/v1/functions/echo/jobs",
+            content="\n".join(lines).encode(),
+            headers={"content-type": "application/x-ndjson"},
+        )
+    assert r.status_code == 422 and error_of(r)["record"] == 2100
+    assert server.node.repository.store.list("jobs/") == []
+    assert server.node.repository.store.list("jobqueue/") == []

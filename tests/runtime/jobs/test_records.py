@@ -9,7 +9,13 @@ import msgpack_numpy
 import numpy as np
 import pytest
 
-from fnrt.functions.errors import BadRecord, BadRequest, MalformedRecords, UnsupportedMediaType
+from fnrt.functions.errors import (
+    BadRecord,
+    BadRequest,
+    MalformedRecords,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
 from fnrt.functions.limits import DEFAULT_LIMITS
 from fnrt.functions.manifest import TensorSpec
 from fnrt.runtime.jobs.records import (
@@ -17,6 +23,7 @@ from fnrt.runtime.jobs.records import (
     check_records,
     format_of_media,
     format_of_name,
+    iter_records,
     negotiate_records,
     read_records,
 )
@@ -113,3 +120,23 @@ def test_formats_by_name_media_and_accept() -> None:
     assert negotiate_records("text/csv, application/x-npz") is RecordFormat.NPZ
     with pytest.raises(UnsupportedMediaType):
         negotiate_records("text/csv")
+
+
+def test_a_small_npz_that_declares_huge_arrays_is_refused_before_it_is_read(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, x=np.zeros((1 << 16, 1, 4), np.float32))  # 1 MiB of zeros
+    assert path.stat().st_size < 20_000
+    with pytest.raises(PayloadTooLarge, match="1048576 bytes of arrays"):
+        list(iter_records(path, RecordFormat.NPZ, SPECS, DEFAULT_LIMITS, max_npz_bytes=1 << 19))
+    assert len(list(iter_records(path, RecordFormat.NPZ, SPECS, DEFAULT_LIMITS))) == 1 << 16
+
+
+def test_a_json_line_longer_than_an_invoke_body_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    long_line = '{"x": [[' + ", ".join(["1"] * 400) + "]]}"
+    path.write_text('{"x": [[1, 2, 3, 4]]}\n' + long_line + "\n")
+    with pytest.raises(PayloadTooLarge, match=r"record 1 \(line 2\)") as raised:
+        list(iter_records(path, RecordFormat.JSONL, SPECS, DEFAULT_LIMITS, max_line_bytes=1024))
+    assert raised.value.fields["record"] == 1 and raised.value.fields["line"] == 2
