@@ -44,10 +44,12 @@ import numpy as np
 import orjson
 
 from fnrt.functions.codec import decode_msgpack, encode_msgpack
-from fnrt.functions.errors import Conflict, FnrtError, NotFound
+from fnrt.functions.errors import BadRequest, Conflict, FnrtError, NotFound
 from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed
 
 JOBS = "jobs/"
+#: Chunks one job may have (a chunk is a few store requests: chunk_records bounds them).
+MAX_CHUNKS = 10_000
 #: Job specs a node keeps read (the most recently used).
 SPECS_KEPT = 10_000
 QUEUE = "jobqueue/"
@@ -309,9 +311,20 @@ class JobBoard:
             part.append(record)
             count += 1
             if len(part) == chunk_records:
+                if chunk == MAX_CHUNKS:
+                    raise BadRequest(
+                        f"a job has at most {MAX_CHUNKS} chunks: this one has more than "
+                        f"{MAX_CHUNKS * chunk_records} records; raise chunk_records",
+                        chunk_records=chunk_records,
+                    )
                 self.store.put(_chunk_key(job, "in", chunk), encode_msgpack(_packed(part)))
                 chunk, part = chunk + 1, []
         if part:
+            if chunk == MAX_CHUNKS:
+                raise BadRequest(
+                    f"a job has at most {MAX_CHUNKS} chunks: raise chunk_records",
+                    chunk_records=chunk_records,
+                )
             self.store.put(_chunk_key(job, "in", chunk), encode_msgpack(_packed(part)))
         return count
 

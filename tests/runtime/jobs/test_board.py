@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fnrt.functions.errors import Conflict
+from fnrt.functions.errors import BadRequest, Conflict
 from fnrt.loader.stores import FileStore
+from fnrt.runtime.jobs import board as board_module
 from fnrt.runtime.jobs.board import (
     JobBoard,
     JobNotFound,
@@ -179,3 +180,14 @@ def test_a_chunk_given_back_says_why_and_a_stopping_node_costs_no_attempt(
     b.release(again, "its node stopped", counted=False)
     third = a.claim(spec.id, 30)
     assert third is not None and third.attempt == 2 and third.reason == "its node stopped"
+
+
+def test_a_job_has_a_bounded_number_of_chunks(
+    two: tuple[JobBoard, JobBoard, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _, _ = two
+    monkeypatch.setattr(board_module, "MAX_CHUNKS", 3)
+    rows = iter([{"x": np.zeros((1, 2), np.float32)}] * 7)
+    with pytest.raises(BadRequest, match="at most 3 chunks"):
+        a.write_chunks("0" * 25, rows, chunk_records=2)
+    assert a.write_chunks("1" * 25, iter([{"x": np.zeros((1, 2))}] * 6), chunk_records=2) == 6
