@@ -4,8 +4,9 @@ Starts ``fnrt serve`` on 127.0.0.1 (port ``FNRT_PORT``, default 8000) over the
 embedded store in ``./.fnrt/store``, deploys ``examples/mlp``,
 ``examples/mlp-onnx``, ``examples/cnn-split`` and ``examples/tiny-lm`` (trained
 here first), invokes each once and prints the result, streams one answer of
-``tiny-lm`` token by token, runs one edge split call of ``cnn-split``
-(``fnrt edge run``), then keeps serving until Ctrl-C. The request log (a JSON
+``tiny-lm`` token by token, runs a job of 2,000 ``mlp`` records (``fnrt job``)
+and one edge split call of ``cnn-split`` (``fnrt edge run``), then keeps
+serving until Ctrl-C. The request log (a JSON
 line per request) goes to ``.fnrt/requests.log``, so that load on the demo
 leaves this terminal readable.
 """
@@ -84,6 +85,19 @@ def main() -> None:
         stream = [str(BIN / "fnrt"), "invoke", "tiny-lm", "--json", prompt, "--stream"]
         stream += ["--param", "max_new_tokens=80", "--param", "temperature=0.6"]
         subprocess.run(stream, check=True, env=os.environ | {"FNRT_SERVER": SERVER})
+        print("== fnrt job submit mlp (2,000 records at the lowest priority, in chunks)")
+        records = ROOT / ".fnrt" / "demo-records.jsonl"
+        records.write_text(
+            "".join(
+                json.dumps({"x": [[round(((i + j) % 13) / 13, 3) for j in range(64)]]}) + "\n"
+                for i in range(2000)
+            )
+        )
+        submitted = run(str(BIN / "fnrt"), "job", "submit", "mlp", "-i", str(records), "--wait")
+        print(submitted)
+        job_id = submitted.split()[1].rstrip(":")
+        results = ROOT / ".fnrt" / "demo-results.jsonl"
+        print(run(str(BIN / "fnrt"), "job", "get", job_id, "-o", str(results)))
         print("== fnrt edge run cnn-split (the head here, the tail on the server)")
         edge = ("--cache-dir", str(ROOT / ".fnrt/edge"), "-v")
         print(run(str(BIN / "fnrt"), "edge", "run", "cnn-split", "-i", sample, *edge, stderr=True))
@@ -98,6 +112,7 @@ def main() -> None:
             """       -d '{"prompt": ["The boy"], "parameters": {"max_new_tokens": 60}}'\n"""
         )
         print(f"  {BIN / 'fnrt'} ls --server {SERVER}")
+        print(f"  {BIN / 'fnrt'} job ls --server {SERVER}   # the demo's job, and yours")
         print(f"  tail -f {REQUEST_LOG.relative_to(ROOT)}   # a JSON line per request")
         print("\nCtrl-C stops the server.")
         server.wait()
