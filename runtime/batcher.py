@@ -194,6 +194,14 @@ class Batcher:
         totals.last_request_unix_s = time.time()
         return outputs
 
+    def admit_block(self) -> None:
+        """Raise unless a block of job records may join the queue: VersionRetired or
+        Overloaded, as for a request. No latency target applies to a job's records:
+        adaptive batching's refusal is for live requests."""
+        self._admission.check(
+            self.version, self.closing, len(self._queue), self._stats, self._retry_after_s
+        )
+
     def admit(self, now: float, timeout_s: float | None) -> None:
         """Raise unless a request may join the queue now: VersionRetired (closing),
         Overloaded (a queue bound), Unavailable (adaptive batching: it cannot

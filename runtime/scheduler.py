@@ -228,7 +228,7 @@ class Scheduler:
         if batcher is None:
             raise TypeError(f"function '{self.name}' is generative: submit its records one by one")
         now = self._clock.now()
-        batcher.admit(now, None)
+        batcher.admit_block()
         cold = self.pool.count_start(now) is StartKind.COLD
         return batcher.enqueue_block(list(records), now, cold=cold)
 

@@ -60,6 +60,10 @@ _FINAL = (InvalidInput, BadRequest, PayloadTooLarge, ResponseTooLarge, NotFound)
 _NOT_THE_RECORDS = (LoadError, Unavailable, StoreError, EnvironmentFailed, CorruptBlob)
 
 
+#: Tries of a version found retiring (0.05 s apart) before its chunk is given back.
+RETIRED_TRIES = 100
+
+
 class GiveBack(Exception):
     """The chunk goes back to the queue (counted as an attempt), saying why."""
 
@@ -298,6 +302,7 @@ class JobRunner:
         """Records through the version's batcher at job priority: a block of them in
         one batch, or one record in a batch of its own (``alone``). Waits while the
         queue is full rather than failing them."""
+        retired = 0
         while True:
             scheduler = await self._registry.get_version(function, version)
             try:
@@ -310,6 +315,9 @@ class JobRunner:
             except Overloaded as exc:
                 await asyncio.sleep(min(max(exc.retry_after_s, 0.05), 1.0))
             except VersionRetired:  # swapped out between choice and queue: ask again
+                retired += 1
+                if retired == RETIRED_TRIES:
+                    raise
                 await asyncio.sleep(0.05)
 
     async def _generate(self, scheduler: Scheduler, record: Record) -> Outcome:

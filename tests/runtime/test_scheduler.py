@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from fnrt.runtime.clock import ManualClock
 from support import (
@@ -309,5 +313,15 @@ def test_adaptive_refuses_what_cannot_finish_in_time(tmp_path: Path) -> None:
         assert (
             "cannot answer within 100 ms" in r.json()["error"] and r.json()["expected_ms"] == 150.0
         )
+        # a job's block has no latency target: it queues behind them all the same
+        record = {"x": np.array([[7.0, 0, 0, 0]], np.float32)}
+
+        async def block() -> Any:
+            return await scheduler.submit_block([record])
+
+        assert srv.loop is not None
+        job = asyncio.run_coroutine_threadsafe(block(), srv.loop)
+        wait_until(lambda: scheduler.queued == 11)
         gate("release").set()
         assert all(f.result().status_code == 200 for f in [blocker, *queued, *more])
+        assert job.result(10)[0]["y"].tolist() == [[7.0, 0, 0, 0]]
