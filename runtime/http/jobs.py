@@ -131,7 +131,8 @@ async def submit(request: Request) -> Response:
             try:
                 count = board.write_chunks(job, records, chunk_records)
             except BaseException:
-                board.discard(job)
+                with contextlib.suppress(Exception):  # the first error is the one to tell
+                    board.discard(job)
                 raise
             if not count:
                 board.discard(job)
@@ -206,15 +207,25 @@ def _spool_path(node: Node) -> Path:
 
 
 async def _fetch(node: Node, key: str) -> Path:
+    """A store object, downloaded to a spool file; stopped (413) as soon as it passes
+    ``max_job_bytes``, so a huge object cannot fill the node's disk."""
     path = _spool_path(node)
+    limit = node.settings.max_job_bytes
+    moved = 0
+
+    def progress(count: int) -> None:
+        nonlocal moved
+        moved += count
+        if moved > limit:
+            raise PayloadTooLarge(limit, f"the store object '{key}'")
+
     try:
-        await asyncio.to_thread(node.repository.store.download, key, path)
+        await asyncio.to_thread(node.repository.store.download, key, path, progress)
+        if path.stat().st_size > limit:  # a store whose download reports no progress
+            raise PayloadTooLarge(limit, f"the store object '{key}'")
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    if path.stat().st_size > node.settings.max_job_bytes:
-        path.unlink(missing_ok=True)
-        raise PayloadTooLarge(node.settings.max_job_bytes, f"the store object '{key}'")
     return path
 
 

@@ -306,7 +306,10 @@ def test_unknown_functions_jobs_and_oversized_files(tmp_path: Path) -> None:
                 headers={"content-type": "application/x-ndjson"},
             )
             assert r.status_code == 413
-            assert list((tmp_path / "cache" / "uploads").glob("job.*")) == []  # spool removed
+            server.node.repository.store.put("inputs/big.jsonl", big)
+            r = c.post("/v1/functions/echo/jobs", json={"input": "inputs/big.jsonl"})
+            assert r.status_code == 413 and "inputs/big.jsonl" in error_of(r)["error"]
+            assert list((tmp_path / "cache" / "uploads").glob("job.*")) == []  # spools removed
 
 
 def test_a_record_that_fails_fails_alone_with_its_reason(tmp_path: Path) -> None:
