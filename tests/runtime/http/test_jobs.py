@@ -22,6 +22,8 @@ from fnrt.functions.tensors import coerce_request
 from fnrt.runtime.gateway import Decoded, Options, Target
 from fnrt.runtime.jobs.board import JobBoard, JobSpec, new_id
 from support import (
+    COUNTER_HANDLER,
+    COUNTER_MANIFEST,
     LiveServer,
     error_of,
     gate,
@@ -486,3 +488,27 @@ def test_a_submit_refused_halfway_through_its_file_leaves_nothing_stored(
     assert r.status_code == 422 and error_of(r)["record"] == 2100
     assert server.node.repository.store.list("jobs/") == []
     assert server.node.repository.store.list("jobqueue/") == []
+
+
+def test_a_generative_functions_records_get_whole_answers(tmp_path: Path) -> None:
+    with live_server(tmp_path, isolation="thread", job_poll_interval_s=0.05) as server:
+        folder = write_function(
+            tmp_path / "src",
+            "counter",
+            COUNTER_HANDLER,
+            COUNTER_MANIFEST,
+            max_active=4,
+            max_queue=64,
+            mode="thread",
+        )
+        server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+        with server.client() as c:
+            records = [{"x": [start]} for start in (1, 10, 100)]
+            r = c.post("/v1/functions/counter/jobs", json={"records": records})
+            assert r.status_code == 202, r.text
+            status = _wait(c, r.headers["location"])
+            lines = _lines(c.get(r.headers["location"] + "/result"))
+    assert status["state"] == "done" and status["progress"]["records_failed"] == 0
+    for line, start in zip(lines, (1, 10, 100), strict=True):
+        counted = line["outputs"]["n"]  # the function's default: 50 new tokens, joined
+        assert counted == list(range(start + 1, start + 51)), line
