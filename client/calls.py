@@ -28,6 +28,7 @@ from fnrt.functions.headers import (
     VERSION_HEADER,
 )
 from fnrt.functions.limits import UNBOUNDED
+from fnrt.functions.records import format_of_name
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -175,22 +176,9 @@ def list_call(limit: int, cursor: str | None) -> Call:
     return Call("GET", "/v1/functions", True, params=params)
 
 
-#: Record files a job takes, by suffix (the server's ``runtime/jobs/records.py``).
-RECORD_MEDIA = {
-    ".jsonl": "application/x-ndjson",
-    ".ndjson": "application/x-ndjson",
-    ".msgpack": "application/vnd.fnrt.records+msgpack",
-    ".mpk": "application/vnd.fnrt.records+msgpack",
-    ".npz": "application/x-npz",
-}
-
-
 def record_media(name: str) -> str:
     """The media type of a record file, by its suffix; FnrtError for another suffix."""
-    for suffix, media in RECORD_MEDIA.items():
-        if name.lower().endswith(suffix):
-            return media
-    raise FnrtError(f"{name}: a record file is .jsonl, .msgpack or .npz")
+    return format_of_name(name).media_type
 
 
 def job_options(

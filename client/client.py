@@ -32,11 +32,12 @@ from fnrt.client.result import Result
 from fnrt.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy
 from fnrt.functions.codec import Format, encode, iter_msgpack
 from fnrt.functions.limits import UNBOUNDED
+from fnrt.functions.records import RecordFormat
 from fnrt.functions.version import VersionManifest
 
 _CHUNK_BYTES = 1024 * 1024
 #: A job's results as a msgpack stream, one map per record.
-RECORDS = "application/vnd.fnrt.records+msgpack"
+RECORDS = RecordFormat.MSGPACK.media_type
 
 
 class Client:

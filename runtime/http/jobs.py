@@ -80,7 +80,7 @@ async def submit(request: Request) -> Response:
         else:
             fmt = format_of(media or None)
             body = await read_body(headers, request.receive, *_inline_limit(node, fmt))
-            fields = await asyncio.to_thread(_fields, body, fmt) if body else {}
+            fields = await asyncio.to_thread(decode, body, fmt) if body else {}
             for key in ("chunk_records", "webhook", "version", "input"):
                 if key in fields and key not in options:
                     options[key] = fields[key]
@@ -170,10 +170,6 @@ def _inline_limit(node: Node, fmt: Format) -> tuple[int, str]:
     if fmt is Format.JSON:
         return settings.json_body_limit, hint
     return settings.max_body_bytes, hint
-
-
-def _fields(body: bytes, fmt: Format) -> dict[str, Any]:
-    return decode(body, fmt)
 
 
 async def _spool(node: Node, request: Request) -> Path:

@@ -370,9 +370,9 @@ class JobBoard:
             raise JobNotFound(job) from None
         return StateDoc.from_json(data), etag
 
-    def done_chunks(self, job: str) -> dict[int, ChunkDone]:
+    def done_chunks(self, job: str, *, keep: bool = True) -> dict[int, ChunkDone]:
         """The finished chunks of a job and their counts (each read once per node while
-        the job is under way)."""
+        the job is under way; ``keep`` False reads an ended job's without keeping them)."""
         with self._lock:
             known = dict(self._done.get(job, {}))
         for key in self.store.list(f"{JOBS}{job}/done/"):
@@ -382,8 +382,9 @@ class JobBoard:
                     known[chunk] = ChunkDone.from_json(self.store.get(key)[0])
                 except KeyNotFound:
                     continue
-        with self._lock:
-            self._done[job] = known
+        if keep:
+            with self._lock:
+                self._done[job] = known
         return known
 
     def status(self, job: str) -> JobStatus:
@@ -391,14 +392,12 @@ class JobBoard:
         its spec's): no chunk is read for it."""
         spec = self.spec(job)
         state, _ = self.state(job)
-        if state.state in (JobState.DONE, JobState.FAILED) and state.records_failed is not None:
-            with self._lock:
-                self._done.pop(job, None)
-            return JobStatus(spec, state, spec.chunks, spec.records, state.records_failed)
-        done = self.done_chunks(job)
         if state.state.final:
             with self._lock:
-                self._done.pop(job, None)
+                self._done.pop(job, None)  # nothing of it is read again here
+            if state.records_failed is not None:  # done or failed: counted at the end
+                return JobStatus(spec, state, spec.chunks, spec.records, state.records_failed)
+        done = self.done_chunks(job, keep=not state.state.final)
         failed = sum(d.failed for d in done.values())
         return JobStatus(spec, state, len(done), sum(d.records for d in done.values()), failed)
 
@@ -500,8 +499,7 @@ class JobBoard:
             self.store.put(out, encode_msgpack(_packed_results(results)), if_absent=True)
         except PreconditionFailed:
             results = self.chunk_results(lease.job, lease.chunk)  # the first run's
-        failed = sum(1 for r in results if "error" in r)
-        done = ChunkDone(len(results), failed, lease.attempt, self.node)
+        done = ChunkDone(len(results), count_failed(results), lease.attempt, self.node)
         key = _chunk_key(lease.job, "done", lease.chunk)
         with contextlib.suppress(PreconditionFailed):  # the first run's counts stand
             self.store.put(key, done.to_json(), if_absent=True)
