@@ -80,6 +80,15 @@ def per_request(fn: Callable[[Request], Result]) -> BatchFn:
     return batch_fn
 
 
+def defines_forward(cls: type) -> bool:
+    """Whether a handler class stages its batches through fnrt: it defines
+    ``forward(inputs)``, which takes the batch's inputs stacked into tensors (each
+    request's rows concatenated along the first dimension, on the instance's device)
+    and returns its outputs the same way. fnrt then stacks, copies and splits, and
+    overlaps staging the next batch with computing this one (docs/gpu.md)."""
+    return any("forward" in vars(base) for base in cls.__mro__[:-1])
+
+
 def _defines_call(cls: type) -> bool:
     return any("__call__" in vars(base) for base in cls.__mro__[:-1])
 
@@ -96,9 +105,13 @@ def _refuse_generator(fn: object, where: str) -> None:
 def check_contract(obj: object, where: str) -> None:
     """Raise HandlerError unless ``obj`` is a handler class or batch function."""
     if inspect.isclass(obj):
-        if not _defines_call(obj) or obj.__call__ is Handler.__call__:
-            raise HandlerError(f"handler class {where} must define __call__(self, batch)")
-        _refuse_generator(obj.__call__, f"{where}.__call__")
+        staged = defines_forward(obj)
+        if not staged and (not _defines_call(obj) or obj.__call__ is Handler.__call__):
+            raise HandlerError(
+                f"handler class {where} must define __call__(self, batch) or forward(self, inputs)"
+            )
+        method = "forward" if staged else "__call__"
+        _refuse_generator(getattr(obj, method), f"{where}.{method}")
         try:
             inspect.signature(obj).bind()
         except TypeError:
@@ -106,9 +119,12 @@ def check_contract(obj: object, where: str) -> None:
                 f"handler class {where} must be constructible with no arguments"
             ) from None
         try:
-            inspect.signature(obj.__call__).bind(None, [])
+            inspect.signature(getattr(obj, method)).bind(None, {} if staged else [])
         except TypeError:
-            raise HandlerError(f"{where}.__call__ must take one argument: the batch") from None
+            what = "the batched inputs" if staged else "the batch"
+            raise HandlerError(f"{where}.{method} must take one argument: {what}") from None
+        if staged and inspect.iscoroutinefunction(getattr(obj, method)):
+            raise HandlerError(f"{where}.forward must be a plain function, not async")
         load = getattr(obj, "load", None)
         if load is not None:
             try:

@@ -25,6 +25,8 @@ class Device:
 
     kind: Literal["cpu", "cuda"] = "cpu"
     index: int = 0
+    #: the instance's own compute stream (a ``cudaStream_t`` as an integer; 0: none, the CPU)
+    stream: int = 0
 
     @property
     def torch(self) -> str:
@@ -32,10 +34,26 @@ class Device:
         return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
 
     @property
+    def torch_stream(self) -> Any:
+        """The instance's compute stream as a ``torch.cuda.ExternalStream`` (None on the
+        CPU). fnrt already runs ``__call__`` and ``forward`` on it; a thread of the
+        handler's own enters it with ``torch.cuda.stream(device.torch_stream)``."""
+        if self.kind != "cuda" or not self.stream:
+            return None
+        import torch
+
+        external: Any = torch.cuda.ExternalStream
+        return external(self.stream, device=self.torch)
+
+    @property
     def onnx_providers(self) -> list[Any]:
-        """onnxruntime providers this device has (never ones that would fail to load)."""
+        """onnxruntime providers this device has (never ones that would fail to load); on a
+        GPU the CUDA provider runs on the instance's compute stream (``user_compute_stream``)."""
         if self.kind == "cuda":
-            return [("CUDAExecutionProvider", {"device_id": self.index}), "CPUExecutionProvider"]
+            options: dict[str, Any] = {"device_id": self.index}
+            if self.stream:
+                options |= {"has_user_compute_stream": "1", "user_compute_stream": str(self.stream)}
+            return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
 
     def __str__(self) -> str:

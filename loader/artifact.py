@@ -13,12 +13,22 @@ from fnrt.functions.handler import Device
 from fnrt.loader.formats import onnx as onnx_format
 from fnrt.loader.formats import safetensors as safetensors_format
 from fnrt.loader.formats import torch as torch_format
+from fnrt.loader.transfer import safetensors_to_device
 
 M = TypeVar("M")
 
 
 def _device_str(device: Device | str) -> str:
     return device.torch if isinstance(device, Device) else device
+
+
+def _as_device(device: Device | str) -> Device:
+    if isinstance(device, Device):
+        return device
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is neither 'cpu' nor 'cuda[:N]'")
+    return Device("cuda", int(index or 0)) if kind == "cuda" else Device("cpu")
 
 
 @dataclass(frozen=True)
@@ -32,7 +42,12 @@ class LocalArtifact:
     device: Device
 
     def tensors(self, device: Device | str | None = None) -> dict[str, Any]:
-        return safetensors_format.tensors(self.path, _device_str(device or self.device))
+        """Views of the mapped file on the CPU; on a GPU, one device allocation filled by
+        parallel reads through a pinned ring (``transfer.py``), each tensor a view of it."""
+        target = _as_device(device or self.device)
+        if target.kind == "cuda":
+            return safetensors_to_device(self.path, target)
+        return safetensors_format.tensors(self.path, "cpu")
 
     def arrays(self) -> dict[str, np.ndarray[Any, Any]]:
         return safetensors_format.arrays(self.path)

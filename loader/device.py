@@ -29,6 +29,16 @@ def cuda_device_count() -> int:
     return int(count) if err == cudart.cudaError_t.cudaSuccess and count else 0
 
 
+def device_memory_bytes(index: int = 0) -> int:
+    """CUDA device ``index``'s memory in bytes (its properties: no context is made)."""
+    from cuda.bindings import runtime as cudart
+
+    err, properties = cudart.cudaGetDeviceProperties(index)
+    if err != cudart.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"CUDA device {index}: cudaGetDeviceProperties failed ({err})")
+    return int(properties.totalGlobalMem)
+
+
 @functools.cache
 def detect_device(preference: Preference = "auto", index: int = 0) -> Device:
     """The device instances run on: CUDA ``index`` if asked or available, else CPU."""

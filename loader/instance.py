@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import inspect
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,14 +21,20 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
 from fnrt.functions.bundle import unpack_code
 from fnrt.functions.errors import BlobNotFound
 from fnrt.functions.generation import StepBatch, Stepped
-from fnrt.functions.handler import Device, Request, bundle_package, import_handler
+from fnrt.functions.handler import (
+    Device,
+    Request,
+    bundle_package,
+    defines_forward,
+    import_handler,
+)
 from fnrt.functions.tensors import coerce_result
 from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_rel
 from fnrt.loader.artifact import LocalArtifact
@@ -34,10 +42,14 @@ from fnrt.loader.cache import BlobCache
 from fnrt.loader.environment import Environments
 from fnrt.loader.integrity import Verifier, tree_differences
 from fnrt.loader.repository import Repository
+from fnrt.loader.staging import Staged, Stager
 from fnrt.loader.stepper import Stepper
+from fnrt.loader.streams import Lanes, lanes_for
 from fnrt.tracing.handler_spans import TraceParent, capture
 
 log = logging.getLogger("fnrt.loader")
+
+T = TypeVar("T")
 
 
 class LoadTier(StrEnum):
@@ -73,6 +85,8 @@ class Instance:
     size_bytes: int = 0
     tier: LoadTier = LoadTier.L2
     stepper: Stepper | None = None  # a generative handler's
+    stager: Stager | None = None  # a handler with forward(): batches can be staged ahead
+    device_bytes: int = 0  # held in device memory (``size_bytes``: in host memory)
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
@@ -86,6 +100,20 @@ class Instance:
         with capture(trace) as spans:
             ran = run_checked(self.call, self.version, batch)
         return replace(ran, spans=spans) if spans else ran
+
+    def run_staged(self, staged: Staged, trace: TraceParent | None = None) -> Ran:
+        """Compute a batch the stager staged ahead on its host lane (this instance's thread)."""
+        stager = self.stager
+        if stager is None or self.call is _closed:
+            if stager is not None:
+                stager.release(staged)
+            raise RuntimeError("instance is closed")
+        if trace is None:
+            results, times = stager.compute(staged)
+            return Ran(results, times.compute_s, times.output_s)
+        with capture(trace) as spans:
+            results, times = stager.compute(staged)
+        return Ran(results, times.compute_s, times.output_s, spans)
 
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped:
         """One step of a generative handler (its handler spans go under ``trace``)."""
@@ -108,6 +136,7 @@ class Instance:
         self.executor.shutdown(wait=False)
         self.call = _closed
         self.unload = None
+        self.stager = None
 
     def close(self) -> None:
         """Run the handler's ``unload`` (if any) on its thread and stop the thread."""
@@ -119,6 +148,7 @@ class Instance:
         self.executor.shutdown(wait=False)
         self.call = _closed
         self.unload = None
+        self.stager = None
 
 
 def run_checked(
@@ -152,7 +182,8 @@ class Runnable(Protocol):
     version: VersionManifest
     executor: Executor
     timings_s: dict[str, float]
-    size_bytes: int
+    size_bytes: int  # held in host memory
+    device_bytes: int  # held in device memory (a GPU's)
     tier: LoadTier
 
     @property
@@ -161,6 +192,13 @@ class Runnable(Protocol):
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran: ...
 
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped: ...
+
+    @property
+    def stager(self) -> Stager | None:
+        """Stages batches ahead on a host lane (a thread instance of a ``forward`` handler)."""
+        ...
+
+    def run_staged(self, staged: Staged, trace: TraceParent | None = None) -> Ran: ...
 
     def close(self) -> None: ...
 
@@ -329,7 +367,16 @@ class InstanceLoader:
             "total_s": time.perf_counter() - start,
         }
         return Instance(
-            vm, built.call, executor, release, timings, built.size_bytes, files.tier, built.stepper
+            vm,
+            built.call,
+            executor,
+            release,
+            timings,
+            built.size_bytes,
+            files.tier,
+            built.stepper,
+            built.stager,
+            built.device_bytes,
         )
 
 
@@ -354,6 +401,8 @@ class Built:
     import_s: float
     load_s: float
     stepper: Stepper | None = None  # a generative handler's (``call`` then refuses)
+    stager: Stager | None = None  # a handler with forward(): ``call`` stages and computes
+    device_bytes: int = 0  # what it holds in device memory (``size_bytes``: in host memory)
 
 
 def build_handler(
@@ -368,6 +417,10 @@ def build_handler(
     unload: Callable[[], None] | None = None
     handler = obj() if inspect.isclass(obj) else obj  # a class is instantiated once
     generative = vm.manifest.generative
+    staged = inspect.isclass(obj) and defines_forward(obj) and not generative
+    lanes = lanes_for(device) if device.kind == "cuda" or staged else None
+    if lanes is not None:  # the handler sees its instance's own compute stream
+        device = replace(device, stream=lanes.compute.handle)
     per_batch = handler if handler is obj or not callable(handler) else type(handler).__call__
     hooks = [per_batch, getattr(handler, "load", None), getattr(handler, "unload", None)]
     if generative:
@@ -376,20 +429,78 @@ def build_handler(
     if handler is not obj:
         load = getattr(handler, "load", None)
         if load is not None:
-            _run(loop, load, artifacts, device)
+            on_stream(device, _run)(loop, load, artifacts, device)
         unload = getattr(handler, "unload", None)
     load_s = time.perf_counter() - mark
-    size = held_bytes(handler) or vm.size_bytes  # an onnxruntime session hides its tensors
+    size, device_size = held(handler)
+    if not size + device_size:  # an onnxruntime session hides its tensors: the weights' size
+        size, device_size = (0, vm.size_bytes) if device.kind == "cuda" else (vm.size_bytes, 0)
+    if lanes is not None:
+        unload = _releasing(lanes, device, unload)
     if generative:
-        stepper = Stepper(handler, vm, functools.partial(_run, loop))
+        stepper = Stepper(handler, vm, functools.partial(on_stream(device, _run), loop))
         unload = _closing(stepper, unload)
         if loop is not None:
             _, unload = _on_loop(loop, _not_batched, unload)
-        return Built(_not_batched, unload, size, import_s, load_s, stepper)
+        return Built(_not_batched, unload, size, import_s, load_s, stepper, None, device_size)
+    if staged:
+        assert lanes is not None
+        stager = Stager(cast(Any, handler).forward, vm.manifest.inputs, vm.manifest.outputs, lanes)
+        unload = _closing_stager(stager, unload)
+        return Built(stager.run, unload, size, import_s, load_s, None, stager, device_size)
     call = cast(Callable[[list[Request]], Sequence[Any]], handler)
     if loop is not None:  # async hooks run on the instance's own loop, on its thread
         call, unload = _on_loop(loop, call, unload)
-    return Built(call, unload, size, import_s, load_s)
+    if device.stream:
+        call = on_stream(device, call)
+    return Built(call, unload, size, import_s, load_s, device_bytes=device_size)
+
+
+def on_stream(device: Device, fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` run with the instance's compute stream as torch's current stream, and that
+    stream drained before it returns (fnrt's streams do not wait on the default stream,
+    nor it on them). Unchanged on the CPU, or where the handler does not use torch."""
+    if not device.stream:
+        return fn
+
+    def run(*args: Any) -> T:
+        torch = sys.modules.get("torch")
+        if torch is None:  # onnxruntime alone: its CUDA provider has the stream
+            return fn(*args)
+        stream = device.torch_stream
+        with torch.cuda.stream(stream):
+            result = fn(*args)
+        stream.synchronize()
+        return result
+
+    return run
+
+
+def _releasing(lanes: Lanes, device: Device, unload: Callable[[], Any] | None) -> Callable[[], Any]:
+    """``unload``, then the instance's streams closed and the GPU memory torch cached for
+    it given back to the device (so scaling to zero frees the GPU, not just the host)."""
+
+    def release() -> Any:
+        try:
+            return on_stream(device, unload)() if unload is not None else None
+        finally:
+            lanes.close()
+            torch = sys.modules.get("torch")
+            if torch is not None and device.kind == "cuda":
+                gc.collect()
+                torch.cuda.empty_cache()
+
+    return release
+
+
+def _closing_stager(stager: Stager, unload: Callable[[], Any] | None) -> Callable[[], Any]:
+    def close() -> Any:
+        try:
+            return unload() if unload is not None else None
+        finally:
+            stager.close()
+
+    return close
 
 
 def _not_batched(batch: list[Request]) -> Sequence[Any]:
@@ -458,13 +569,22 @@ def _materialise(dest: Path, fill: Callable[[Path], None]) -> Path:
 
 
 def held_bytes(root: object, max_objects: int = 200_000) -> int:
-    """Bytes of the numpy arrays and torch tensors reachable from ``root``'s attributes.
+    """Bytes of the numpy arrays and torch tensors reachable from ``root``'s attributes,
+    in host and device memory together (:func:`held`)."""
+    host, device = held(root, max_objects)
+    return host + device
+
+
+def held(root: object, max_objects: int = 200_000) -> tuple[int, int]:
+    """Bytes of the numpy arrays and torch tensors reachable from ``root``'s attributes:
+    (in host memory, in device memory).
 
     Each buffer counts once however many views share it (numpy bases, torch
     storages). Mapped weights count too: they are what the instance keeps resident.
     """
     seen: set[int] = set()
     buffers: dict[int, int] = {}
+    on_device: set[int] = set()
     stack: list[object] = [root]
     while stack and len(seen) < max_objects:
         obj = stack.pop()
@@ -479,10 +599,13 @@ def held_bytes(root: object, max_objects: int = 200_000) -> int:
         elif hasattr(obj, "untyped_storage") and type(obj).__module__.startswith("torch"):
             storage = obj.untyped_storage()
             buffers[storage.data_ptr()] = storage.nbytes()
+            if storage.device.type != "cpu":
+                on_device.add(storage.data_ptr())
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif isinstance(obj, list | tuple | set | frozenset):
             stack.extend(obj)
         elif hasattr(obj, "__dict__") and not isinstance(obj, type):
             stack.extend(vars(obj).values())
-    return sum(buffers.values())
+    device = sum(n for key, n in buffers.items() if key in on_device)
+    return sum(buffers.values()) - device, device

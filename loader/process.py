@@ -40,6 +40,7 @@ from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
 from fnrt.loader.channel import Channel, ChannelClosed
 from fnrt.loader.instance import InstanceLoader, LoadTier, Ran, Runnable
+from fnrt.loader.staging import Staged, Stager
 from fnrt.tracing.handler_spans import TraceParent
 
 log = logging.getLogger("fnrt.loader")
@@ -101,6 +102,7 @@ class ProcessInstance:
         self.executor = executor
         self.timings_s: dict[str, float] = {}
         self.size_bytes = 0
+        self.device_bytes = 0
         self.tier = LoadTier.L2
         self._process = process
         self._channel = channel
@@ -153,6 +155,12 @@ class ProcessInstance:
         results = self._responses.read(reply, copy=True)
         spans = reply.get("spans") or []
         return Ran(results, float(reply["infer_s"]), float(reply["output_s"]), spans)
+
+    #: a worker stages each batch itself, one at a time (its arenas hold one batch)
+    stager: Stager | None = None
+
+    def run_staged(self, staged: Staged, trace: TraceParent | None = None) -> Ran:
+        raise RuntimeError("a worker process stages its batches itself")
 
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped:
         """One step of a generative handler in the worker: the joining sequences' inputs
@@ -328,6 +336,7 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         instance.abandon()
         raise
     instance.size_bytes = int(reply["size_bytes"])
+    instance.device_bytes = int(reply.get("device_bytes", 0))
     instance.tier = files.tier
     instance.timings_s = {
         "fetch_s": files.timings_s["fetch_s"],

@@ -83,6 +83,7 @@ def serve(channel: Channel) -> int:
             "ok": True,
             "pid": os.getpid(),
             "size_bytes": built.size_bytes,
+            "device_bytes": built.device_bytes,
             "import_s": built.import_s,
             "load_s": built.load_s,
         }

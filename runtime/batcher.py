@@ -30,6 +30,7 @@ from fnrt.functions.errors import (
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran
+from fnrt.loader.staging import Staged
 from fnrt.runtime.batching import (
     CostModel,
     Plan,
@@ -43,7 +44,7 @@ from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events
 from fnrt.runtime.pool import InstancePool, Slot, run_failure
 from fnrt.runtime.protection import Served
-from fnrt.runtime.queue import Client, Outputs, Pending, Priority, RequestQueue
+from fnrt.runtime.queue import Client, Outputs, Pending, Priority, RequestQueue, Taken
 from fnrt.runtime.stats import Stats
 
 log = logging.getLogger("fnrt.batcher")
@@ -329,20 +330,97 @@ class Batcher:
                 self._wake.clear()
                 await self._clock.wait(self._wake, plan.wait_s)
                 continue
-            taken = self._queue.take(plan.size, self._clock.now())
-            self._admission.queued -= taken.removed
-            for pending in taken.expired:
-                self._expire(pending)
-            for pending in taken.abandoned:
-                self._abandon(pending)
+            taken = self._take(plan.size, self._clock.now())
             if taken.batch:
                 started = self._clock.now()
-                await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
+                if getattr(instance, "stager", None) is None:
+                    await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
+                else:
+                    await self._pipeline(slot, instance, taken)
                 if taken.blocks and all(p.priority is Priority.JOB for p in taken.batch):
                     ended = self._clock.now()
                     pause = job_pause_s(ended - started, self.arrivals.rate_per_s(ended))
                     if pause > 0:
                         await self._yield_to_live(pause)
+
+    async def _pipeline(self, slot: Slot, instance: Any, taken: Taken) -> None:
+        """Run batches on an instance that stages them (a handler with ``forward``): while
+        one computes, the next batch, when the queue holds a full one, is stacked and
+        copied to the device on the instance's host lane. Below a full batch nothing is
+        taken early, so batches are as large as without the pipeline."""
+        staged: Staged | None = None
+        while True:
+            run = asyncio.ensure_future(
+                self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks, staged)
+            )
+            ahead = await self._stage_ahead(slot, instance, run)
+            try:
+                await run
+            except BaseException:
+                if ahead is not None:  # never left unanswered
+                    ahead[1].release()
+                    self._fail(
+                        ahead[0].batch,
+                        ahead[0].rows,
+                        Unavailable(f"{self.name}: stopped before the batch ran"),
+                    )
+                raise
+            if ahead is None:
+                return
+            taken, staged = ahead
+            if not instance.alive:  # lost while the batch ahead was staged on it
+                staged.release()
+                staged = None
+                try:
+                    instance = await self._pool.ensure(slot)
+                except FnrtError as exc:
+                    self._fail(taken.batch, taken.rows, exc)
+                    return
+                if getattr(instance, "stager", None) is None:
+                    await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
+                    return
+
+    async def _stage_ahead(
+        self, slot: Slot, instance: Any, run: asyncio.Future[None]
+    ) -> tuple[Taken, Staged] | None:
+        """While ``run`` goes, take the next batch once the plan says flush a full one
+        now, and stage it; None if ``run`` ended first."""
+        while not run.done():
+            if self.closing or slot.retired or not instance.alive:
+                return None
+            now = self._clock.now()
+            plan = self._plan(now)
+            if plan.wait_s <= 1e-6 and len(self._queue) >= plan.size:
+                taken = self._take(plan.size, now)
+                if not taken.batch:
+                    continue
+                inputs = _rows(taken.batch) if taken.blocks else [p.inputs for p in taken.batch]
+                try:
+                    staged = await self._pool.stage(instance, inputs)
+                except Exception as exc:
+                    self._fail(taken.batch, taken.rows, run_failure(exc, self.version, "staging"))
+                    continue
+                return taken, staged
+            self._wake.clear()
+            woken = asyncio.ensure_future(self._wake.wait())
+            await asyncio.wait((run, woken), return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
+        return None
+
+    def _take(self, size: int, now: float) -> Taken:
+        taken = self._queue.take(size, now)
+        self._admission.queued -= taken.removed
+        for pending in taken.expired:
+            self._expire(pending)
+        for pending in taken.abandoned:
+            self._abandon(pending)
+        return taken
+
+    def _fail(self, batch: list[Pending], rows: int, error: BaseException) -> None:
+        self._stats.errors += rows
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(error)
 
     async def _yield_to_live(self, pause_s: float) -> None:
         """Leave the instance to live requests for ``pause_s`` after a batch of job
@@ -356,10 +434,17 @@ class Batcher:
             await self._clock.wait(self._wake, left)
 
     async def _run_batch(
-        self, slot: Slot, instance: Any, batch: list[Pending], rows: int, blocks: bool = False
+        self,
+        slot: Slot,
+        instance: Any,
+        batch: list[Pending],
+        rows: int,
+        blocks: bool = False,
+        staged: Staged | None = None,
     ) -> None:
         """Run one batch on ``instance`` and answer its requests (``rows``: the handler's
-        requests in it; ``blocks``: some are blocks of job records, answered a list each)."""
+        requests in it; ``blocks``: some are blocks of job records, answered a list each;
+        ``staged``: its inputs already on the device, staged while the last batch ran)."""
         started = self._clock.now()
         started_ns = time.time_ns()
         failure: BaseException | None = None
@@ -374,8 +459,11 @@ class Batcher:
         if span is not None and span.recording:  # handler spans (OTel API) go under it
             trace = (f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")
         try:
-            inputs = _rows(batch) if blocks else [p.inputs for p in batch]
-            ran = await self._pool.run(slot, instance, inputs, trace)
+            if staged is not None:
+                ran = await self._pool.run_staged(slot, instance, staged, trace)
+            else:
+                inputs = _rows(batch) if blocks else [p.inputs for p in batch]
+                ran = await self._pool.run(slot, instance, inputs, trace)
         except Exception as exc:
             failure = exc
             stats.errors += rows

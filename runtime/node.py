@@ -17,10 +17,10 @@ from pathlib import Path
 
 from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.cache import BlobCache, CacheConfig
-from fnrt.loader.device import detect_device
+from fnrt.loader.device import detect_device, device_memory_bytes
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.leftovers import remove_leftovers
-from fnrt.loader.memory import MemoryBudget
+from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore, open_store
 from fnrt.runtime.access import InvokeKeys
@@ -60,6 +60,7 @@ class Node:
     telemetry: Telemetry
     admission: Admission
     memory: MemoryBudget
+    gpu_memory: MemoryBudget | None  # on a GPU: its memory's budget
     registry: Registry
     splits: Splits
     gateway: Gateway
@@ -156,16 +157,27 @@ def build_node(
         )
     admission = Admission(settings.max_queued)
 
-    # The budget reads the node's schedulers at each load, after the node is built.
+    # The budgets read the node's schedulers at each load, after the node is built.
     memory = MemoryBudget(settings.memory_budget, lambda: node.schedulers())
+    gpu_memory: MemoryBudget | None = None
+    device_room = None
+    if loader.device.kind == "cuda":
+        total = device_memory_bytes(loader.device.index)
+        gpu_memory = MemoryBudget(
+            settings.gpu_memory_budget(total), lambda: node.schedulers(), device_bytes
+        )
+        if settings.gpu_concurrency:
+            cap = settings.gpu_concurrency
+            device_room = lambda: sum(s.instances for s in node.schedulers()) < cap  # noqa: E731
     factory = SchedulerFactory(
         loader,
         clock,
         TelemetryEvents(telemetry),
         admission,
-        memory.make_room,
+        room_maker(memory, gpu_memory),
         isolation=IsolationMode(settings.isolation),
         redis=redis_client(settings.redis_url) if settings.redis_url else None,
+        device_room=device_room,
     )
     registry = Registry(repository, factory, clock, keeper)
     splits = Splits(registry, loader, factory)
@@ -180,7 +192,7 @@ def build_node(
         ),
         serving=lambda: not node.lifecycle.draining,
     )
-    node = Node(
+    node: Node = Node(
         settings=settings,
         clock=clock,
         repository=repository,
@@ -188,6 +200,7 @@ def build_node(
         telemetry=telemetry,
         admission=admission,
         memory=memory,
+        gpu_memory=gpu_memory,
         registry=registry,
         splits=splits,
         gateway=Gateway(registry, splits, clock, keeper),
@@ -200,6 +213,7 @@ def build_node(
             memory,
             clock,
             keeper,
+            gpu_memory=gpu_memory,
             sweep_interval_s=settings.sweep_interval_s,
             watch_interval_s=settings.watch_interval_s,
         ),

@@ -16,9 +16,10 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -36,6 +37,8 @@ from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable
+from fnrt.loader.memory import MakeRoom
+from fnrt.loader.staging import Staged
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, PrewarmOutcome, StartKind
 from fnrt.runtime.scaling import Activity, should_add_instance, should_unload
@@ -47,8 +50,6 @@ log = logging.getLogger("fnrt.pool")
 #: Builds one instance of a version on the executor's thread (``launch`` by default).
 LoadInstance = Callable[[VersionManifest, Executor], Runnable]
 R = TypeVar("R")
-#: Called before a load with ("name/version", bytes it expects to need); frees memory.
-MakeRoom = Callable[[str, int], Awaitable[None]]
 
 
 class InstanceState(StrEnum):
@@ -102,8 +103,10 @@ class InstancePool:
         make_room: MakeRoom | None = None,
         *,
         in_thread: bool = False,
+        device_room: Callable[[], bool] | None = None,
     ) -> None:
         self.version = version
+        self._device_room = device_room  # None: no cap on instances sharing the GPU
         self.name = version.name
         self._load_instance = load
         self._clock = clock
@@ -148,6 +151,11 @@ class InstancePool:
     def instance_bytes(self) -> int:
         """Memory the loaded instances hold (0 when cold)."""
         return sum(s.instance.size_bytes for s in self.slots if s.instance is not None)
+
+    @property
+    def device_bytes(self) -> int:
+        """GPU memory the loaded instances hold (0 when cold, or on the CPU)."""
+        return sum(s.instance.device_bytes for s in self.slots if s.instance is not None)
 
     def restarts_by_cause(self) -> dict[str, int]:
         """Instances lost and replaced, by cause (signal, exit, memory, timeout)."""
@@ -237,7 +245,10 @@ class InstancePool:
         try:
             if self._make_room is not None:
                 key = f"{self.name}/{self.version.version}"
-                await self._make_room(key, stats.last_load_bytes or self.version.size_bytes)
+                size = self.version.size_bytes  # until a load says what it holds where
+                await self._make_room(
+                    key, stats.last_load_bytes or size, stats.last_load_device_bytes or size
+                )
             instance = await loop.run_in_executor(
                 executor, self._load_instance, self.version, executor
             )
@@ -273,6 +284,7 @@ class InstancePool:
         stats.last_load_timings_s = dict(instance.timings_s)
         stats.last_load_tier = instance.tier
         stats.last_load_bytes = instance.size_bytes
+        stats.last_load_device_bytes = instance.device_bytes
         stats.cold_starts[instance.tier] += 1
         self._events.loaded(self.version, instance, started_ns, time.time_ns())
         log.info(
@@ -302,6 +314,20 @@ class InstancePool:
         """Run one batch on the slot's instance. An instance lost on the way (it died,
         or ran past ``timeout_s``) is replaced; its InstanceLost is raised."""
         return await self._on_instance(slot, instance, instance.run_timed, batch, trace)
+
+    async def stage(self, instance: Runnable, batch: list[Request]) -> Staged:
+        """Stack a batch and start its copy to the device on the instance's host lane
+        (a handler with ``forward``), while the instance may be computing another."""
+        stager = instance.stager
+        assert stager is not None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(stager.host_lane, stager.stage, batch)
+
+    async def run_staged(
+        self, slot: Slot, instance: Runnable, staged: Staged, trace: TraceParent | None = None
+    ) -> Ran:
+        """Compute a batch staged ahead, as :meth:`run` runs one."""
+        return await self._on_instance(slot, instance, instance.run_staged, staged, trace)
 
     async def step(
         self, slot: Slot, instance: Runnable, batch: StepBatch, trace: TraceParent | None = None
@@ -397,6 +423,8 @@ class InstancePool:
             self._deep_since = self._deep_since if self._deep_since is not None else now
         else:
             self._deep_since = None
+        if self._device_room is not None and not self._device_room():
+            return False  # --gpu-concurrency: the GPU has as many instances as it shares
         return should_add_instance(
             scaling,
             instances=len(self.slots),
@@ -514,3 +542,6 @@ def _release(instance: Runnable) -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # what it held on the GPU, back
+        torch.cuda.empty_cache()

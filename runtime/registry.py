@@ -150,6 +150,11 @@ class Registry:
         """Whether ``entry`` is still what this node serves under its name."""
         return self._functions.get(entry.name) is entry
 
+    @property
+    def schedulers(self) -> SchedulerFactory:
+        """What makes this node's schedulers (a sweep makes its own with it)."""
+        return self._schedulers
+
     async def get(self, name: str) -> Scheduler:
         """The scheduler of the version with the largest share of ``name``'s traffic."""
         return (await self.entry(name)).primary

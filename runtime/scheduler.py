@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from fnrt.functions.handler import Request
 from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader, Runnable
+from fnrt.loader.memory import MakeRoom
 from fnrt.loader.process import launch
 from fnrt.runtime.batcher import Admission, Batcher
 from fnrt.runtime.batching import CostModel, RateEstimator
@@ -32,7 +33,7 @@ from fnrt.runtime.breaker import Breaker
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, NoEvents, StartKind
 from fnrt.runtime.outcomes import OutcomeWindow
-from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance, MakeRoom
+from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance
 from fnrt.runtime.protection import Failure, Protection, Served
 from fnrt.runtime.queue import Client, Outputs, Priority
 from fnrt.runtime.result_cache import ResultCache, SharedResults
@@ -59,6 +60,7 @@ class Scheduler:
         make_room: MakeRoom | None = None,
         isolation: IsolationMode = DEFAULT_ISOLATION,
         redis: Any = None,
+        device_room: Callable[[], bool] | None = None,
     ) -> None:
         self.version = version
         self.name = version.name  # fixed: read on every request
@@ -67,7 +69,14 @@ class Scheduler:
         self.stats = Stats()
         events = events or NoEvents()
         self.pool = InstancePool(
-            version, load, clock, self.stats, events, make_room, in_thread=isolation is THREAD
+            version,
+            load,
+            clock,
+            self.stats,
+            events,
+            make_room,
+            in_thread=isolation is THREAD,
+            device_room=device_room,
         )
         self.protection = Protection(version.manifest, clock, redis=redis, version=version.version)
         # A generative version's requests are sequences, stepped by a continuous batcher.
@@ -163,6 +172,10 @@ class Scheduler:
     @property
     def resident_bytes(self) -> int:
         return self.pool.instance_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        return self.pool.device_bytes
 
     @property
     def last_active_s(self) -> float:
@@ -327,6 +340,7 @@ class Scheduler:
             "queued_by_priority": self.batcher.depth_by_priority(),
             "idle_s": round(max(now - last_active, 0.0), 3),
             "instance_bytes": self.instance_bytes,
+            "device_bytes": self.device_bytes,
             "cost_model": {
                 "per_item_ms": round(per_item * 1000, 4),
                 "fixed_ms": round(fixed * 1000, 4),
@@ -349,6 +363,8 @@ class SchedulerFactory:
     make_room: MakeRoom | None = None
     isolation: IsolationMode = DEFAULT_ISOLATION  # where instances run unless a manifest says
     redis: Any = None  # the shared result cache's client (``--redis-url``), if any
+    #: on a GPU with ``--gpu-concurrency``: whether one more instance may share it
+    device_room: Callable[[], bool] | None = None
 
     def __call__(self, vm: VersionManifest, load: LoadInstance | None = None) -> Scheduler:
         """A scheduler of ``vm``; ``load`` builds its instances in a thread (default:
@@ -364,4 +380,5 @@ class SchedulerFactory:
             make_room=self.make_room,
             isolation=kind,
             redis=self.redis,
+            device_room=self.device_room,
         )

@@ -40,6 +40,8 @@ class ServerSettings:
     cache_dir: Path = field(default_factory=default_cache_dir)
     disk_cache_bytes: int = 20 * 1024**3
     memory_budget_bytes: int | None = None  # None: 60% of physical memory
+    gpu_memory_budget_bytes: int | None = None  # None: 90% of the GPU's memory (on a GPU)
+    gpu_concurrency: int = 0  # instances sharing the GPU, all functions together (0: no cap)
     s3_endpoint: str | None = None
     s3_region: str | None = None
     s3_part_size_bytes: int = 16 * 1024 * 1024
@@ -127,6 +129,10 @@ class ServerSettings:
             raise ValueError("disk_cache_bytes: must be > 0")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
             raise ValueError("memory_budget_bytes: must be > 0")
+        if self.gpu_memory_budget_bytes is not None and self.gpu_memory_budget_bytes <= 0:
+            raise ValueError("gpu_memory_budget_bytes: must be > 0")
+        if self.gpu_concurrency < 0:
+            raise ValueError("gpu_concurrency: must be 0 (no cap) or more")
 
     @functools.cached_property
     def json_body_limit(self) -> int:
@@ -144,6 +150,13 @@ class ServerSettings:
         if self.memory_budget_bytes is not None:
             return self.memory_budget_bytes
         return int(0.6 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+    def gpu_memory_budget(self, total_bytes: int) -> int:
+        """The GPU's budget in bytes for a device of ``total_bytes``: as set, else 90% of
+        it (the rest is the CUDA contexts', cuBLAS's and the staging buffers')."""
+        if self.gpu_memory_budget_bytes is not None:
+            return self.gpu_memory_budget_bytes
+        return int(0.9 * total_bytes)
 
     def s3_config(self) -> S3Config:
         return s3_config(

@@ -102,6 +102,7 @@ class Stats:
     last_load_timings_s: dict[str, float] = field(default_factory=dict)
     last_load_tier: LoadTier | None = None
     last_load_bytes: int = 0
+    last_load_device_bytes: int = 0
     last_load_error: str | None = None  # the last load's failure, until a load succeeds
     cold_starts: Counter[str] = field(default_factory=Counter)
     batch_sizes: Counter[int] = field(default_factory=Counter)

@@ -52,8 +52,10 @@ class Sweeper:
         *,
         sweep_interval_s: float = 1.0,
         watch_interval_s: float = 1.0,
+        gpu_memory: MemoryBudget | None = None,
     ) -> None:
         self._registry = registry
+        self._gpu_memory = gpu_memory
         self._splits = splits
         self._loader = loader
         self._memory = memory
@@ -153,9 +155,13 @@ class Sweeper:
     async def _prewarm(self, scheduler: Scheduler) -> None:
         """Load ahead of a predicted call, only into memory nobody else is using: when it
         does not fit the budget, only fetch its files into the disk cache."""
-        needed = scheduler.stats.last_load_bytes or scheduler.version.size_bytes
+        stats, size = scheduler.stats, scheduler.version.size_bytes
+        needed = stats.last_load_bytes or size
+        gpu = self._gpu_memory
         try:
-            if self._memory.fits(needed):
+            if self._memory.fits(needed) and (
+                gpu is None or gpu.fits(stats.last_load_device_bytes or size)
+            ):
                 if await scheduler.prewarm():
                     log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
             else:

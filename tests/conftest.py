@@ -82,10 +82,11 @@ def proxy(s3):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Copies of both examples with weights and the ONNX file made by their scripts."""
+    """Copies of the mlp, mlp-onnx and wide-mlp examples with the weights and the ONNX file
+    their scripts make."""
     root = tmp_path_factory.mktemp("examples")
     examples = Path(__file__).resolve().parent.parent / "examples"
-    for name in ("mlp", "mlp-onnx"):
+    for name in ("mlp", "mlp-onnx", "wide-mlp"):
         shutil.copytree(
             examples / name,
             root / name,
@@ -104,6 +105,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--out",
             str(root / "mlp-onnx" / "mlp.onnx"),
         ],
+        check=True,
+    )
+    wide = root / "wide-mlp"
+    subprocess.run(
+        [sys.executable, str(wide / "make_weights.py"), "--out", str(wide / "weights.safetensors")],
         check=True,
     )
     return root

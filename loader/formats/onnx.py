@@ -21,6 +21,8 @@ def session(path: Path, providers: list[Any], **options: Any) -> Any:
         if len(models) != 1:
             raise ValueError(f"{path} must hold exactly one .onnx file, found {len(models)}")
         path = models[0]
+    available = set(ort.get_available_providers())  # onnxruntime without CUDA: the CPU
+    providers = [p for p in providers if (p[0] if isinstance(p, tuple) else p) in available]
     so = ort.SessionOptions()
     for key, value in options.items():
         setattr(so, key, value)

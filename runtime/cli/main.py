@@ -19,7 +19,7 @@ import click
 from fnrt.client import ServerError
 from fnrt.functions.errors import FnrtError
 from fnrt.runtime.about import installed_version
-from fnrt.runtime.cli import dev, edge, job, simulate, summary, versions
+from fnrt.runtime.cli import concurrency, dev, edge, job, simulate, summary, versions
 from fnrt.runtime.cli.options import client_options, connect, input_options
 from fnrt.runtime.cli.serve import serve
 from fnrt.runtime.settings import ClientSettings, env_trace_settings, s3_config
@@ -369,6 +369,7 @@ cli.add_command(dev.dev)
 cli.add_command(simulate.simulate)
 cli.add_command(edge.edge)
 cli.add_command(job.job)
+cli.add_command(concurrency.bench_concurrency)
 for command in versions.COMMANDS:
     cli.add_command(command)
 

@@ -98,6 +98,18 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     help="memory for loaded instances, least recently used evicted beyond it",
 )
 @setting(
+    "gpu_memory_budget_bytes",
+    type=SIZE,
+    default_text="90% of the GPU's",
+    help="GPU memory for loaded instances (on a GPU), least recently used evicted beyond it",
+)
+@setting(
+    "gpu_concurrency",
+    type=click.IntRange(min=0),
+    help="instances sharing the GPU, all functions together (0: no cap); "
+    "fnrt bench-concurrency measures the best",
+)
+@setting(
     "cache_dir",
     type=click.Path(path_type=Path),
     default_text=str(default_cache_dir()),

@@ -36,3 +36,23 @@ def test_device_strings() -> None:
     assert Device().onnx_providers == ["CPUExecutionProvider"]
     assert Device("cuda", 1).torch == "cuda:1"
     assert Device("cuda", 1).onnx_providers[0] == ("CUDAExecutionProvider", {"device_id": 1})
+
+
+def test_a_handler_class_with_forward_needs_no_call() -> None:
+    class Staged(Handler):
+        def forward(self, inputs):  # type: ignore[no-untyped-def]
+            return inputs
+
+    class AsyncForward:
+        async def forward(self, inputs):  # type: ignore[no-untyped-def]
+            return inputs
+
+    class TwoArguments:
+        def forward(self, inputs, extra):  # type: ignore[no-untyped-def]
+            return inputs
+
+    check_contract(Staged, "Staged")
+    with pytest.raises(HandlerError, match="forward must be a plain function"):
+        check_contract(AsyncForward, "AsyncForward")
+    with pytest.raises(HandlerError, match="forward must take one argument: the batched inputs"):
+        check_contract(TwoArguments, "TwoArguments")

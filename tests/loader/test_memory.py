@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from fnrt.loader.memory import MemoryBudget
+from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
 
 
 @dataclass
@@ -37,3 +37,39 @@ def test_the_loading_resident_and_an_unbounded_budget_are_left_alone() -> None:
     asyncio.run(MemoryBudget(1000, lambda: held).make_room("a", 500))
     asyncio.run(MemoryBudget(None, lambda: held).make_room("b", 10**12))
     assert not held[0].evicted
+
+
+@dataclass
+class OnGpu(Held):
+    device_bytes: int = 0
+
+    async def evict(self) -> None:
+        await super().evict()
+        self.device_bytes = 0
+
+
+def test_the_gpu_budget_counts_and_evicts_by_device_memory() -> None:
+    held = [OnGpu("a", 10, 1.0, device_bytes=600), OnGpu("b", 900, 0.5, device_bytes=0)]
+    host = MemoryBudget(1000, lambda: held)
+    gpu = MemoryBudget(1000, lambda: held, device_bytes)
+    assert gpu.used_bytes() == 600 and host.used_bytes() == 910
+    asyncio.run(room_maker(host, gpu)("new", 50, 500))  # the host fits; the GPU does not
+    assert [h.evicted for h in held] == [True, False]  # a, though b is older and bigger
+    asyncio.run(room_maker(host, None)("new", 50, 10**12))  # no GPU: its bytes ask nothing
+    assert not held[1].evicted
+
+
+def test_held_memory_is_told_apart_by_where_it_lies() -> None:
+    import numpy as np
+    import torch
+
+    from fnrt.loader.instance import held, held_bytes
+
+    class Model:
+        def __init__(self) -> None:
+            self.w = torch.zeros(1000)  # 4,000 bytes
+            self.view = self.w[:10]  # the same storage: counted once
+            self.table = {"a": np.zeros(250, np.float64)}  # 2,000 bytes
+
+    assert held(Model()) == (6000, 0)
+    assert held_bytes(Model()) == 6000

@@ -177,3 +177,19 @@ def test_a_deep_queue_asks_for_another_instance_after_a_while(tmp_path: Path) ->
     assert not pool.wants_another(queued=100, now=clock.now())  # deep only since now
     assert pool.wants_another(queued=100, now=clock.now() + 1)
     assert not pool.wants_another(queued=1, now=clock.now() + 2)  # drained
+
+
+def test_a_gpu_with_no_room_for_another_instance_gets_none(tmp_path: Path) -> None:
+    """``--gpu-concurrency``: the node's cap on instances sharing the GPU wins over a
+    deep queue (the first instance is never refused: the cap is on scaling up)."""
+    clock = ManualClock()
+    room = [False]
+    pool = InstancePool(
+        _vm(tmp_path), Loads(), clock, Stats(), NoEvents(), device_room=lambda: room[0]
+    )
+    pool.add_slot()
+    pool.slots[0].instance = object()  # type: ignore[assignment]
+    assert not pool.wants_another(queued=100, now=clock.now())
+    assert not pool.wants_another(queued=100, now=clock.now() + 5)
+    room[0] = True
+    assert pool.wants_another(queued=100, now=clock.now() + 6)

@@ -1,0 +1,99 @@
+"""The batcher's stage-ahead: while a batch computes, the next full batch is staged."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from support import gate, live_server, publish, wait_until, write_function
+
+HANDLER = """
+import fnrt_test_gates
+
+
+class Staged:
+    def load(self, artifacts, device):
+        self.batches = []
+        fnrt_test_gates.track(self)
+
+    def forward(self, inputs):
+        x = inputs["x"]
+        self.batches.append(x.shape[0])
+        if float(x[0, 0]) < 0:  # a batch led by a negative value holds until let go
+            fnrt_test_gates.gate("hold").wait(30)
+        return {"y": x * 2}
+"""
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:Staged"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 2] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 2] }}
+
+[batching]
+max_batch_size = 4
+max_wait_ms = 1
+
+[isolation]
+mode = "thread"
+timeout_s = {timeout_s}
+"""
+
+
+def _post(url: str, value: float) -> httpx.Response:
+    return httpx.post(f"{url}/v1/functions/staged/invoke", json={"x": [[value, 1.0]]}, timeout=30)
+
+
+def _deploy(srv: Any, tmp_path: Path, timeout_s: float = 0) -> Any:
+    folder = write_function(tmp_path / "src", "staged", HANDLER, MANIFEST, timeout_s=timeout_s)
+    srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+    assert _post(srv.url, 1.0).json()["y"] == [[2.0, 2.0]]  # loaded
+    return srv.call(srv.registry.get("staged"))
+
+
+def test_a_full_batch_is_staged_while_the_last_one_computes(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, ThreadPoolExecutor(8) as pool:
+        scheduler = _deploy(srv, tmp_path)
+        (instance,) = scheduler.loaded_instances()
+        slots = instance.stager._slots
+        held = pool.submit(_post, srv.url, -1.0)
+        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.queued == 0)
+        full = [pool.submit(_post, srv.url, float(i)) for i in range(4)]
+        wait_until(lambda: all(slot.busy for slot in slots))  # staged ahead
+        assert scheduler.queued == 0
+        rest = [pool.submit(_post, srv.url, float(10 + i)) for i in range(2)]
+        wait_until(lambda: scheduler.queued == 2)  # below a full batch: nothing taken early
+        gate("hold").set()
+        assert held.result().json()["y"] == [[-2.0, 2.0]]
+        for i, future in enumerate(full):
+            assert future.result().json()["y"] == [[2.0 * i, 2.0]]
+        for i, future in enumerate(rest):
+            assert future.result().json()["y"] == [[2.0 * (10 + i), 2.0]]
+        handler = instance.stager.forward.__self__
+        assert handler.batches[:3] == [1, 1, 4]  # the load's, the held one, the staged four
+        assert not any(slot.busy for slot in slots)
+
+
+def test_a_batch_staged_on_an_instance_that_is_lost_runs_on_its_replacement(
+    tmp_path: Path,
+) -> None:
+    with live_server(tmp_path) as srv, ThreadPoolExecutor(8) as pool:
+        scheduler = _deploy(srv, tmp_path, timeout_s=1)
+        (instance,) = scheduler.loaded_instances()
+        held = pool.submit(_post, srv.url, -1.0)  # never let go: past its timeout
+        wait_until(lambda: any(slot.busy for slot in instance.stager._slots))
+        full = [pool.submit(_post, srv.url, float(i)) for i in range(4)]
+        assert held.result().status_code == 504
+        for i, future in enumerate(full):
+            answer = future.result()
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["y"] == [[2.0 * i, 2.0]]
+        assert not instance.alive
+        assert scheduler.loaded_instances() and scheduler.loaded_instances()[0] is not instance
