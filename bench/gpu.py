@@ -12,14 +12,16 @@ the same run:
   buffers, a copy and a compute stream, batch k+1 stacked and copied while batch
   k computes) against the same model in a plain ``__call__`` that stacks into
   pageable memory and runs on the default stream. Throughput and p99, the median
-  of ``--rounds`` interleaved rounds. On the CPU the same two handlers show what
-  the overlap of stacking and compute is worth there.
+  of ``--rounds`` interleaved rounds after one round that warms both. On the
+  CPU the same two handlers show what the overlap of stacking and compute is
+  worth there.
 - **load**: a ``--load-gib`` safetensors file from the disk cache into device
   memory: fnrt's parallel reads through a pinned ring
   (``loader/transfer.py``) against ``torch.load(...).to(device)``,
   ``safetensors.torch.load_file(device=...)`` and the file's raw read bandwidth
-  (parallel ``pread`` into pageable memory), in GB/s; with the page cache
-  dropped before each load where this machine allows it (root), else warm.
+  (as many threads of ``pread`` into pageable memory), in GB/s; with the page
+  cache dropped before each load (where this machine lets it be dropped: root),
+  then with the file in the page cache.
 - **sweep**: the wide-mlp example at 1, 2, 4 and 8 instances on the device
   (worker processes), 128 clients: throughput and p99 per level, and the level
   ``fnrt bench-concurrency`` would pick.
@@ -213,13 +215,15 @@ def pipeline(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> N
             vms = {k: publish(node, f) for k, f in folders.items()}
             request = sample_request(vms["plain"].manifest, rows=rows)
             factory = node.registry.schedulers
-            for _ in range(args.rounds):
+            for round_ in range(args.rounds + 1):  # the first warms both (CUDA, cuBLAS)
                 for mode in ("plain", "staged"):
                     scheduler = factory(vms[mode])
                     try:
-                        figures[mode].append(await measure(scheduler, 1, request, config))
+                        result = await measure(scheduler, 1, request, config)
                     finally:
                         await scheduler.close()
+                    if round_:
+                        figures[mode].append(result)
 
         asyncio.run(run())
     finally:
@@ -261,10 +265,13 @@ def drop_caches() -> bool:
         return False
 
 
-def parallel_read(path: Path, readers: int = 4, chunk: int = 32 << 20) -> float:
-    """Seconds to read the whole file with ``readers`` threads of pread (pageable memory)."""
+def parallel_read(
+    path: Path, readers: int = 4, chunk: int = 32 << 20, out: np.ndarray[Any, Any] | None = None
+) -> float:
+    """Seconds to read the whole file with ``readers`` threads of pread into pageable memory
+    (``out``, touched before: the time is the reads', not the page faults')."""
     size = path.stat().st_size
-    out = np.empty(size, np.uint8)
+    out = np.empty(size, np.uint8) if out is None else out
     view = memoryview(out)
     fd = os.open(path, os.O_RDONLY)
     offsets = iter(range(0, size, chunk))
@@ -297,7 +304,7 @@ def load(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> None:
     import torch
 
     from fnrt.loader.formats.safetensors import save_arrays
-    from fnrt.loader.transfer import safetensors_to_device
+    from fnrt.loader.transfer import TransferConfig, safetensors_to_device
 
     tmp = Path(tempfile.mkdtemp(prefix="fnrt-bench-load-"))
     target = device.torch
@@ -332,55 +339,60 @@ def load(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> None:
         check = safetensors.torch.load_file(st_path, device="cpu")
         same = all(torch.equal(made[k].cpu(), check[k]) for k in check)
         del made, check
-        cold = drop_caches()
+        readers = TransferConfig().readers
+        raw_name = f"raw read ({readers} threads of pread)"
+        into = np.ones(nbytes + 4096, np.uint8)  # pageable, touched: reads alone are timed
         methods: dict[str, Callable[[], Any]] = {
-            "raw read (4 threads of pread)": lambda: None,
+            raw_name: lambda: parallel_read(st_path, readers, out=into),
             "torch.load(...).to(device)": torch_load,
             "safetensors load_file(device=)": st_load,
             "fnrt: pread ring -> device": fnrt,
         }
-        seconds: dict[str, list[float]] = {name: [] for name in methods}
-        for _ in range(args.rounds):
-            for name, fn in methods.items():
-                if cold:
-                    drop_caches()
-                if name.startswith("raw"):
-                    seconds[name].append(parallel_read(st_path))
-                    continue
-                start = time.perf_counter()
-                out = fn()
-                sync()
-                seconds[name].append(time.perf_counter() - start)
-                del out
-                if device.kind == "cuda":
-                    torch.cuda.empty_cache()
+        caches = ("dropped", "warm") if drop_caches() else ("warm",)
+        seconds: dict[str, dict[str, list[float]]] = {c: {m: [] for m in methods} for c in caches}
+        for cache in caches:
+            for _ in range(args.rounds):
+                for name, fn in methods.items():
+                    if cache == "dropped":
+                        drop_caches()
+                    else:
+                        parallel_read(st_path, readers, out=into)  # the file in the page cache
+                    start = time.perf_counter()
+                    out = fn()
+                    sync()
+                    seconds[cache][name].append(time.perf_counter() - start)
+                    del out
+                    if device.kind == "cuda":
+                        torch.cuda.empty_cache()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    rates = {name: nbytes / statistics.median(s) / 1e9 for name, s in seconds.items()}
-    raw = rates["raw read (4 threads of pread)"]
-    baseline = rates["torch.load(...).to(device)"]
-    ours = rates["fnrt: pread ring -> device"]
-    print(
-        f"\nload of {nbytes / (1 << 30):.2f} GiB safetensors to {device} "
-        f"({'page cache dropped before each' if cold else 'page cache warm'}), "
-        f"median of {args.rounds}"
-    )
-    for name, rate in rates.items():
-        print(f"  {name:34} {rate:7.2f} GB/s   {rate / baseline:5.2f}x torch.load")
-    print(
-        f"  fnrt: {ours / baseline:.2f}x torch.load(...).to(), {ours / raw:.2f}x the raw read; "
-        f"first load (pinned ring allocated) {nbytes / first_s / 1e9:.2f} GB/s; bytes equal: {same}"
-    )
     report["load"] = {
         "device": str(device),
         "bytes": nbytes,
-        "cold": cold,
-        "gb_per_s": rates,
         "first_gb_per_s": nbytes / first_s / 1e9,
-        "vs_torch_load": ours / baseline,
-        "vs_raw_read": ours / raw,
         "equal": same,
     }
+    print(
+        f"\nload of {nbytes / (1 << 30):.2f} GiB safetensors to {device}, median of "
+        f"{args.rounds}; first load (its pinned ring allocated) {nbytes / first_s / 1e9:.2f} "
+        f"GB/s; bytes equal: {same}"
+    )
+    for cache in caches:
+        rates = {name: nbytes / statistics.median(s) / 1e9 for name, s in seconds[cache].items()}
+        raw = rates[raw_name]
+        baseline = rates["torch.load(...).to(device)"]
+        ours = rates["fnrt: pread ring -> device"]
+        print(f"  page cache {cache} before each load:")
+        for name, rate in rates.items():
+            print(f"    {name:34} {rate:7.2f} GB/s   {rate / baseline:5.2f}x torch.load")
+        print(
+            f"    fnrt: {ours / baseline:.2f}x torch.load(...).to(), {ours / raw:.2f}x the raw read"
+        )
+        report["load"][cache] = {
+            "gb_per_s": rates,
+            "vs_torch_load": ours / baseline,
+            "vs_raw_read": ours / raw,
+        }
 
 
 # --- sweep ---------------------------------------------------------------------------------

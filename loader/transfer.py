@@ -40,7 +40,7 @@ class TransferConfig:
 
     chunk_bytes: int = 32 * MIB
     ring_chunks: int = 8
-    readers: int = 4
+    readers: int = 8  # reads in flight: what keeps an NVMe disk busy (they wait, not compute)
 
     def __post_init__(self) -> None:
         if self.chunk_bytes < 4096 or self.ring_chunks < 2 or self.readers < 1:

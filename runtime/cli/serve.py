@@ -105,7 +105,7 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
 )
 @setting(
     "gpu_concurrency",
-    type=click.IntRange(min=0),
+    type=int,
     help="instances sharing the GPU, all functions together (0: no cap); "
     "fnrt bench-concurrency measures the best",
 )

@@ -272,3 +272,97 @@ def test_nvml_metrics_report_the_device(tmp_path: Path) -> None:
     assert used and total, text[:2000]
     assert float(total[0].split()[-1]) > 16e9
     assert any(line.startswith("fnrt_gpu_utilization_ratio") for line in text.splitlines())
+
+
+def _big_function(tmp_path: Path, name: str, mode: str = "thread", extra: str = "") -> Path:
+    weights = tmp_path / f"{name}.safetensors"
+    if not weights.exists():
+        save_arrays({"w": np.ones((8192, 8192), np.float32)}, weights)  # 256 MiB
+    return write_function(
+        tmp_path / "src",
+        name,
+        BIG,
+        BIG_MANIFEST + extra,
+        mode=mode,
+        files={"w.safetensors": weights.read_bytes()},
+    )
+
+
+def test_a_load_past_the_gpu_budget_evicts_the_least_recently_used(tmp_path: Path) -> None:
+    """Two 256 MiB models under a 400 MiB GPU budget: the second's load unloads the
+    first; GPU tensors count against the GPU's budget, not the host's."""
+    node = _gpu_node(tmp_path, gpu_memory_budget_bytes=400 << 20)
+    assert node.gpu_memory is not None and node.gpu_memory.budget_bytes == 400 << 20
+    x = {"x": np.ones((1, 8192)).tolist()}
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        for name in ("big-a", "big-b"):
+            folder = _big_function(tmp_path, name)
+            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        assert c.post("/v1/functions/big-a/invoke", json=x).status_code == 200
+        a = srv.call(srv.registry.get("big-a"))
+        assert a.device_bytes >= 256 << 20 and a.resident_bytes < 64 << 20
+        assert c.post("/v1/functions/big-b/invoke", json=x).status_code == 200
+        b = srv.call(srv.registry.get("big-b"))
+        assert b.device_bytes >= 256 << 20
+        assert a.loaded_instances() == [] and a.device_bytes == 0  # evicted for b
+        assert node.gpu_memory.used_bytes() == b.device_bytes
+
+
+SLOW = """
+import time
+from fnrt.functions import Handler
+
+
+class Slow(Handler):
+    def forward(self, inputs):
+        time.sleep(0.02)
+        return {"y": inputs["x"][:, :4]}
+"""
+
+SLOW_MANIFEST = """
+name = "{name}"
+handler = "handler:Slow"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 8] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+
+[batching]
+max_batch_size = 2
+
+[scaling]
+max_instances = 4
+scale_up_after_ms = 20
+max_queue = 4096
+
+[isolation]
+mode = "thread"
+"""
+
+
+def test_gpu_concurrency_caps_the_instances_sharing_the_gpu(tmp_path: Path) -> None:
+    import asyncio
+
+    node = _gpu_node(tmp_path, gpu_concurrency=2)
+    with live_server(tmp_path, node=node) as srv:
+        folder = write_function(tmp_path / "src", "slow", SLOW, SLOW_MANIFEST)
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        scheduler = srv.call(srv.registry.get("slow"))
+        most = 0
+
+        async def flood() -> None:
+            nonlocal most
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+                calls = [
+                    c.post("/v1/functions/slow/invoke", json={"x": [[1.0] * 8]}) for _ in range(300)
+                ]
+                pending = asyncio.ensure_future(asyncio.gather(*calls))
+                while not pending.done():
+                    most = max(most, scheduler.instances)
+                    await asyncio.sleep(0.01)
+                assert all(r.status_code == 200 for r in pending.result())
+
+        asyncio.run(flood())
+    assert most == 2  # it scaled up, to the cap and not to max_instances = 4
