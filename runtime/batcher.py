@@ -350,6 +350,7 @@ class Batcher:
         taken early, so batches are as large as without the pipeline."""
         staged: Staged | None = None
         while True:
+            self._maybe_scale_up(self._clock.now())  # as each turn of _work does
             run = asyncio.ensure_future(
                 self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks, staged)
             )

@@ -97,3 +97,33 @@ def test_a_batch_staged_on_an_instance_that_is_lost_runs_on_its_replacement(
             assert answer.json()["y"] == [[2.0 * i, 2.0]]
         assert not instance.alive
         assert scheduler.loaded_instances() and scheduler.loaded_instances()[0] is not instance
+
+
+SLOW = """
+import time
+
+
+class Slow:
+    def forward(self, inputs):
+        time.sleep(0.02)
+        return {"y": inputs["x"] * 2}
+"""
+
+SLOW_MANIFEST = MANIFEST.replace("Staged", "Slow") + """
+[scaling]
+max_instances = 2
+scale_up_after_ms = 20
+max_queue = 4096
+"""
+
+
+def test_a_pipelined_function_still_scales_up_under_load(tmp_path: Path) -> None:
+    """The stage-ahead loop keeps serving without going back to the batcher's own loop,
+    so it asks for another instance itself (a deep queue must not stay on one)."""
+    with live_server(tmp_path) as srv, ThreadPoolExecutor(64) as pool:
+        folder = write_function(tmp_path / "src", "staged", SLOW, SLOW_MANIFEST, timeout_s=0)
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        scheduler = srv.call(srv.registry.get("staged"))
+        calls = [pool.submit(_post, srv.url, float(i)) for i in range(400)]
+        wait_until(lambda: scheduler.instances == 2, timeout_s=20)
+        assert all(call.result().status_code == 200 for call in calls)
