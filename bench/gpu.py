@@ -2,6 +2,8 @@
 
     python bench/gpu.py [--device auto|cpu|cuda] [--only pipeline,load,sweep]
                         [--rounds 3] [--duration-s 4] [--load-gib 1.25] [--out FILE.json]
+                        [--plot FILE.png]
+    python bench/gpu.py --replot FILE.json [--plot FILE.png]
 
 Three parts, each printing its figures as ratios against a baseline measured in
 the same run:
@@ -448,6 +450,46 @@ def sweep(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> None
     }
 
 
+def plot(report: dict[str, Any], path: Path) -> None:
+    """The figures people look at: loads in GB/s by method, the sweep's throughput and p99."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    load, sweep_ = report.get("load", {}), report.get("sweep", {})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    caches = [c for c in ("dropped", "warm") if c in load]
+    if caches:
+        names = list(load[caches[0]]["gb_per_s"])
+        width = 0.8 / len(caches)
+        for i, cache in enumerate(caches):
+            rates = [load[cache]["gb_per_s"][n] for n in names]
+            label = "page cache dropped" if cache == "dropped" else "page cache warm"
+            left.barh([y + i * width for y in range(len(names))], rates, width, label=label)
+        left.set_yticks([y + width * (len(caches) - 1) / 2 for y in range(len(names))], names)
+        left.set_xlabel("GB/s into device memory (raw read: into host memory)")
+        left.set_title(f"{load['bytes'] / (1 << 30):.2f} GiB of safetensors to {load['device']}")
+        left.legend(loc="lower right")
+    results = sweep_.get("results") or []
+    if results:
+        levels = [r["level"] for r in results]
+        right.plot(levels, [r["throughput_rps"] for r in results], "o-", label="requests/s")
+        right.set_xscale("log", base=2)
+        right.set_xticks(levels, [str(x) for x in levels])
+        right.set_xlabel("instances on the device")
+        right.set_ylabel("requests/s")
+        right.set_ylim(bottom=0)
+        p99 = right.twinx()
+        p99.plot(levels, [r["p99_ms"] for r in results], "s--", color="tab:red", label="p99")
+        p99.set_ylabel("p99 ms", color="tab:red")
+        p99.set_ylim(bottom=0)
+        right.set_title(f"wide-mlp on {sweep_['device']}: best {sweep_.get('best')} instances")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plotted {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -456,8 +498,15 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=4.0)
     parser.add_argument("--load-gib", type=float, default=1.25)
     parser.add_argument("--levels", default="1,2,4,8")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="write the figures as JSON")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="plot the load and the sweep")
+    parser.add_argument(
+        "--replot", type=Path, metavar="JSON", help="plot a saved --out, run nothing"
+    )
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads(args.replot.read_text()), args.plot or args.replot.with_suffix(".png"))
+        return
     device = device_of(args.device)
     report: dict[str, Any] = {}
     parts = {"pipeline": pipeline, "load": load, "sweep": sweep}
@@ -473,6 +522,8 @@ def main() -> None:
         print(f"  ({name}: {time.perf_counter() - started:.0f} s)", flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
+    if args.plot:
+        plot(report, args.plot)
 
 
 if __name__ == "__main__":

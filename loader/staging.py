@@ -40,6 +40,10 @@ Forward = Callable[[dict[str, Any]], Mapping[str, Any]]
 
 #: batches in flight per instance: one computing, one staged ahead
 DEPTH = 2
+#: the largest page-locked buffer an instance keeps per input or output; a batch
+#: larger than that (a burst of the largest bodies the server admits) is staged in
+#: ordinary memory, whose copy is not asynchronous, rather than lock that much RAM
+MAX_PINNED_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ class Stager:
                 )
         shape = (total, *tail)
         nbytes = int(np.prod(shape)) * dtype.itemsize
-        host = _grown(slot.host_in, name, nbytes, self.lanes.host_buffer)
+        host = _grown(slot.host_in, name, nbytes, self._host_buffer)
         stacked = host.view(dtype, shape)
         np.concatenate(parts, out=stacked) if len(parts) > 1 else np.copyto(stacked, parts[0])
         torch = self.torch
@@ -148,6 +152,11 @@ class Stager:
         device = _grown(slot.device_in, name, nbytes, self._device_buffer)
         self.lanes.to_device(device.data_ptr(), host, nbytes, self.lanes.copy)
         return device[:nbytes].view(_torch_dtype(torch, dtype)).view(shape)
+
+    def _host_buffer(self, nbytes: int) -> HostBuffer:
+        if nbytes > MAX_PINNED_BYTES:
+            return HostBuffer(np.empty(nbytes, np.uint8))
+        return self.lanes.host_buffer(nbytes)
 
     def _device_buffer(self, nbytes: int) -> Any:
         return self.torch.empty(
@@ -226,7 +235,7 @@ class Stager:
                 continue
             dtype = _numpy_dtype(self.torch, tensor.dtype)
             nbytes = tensor.numel() * tensor.element_size()
-            host = _grown(slot.host_out, name, nbytes, self.lanes.host_buffer)
+            host = _grown(slot.host_out, name, nbytes, self._host_buffer)
             self.lanes.to_host(host, tensor.data_ptr(), nbytes, self.lanes.compute)
             arrays[name] = host.view(dtype, tuple(tensor.shape))
             slot.keep.append(tensor)  # alive until "done": the copy reads it

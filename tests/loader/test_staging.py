@@ -149,3 +149,29 @@ def test_bfloat16_inputs_reach_forward_as_bfloat16() -> None:
     assert seen == [torch.bfloat16]
     assert got["y"].tolist() == [[1.5, -2.0]]
     stager.close()
+
+
+def test_a_batch_past_the_pinned_limit_is_staged_in_ordinary_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Page-locked memory is RAM the OS cannot page out: a burst of the largest bodies
+    must not lock that much; above the limit the buffers are ordinary memory."""
+    import fnrt.loader.staging as staging
+
+    asked: list[int] = []
+
+    class Counting(Lanes):
+        def host_buffer(self, nbytes: int) -> Any:
+            asked.append(nbytes)
+            return super().host_buffer(nbytes)
+
+    monkeypatch.setattr(staging, "MAX_PINNED_BYTES", 1024)
+    stager = Stager(forward, IN, OUT, Counting())
+    stager.run([request(4, 0)])  # 64 bytes of x: through the lanes
+    assert asked and max(asked) <= 1024
+    asked.clear()
+    big = [request(200, 1)]  # 3,200 bytes of x
+    (got,) = stager.run(big)
+    np.testing.assert_allclose(got["y"], expected(big[0])["y"], rtol=1e-5, atol=1e-6)
+    assert all(n <= 1024 for n in asked)  # x's buffer did not come from the lanes
+    stager.close()

@@ -109,12 +109,15 @@ class Slow:
         return {"y": inputs["x"] * 2}
 """
 
-SLOW_MANIFEST = MANIFEST.replace("Staged", "Slow") + """
+SLOW_MANIFEST = (
+    MANIFEST.replace("Staged", "Slow")
+    + """
 [scaling]
 max_instances = 2
 scale_up_after_ms = 20
 max_queue = 4096
 """
+)
 
 
 def test_a_pipelined_function_still_scales_up_under_load(tmp_path: Path) -> None:
