@@ -336,25 +336,27 @@ class Batcher:
                 if getattr(instance, "stager", None) is None:
                     await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
                 else:
-                    await self._pipeline(slot, instance, taken)
-                if taken.blocks and all(p.priority is Priority.JOB for p in taken.batch):
+                    taken, started = await self._pipeline(slot, instance, taken)
+                if _job_only(taken):
                     ended = self._clock.now()
                     pause = job_pause_s(ended - started, self.arrivals.rate_per_s(ended))
                     if pause > 0:
                         await self._yield_to_live(pause)
 
-    async def _pipeline(self, slot: Slot, instance: Any, taken: Taken) -> None:
+    async def _pipeline(self, slot: Slot, instance: Any, taken: Taken) -> tuple[Taken, float]:
         """Run batches on an instance that stages them (a handler with ``forward``): while
         one computes, the next batch, when the queue holds a full one, is stacked and
         copied to the device on the instance's host lane. Below a full batch nothing is
-        taken early, so batches are as large as without the pipeline."""
+        taken early, so batches are as large as without the pipeline. The last batch run,
+        and when it started (after a batch of job records alone, the caller may pause)."""
         staged: Staged | None = None
         while True:
-            self._maybe_scale_up(self._clock.now())  # as each turn of _work does
+            started = self._clock.now()
+            self._maybe_scale_up(started)  # as each turn of _work does
             run = asyncio.ensure_future(
                 self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks, staged)
             )
-            ahead = await self._stage_ahead(slot, instance, run)
+            ahead = await self._stage_ahead(slot, instance, run, taken)
             try:
                 await run
             except BaseException:
@@ -367,7 +369,7 @@ class Batcher:
                     )
                 raise
             if ahead is None:
-                return
+                return taken, started
             taken, staged = ahead
             if not instance.alive:  # lost while the batch ahead was staged on it
                 staged.release()
@@ -376,22 +378,27 @@ class Batcher:
                     instance = await self._pool.ensure(slot)
                 except FnrtError as exc:
                     self._fail(taken.batch, taken.rows, exc)
-                    return
+                    return taken, started
                 if getattr(instance, "stager", None) is None:
+                    started = self._clock.now()
                     await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
-                    return
+                    return taken, started
 
     async def _stage_ahead(
-        self, slot: Slot, instance: Any, run: asyncio.Future[None]
+        self, slot: Slot, instance: Any, run: asyncio.Future[None], running: Taken
     ) -> tuple[Taken, Staged] | None:
-        """While ``run`` goes, take the next batch once the plan says flush a full one
-        now, and stage it; None if ``run`` ended first."""
+        """While ``run`` (of ``running``) goes, take the next batch once the plan says
+        flush a full one now, and stage it; None if ``run`` ended first. Nothing is staged
+        after a batch of job records alone while live requests arrive: the slot pauses
+        for them after it (``job_pause_s``), as without the pipeline."""
+        if _job_only(running) and job_pause_s(1.0, self.arrivals.rate_per_s(self._clock.now())):
+            return None
         while not run.done():
             if self.closing or slot.retired or not instance.alive:
                 return None
             now = self._clock.now()
             plan = self._plan(now)
-            if plan.wait_s <= 1e-6 and len(self._queue) >= plan.size:
+            if plan.wait_s <= 1e-6 and self._queue.rows >= plan.size:
                 taken = self._take(plan.size, now)
                 if not taken.batch:
                     continue
@@ -403,7 +410,11 @@ class Batcher:
                     continue
                 return taken, staged
             self._wake.clear()
-            woken = asyncio.ensure_future(self._wake.wait())
+            woken = asyncio.ensure_future(  # an arrival, or the plan's wait running out
+                self._clock.wait(self._wake, plan.wait_s)
+                if plan.wait_s > 1e-6
+                else self._wake.wait()
+            )
             await asyncio.wait((run, woken), return_when=asyncio.FIRST_COMPLETED)
             woken.cancel()
         return None
@@ -492,6 +503,11 @@ class Batcher:
             self._events.batch(
                 self.version, batch, started, started_ns, elapsed, failure, span, spans, rows
             )
+
+
+def _job_only(taken: Taken) -> bool:
+    """A batch of job records alone (no live request in it)."""
+    return taken.blocks and all(p.priority is Priority.JOB for p in taken.batch)
 
 
 def _rows(batch: list[Pending]) -> list[Request]:

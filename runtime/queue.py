@@ -86,18 +86,26 @@ class RequestQueue:
         self.aging_s = aging_s
         self._classes: tuple[deque[Pending], ...] = tuple(deque() for _ in Priority)
         self._size = 0
+        self._rows = 0  # the handler's requests queued: a block counts its records
 
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def rows(self) -> int:
+        """The handler's requests queued (a block of job records counts each record)."""
+        return self._rows
+
     def push(self, pending: Pending) -> None:
         self._classes[pending.priority].append(pending)
         self._size += 1
+        self._rows += pending.rows
 
     def put_back(self, pending: Pending) -> None:
         """Return a request just taken to the head of its class (it did not fit)."""
         self._classes[pending.priority].appendleft(pending)
         self._size += 1
+        self._rows += pending.rows
 
     def live(self) -> int:
         """Requests queued in the live classes (every one but job records)."""
@@ -127,7 +135,9 @@ class RequestQueue:
         if best is None:
             return None
         self._size -= 1
-        return best.popleft()
+        pending = best.popleft()
+        self._rows -= pending.rows
+        return pending
 
     def take(self, max_size: int, now: float) -> Taken:
         """Up to ``max_size`` live requests in service order; dead ones are dropped.
@@ -177,5 +187,5 @@ class RequestQueue:
         out = [p for q in self._classes for p in q]
         for q in self._classes:
             q.clear()
-        self._size = 0
+        self._size = self._rows = 0
         return out

@@ -130,3 +130,53 @@ def test_a_pipelined_function_still_scales_up_under_load(tmp_path: Path) -> None
         calls = [pool.submit(_post, srv.url, float(i)) for i in range(400)]
         wait_until(lambda: scheduler.instances == 2, timeout_s=20)
         assert all(call.result().status_code == 200 for call in calls)
+
+
+def test_after_job_records_alone_live_requests_are_not_staged_behind_more_jobs(
+    tmp_path: Path,
+) -> None:
+    """With no live traffic, blocks of job records are staged ahead like any batch; while
+    live requests arrive, nothing is staged after a batch of job records alone, so the
+    slot yields to the live requests after it, as it does without the pipeline."""
+    import numpy as np
+
+    def block(first: float) -> list[dict[str, Any]]:
+        return [{"x": np.array([[first, 1.0]], np.float32)}] + [
+            {"x": np.array([[float(i), 1.0]], np.float32)} for i in range(3)
+        ]
+
+    with live_server(tmp_path) as srv, ThreadPoolExecutor(8) as pool:
+        scheduler = _deploy(srv, tmp_path)  # one live call: long enough ago below
+        (instance,) = scheduler.loaded_instances()
+        slots = instance.stager._slots
+
+        async def submit(records: list[dict[str, Any]]) -> Any:
+            return await scheduler.submit_block(records)
+
+        # no live arrivals lately: a second block is staged while the first holds
+        import time
+
+        time.sleep(1.5)
+        gate("hold").clear()
+        held = pool.submit(srv.call, submit(block(-1.0)))
+        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.queued == 0)
+        behind = pool.submit(srv.call, submit(block(5.0)))
+        wait_until(lambda: all(slot.busy for slot in slots))
+        gate("hold").set()
+        assert len(held.result()) == 4 and len(behind.result()) == 4
+
+        # live requests arriving (the rate estimate is a slow mean of the gaps: many
+        # of them): after a held block of jobs, nothing is staged ahead
+        answers = list(pool.map(lambda i: _post(srv.url, float(i)), range(60)))
+        assert all(a.status_code == 200 for a in answers)
+        assert scheduler.batcher.arrivals.rate_per_s(scheduler.batcher._clock.now()) > 1.0
+        gate("hold").clear()
+        held = pool.submit(srv.call, submit(block(-1.0)))
+        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.queued == 0)
+        live = [pool.submit(_post, srv.url, float(i)) for i in range(4)]
+        wait_until(lambda: scheduler.queued == 4)
+        time.sleep(0.2)
+        assert sum(slot.busy for slot in slots) == 1
+        gate("hold").set()
+        assert len(held.result()) == 4
+        assert [f.result().json()["y"] for f in live] == [[[2.0 * i, 2.0]] for i in range(4)]
