@@ -179,4 +179,17 @@ def import_handler(code_dir: Path, manifest: Manifest, package: str) -> object:
         check_generator(obj, manifest.handler)
     else:
         check_contract(obj, manifest.handler)
+        if inspect.isclass(obj) and defines_forward(obj):
+            check_staged_inputs(manifest, manifest.handler)
     return obj
+
+
+def check_staged_inputs(manifest: Manifest, where: str) -> None:
+    """HandlerError unless every input of a ``forward`` handler has rows (a first
+    dimension of -1) to concatenate the batch's requests along."""
+    fixed = [n for n, s in manifest.inputs.items() if not s.shape or s.shape[0] != -1]
+    if fixed or not manifest.inputs:
+        raise HandlerError(
+            f"{where} defines forward(inputs), which needs [inputs] whose first dimension "
+            f"is -1 (rows, concatenated across requests); not so: {', '.join(fixed) or 'none'}"
+        )

@@ -27,6 +27,7 @@ import numpy as np
 
 from fnrt.functions.bundle import unpack_code
 from fnrt.functions.errors import BlobNotFound
+from fnrt.functions.extras import require
 from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import (
     Device,
@@ -414,13 +415,35 @@ def build_handler(
     obj = import_handler(code_dir, vm.manifest, bundle_package(vm.bundle.digest))
     import_s = time.perf_counter() - mark
     mark = time.perf_counter()
-    unload: Callable[[], None] | None = None
     handler = obj() if inspect.isclass(obj) else obj  # a class is instantiated once
-    generative = vm.manifest.generative
-    staged = inspect.isclass(obj) and defines_forward(obj) and not generative
+    staged = inspect.isclass(obj) and defines_forward(obj) and not vm.manifest.generative
+    if staged:  # before anything is loaded: a forward handler needs torch
+        require("torch", "a handler with forward()")
     lanes = lanes_for(device) if device.kind == "cuda" or staged else None
     if lanes is not None:  # the handler sees its instance's own compute stream
         device = replace(device, stream=lanes.compute.handle)
+    try:
+        return _built(vm, obj, handler, artifacts, device, lanes, staged, import_s, mark)
+    except BaseException:
+        if lanes is not None:  # a load that failed gives its streams back
+            lanes.close()
+        raise
+
+
+def _built(
+    vm: VersionManifest,
+    obj: object,
+    handler: Any,
+    artifacts: Mapping[str, LocalArtifact],
+    device: Device,
+    lanes: Lanes | None,
+    staged: bool,
+    import_s: float,
+    mark: float,
+) -> Built:
+    """``build_handler`` once the instance's lanes are made: load, then what to call."""
+    unload: Callable[[], None] | None = None
+    generative = vm.manifest.generative
     per_batch = handler if handler is obj or not callable(handler) else type(handler).__call__
     hooks = [per_batch, getattr(handler, "load", None), getattr(handler, "unload", None)]
     if generative:

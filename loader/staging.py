@@ -96,7 +96,7 @@ class Stager:
     ) -> None:
         self.torch = require("torch", "a handler with forward()")
         unbatched = [n for n, s in inputs.items() if not s.shape or s.shape[0] != -1]
-        if unbatched or not inputs:
+        if unbatched or not inputs:  # checked at deploy too (check_staged_inputs)
             raise HandlerError(
                 "a handler with forward() needs inputs whose first dimension is -1 "
                 f"(rows, concatenated across requests); not so: {', '.join(unbatched) or 'none'}"

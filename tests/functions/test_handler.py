@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fnrt.functions.errors import HandlerError
@@ -56,3 +58,22 @@ def test_a_handler_class_with_forward_needs_no_call() -> None:
         check_contract(AsyncForward, "AsyncForward")
     with pytest.raises(HandlerError, match="forward must take one argument: the batched inputs"):
         check_contract(TwoArguments, "TwoArguments")
+
+
+def test_a_forward_handler_with_inputs_without_rows_is_refused_at_import(tmp_path: Path) -> None:
+    from fnrt.functions.handler import import_handler
+    from fnrt.functions.manifest import load_manifest
+    from support import write_function
+
+    handler = "class Staged:\n    def forward(self, inputs):\n        return inputs\n"
+    manifest = """
+name = "{name}"
+handler = "handler:Staged"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+image = {{ dtype = "float32", shape = [3, 8, 8] }}
+"""
+    folder = write_function(tmp_path, "staged", handler, manifest)
+    with pytest.raises(HandlerError, match=r"forward\(inputs\).*not so: image"):
+        import_handler(folder, load_manifest(folder), "fnrt_test_staged_refused")
