@@ -88,6 +88,7 @@ class Instance:
     stepper: Stepper | None = None  # a generative handler's
     stager: Stager | None = None  # a handler with forward(): batches can be staged ahead
     device_bytes: int = 0  # held in device memory (``size_bytes``: in host memory)
+    stages: bool = False  # a handler with forward(): its requests' inputs must agree on rows
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
@@ -185,6 +186,7 @@ class Runnable(Protocol):
     timings_s: dict[str, float]
     size_bytes: int  # held in host memory
     device_bytes: int  # held in device memory (a GPU's)
+    stages: bool  # a handler with forward(): it stacks its batches itself
     tier: LoadTier
 
     @property
@@ -378,6 +380,7 @@ class InstanceLoader:
             built.stepper,
             built.stager,
             built.device_bytes,
+            built.stager is not None,
         )
 
 

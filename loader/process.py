@@ -103,6 +103,7 @@ class ProcessInstance:
         self.timings_s: dict[str, float] = {}
         self.size_bytes = 0
         self.device_bytes = 0
+        self.stages = False
         self.tier = LoadTier.L2
         self._process = process
         self._channel = channel
@@ -337,6 +338,7 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         raise
     instance.size_bytes = int(reply["size_bytes"])
     instance.device_bytes = int(reply.get("device_bytes", 0))
+    instance.stages = bool(reply.get("staged", False))
     instance.tier = files.tier
     instance.timings_s = {
         "fetch_s": files.timings_s["fetch_s"],

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fnrt.functions.dtypes import numpy_dtype
-from fnrt.functions.errors import HandlerError
+from fnrt.functions.errors import HandlerError, InvalidInput
 from fnrt.functions.extras import require
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import TensorSpec
@@ -283,6 +283,25 @@ class Stager:
             slot.device_in.clear()
             slot.staged.close()
             slot.done.close()
+
+
+def rows_disagree(request: Request) -> InvalidInput | None:
+    """Why a request cannot join a staged batch: its inputs' first dimensions (rows)
+    differ, so its outputs could not be split back out of the batch's (None: they agree).
+    Checked as a request is admitted, so it is a 422 of its own, not its batch's failure."""
+    rows = -1
+    first = ""
+    for name, array in request.items():
+        n = array.shape[0] if array.ndim else -2
+        if rows == -1:
+            rows, first = n, name
+        elif n != rows:
+            return InvalidInput(
+                f"input '{name}' has {n} rows and '{first}' {rows}: this function's handler "
+                "(forward) needs every input of a request to have the same number of rows",
+                input=name,
+            )
+    return None
 
 
 def _grown(buffers: dict[str, Any], name: str, nbytes: int, make: Callable[[int], Any]) -> Any:

@@ -84,6 +84,7 @@ def serve(channel: Channel) -> int:
             "pid": os.getpid(),
             "size_bytes": built.size_bytes,
             "device_bytes": built.device_bytes,
+            "staged": built.stager is not None,
             "import_s": built.import_s,
             "load_s": built.load_s,
         }

@@ -107,6 +107,8 @@ class InstancePool:
     ) -> None:
         self.version = version
         self._device_room = device_room  # None: no cap on instances sharing the GPU
+        #: its handler has forward (known from its first load): admission checks rows
+        self.stages = False
         self.name = version.name
         self._load_instance = load
         self._clock = clock
@@ -285,6 +287,7 @@ class InstancePool:
         stats.last_load_tier = instance.tier
         stats.last_load_bytes = instance.size_bytes
         stats.last_load_device_bytes = instance.device_bytes
+        self.stages = instance.stages
         stats.cold_starts[instance.tier] += 1
         self._events.loaded(self.version, instance, started_ns, time.time_ns())
         log.info(

@@ -27,6 +27,7 @@ from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader, Runnable
 from fnrt.loader.memory import MakeRoom
 from fnrt.loader.process import launch
+from fnrt.loader.staging import rows_disagree
 from fnrt.runtime.batcher import Admission, Batcher
 from fnrt.runtime.batching import CostModel, RateEstimator
 from fnrt.runtime.breaker import Breaker
@@ -220,6 +221,10 @@ class Scheduler:
         batcher = self._requests
         if batcher is None:
             return self._generate(inputs, now, priority, timeout_s, span, client, asked)
+        if self.pool.stages:  # a forward handler: a request whose rows disagree is its own 422
+            refused = rows_disagree(inputs)
+            if refused is not None:
+                raise refused
         batcher.admit(now, timeout_s)
         cold = self.pool.count_start(now) is StartKind.COLD
         return batcher.enqueue(

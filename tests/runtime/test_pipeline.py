@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from support import gate, live_server, publish, wait_until, write_function
 
@@ -180,3 +181,39 @@ def test_after_job_records_alone_live_requests_are_not_staged_behind_more_jobs(
         gate("hold").set()
         assert len(held.result()) == 4
         assert [f.result().json()["y"] for f in live] == [[[2.0 * i, 2.0]] for i in range(4)]
+
+
+TWO = """
+class Two:
+    def forward(self, inputs):
+        return {"y": inputs["x"] + inputs["k"][:, None]}
+"""
+
+TWO_MANIFEST = """
+name = "{name}"
+handler = "handler:Two"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 2] }}
+k = {{ dtype = "float32", shape = [-1] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 2] }}
+
+[isolation]
+mode = "{mode}"
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_request_whose_inputs_disagree_on_rows_is_its_own_422(tmp_path: Path, mode: str) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        folder = write_function(tmp_path / "src", "two", TWO, TWO_MANIFEST, mode=mode)
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        url = "/v1/functions/two/invoke"
+        good = {"x": [[1.0, 2.0]], "k": [10.0]}
+        assert c.post(url, json=good).json()["y"] == [[11.0, 12.0]]
+        bad = c.post(url, json={"x": [[1.0, 2.0], [3.0, 4.0]], "k": [1.0, 2.0, 3.0]})
+        assert bad.status_code == 422, bad.text
+        assert "'k' has 3 rows and 'x' 2" in bad.text
+        assert c.post(url, json=good).status_code == 200  # nothing else failed
