@@ -181,7 +181,7 @@ class Stager:
                         arrays = self._to_host(slot, outputs)
                 else:
                     outputs = self._checked(self.forward(staged.inputs), sum(staged.rows))
-                    arrays = {n: t.detach().numpy() for n, t in outputs.items()}
+                    arrays = {n: self._own(slot, t.detach().numpy()) for n, t in outputs.items()}
             slot.done.record(lanes.compute)
             slot.done.synchronize()
             computed = time.perf_counter()
@@ -224,6 +224,14 @@ class Stager:
                 )
             checked[str(name)] = tensor.detach()
         return checked
+
+    @staticmethod
+    def _own(slot: _Slot, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """``array``, copied when it is a view of the slot's inputs (``forward`` returned an
+        input, or a slice of one): the slot is staged again while the answer is encoded."""
+        if any(np.may_share_memory(array, b.array) for b in slot.host_in.values()):
+            return array.copy()
+        return array
 
     def _to_host(self, slot: _Slot, outputs: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
         """Queue each output's copy into the slot's host buffers, on the compute stream."""

@@ -175,3 +175,15 @@ def test_a_batch_past_the_pinned_limit_is_staged_in_ordinary_memory(
     np.testing.assert_allclose(got["y"], expected(big[0])["y"], rtol=1e-5, atol=1e-6)
     assert all(n <= 1024 for n in asked)  # x's buffer did not come from the lanes
     stager.close()
+
+
+def test_outputs_that_are_views_of_the_inputs_outlive_the_slot() -> None:
+    """A forward that returns (a slice of) its input: the answer must not change when
+    the slot is staged again for the next batch."""
+    out = {"y": TensorSpec("float32", (-1, 2))}
+    stager = Stager(lambda inputs: {"y": inputs["x"][:, :2]}, IN, out, Lanes(), depth=1)
+    first = stager.run([request(3, 0)])
+    kept = first[0]["y"].copy()
+    stager.run([request(3, 99)])  # the one slot, staged again with other values
+    np.testing.assert_array_equal(first[0]["y"], kept)
+    stager.close()
