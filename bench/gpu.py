@@ -139,7 +139,6 @@ def device_of(choice: str) -> Any:
 
 
 def make_node(tmp: Path, device: Any, isolation: str = "thread") -> Any:
-    from fnrt.loader.device import detect_device  # noqa: F401
     from fnrt.loader.instance import InstanceLoader
     from fnrt.loader.repository import Repository
     from fnrt.loader.stores.file import FileStore

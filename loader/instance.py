@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import inspect
 import logging
 import os
@@ -88,7 +87,6 @@ class Instance:
     stepper: Stepper | None = None  # a generative handler's
     stager: Stager | None = None  # a handler with forward(): batches can be staged ahead
     device_bytes: int = 0  # held in device memory (``size_bytes``: in host memory)
-    stages: bool = False  # a handler with forward(): its requests' inputs must agree on rows
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
@@ -102,6 +100,11 @@ class Instance:
         with capture(trace) as spans:
             ran = run_checked(self.call, self.version, batch)
         return replace(ran, spans=spans) if spans else ran
+
+    @property
+    def stages(self) -> bool:
+        """A handler with forward(): its requests' inputs must agree on rows."""
+        return self.stager is not None
 
     def run_staged(self, staged: Staged, trace: TraceParent | None = None) -> Ran:
         """Compute a batch the stager staged ahead on its host lane (this instance's thread)."""
@@ -186,7 +189,6 @@ class Runnable(Protocol):
     timings_s: dict[str, float]
     size_bytes: int  # held in host memory
     device_bytes: int  # held in device memory (a GPU's)
-    stages: bool  # a handler with forward(): it stacks its batches itself
     tier: LoadTier
 
     @property
@@ -195,6 +197,11 @@ class Runnable(Protocol):
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran: ...
 
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped: ...
+
+    @property
+    def stages(self) -> bool:
+        """A handler with forward(): it stacks its batches itself (a worker's too)."""
+        ...
 
     @property
     def stager(self) -> Stager | None:
@@ -380,7 +387,6 @@ class InstanceLoader:
             built.stepper,
             built.stager,
             built.device_bytes,
-            built.stager is not None,
         )
 
 
@@ -489,11 +495,15 @@ def on_stream(device: Device, fn: Callable[..., T]) -> Callable[..., T]:
     if not device.stream:
         return fn
 
+    made: list[Any] = []  # the torch stream, made at the first call (torch is loaded then)
+
     def run(*args: Any) -> T:
         torch = sys.modules.get("torch")
         if torch is None:  # onnxruntime alone: its CUDA provider has the stream
             return fn(*args)
-        stream = device.torch_stream
+        if not made:
+            made.append(device.torch_stream)
+        stream = made[0]
         with torch.cuda.stream(stream):
             result = fn(*args)
         stream.synchronize()
@@ -503,18 +513,15 @@ def on_stream(device: Device, fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def _releasing(lanes: Lanes, device: Device, unload: Callable[[], Any] | None) -> Callable[[], Any]:
-    """``unload``, then the instance's streams closed and the GPU memory torch cached for
-    it given back to the device (so scaling to zero frees the GPU, not just the host)."""
+    """``unload`` on the instance's stream, then its streams given back. (The GPU memory
+    its tensors held goes back to the device once the instance is dropped: a worker
+    exits; a thread instance's is emptied from torch's cache by the pool's release.)"""
 
     def release() -> Any:
         try:
             return on_stream(device, unload)() if unload is not None else None
         finally:
             lanes.close()
-            torch = sys.modules.get("torch")
-            if torch is not None and device.kind == "cuda":
-                gc.collect()
-                torch.cuda.empty_cache()
 
     return release
 

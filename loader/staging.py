@@ -33,7 +33,7 @@ from fnrt.functions.errors import HandlerError, InvalidInput
 from fnrt.functions.extras import require
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import TensorSpec
-from fnrt.functions.tensors import coerce_result
+from fnrt.functions.tensors import coerce_result, to_numpy
 from fnrt.loader.streams import Event, HostBuffer, Lanes
 
 Forward = Callable[[dict[str, Any]], Mapping[str, Any]]
@@ -109,7 +109,6 @@ class Stager:
         self._slots = [_Slot(lanes.event(), lanes.event()) for _ in range(depth)]
         self._free = threading.Condition()
         self.host_lane = ThreadPoolExecutor(1, thread_name_prefix="fnrt-stage")
-        self.last: StageTimes | None = None
 
     # --- host lane ------------------------------------------------------------------
 
@@ -181,7 +180,7 @@ class Stager:
                         arrays = self._to_host(slot, outputs)
                 else:
                     outputs = self._checked(self.forward(staged.inputs), sum(staged.rows))
-                    arrays = {n: self._own(slot, t.detach().numpy()) for n, t in outputs.items()}
+                    arrays = {n: self._own(slot, to_numpy(t)) for n, t in outputs.items()}
             slot.done.record(lanes.compute)
             slot.done.synchronize()
             computed = time.perf_counter()
@@ -189,7 +188,6 @@ class Stager:
             times = StageTimes(staged.stack_s, computed - start, time.perf_counter() - computed)
         finally:
             self._give_back(slot)
-        self.last = times
         return results, times
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:

@@ -29,7 +29,7 @@ from fnrt.functions.errors import (
 )
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.instance import Ran
+from fnrt.loader.instance import Ran, Runnable
 from fnrt.loader.staging import Staged
 from fnrt.runtime.batching import (
     CostModel,
@@ -305,9 +305,10 @@ class Batcher:
 
     async def _work(self, slot: Slot) -> None:
         pool = self._pool
-        while not slot.retired:
+        ahead: tuple[Taken, Staged] | None = None  # the next batch, staged while one ran
+        while ahead is not None or not slot.retired:
             self._maybe_scale_up(self._clock.now())
-            if not self._queue:
+            if ahead is None and not self._queue:
                 if self.closing:
                     return
                 self._wake.clear()
@@ -316,6 +317,10 @@ class Batcher:
             try:
                 instance = await pool.ensure(slot)
             except FnrtError as exc:
+                if ahead is not None:  # staged on an instance that was lost; none comes
+                    ahead[1].release()
+                    self._fail(ahead[0].batch, ahead[0].rows, exc)
+                    ahead = None
                 if slot.primary:
                     if pool.instances == 0:  # nobody else can serve them
                         self._fail_queued(exc)
@@ -325,67 +330,59 @@ class Batcher:
                     continue
                 pool.retire(slot)
                 return
-            plan = self._plan(self._clock.now())
-            if plan.wait_s > 1e-6:  # below a microsecond a timer is not worth it
-                self._wake.clear()
-                await self._clock.wait(self._wake, plan.wait_s)
+            staged: Staged | None = None
+            if ahead is not None:
+                (taken, staged), ahead = ahead, None
+                if staged.stager is not instance.stager:  # its instance was lost meanwhile
+                    staged.release()
+                    staged = None
+            else:
+                plan = self._plan(self._clock.now())
+                if plan.wait_s > 1e-6:  # below a microsecond a timer is not worth it
+                    self._wake.clear()
+                    await self._clock.wait(self._wake, plan.wait_s)
+                    continue
+                taken = self._take(plan.size, self._clock.now())
+            if not taken.batch:
                 continue
-            taken = self._take(plan.size, self._clock.now())
-            if taken.batch:
-                started = self._clock.now()
-                if getattr(instance, "stager", None) is None:
-                    await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
-                else:
-                    taken, started = await self._pipeline(slot, instance, taken)
-                if _job_only(taken):
-                    ended = self._clock.now()
-                    pause = job_pause_s(ended - started, self.arrivals.rate_per_s(ended))
-                    if pause > 0:
-                        await self._yield_to_live(pause)
-
-    async def _pipeline(self, slot: Slot, instance: Any, taken: Taken) -> tuple[Taken, float]:
-        """Run batches on an instance that stages them (a handler with ``forward``): while
-        one computes, the next batch, when the queue holds a full one, is stacked and
-        copied to the device on the instance's host lane. Below a full batch nothing is
-        taken early, so batches are as large as without the pipeline. The last batch run,
-        and when it started (after a batch of job records alone, the caller may pause)."""
-        staged: Staged | None = None
-        while True:
             started = self._clock.now()
-            self._maybe_scale_up(started)  # as each turn of _work does
-            run = asyncio.ensure_future(
-                self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks, staged)
-            )
-            ahead = await self._stage_ahead(slot, instance, run, taken)
-            try:
-                await run
-            except BaseException:
-                if ahead is not None:  # never left unanswered
-                    ahead[1].release()
-                    self._fail(
-                        ahead[0].batch,
-                        ahead[0].rows,
-                        Unavailable(f"{self.name}: stopped before the batch ran"),
-                    )
-                raise
-            if ahead is None:
-                return taken, started
-            taken, staged = ahead
-            if not instance.alive:  # lost while the batch ahead was staged on it
-                staged.release()
-                staged = None
-                try:
-                    instance = await self._pool.ensure(slot)
-                except FnrtError as exc:
-                    self._fail(taken.batch, taken.rows, exc)
-                    return taken, started
-                if getattr(instance, "stager", None) is None:
-                    started = self._clock.now()
-                    await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
-                    return taken, started
+            if instance.stager is None:
+                await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
+            else:
+                ahead = await self._run_staging_ahead(slot, instance, taken, staged)
+            if ahead is None and _job_only(taken):
+                ended = self._clock.now()
+                pause = job_pause_s(ended - started, self.arrivals.rate_per_s(ended))
+                if pause > 0:
+                    await self._yield_to_live(pause)
+
+    async def _run_staging_ahead(
+        self, slot: Slot, instance: Runnable, taken: Taken, staged: Staged | None
+    ) -> tuple[Taken, Staged] | None:
+        """Run ``taken`` on an instance that stages its batches (a handler with
+        ``forward``; ``staged``: its inputs already on the device) and, while it computes,
+        stage the next batch when the queue holds a full one (:meth:`_stage_ahead`).
+        Below a full batch nothing is taken early, so batches are as large as without
+        the pipeline. The batch staged ahead, if any: the next turn runs it."""
+        run = asyncio.ensure_future(
+            self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks, staged)
+        )
+        ahead = await self._stage_ahead(slot, instance, run, taken)
+        try:
+            await run
+        except BaseException:
+            if ahead is not None:  # never left unanswered
+                ahead[1].release()
+                self._fail(
+                    ahead[0].batch,
+                    ahead[0].rows,
+                    Unavailable(f"{self.name}: stopped before the batch ran"),
+                )
+            raise
+        return ahead
 
     async def _stage_ahead(
-        self, slot: Slot, instance: Any, run: asyncio.Future[None], running: Taken
+        self, slot: Slot, instance: Runnable, run: asyncio.Future[None], running: Taken
     ) -> tuple[Taken, Staged] | None:
         """While ``run`` (of ``running``) goes, take the next batch once the plan says
         flush a full one now, and stage it; None if ``run`` ended first. Nothing is staged
