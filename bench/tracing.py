@@ -1,6 +1,7 @@
 """What telemetry costs: throughput with tracing off, on at 10% and on at 100%.
 
     python bench/tracing.py [--connections 32] [--duration-s 5] [--rounds 6]
+                            [--variants off,10%,100%,no-log,off-again]
 
 Five ``fnrt serve`` processes serve ``examples/mlp``, differing only in
 telemetry: ``off`` (metrics and the request log, no spans: the baseline),
@@ -59,6 +60,11 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--duration-s", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--variants",
+        default="off,10%,100%,no-log,off-again",
+        help="which servers to run, comma-separated (off is always run: the baseline)",
+    )
     args = parser.parse_args()
     require_wrk()
 
@@ -77,6 +83,11 @@ def main() -> None:
             "no-log": ["--no-request-log"],
             "off-again": [],  # a second server like "off": the noise floor of the run
         }
+        chosen = {"off", *args.variants.split(",")}
+        unknown = chosen - set(variants)
+        if unknown:
+            parser.error(f"--variants: no such variant {sorted(unknown)}; known: {list(variants)}")
+        variants = {name: extra for name, extra in variants.items() if name in chosen}
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
         body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
         script = write_script(work, "invoke", "application/msgpack", body)
