@@ -20,14 +20,14 @@ from typing import Any, Protocol, TextIO
 import orjson
 
 from fnrt.tracing.otlp import encode_request
-from fnrt.tracing.recorder import Record, Span, as_span
+from fnrt.tracing.recorder import Flat, Span, as_span, expand
 
 log = logging.getLogger("fnrt.tracing")
 
 
-#: What the request path hands an exporter: ended spans, and spans made after the fact
-#: as plain records (:class:`Record`; :func:`as_span` makes them spans).
-Exported = Span | Record
+#: What the request path hands an exporter: ended spans and spans made after the fact,
+#: flat (:data:`fnrt.tracing.recorder.Flat`; :func:`as_span` makes them spans again).
+Exported = Flat
 
 
 class SpanExporter(Protocol):
@@ -36,18 +36,25 @@ class SpanExporter(Protocol):
     def shutdown(self) -> None: ...
 
 
+def traces_url(endpoint: str) -> str:
+    """The collector's ``/v1/traces`` URL; ValueError when it is not an http(s) URL."""
+    endpoint = endpoint.rstrip("/")
+    if not endpoint.endswith("/v1/traces"):  # the variable names the collector, not the path
+        endpoint += "/v1/traces"
+    url = urllib.parse.urlsplit(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"endpoint: {endpoint!r} is not an http(s) URL")
+    return endpoint
+
+
 class OtlpHttpExporter:
-    """``POST {endpoint}/v1/traces`` with OTLP protobuf bodies, on one kept-alive connection."""
+    """``POST {endpoint}/v1/traces`` with OTLP protobuf bodies, on one kept-alive connection.
+
+    In a server it runs in the shipper process (:mod:`fnrt.tracing.shipper`)."""
 
     def __init__(self, endpoint: str, resource: Mapping[str, Any], timeout_s: float = 10.0) -> None:
-        endpoint = endpoint.rstrip("/")
-        if not endpoint.endswith("/v1/traces"):  # the variable names the collector, not the path
-            endpoint += "/v1/traces"
-        self.endpoint = endpoint
-        url = urllib.parse.urlsplit(endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"endpoint: {endpoint!r} is not an http(s) URL")
-        self._url = url
+        self.endpoint = traces_url(endpoint)
+        self._url = urllib.parse.urlsplit(self.endpoint)
         self.resource = dict(resource)
         self.timeout_s = timeout_s
         self.failures = 0
@@ -110,8 +117,10 @@ class ConsoleExporter:
         self.stream = stream or sys.stdout
 
     def export(self, spans: Sequence[Exported]) -> None:
-        for span in spans:
-            self.stream.write(orjson.dumps(span_dict(as_span(span)), default=str).decode() + "\n")
+        for item in spans:
+            for span in expand(item):
+                line = orjson.dumps(span_dict(as_span(span)), default=str).decode()
+                self.stream.write(line + "\n")
         self.stream.flush()
 
     def shutdown(self) -> None:
@@ -125,7 +134,7 @@ class MemoryExporter:
         self.spans: list[Span] = []
 
     def export(self, spans: Sequence[Exported]) -> None:
-        self.spans.extend(as_span(s) for s in spans)
+        self.spans.extend(as_span(span) for item in spans for span in expand(item))
 
     def shutdown(self) -> None:
         pass
@@ -162,11 +171,12 @@ class BatchExporter:
     def add(self, span: Exported) -> None:
         """Take one ended span or record (the request path: an append)."""
         pending = self._pending
-        if len(pending) >= self.max_queued:
+        queued = len(pending)
+        if queued >= self.max_queued:
             self.dropped += 1
             return
         pending.append(span)
-        if len(pending) == self.batch_size:
+        if queued + 1 == self.batch_size:
             self._wake.set()
 
     def flush(self) -> None:

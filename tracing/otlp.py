@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fnrt.tracing.recorder import Record, Span, SpanContext, StatusCode
+from fnrt.tracing.recorder import RECORD_FIELDS, SPAN_FIELDS, Flat, StatusCode
 
 _FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
@@ -82,14 +82,6 @@ def _attributes(number: int, attributes: Mapping[str, Any]) -> bytes:
     return b"".join([_attribute(number, k, v) for k, v in attributes.items()])
 
 
-def _trace_id(context: SpanContext) -> bytes:
-    return context.trace_id.to_bytes(16, "big")
-
-
-def _span_id(context: SpanContext) -> bytes:
-    return context.span_id.to_bytes(8, "big")
-
-
 _KIND = [b"\x30" + bytes([k]) for k in range(6)]
 _Q = _FIXED64.pack
 _I = _FIXED32.pack
@@ -150,50 +142,129 @@ def _span_attributes(attributes: Mapping[str, Any]) -> bytes:
     return block
 
 
-def encode_span(span: Span) -> bytes:
-    """One ``Span`` message."""
-    context = span.context
-    parent = span.parent
+def _plain_value(value: Any) -> Any:
+    """``value`` as the builtin the encoder would read it as (an enum as its value, any
+    other object as its text)."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, list | tuple):
+        return [_plain_value(v) for v in value]
+    return str(value)
+
+
+def _plain_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    return {str(k): _plain_value(v) for k, v in attributes.items()}
+
+
+def plain(flat: Flat) -> Flat:
+    """``flat`` with every name and attribute a builtin, encoded as before (for ``marshal``,
+    which takes no subclasses: a str enum, an int enum)."""
+    if len(flat) == RECORD_FIELDS:
+        return (str(flat[0]), *flat[1:3], str(flat[3]), *flat[4:6], _plain_attributes(flat[6]))
+    events = [(str(n), int(t), _plain_attributes(a)) for n, t, a in flat[9]]
+    children = [(str(n), s, e, _plain_attributes(a)) for n, s, e, a in flat[13]]
+    return (
+        str(flat[0]),
+        *flat[1:4],
+        str(flat[4]),
+        *flat[5:8],
+        _plain_attributes(flat[8]),
+        events,
+        *flat[10:12],
+        str(flat[12]),
+        children,
+    )
+
+
+def _encode_span(flat: Flat) -> bytes:
+    """One ``Span`` message from a flat span."""
+    (
+        name,
+        kind,
+        trace_id,
+        span_id,
+        trace_state,
+        parent,
+        start_ns,
+        end_ns,
+        attributes,
+        events,
+        links,
+        status,
+        message,
+        _,
+    ) = flat
     parts = [
-        _ids(
-            context.trace_id,
-            context.span_id,
-            context.trace_state,
-            None if parent is None else parent.span_id,
-        ),
-        _head(span.name, span.kind),
-        _TIMES(b"\x39", span.start_ns, b"\x41", span.end_ns),
-        _span_attributes(span.attributes),
+        _ids(trace_id, span_id, trace_state, None if parent is None else parent[1]),
+        _head(name, kind),
+        _TIMES(b"\x39", start_ns, b"\x41", end_ns),
+        _span_attributes(attributes),
     ]
-    for event_name, at_ns, attributes in span.events:
+    for event_name, at_ns, event_attributes in events:
         event = b"\x09" + _Q(at_ns) + _field(2, event_name.encode())
-        parts.append(_field(11, event + _attributes(3, attributes)))
-    for link in span.links:
-        body = b"\x0a\x10" + _trace_id(link) + b"\x12\x08" + _span_id(link)
-        parts.append(_field(13, body + b"\x35" + _I(0x100 | link.flags)))
-    if span.status is not StatusCode.UNSET:
-        status = b""
-        if span.status_message:
-            status += _field(2, span.status_message.encode())
-        status += b"\x18" + _varint(int(span.status))
-        parts.append(_field(15, status))
-    parts.append(_FLAGS[context.flags, parent is not None and parent.remote])
+        parts.append(_field(11, event + _attributes(3, event_attributes)))
+    for link_trace_id, link_span_id, link_sampled, _, _ in links:
+        body = b"\x0a\x10" + link_trace_id.to_bytes(16, "big")
+        body += b"\x12\x08" + link_span_id.to_bytes(8, "big")
+        parts.append(_field(13, body + b"\x35" + _I(0x101 if link_sampled else 0x100)))
+    if status != StatusCode.UNSET:
+        encoded = _field(2, message.encode()) if message else b""
+        parts.append(_field(15, encoded + b"\x18" + _varint(status)))
+    parts.append(_FLAGS[1, parent is not None and parent[4]])  # exported: sampled
     return b"".join(parts)
 
 
-def encode_record(record: Record) -> bytes:
-    """One ``Span`` message from a span made after the fact (its id drawn here): an
-    internal, sampled child of its request's span."""
-    parent = record.parent
+def _encode_record(flat: Flat) -> bytes:
+    """One ``Span`` message from a flat record (its id drawn here): an internal,
+    sampled child of its request's span."""
+    name, trace_id, parent_id, trace_state, start_ns, end_ns, attributes = flat
     return b"".join(
         (
-            _ids(parent.trace_id, random.getrandbits(64) or 1, parent.trace_state, parent.span_id),
-            _head(record.name, 1),
-            _TIMES(b"\x39", record.start_ns, b"\x41", record.end_ns),
-            _span_attributes(record.attributes),
+            _ids(trace_id, random.getrandbits(64) or 1, trace_state, parent_id),
+            _head(name, 1),
+            _TIMES(b"\x39", start_ns, b"\x41", end_ns),
+            _span_attributes(attributes),
             _FLAGS[1, False],
         )
     )
+
+
+_CHILD_FLAGS = _FLAGS[1, False]
+
+
+def _add_children(
+    parts: list[bytes],
+    trace_id: int,
+    span_id: int,
+    trace_state: str,
+    children: Iterable[tuple[str, int, int, Mapping[str, Any]]],
+) -> None:
+    """Append the children a span carries to ``parts``, each a framed ``Span`` message:
+    :func:`_encode_record`'s bytes, with what they share with their parent packed once."""
+    if trace_state:
+        for name, start_ns, end_ns, attributes in children:
+            encoded = _encode_record(
+                (name, trace_id, span_id, trace_state, start_ns, end_ns, attributes)
+            )
+            parts += (b"\x12", _varint(len(encoded)), encoded)
+        return
+    high, low = trace_id >> 64, trace_id & _LOW64
+    bits = random.getrandbits
+    for name, start_ns, end_ns, attributes in children:
+        encoded = b"".join(
+            (
+                _IDS(b"\x0a\x10", high, low, b"\x12\x08", bits(64) or 1, b"\x22\x08", span_id),
+                _heads.get((name, 1)) or _head(name, 1),
+                _TIMES(b"\x39", start_ns, b"\x41", end_ns),
+                _span_attributes(attributes),
+                _CHILD_FLAGS,
+            )
+        )
+        parts += (b"\x12", _varint(len(encoded)), encoded)
 
 
 #: Spans encoded between two offers of the GIL (about 0.2 ms of work): see encode_request.
@@ -201,20 +272,26 @@ YIELD_EVERY = 128
 
 
 def encode_request(
-    spans: Iterable[Span | Record], resource: Mapping[str, Any], scope: str = "fnrt"
+    spans: Iterable[Flat], resource: Mapping[str, Any], scope: str = "fnrt"
 ) -> bytes:
-    """An ``ExportTraceServiceRequest`` holding ``spans`` (and records) under one
-    resource and scope.
+    """An ``ExportTraceServiceRequest`` holding ``spans`` and records (flat, as a tracer
+    hands them to its sink) under one resource and scope.
 
-    Called from the export thread, it offers the GIL back every ``YIELD_EVERY``
-    spans: otherwise the event loop's thread, wanting it, would wait out the
-    interpreter's switch interval (5 ms) while a batch of thousands is encoded,
-    and every request in flight would wait with it."""
+    It offers the GIL back every ``YIELD_EVERY`` spans: where it runs in a
+    process's export thread (a client's; a server encodes in its shipper), the
+    main thread, wanting the GIL, would otherwise wait out the interpreter's
+    switch interval (5 ms) while a batch of thousands is encoded."""
     parts: list[bytes] = []
     left = YIELD_EVERY
     for span in spans:
-        encoded = encode_span(span) if type(span) is Span else encode_record(span)  # type: ignore[arg-type]
-        parts += (b"\x12", _varint(len(encoded)), encoded)  # field 2, length-delimited
+        if len(span) == SPAN_FIELDS:
+            encoded = _encode_span(span)
+            parts += (b"\x12", _varint(len(encoded)), encoded)  # field 2, length-delimited
+            if span[13]:  # the children it carries, as spans of their own
+                _add_children(parts, span[2], span[3], span[4], span[13])
+        else:
+            encoded = _encode_record(span)
+            parts += (b"\x12", _varint(len(encoded)), encoded)
         left -= 1
         if not left:
             time.sleep(0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any, NamedTuple
 
@@ -58,6 +58,7 @@ class Span:
         "_sink",
         "_traceparent",
         "attributes",
+        "children",
         "context",
         "end_ns",
         "events",
@@ -65,6 +66,7 @@ class Span:
         "links",
         "name",
         "parent",
+        "recording",
         "start_ns",
         "status",
         "status_message",
@@ -78,8 +80,8 @@ class Span:
         kind: SpanKind,
         start_ns: int,
         attributes: dict[str, Any],
-        links: list[SpanContext],
-        sink: Callable[[Span], None] | None,
+        links: Sequence[SpanContext],
+        sink: Callable[[Flat], None] | None,
     ) -> None:
         self.name = name
         self.context = context
@@ -90,9 +92,13 @@ class Span:
         self.attributes = attributes
         self.links = links
         self.events: list[tuple[str, int, dict[str, Any]]] = []
+        #: Spans made after the fact under this one, (name, start ns, end ns, attributes),
+        #: exported with it: see :meth:`after`.
+        self.children: list[tuple[str, int, int, Mapping[str, Any]]] = []
         self.status = StatusCode.UNSET
         self.status_message = ""
         self._sink = sink
+        self.recording = sink is not None  # sampled: it goes to the sink when it ends
         self._traceparent = ""
 
     @property
@@ -101,10 +107,6 @@ class Span:
         if not self._traceparent:
             self._traceparent = format_traceparent(self.context)
         return self._traceparent
-
-    @property
-    def recording(self) -> bool:
-        return self._sink is not None
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.attributes[key] = value
@@ -118,6 +120,29 @@ class Span:
             )
         )
 
+    def after(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
+        """A child that began and ended already (a queue wait, a load, an encoding):
+        carried by this span, and exported with it as a span of its own (its id drawn
+        then), so the request path pays a tuple and an append. Once this span has
+        ended, the child is exported alone. Only for a recording span."""
+        if self.end_ns:
+            sink = self._sink
+            if sink is not None:
+                context = self.context
+                sink(
+                    (
+                        name,
+                        context.trace_id,
+                        context.span_id,
+                        context.trace_state,
+                        start_ns,
+                        end_ns,
+                        attributes,
+                    )
+                )
+            return
+        self.children.append((name, start_ns, end_ns, attributes))
+
     def set_status(self, code: StatusCode, message: str = "") -> None:
         self.status, self.status_message = code, message
 
@@ -126,42 +151,97 @@ class Span:
             return  # ended already
         self.end_ns = end_ns or time.time_ns()
         if self._sink is not None:
-            self._sink(self)
+            self._sink(self.flat())
+
+    def flat(self) -> Flat:
+        """This span as a tuple of builtins (``SPAN_FIELDS`` of them; see :data:`Flat`)."""
+        context, parent, links = self.context, self.parent, self.links
+        return (
+            self.name,
+            self.kind + 0,  # the plain int (marshal takes no IntEnum)
+            context.trace_id,
+            context.span_id,
+            context.trace_state,
+            parent if parent is None else tuple(parent),
+            self.start_ns,
+            self.end_ns,
+            self.attributes,
+            self.events,
+            [tuple(link) for link in links] if links else (),
+            self.status + 0,
+            self.status_message,
+            self.children,
+        )
 
     def __repr__(self) -> str:
         return f"Span({self.name!r}, trace={self.context.trace_id:032x})"
 
 
-class Record(NamedTuple):
-    """A span made after the fact (a request's queue wait, its load, the encoding of its
-    answer): its times and attributes are known when it is made, and nothing refers to
-    its id, so it is a plain tuple on the request path and becomes a span, with an id
-    drawn then, in the export thread (:func:`as_span`, or encoded from as it is)."""
+#: What a tracer hands its sink: an ended span, or a span made after the fact (a
+#: record), as a tuple of builtins, so that the export thread does no more than
+#: ``marshal`` a batch of them for the shipper process (:mod:`fnrt.tracing.shipper`),
+#: and nothing of the request's objects is touched again once it is answered.
+#:
+#: A span: (name, kind, trace id, span id, trace state, parent context as a plain
+#: 5-tuple or None, start ns, end ns, attributes, events as (name, ns, attributes),
+#: links as plain 5-tuples, status code, status message, children as (name, start
+#: ns, end ns, attributes): see :meth:`Span.after`); ``SPAN_FIELDS`` of them.
+#:
+#: A record (a request's queue wait, its load, the encoding of its answer: known
+#: whole when made, and nothing refers to its id): (name, trace id, parent span id,
+#: trace state, start ns, end ns, attributes); ``RECORD_FIELDS`` of them. It is an
+#: internal, sampled child of a local span; its own id is drawn when it is exported.
+Flat = tuple[Any, ...]
+SPAN_FIELDS = 14
+RECORD_FIELDS = 7
 
-    name: str
-    parent: SpanContext  # a recorded span's context: the record is always sampled
-    start_ns: int
-    end_ns: int
-    attributes: Mapping[str, Any]
+
+def expand(item: Flat) -> list[Flat]:
+    """``item`` and, for a span, each child it carries as a record of its own."""
+    if len(item) == RECORD_FIELDS or not item[13]:
+        return [item]
+    trace_id, span_id, state = item[2], item[3], item[4]
+    return [item] + [
+        (name, trace_id, span_id, state, start_ns, end_ns, attributes)
+        for name, start_ns, end_ns, attributes in item[13]
+    ]
 
 
-def as_span(item: Span | Record) -> Span:
-    """``item`` as a :class:`Span` (records get their id here)."""
+def as_span(item: Span | Flat) -> Span:
+    """``item`` as a :class:`Span` (a record gets its id here): what the in-memory and
+    console exporters show."""
     if isinstance(item, Span):
         return item
-    parent = item.parent
-    context = SpanContext(parent.trace_id, random.getrandbits(64) or 1, True, parent.trace_state)
-    span = Span(
-        item.name,
-        context,
-        parent,
-        SpanKind.INTERNAL,
-        item.start_ns,
-        dict(item.attributes),
-        [],
-        None,
-    )
-    span.end_ns = item.end_ns
+    if len(item) == RECORD_FIELDS:
+        name, trace_id, parent_id, state, start_ns, end_ns, attributes = item
+        parent: SpanContext | None = SpanContext(trace_id, parent_id, True, state)
+        context = SpanContext(trace_id, random.getrandbits(64) or 1, True, state)
+        kind, events, links, status, message = SpanKind.INTERNAL, [], [], 0, ""
+    else:
+        (
+            name,
+            kind_value,
+            trace_id,
+            span_id,
+            state,
+            parent_fields,
+            start_ns,
+            end_ns,
+            attributes,
+            events,
+            link_fields,
+            status,
+            message,
+            _,
+        ) = item
+        parent = None if parent_fields is None else SpanContext(*parent_fields)
+        context = SpanContext(trace_id, span_id, True, state)
+        kind = SpanKind(kind_value)
+        links = [SpanContext(*link) for link in link_fields]
+    span = Span(name, context, parent, kind, start_ns, dict(attributes), links, None)
+    span.events.extend(events)
+    span.set_status(StatusCode(status), message)
+    span.end_ns = end_ns
     return span
 
 
@@ -193,11 +273,11 @@ def parse_traceparent(value: str | None, trace_state: str | None = None) -> Span
 
 
 def format_traceparent(context: SpanContext) -> str:
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.flags:02x}"
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{'01' if context.sampled else '00'}"
 
 
-# a SpanContext or a Record without NamedTuple's keyword handling (the hot path)
-_context = _record = tuple.__new__
+# a SpanContext without NamedTuple's keyword handling (the hot path)
+_context = tuple.__new__
 
 
 class Sampler:
@@ -219,8 +299,8 @@ class Sampler:
         return (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
 
 
-#: Where ended sampled spans and records go (an exporter's ``add``).
-Sink = Callable[["Span | Record"], None]
+#: Where ended sampled spans and records go, flat (an exporter's ``add``).
+Sink = Callable[[Flat], None]
 
 
 class Tracer:
@@ -251,9 +331,10 @@ class Tracer:
         end_ns: int,
         attributes: Mapping[str, Any],
     ) -> None:
-        """Export a span of ``parent`` made after the fact (a :class:`Record`): a tuple
-        and an append, its id drawn when it is exported. ``parent`` must be sampled."""
-        self._sink(_record(Record, (name, parent, start_ns, end_ns, attributes)))
+        """Export a span of ``parent`` made after the fact (a record, see :data:`Flat`): a
+        tuple and an append, its id drawn when it is exported. ``parent`` must be sampled."""
+        trace_id, span_id, _, state, _ = parent
+        self._sink((name, trace_id, span_id, state, start_ns, end_ns, attributes))
 
     def record(
         self,
@@ -297,12 +378,12 @@ class Tracer:
                 kind,
                 start_ns or time.time_ns(),
                 {} if attributes is None else attributes,
-                [] if links is None else links,
+                () if links is None else links,
                 self._sink,
             )
-        if parent is None:
+        if parent is None:  # a new trace: TraceIdRatioBased's rule (Sampler.sampled)
             trace_id = self._bits(128) or 1
-            sampled = self.sampler.sampled(trace_id, None)
+            sampled = (trace_id & 0xFFFFFFFFFFFFFFFF) < self.sampler.bound
             state = ""
         else:
             trace_id, state = parent.trace_id, parent.trace_state

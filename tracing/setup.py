@@ -41,21 +41,31 @@ __all__ = [
 
 
 def build_tracer(
-    config: TraceConfig, exporter: SpanExporter | None = None, *, batch: bool = True
+    config: TraceConfig,
+    exporter: SpanExporter | None = None,
+    *,
+    batch: bool = True,
+    shipped: bool = False,
 ) -> Tracer | None:
     """A tracer exporting to ``exporter`` (or the one ``config`` names); None when off.
 
     Spans leave through a background batch (off the request path) unless
-    ``batch`` is False (tests read them as soon as they end).
+    ``batch`` is False (tests read them as soon as they end). ``shipped`` (a
+    server) encodes and posts OTLP from a process of its own
+    (:mod:`fnrt.tracing.shipper`), so the encoding never takes the GIL the
+    event loop needs; a short-lived client encodes in its own thread.
     """
     if exporter is None and not config.enabled:
         return None
     from fnrt.tracing.export import BatchExporter
+    from fnrt.tracing.shipper import FRAME_SPANS
 
-    chosen = exporter or _exporter(config)
+    chosen = exporter or _exporter(config, shipped)
     if not batch:
         return Tracer(config, lambda span: chosen.export([span]), chosen.shutdown)
-    batcher = BatchExporter(chosen)
+    # shipped: a frame at a time, so a span is gone in tens of milliseconds (objects
+    # kept for a second reach the collector's oldest generation, which scans them all)
+    batcher = BatchExporter(chosen, batch_size=FRAME_SPANS) if shipped else BatchExporter(chosen)
     return Tracer(config, batcher.add, batcher.shutdown)
 
 
@@ -66,8 +76,9 @@ def client_tracer(config: TraceConfig) -> Tracer:
     return build_tracer(config) or Tracer(config, lambda span: None)
 
 
-def _exporter(config: TraceConfig) -> SpanExporter:
+def _exporter(config: TraceConfig, shipped: bool) -> SpanExporter:
     from fnrt.tracing.export import ConsoleExporter, OtlpHttpExporter
+    from fnrt.tracing.shipper import ShippedExporter
 
     if config.exporter == "console":
         return ConsoleExporter()
@@ -76,6 +87,8 @@ def _exporter(config: TraceConfig) -> SpanExporter:
             f"protocol: fnrt exports OTLP over http/protobuf, not {config.protocol} "
             "(every OpenTelemetry collector takes it on port 4318)"
         )
-    return OtlpHttpExporter(
-        config.endpoint or DEFAULT_OTLP_ENDPOINT, {"service.name": config.service_name}
-    )
+    endpoint = config.endpoint or DEFAULT_OTLP_ENDPOINT
+    resource = {"service.name": config.service_name}
+    if shipped:
+        return ShippedExporter(endpoint, resource)
+    return OtlpHttpExporter(endpoint, resource)

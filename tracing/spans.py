@@ -4,10 +4,10 @@ One invoke makes a server span (HTTP semantic-convention attributes; the
 caller's ``traceparent`` / ``tracestate`` as its parent; ``traceresponse``
 in the reply) with children for its queue wait, the model load it waited for
 (tier, bytes, per-step timings) and the encoding of its answer. Those
-children are known whole when they are made, so they are plain records
-(:class:`fnrt.tracing.recorder.Record`) until the export thread makes them
-spans. Each batch is
-one span of its own, linked to every request span it served. With tracing
+children are known whole when they are made, so they are plain tuples carried
+by the server span (:meth:`fnrt.tracing.recorder.Span.after`) until the shipper
+encodes them as spans of their own. Each batch is one span of its own, linked to
+every request span it served. With tracing
 off every method is a ``None`` check, so the request path pays nothing.
 """
 
@@ -45,7 +45,8 @@ class Tracing:
         """The span of one HTTP request, continuing the caller's trace when it sent one."""
         if self.tracer is None:
             return None
-        parent = parse_traceparent(headers.get("traceparent"), headers.get("tracestate"))
+        traceparent = headers.get("traceparent")
+        parent = parse_traceparent(traceparent, headers.get("tracestate")) if traceparent else None
         span = self.tracer.start(f"{method} {route}", parent, kind=SpanKind.SERVER)
         if span.recording:  # an unsampled span only carries ids (for traceresponse)
             attributes = span.attributes
@@ -73,11 +74,10 @@ class Tracing:
         attributes: Mapping[str, Any],
     ) -> None:
         """A child of ``parent``, when it is recorded, that began and ended already
-        (a queue wait, a load, an encoding): a plain record on the request path, made
-        a span in the export thread."""
-        if parent is None or self.tracer is None or not parent.recording:
-            return
-        self.tracer.after(name, parent.context, start_ns, end_ns, attributes)
+        (a queue wait, a load, an encoding): carried by ``parent`` and exported with
+        it (:meth:`Span.after`)."""
+        if parent is not None and parent.recording:
+            parent.after(name, start_ns, end_ns, attributes)
 
     def batch_span(
         self, function: str, version: str, requests: Iterable[Span | None], start_ns: int
@@ -143,14 +143,22 @@ def fail(span: Span | None, error: BaseException, *, server_fault: bool = True) 
         span.set_status(StatusCode.ERROR, str(error))
 
 
-def finish_server_span(span: Span | None, status: int, attributes: Mapping[str, Any]) -> None:
-    """Set the response status (5xx marks the span an error) and end it."""
-    if span is None:
+def finish_server_span(
+    span: Span | None,
+    status: int,
+    function: str,
+    version: str,
+    cold_start: str | None = None,
+) -> None:
+    """Set the response status (5xx marks the span an error), what served it, and end it."""
+    if span is None or not span.recording:
         return
-    if not span.recording:
-        return
-    span.attributes["http.response.status_code"] = status
-    span.attributes.update(attributes)
+    attributes = span.attributes
+    attributes["http.response.status_code"] = status
+    attributes["fnrt.function"] = function
+    attributes["fnrt.version"] = version
+    if cold_start is not None:
+        attributes["fnrt.cold_start"] = cold_start
     if status >= 500 and span.status is not StatusCode.ERROR:
         span.set_status(StatusCode.ERROR)
     span.end()

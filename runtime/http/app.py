@@ -244,7 +244,7 @@ def make_server(app: Starlette, settings: ServerSettings) -> Any:
 def build_telemetry(settings: ServerSettings) -> Telemetry:
     """Spans as ``settings.trace`` says, metrics, and the request log."""
     return Telemetry(
-        Tracing(build_tracer(settings.trace)),
+        Tracing(build_tracer(settings.trace, shipped=True)),
         Metrics(),
         _access_log(settings),
     )

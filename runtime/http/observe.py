@@ -47,13 +47,7 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
     seconds = time.perf_counter() - trail.started_s
     telemetry.metrics.request(trail.function, trail.version, status, seconds)
     if trail.span is not None:
-        attributes: dict[str, Any] = {
-            "fnrt.function": trail.function,
-            "fnrt.version": trail.version,
-        }
-        if trail.cold_tier is not None:
-            attributes["fnrt.cold_start"] = trail.cold_tier
-        finish_server_span(trail.span, status, attributes)
+        finish_server_span(trail.span, status, trail.function, trail.version, trail.cold_tier)
     if telemetry.access is not None:
         fields: dict[str, Any] = {
             "route": trail.route,

@@ -8,7 +8,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from fnrt.tracing.otlp import encode_request
 from fnrt.tracing.recorder import (
-    Record,
+    RECORD_FIELDS,
     SpanContext,
     SpanKind,
     StatusCode,
@@ -78,7 +78,7 @@ def test_context_defaults() -> None:
 
 
 def test_records_decode_as_children_of_their_request_span() -> None:
-    """Spans made after the fact (queue, load, encode) travel as records and are
+    """Spans made after the fact (queue, load, encode) travel as flat records and are
     encoded straight from them: same tree, times and attributes as a span, with an
     id of their own drawn at export; a trace state and an unhashable attribute go too."""
     ended: list[object] = []
@@ -91,8 +91,8 @@ def test_records_decode_as_children_of_their_request_span() -> None:
     local = tracer.start("POST /v1/functions/{name}/invoke")
     tracer.after("encode", local.context, 30, 31, {"fnrt.response.bytes": 4096})
     local.end()
-    records = [r for r in ended if isinstance(r, Record)]
-    assert [r.name for r in records] == ["queue", "load", "encode"]
+    records = [r for r in ended if len(r) == RECORD_FIELDS]  # type: ignore[arg-type]
+    assert [r[0] for r in records] == ["queue", "load", "encode"]  # type: ignore[index]
     request = ExportTraceServiceRequest()
     request.ParseFromString(encode_request(ended, {"service.name": "fnrt-test"}))  # type: ignore[arg-type]
     spans = {s.name: s for s in request.resource_spans[0].scope_spans[0].spans}
@@ -111,7 +111,7 @@ def test_records_decode_as_children_of_their_request_span() -> None:
     assert values["fnrt.load.s"].double_value == 0.5
     assert {a.key: a.value.int_value for a in encode.attributes} == {"fnrt.response.bytes": 4096}
     # the in-memory and console exporters see them as spans
-    span = as_span(records[0])
+    span = as_span(records[0])  # type: ignore[arg-type]
     assert (span.name, span.parent, span.start_ns, span.end_ns) == ("queue", root.context, 10, 25)
     assert span.context.trace_id == root.context.trace_id and span.context.trace_state == "k=v"
     assert span.kind is SpanKind.INTERNAL and span.attributes == {"fnrt.priority": "normal"}
@@ -125,3 +125,41 @@ def test_an_unsampled_parent_makes_no_records() -> None:
     tracing.after(root, "queue", 1, 2, {})
     tracing.after(None, "queue", 1, 2, {})
     assert ended == []
+
+
+def test_children_a_span_carries_decode_as_its_own_spans() -> None:
+    """A request's queue wait and encoding travel inside its server span's flat tuple
+    and come out as spans of their own: its children, with their times and attributes,
+    a trace state or not; one made after the span ended is exported alone."""
+    ended: list[object] = []
+    tracer = Tracer(TraceConfig(), ended.append)
+    remote = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v")
+    for parent in (remote, None):
+        root = tracer.start("POST /v1/functions/{name}/invoke", parent, kind=SpanKind.SERVER)
+        root.after("queue", 10, 25, {"fnrt.priority": "normal"})
+        root.after("encode", 30, 31, {"fnrt.response.bytes": 4096})
+        root.end()
+        root.after("late", 40, 41, {})
+    assert len(ended) == 4  # each server span with its children, and each late one alone
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(encode_request(ended, {"service.name": "fnrt-test"}))  # type: ignore[arg-type]
+    spans = request.resource_spans[0].scope_spans[0].spans
+    roots = [s for s in spans if s.kind == ProtoSpan.SPAN_KIND_SERVER]
+    assert len(spans) == 8 and len(roots) == 2
+    for root_span in roots:
+        children = {s.name: s for s in spans if s.parent_span_id == root_span.span_id}
+        assert set(children) == {"queue", "encode", "late"}
+        for child in children.values():
+            assert child.trace_id == root_span.trace_id
+            assert child.trace_state == root_span.trace_state
+            assert child.kind == ProtoSpan.SPAN_KIND_INTERNAL and child.flags == 0x101
+            assert child.span_id not in (b"\0" * 8, root_span.span_id)
+        queue, encode = children["queue"], children["encode"]
+        assert (queue.start_time_unix_nano, queue.end_time_unix_nano) == (10, 25)
+        assert {a.key: a.value.string_value for a in queue.attributes} == {
+            "fnrt.priority": "normal"
+        }
+        assert {a.key: a.value.int_value for a in encode.attributes} == {
+            "fnrt.response.bytes": 4096
+        }
+    assert {s.trace_state for s in roots} == {"k=v", ""}

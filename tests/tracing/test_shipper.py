@@ -1,0 +1,157 @@
+"""The shipper process: the server's spans, encoded and posted outside its GIL."""
+
+from __future__ import annotations
+
+import enum
+import io
+import marshal
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from fnrt.tracing.recorder import SpanKind, Tracer
+from fnrt.tracing.setup import TraceConfig, build_tracer
+from fnrt.tracing.shipper import ShippedExporter, serve
+from support import wait_until
+
+
+class _Collector(BaseHTTPRequestHandler):
+    received: list[ExportTraceServiceRequest] = []
+
+    def do_POST(self) -> None:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(self.rfile.read(int(self.headers["content-length"])))
+        self.received.append(request)
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def collector() -> Iterator[str]:
+    _Collector.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def received() -> dict[str, object]:
+    """Every span the collector got, by name."""
+    return {
+        span.name: span
+        for request in _Collector.received
+        for resource in request.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    }
+
+
+class Tier(enum.StrEnum):
+    L2 = "l2"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_spans_and_records_reach_the_collector_whole(collector: str) -> None:
+    exporter = ShippedExporter(collector, {"service.name": "fnrt-shipped"})
+    tracer = Tracer(TraceConfig(), lambda flat: exporter.export([flat]))
+    root = tracer.start("POST /v1/functions/{name}/invoke", kind=SpanKind.SERVER)
+    root.set_attribute("http.response.status_code", 200)
+    root.set_attribute("fnrt.cold_start", Tier.L2)  # a str enum: marshal takes no subclass
+    tracer.after("queue", root.context, root.start_ns, root.start_ns + 5, {"fnrt.priority": "high"})
+    root.end()
+    exporter.shutdown()  # the shipper posts what it read, then exits
+    spans = received()
+    server, queue = spans["POST /v1/functions/{name}/invoke"], spans["queue"]
+    assert _Collector.received[0].resource_spans[0].resource.attributes[0].value.string_value == (
+        "fnrt-shipped"
+    )
+    values = {a.key: a.value for a in server.attributes}  # type: ignore[attr-defined]
+    assert values["http.response.status_code"].int_value == 200
+    assert values["fnrt.cold_start"].string_value == "l2"
+    assert queue.parent_span_id == root.context.span_id.to_bytes(8, "big")  # type: ignore[attr-defined]
+    assert queue.trace_id == root.context.trace_id.to_bytes(16, "big")  # type: ignore[attr-defined]
+    assert exporter.dropped == 0
+
+
+def test_a_shipper_that_dies_is_started_again_and_the_gap_is_counted(collector: str) -> None:
+    clock = Clock()
+    exporter = ShippedExporter(collector, {}, restart_interval_s=10, clock=clock)
+    tracer = Tracer(TraceConfig(), lambda flat: exporter.export([flat]))
+    first = exporter._process
+    assert first is not None
+    first.kill()
+    first.wait()
+    tracer.start("lost").end()  # too soon after the last start: dropped, counted
+    assert exporter.dropped == 1 and exporter.starts == 1
+    clock.now = 11
+    tracer.start("kept").end()
+    assert exporter.starts == 2
+    exporter.shutdown()
+    assert "kept" in received() and "lost" not in received()
+
+
+def test_the_shipper_ignores_ctrl_c_and_leaves_when_the_server_does(collector: str) -> None:
+    """A Ctrl-C reaches the whole process group: the server's shutdown, not the signal,
+    ends the shipper, so the spans of the requests it drained still go out."""
+    exporter = ShippedExporter(collector, {})
+    process = exporter._process
+    assert process is not None
+    wait_until(lambda: _signal_ignored(process.pid, signal.SIGINT), 30)
+    os.kill(process.pid, signal.SIGINT)
+    tracer = Tracer(TraceConfig(), lambda flat: exporter.export([flat]))
+    tracer.start("after ctrl-c").end()
+    exporter.shutdown()
+    assert process.returncode == 0
+    assert "after ctrl-c" in received()
+
+
+def _signal_ignored(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` ignores ``signum`` (its SigIgn mask in /proc)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
+    return False
+
+
+def test_a_bad_endpoint_is_refused_before_any_process_starts() -> None:
+    with pytest.raises(ValueError, match="not an http"):
+        ShippedExporter("ftp://collector", {})
+
+
+def test_frames_are_read_until_the_stream_ends_even_mid_frame() -> None:
+    got: list[list[tuple[object, ...]]] = []
+    one = marshal.dumps([("queue", 1, 2, "", 3, 4, {})])
+    stream = io.BytesIO(len(one).to_bytes(4, "little") + one + b"\x10\x00\x00\x00partial")
+    serve(stream, got.append)
+    assert got == [[("queue", 1, 2, "", 3, 4, {})]]
+
+
+def test_a_server_ships_and_a_client_encodes_in_its_own_thread(collector: str) -> None:
+    config = TraceConfig(exporter="otlp", endpoint=collector)
+    server = build_tracer(config, shipped=True)
+    client = build_tracer(config)
+    assert server is not None and client is not None
+    server.start("served").end()
+    client.start("called").end()
+    server.shutdown()
+    client.shutdown()
+    assert {"served", "called"} <= set(received())
