@@ -19,7 +19,7 @@ from typing import Any, Protocol, TextIO
 
 import orjson
 
-from fnrt.tracing.otlp import encode_request
+from fnrt.tracing.otlp import YIELD_EVERY, encode_request
 from fnrt.tracing.recorder import Flat, Span, as_span, expand
 
 log = logging.getLogger("fnrt.tracing")
@@ -52,8 +52,15 @@ class OtlpHttpExporter:
 
     In a server it runs in the shipper process (:mod:`fnrt.tracing.shipper`)."""
 
-    def __init__(self, endpoint: str, resource: Mapping[str, Any], timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        resource: Mapping[str, Any],
+        timeout_s: float = 10.0,
+        yield_every: int = YIELD_EVERY,
+    ) -> None:
         self.endpoint = traces_url(endpoint)
+        self.yield_every = yield_every  # see encode_request (0 in the shipper)
         self._url = urllib.parse.urlsplit(self.endpoint)
         self.resource = dict(resource)
         self.timeout_s = timeout_s
@@ -66,7 +73,7 @@ class OtlpHttpExporter:
         return kind(url.hostname or "", url.port, timeout=self.timeout_s)
 
     def export(self, spans: Sequence[Exported]) -> None:
-        body = encode_request(spans, self.resource)
+        body = encode_request(spans, self.resource, yield_every=self.yield_every)
         headers = {"Content-Type": "application/x-protobuf"}
         for attempt in (1, 2):  # a kept-alive connection the collector closed: once more
             connection = self._connection or self._connect()

@@ -98,6 +98,10 @@ _FLAGS = {
     for sampled in (0, 1)
     for remote in (False, True)
 }
+#: Field 13, a link: its header (33 bytes follow), trace id and span id; then its flags
+#: (fixed32, little-endian: known local, and sampled or not).
+_LINK = struct.Struct(">4sQQ2sQ").pack
+_LINK_FLAGS = {False: b"\x35" + _I(0x100), True: b"\x35" + _I(0x101)}
 #: The constant bytes of a span's shape (its name and kind), encoded once.
 _heads: dict[tuple[str, int], bytes] = {}
 
@@ -208,9 +212,16 @@ def _encode_span(flat: Flat) -> bytes:
         event = b"\x09" + _Q(at_ns) + _field(2, event_name.encode())
         parts.append(_field(11, event + _attributes(3, event_attributes)))
     for link_trace_id, link_span_id, link_sampled, _, _ in links:
-        body = b"\x0a\x10" + link_trace_id.to_bytes(16, "big")
-        body += b"\x12\x08" + link_span_id.to_bytes(8, "big")
-        parts.append(_field(13, body + b"\x35" + _I(0x101 if link_sampled else 0x100)))
+        parts.append(
+            _LINK(
+                b"\x6a\x21\x0a\x10",
+                link_trace_id >> 64,
+                link_trace_id & _LOW64,
+                b"\x12\x08",
+                link_span_id,
+            )
+            + _LINK_FLAGS[link_sampled]
+        )
     if status != StatusCode.UNSET:
         encoded = _field(2, message.encode()) if message else b""
         parts.append(_field(15, encoded + b"\x18" + _varint(status)))
@@ -272,17 +283,22 @@ YIELD_EVERY = 128
 
 
 def encode_request(
-    spans: Iterable[Flat], resource: Mapping[str, Any], scope: str = "fnrt"
+    spans: Iterable[Flat],
+    resource: Mapping[str, Any],
+    scope: str = "fnrt",
+    yield_every: int = YIELD_EVERY,
 ) -> bytes:
     """An ``ExportTraceServiceRequest`` holding ``spans`` and records (flat, as a tracer
     hands them to its sink) under one resource and scope.
 
-    It offers the GIL back every ``YIELD_EVERY`` spans: where it runs in a
-    process's export thread (a client's; a server encodes in its shipper), the
-    main thread, wanting the GIL, would otherwise wait out the interpreter's
-    switch interval (5 ms) while a batch of thousands is encoded."""
+    It offers the GIL back every ``yield_every`` spans: where it runs in a
+    process's export thread (a client's), the main thread, wanting the GIL,
+    would otherwise wait out the interpreter's switch interval (5 ms) while a
+    batch of thousands is encoded. The shipper, with no other thread to wait,
+    passes 0: never (each offer is a system call, and on a busy machine often
+    a wait for the CPU)."""
     parts: list[bytes] = []
-    left = YIELD_EVERY
+    left = yield_every or -1
     for span in spans:
         if len(span) == SPAN_FIELDS:
             encoded = _encode_span(span)
@@ -295,7 +311,7 @@ def encode_request(
         left -= 1
         if not left:
             time.sleep(0)
-            left = YIELD_EVERY
+            left = yield_every
     scope_spans = _field(1, _field(1, scope.encode())) + b"".join(parts)
     resource_spans = _field(1, _attributes(1, resource)) + _field(2, scope_spans)
     return _field(1, resource_spans)

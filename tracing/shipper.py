@@ -160,7 +160,7 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     endpoint, resource, timeout_s = argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    exporter = OtlpHttpExporter(endpoint, json.loads(resource), float(timeout_s))
+    exporter = OtlpHttpExporter(endpoint, json.loads(resource), float(timeout_s), yield_every=0)
     try:
         serve(sys.stdin.buffer, exporter.export)
     finally:
