@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import io
 import marshal
 import os
 import signal
@@ -137,12 +136,34 @@ def test_a_bad_endpoint_is_refused_before_any_process_starts() -> None:
         ShippedExporter("ftp://collector", {})
 
 
-def test_frames_are_read_until_the_stream_ends_even_mid_frame() -> None:
+def _frame(*spans: tuple[object, ...]) -> bytes:
+    body = marshal.dumps(list(spans))
+    return len(body).to_bytes(4, "little") + body
+
+
+def test_frames_waiting_go_in_one_post_up_to_a_bound_and_the_rest_at_the_end() -> None:
+    """Frames already written are posted together (at most ``max_spans`` spans a post);
+    a stream that ends mid-frame ends the reading, and what was read is still posted."""
+    read, write = os.pipe()
+    spans = [("queue", 1, 2, "", i, i + 1, {}) for i in range(5)]
+    with os.fdopen(write, "wb") as out:
+        for span in spans:
+            out.write(_frame(span))
+        out.write(b"\x10\x00\x00\x00partial")
     got: list[list[tuple[object, ...]]] = []
-    one = marshal.dumps([("queue", 1, 2, "", 3, 4, {})])
-    stream = io.BytesIO(len(one).to_bytes(4, "little") + one + b"\x10\x00\x00\x00partial")
-    serve(stream, got.append)
-    assert got == [[("queue", 1, 2, "", 3, 4, {})]]
+    serve(read, lambda batch: got.append(list(batch)), max_spans=2)
+    os.close(read)
+    assert got == [spans[0:2], spans[2:4], spans[4:5]]
+
+
+def test_a_frame_alone_is_posted_at_once() -> None:
+    read, write = os.pipe()
+    got: list[list[tuple[object, ...]]] = []
+    with os.fdopen(write, "wb") as out:
+        out.write(_frame(("a", 1, 2, "", 3, 4, {})) + _frame(("b", 1, 2, "", 3, 4, {})))
+    serve(read, lambda batch: got.append(list(batch)), waiting=lambda fd: False)
+    os.close(read)
+    assert [[s[0] for s in batch] for batch in got] == [["a"], ["b"]]
 
 
 def test_a_server_ships_and_a_client_encodes_in_its_own_thread(collector: str) -> None:
