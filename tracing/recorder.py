@@ -125,23 +125,10 @@ class Span:
         carried by this span, and exported with it as a span of its own (its id drawn
         then), so the request path pays a tuple and an append. Once this span has
         ended, the child is exported alone. Only for a recording span."""
-        if self.end_ns:
-            sink = self._sink
-            if sink is not None:
-                context = self.context
-                sink(
-                    (
-                        name,
-                        context.trace_id,
-                        context.span_id,
-                        context.trace_state,
-                        start_ns,
-                        end_ns,
-                        attributes,
-                    )
-                )
-            return
-        self.children.append((name, start_ns, end_ns, attributes))
+        if not self.end_ns:
+            self.children.append((name, start_ns, end_ns, attributes))
+        elif self._sink is not None:
+            self._sink(record_of(name, self.context, start_ns, end_ns, attributes))
 
     def set_status(self, code: StatusCode, message: str = "") -> None:
         self.status, self.status_message = code, message
@@ -196,15 +183,20 @@ SPAN_FIELDS = 14
 RECORD_FIELDS = 7
 
 
+def record_of(
+    name: str, parent: SpanContext, start_ns: int, end_ns: int, attributes: Mapping[str, Any]
+) -> Flat:
+    """A record (see :data:`Flat`): a span of ``parent`` made after the fact."""
+    trace_id, span_id, _, state, _ = parent
+    return (name, trace_id, span_id, state, start_ns, end_ns, attributes)
+
+
 def expand(item: Flat) -> list[Flat]:
     """``item`` and, for a span, each child it carries as a record of its own."""
     if len(item) == RECORD_FIELDS or not item[13]:
         return [item]
-    trace_id, span_id, state = item[2], item[3], item[4]
-    return [item] + [
-        (name, trace_id, span_id, state, start_ns, end_ns, attributes)
-        for name, start_ns, end_ns, attributes in item[13]
-    ]
+    parent = SpanContext(item[2], item[3], True, item[4])
+    return [item] + [record_of(name, parent, *rest) for name, *rest in item[13]]
 
 
 def as_span(item: Span | Flat) -> Span:
@@ -333,8 +325,7 @@ class Tracer:
     ) -> None:
         """Export a span of ``parent`` made after the fact (a record, see :data:`Flat`): a
         tuple and an append, its id drawn when it is exported. ``parent`` must be sampled."""
-        trace_id, span_id, _, state, _ = parent
-        self._sink((name, trace_id, span_id, state, start_ns, end_ns, attributes))
+        self._sink(record_of(name, parent, start_ns, end_ns, attributes))
 
     def record(
         self,
