@@ -364,6 +364,70 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class OtlpCollector:
+    """An OTLP/HTTP collector on 127.0.0.1 (a free port) that keeps every
+    ``ExportTraceServiceRequest`` posted to it, parsed with the official classes."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        received: list[Any] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                if self.path == "/v1/traces":
+                    request = ExportTraceServiceRequest()
+                    request.ParseFromString(body)
+                    received.append(request)
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.received = received
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def spans(self) -> list[tuple[str, Any]]:
+        """(service name, span) of every span received so far."""
+        out = []
+        for request in list(self.received):
+            for resource in request.resource_spans:
+                service = next(
+                    (
+                        a.value.string_value
+                        for a in resource.resource.attributes
+                        if a.key == "service.name"
+                    ),
+                    "",
+                )
+                for scope in resource.scope_spans:
+                    out += [(service, span) for span in scope.spans]
+        return out
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@contextmanager
+def otlp_collector() -> Iterator[OtlpCollector]:
+    collector = OtlpCollector()
+    try:
+        yield collector
+    finally:
+        collector.close()
+
+
 @contextmanager
 def traced_server(tmp: Path) -> Iterator[tuple[LiveServer, Any]]:
     """A live server whose spans go to an in-memory exporter, returned beside it."""

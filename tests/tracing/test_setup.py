@@ -7,18 +7,15 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from fnrt.runtime.cli.main import main
 from fnrt.tracing.setup import TraceConfig, build_tracer, trace_config_from_env
-from support import free_port, wait_until, write_function
+from support import OtlpCollector, free_port, wait_until, write_function
 
 
 def test_config_from_the_standard_variables() -> None:
@@ -59,58 +56,22 @@ def test_bad_settings_name_what_is_wrong(env: dict[str, str], message: str) -> N
         TraceConfig(**trace_config_from_env(env))  # type: ignore[arg-type]
 
 
-class _Collector(BaseHTTPRequestHandler):
-    received: list[ExportTraceServiceRequest] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["content-length"]))
-        if self.path == "/v1/traces":
-            request = ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            self.received.append(request)
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def collector() -> Iterator[str]:
-    _Collector.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-def spans_received() -> list[tuple[str, str, bytes, bytes]]:
+def spans_received(collector: OtlpCollector) -> list[tuple[str, str, bytes, bytes]]:
     """(service, span name, trace id, parent span id) of everything exported so far."""
-    out = []
-    for request in _Collector.received:
-        for resource in request.resource_spans:
-            service = next(
-                a.value.string_value
-                for a in resource.resource.attributes
-                if a.key == "service.name"
-            )
-            for scope in resource.scope_spans:
-                for span in scope.spans:
-                    out.append((service, span.name, span.trace_id, span.parent_span_id))
-    return out
+    return [
+        (service, span.name, span.trace_id, span.parent_span_id)
+        for service, span in collector.spans()
+    ]
 
 
 def test_serve_and_invoke_export_one_trace_over_otlp(
-    tmp_path: Path, collector: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, collector: OtlpCollector, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = free_port()
     env = os.environ | {"OTEL_SERVICE_NAME": "fnrt-test", "OTEL_BSP_SCHEDULE_DELAY": "100"}
     argv = [sys.executable, "-m", "fnrt.runtime.cli.main", "serve", "--port", str(port)]
     argv += ["--store", str(tmp_path / "store"), "--cache-dir", str(tmp_path / "cache")]
-    argv += ["--trace", "otlp", "--trace-endpoint", collector, "--log-level", "warning"]
+    argv += ["--trace", "otlp", "--trace-endpoint", collector.url, "--log-level", "warning"]
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     lines: list[str] = []
@@ -120,7 +81,7 @@ def test_serve_and_invoke_export_one_trace_over_otlp(
         wait_until(lambda: _answers(url), 60)
         folder = write_function(tmp_path / "src", "echo")
         assert main(["deploy", str(folder), "--server", url, "-q"]) == 0
-        client_env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": collector}
+        client_env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}
         with pytest.MonkeyPatch.context() as mp:
             for k, v in client_env.items():
                 mp.setenv(k, v)
@@ -131,8 +92,8 @@ def test_serve_and_invoke_export_one_trace_over_otlp(
         trace_id = capsys.readouterr().err.split("trace ")[-1].strip()
         assert len(trace_id) == 32
         wanted = {"fnrt invoke echo", "POST /v1/functions/{name}/invoke", "queue", "load"}
-        wait_until(lambda: wanted <= {s[1] for s in spans_received()}, 30)
-        in_trace = [s for s in spans_received() if s[2].hex() == trace_id]
+        wait_until(lambda: wanted <= {s[1] for s in spans_received(collector)}, 30)
+        in_trace = [s for s in spans_received(collector) if s[2].hex() == trace_id]
         services = {name: service for service, name, _, _ in in_trace}
         assert services["fnrt invoke echo"] == "fnrt-cli"
         assert services["POST /v1/functions/{name}/invoke"] == "fnrt-test"

@@ -6,54 +6,19 @@ import enum
 import marshal
 import os
 import signal
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from fnrt.tracing.recorder import SpanKind, Tracer
 from fnrt.tracing.setup import TraceConfig, build_tracer
 from fnrt.tracing.shipper import ShippedExporter, serve
-from support import wait_until
+from support import OtlpCollector, wait_until
 
 
-class _Collector(BaseHTTPRequestHandler):
-    received: list[ExportTraceServiceRequest] = []
-
-    def do_POST(self) -> None:
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(self.rfile.read(int(self.headers["content-length"])))
-        self.received.append(request)
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def collector() -> Iterator[str]:
-    _Collector.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def received() -> dict[str, object]:
+def received(collector: OtlpCollector) -> dict[str, Any]:
     """Every span the collector got, by name."""
-    return {
-        span.name: span
-        for request in _Collector.received
-        for resource in request.resource_spans
-        for scope in resource.scope_spans
-        for span in scope.spans
-    }
+    return {span.name: span for _, span in collector.spans()}
 
 
 class Tier(enum.StrEnum):
@@ -68,8 +33,8 @@ class Clock:
         return self.now
 
 
-def test_spans_and_records_reach_the_collector_whole(collector: str) -> None:
-    exporter = ShippedExporter(collector, {"service.name": "fnrt-shipped"})
+def test_spans_and_records_reach_the_collector_whole(collector: OtlpCollector) -> None:
+    exporter = ShippedExporter(collector.url, {"service.name": "fnrt-shipped"})
     tracer = Tracer(TraceConfig(), lambda flat: exporter.export([flat]))
     root = tracer.start("POST /v1/functions/{name}/invoke", kind=SpanKind.SERVER)
     root.set_attribute("http.response.status_code", 200)
@@ -77,22 +42,22 @@ def test_spans_and_records_reach_the_collector_whole(collector: str) -> None:
     tracer.after("queue", root.context, root.start_ns, root.start_ns + 5, {"fnrt.priority": "high"})
     root.end()
     exporter.shutdown()  # the shipper posts what it read, then exits
-    spans = received()
+    spans = received(collector)
     server, queue = spans["POST /v1/functions/{name}/invoke"], spans["queue"]
-    assert _Collector.received[0].resource_spans[0].resource.attributes[0].value.string_value == (
-        "fnrt-shipped"
-    )
-    values = {a.key: a.value for a in server.attributes}  # type: ignore[attr-defined]
+    assert {service for service, _ in collector.spans()} == {"fnrt-shipped"}
+    values = {a.key: a.value for a in server.attributes}
     assert values["http.response.status_code"].int_value == 200
     assert values["fnrt.cold_start"].string_value == "l2"
-    assert queue.parent_span_id == root.context.span_id.to_bytes(8, "big")  # type: ignore[attr-defined]
-    assert queue.trace_id == root.context.trace_id.to_bytes(16, "big")  # type: ignore[attr-defined]
+    assert queue.parent_span_id == root.context.span_id.to_bytes(8, "big")
+    assert queue.trace_id == root.context.trace_id.to_bytes(16, "big")
     assert exporter.dropped == 0
 
 
-def test_a_shipper_that_dies_is_started_again_and_the_gap_is_counted(collector: str) -> None:
+def test_a_shipper_that_dies_is_started_again_and_the_gap_is_counted(
+    collector: OtlpCollector,
+) -> None:
     clock = Clock()
-    exporter = ShippedExporter(collector, {}, restart_interval_s=10, clock=clock)
+    exporter = ShippedExporter(collector.url, {}, restart_interval_s=10, clock=clock)
     tracer = Tracer(TraceConfig(), lambda flat: exporter.export([flat]))
     first = exporter._process
     assert first is not None
@@ -104,13 +69,15 @@ def test_a_shipper_that_dies_is_started_again_and_the_gap_is_counted(collector: 
     tracer.start("kept").end()
     assert exporter.starts == 2
     exporter.shutdown()
-    assert "kept" in received() and "lost" not in received()
+    assert "kept" in received(collector) and "lost" not in received(collector)
 
 
-def test_the_shipper_ignores_ctrl_c_and_leaves_when_the_server_does(collector: str) -> None:
+def test_the_shipper_ignores_ctrl_c_and_leaves_when_the_server_does(
+    collector: OtlpCollector,
+) -> None:
     """A Ctrl-C reaches the whole process group: the server's shutdown, not the signal,
     ends the shipper, so the spans of the requests it drained still go out."""
-    exporter = ShippedExporter(collector, {})
+    exporter = ShippedExporter(collector.url, {})
     process = exporter._process
     assert process is not None
     wait_until(lambda: _signal_ignored(process.pid, signal.SIGINT), 30)
@@ -119,7 +86,7 @@ def test_the_shipper_ignores_ctrl_c_and_leaves_when_the_server_does(collector: s
     tracer.start("after ctrl-c").end()
     exporter.shutdown()
     assert process.returncode == 0
-    assert "after ctrl-c" in received()
+    assert "after ctrl-c" in received(collector)
 
 
 def _signal_ignored(pid: int, signum: int) -> bool:
@@ -166,8 +133,8 @@ def test_a_frame_alone_is_posted_at_once() -> None:
     assert [[s[0] for s in batch] for batch in got] == [["a"], ["b"]]
 
 
-def test_a_server_ships_and_a_client_encodes_in_its_own_thread(collector: str) -> None:
-    config = TraceConfig(exporter="otlp", endpoint=collector)
+def test_a_server_ships_and_a_client_encodes_in_its_own_thread(collector: OtlpCollector) -> None:
+    config = TraceConfig(exporter="otlp", endpoint=collector.url)
     server = build_tracer(config, shipped=True)
     client = build_tracer(config)
     assert server is not None and client is not None
@@ -175,4 +142,4 @@ def test_a_server_ships_and_a_client_encodes_in_its_own_thread(collector: str) -
     client.start("called").end()
     server.shutdown()
     client.shutdown()
-    assert {"served", "called"} <= set(received())
+    assert {"served", "called"} <= set(received(collector))
