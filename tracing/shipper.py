@@ -144,7 +144,7 @@ class ShippedExporter:
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:
-    """``size`` bytes from ``fd`` (unbuffered, so ``select`` sees what is left); None
+    """``size`` bytes from ``fd`` (unbuffered, so ``poll`` sees what is left); None
     when it ends first."""
     chunks, left = [], size
     while left:
@@ -157,8 +157,11 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
 
 
 def _waiting(fd: int) -> bool:
-    """Whether more is already written to ``fd`` (the next frame, or its start)."""
-    return bool(select.select([fd], [], [], 0)[0])
+    """Whether more is already written to ``fd`` (the next frame, or its start);
+    ``poll``, not ``select``, which takes no descriptor past 1023."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def serve(

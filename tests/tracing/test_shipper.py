@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import marshal
 import os
+import resource
 import signal
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from fnrt.tracing.recorder import SpanKind, Tracer
 from fnrt.tracing.setup import TraceConfig, build_tracer
-from fnrt.tracing.shipper import ShippedExporter, serve
+from fnrt.tracing.shipper import ShippedExporter, _waiting, serve
 from support import OtlpCollector, wait_until
 
 
@@ -143,3 +144,25 @@ def test_a_server_ships_and_a_client_encodes_in_its_own_thread(collector: OtlpCo
     server.shutdown()
     client.shutdown()
     assert {"served", "called"} <= set(received(collector))
+
+
+def test_waiting_frames_are_seen_on_a_descriptor_past_1023() -> None:
+    """A server with many connections open hands the shipper a high descriptor only in
+    tests, but ``select`` would refuse it outright: the check uses ``poll``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"this process may open only {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        read, write = os.pipe()
+        assert read > 1023
+        assert not _waiting(read)
+        os.write(write, b"x")
+        assert _waiting(read)
+        os.close(read)
+        os.close(write)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
