@@ -122,14 +122,36 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
 
+def pin(pid: int, cpus: str, children_cpus: str) -> None:
+    """Pin process ``pid`` (every thread) to ``cpus`` and its live descendants (worker
+    processes, the span shipper) to ``children_cpus`` (``taskset`` lists: "0", "1-3")."""
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True, capture_output=True)
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        for task in Path(f"/proc/{current}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                todo.append(int(child))
+                argv = ["taskset", "-a", "-p", "-c", children_cpus, child]
+                subprocess.run(argv, check=True, capture_output=True)
+
+
 def wrk(
-    url: str, script: Path, connections: int, duration_s: int, pid: int | None = None
+    url: str,
+    script: Path,
+    connections: int,
+    duration_s: int,
+    pid: int | None = None,
+    cpus: str | None = None,
 ) -> Result:
-    """Load ``url`` with ``wrk``; with ``pid`` (the server's), also the CPU it spent
-    per request."""
+    """Load ``url`` with ``wrk`` (on ``cpus`` when given, a ``taskset`` list); with ``pid``
+    (the server's), also the CPU it spent per request."""
     cpu_before = tree_cpu_s(pid) if pid is not None else 0.0
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(script)]
+    if cpus is not None:
+        argv = ["taskset", "-c", cpus, *argv]
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(script), url],
+        [*argv, url],
         check=True,
         capture_output=True,
         text=True,

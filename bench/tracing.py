@@ -1,7 +1,7 @@
 """What telemetry costs: throughput with tracing off, on at 10% and on at 100%.
 
     python bench/tracing.py [--connections 32] [--duration-s 5] [--rounds 6]
-                            [--variants off,10%,100%,no-log,off-again]
+                            [--variants off,10%,100%,no-log,off-again] [--pin]
 
 Five ``fnrt serve`` processes serve ``examples/mlp``, differing only in
 telemetry: ``off`` (metrics and the request log, no spans: the baseline),
@@ -16,6 +16,11 @@ lines the median of the per-round ratios against ``off`` (this machine drifts
 by ±10% between rounds). The CPU columns are the server's CPU time (its worker
 included) per request, median over rounds, and its ratio to ``off``'s: what
 telemetry costs, less blurred by the machine's drift than requests/s.
+
+``--pin`` gives each server's process CPU 0 alone and puts everything else
+(its worker, the span shipper, the collector, ``wrk``) on the other CPUs: the
+server's event loop is then the bound, as on a machine with cores to spare,
+rather than the whole machine's CPU.
 """
 
 from __future__ import annotations
@@ -31,7 +36,17 @@ from pathlib import Path
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import Result, copy_mlp, deploy, report, require_wrk, start_fnrt, write_script, wrk
+from loadgen import (
+    Result,
+    copy_mlp,
+    deploy,
+    pin,
+    report,
+    require_wrk,
+    start_fnrt,
+    write_script,
+    wrk,
+)
 
 SINK = """
 import sys
@@ -65,13 +80,26 @@ def main() -> None:
         default="off,10%,100%,no-log,off-again",
         help="which servers to run, comma-separated (off is always run: the baseline)",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="each server's process alone on CPU 0; its children, the collector and wrk elsewhere",
+    )
     args = parser.parse_args()
     require_wrk()
 
     work = Path(tempfile.mkdtemp(prefix="fnrt-bench-tracing-"))
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     procs: list[subprocess.Popen[bytes]] = []
-    sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    cpus = os.cpu_count() or 1
+    if args.pin and cpus < 2:
+        parser.error("--pin needs 2 CPUs or more")
+    others = f"1-{cpus - 1}" if cpus > 2 else "1"
+    wrk_cpus = others if args.pin else None
+    sink_argv = [sys.executable, "-c", SINK]
+    if args.pin:
+        sink_argv = ["taskset", "-c", others, *sink_argv]
+    sink = subprocess.Popen(sink_argv, stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout is not None
         collector = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
@@ -100,7 +128,9 @@ def main() -> None:
             deploy(server, example)
             urls[name] = f"{server}/v1/functions/mlp/invoke"
             pids[name] = proc.pid
-            wrk(urls[name], script, args.connections, 1)  # warm up
+            wrk(urls[name], script, args.connections, 1, cpus=wrk_cpus)  # warm up: loads it
+            if args.pin:
+                pin(proc.pid, "0", others)
 
         results: dict[str, list[Result]] = {name: [] for name in variants}
         names = list(urls)
@@ -108,12 +138,20 @@ def main() -> None:
             order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for name in order:
                 results[name].append(
-                    wrk(urls[name], script, args.connections, args.duration_s, pids[name])
+                    wrk(
+                        urls[name],
+                        script,
+                        args.connections,
+                        args.duration_s,
+                        pids[name],
+                        cpus=wrk_cpus,
+                    )
                 )
 
         print(
             f"\nmlp example, {args.connections} connections, "
-            f"{args.duration_s}s x {args.rounds} rounds (median round)\n"
+            f"{args.duration_s}s x {args.rounds} rounds (median round)"
+            f"{', each server alone on CPU 0' if args.pin else ''}\n"
         )
         report(results, BASELINE, "telemetry")
     finally:
