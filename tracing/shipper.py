@@ -1,13 +1,14 @@
 """OTLP export from a process of its own, so encoding spans never takes the server's GIL.
 
-Encoding a span as OTLP protobuf is about 3 µs of Python; a traced invoke
-makes three or four, and in the server that time is taken under the GIL the
-event loop needs (about 8% of its throughput at 100% sampling). So the
-server's exporter (:class:`ShippedExporter`) writes each batch of spans, which
-a tracer hands over flat (tuples of builtins, :data:`fnrt.tracing.recorder.Flat`),
-to a child process's stdin as one ``marshal`` frame; the child
-(``python -m fnrt.tracing.shipper``) encodes the frames and posts them to the
-collector (:class:`fnrt.tracing.export.OtlpHttpExporter`).
+Encoding a span as OTLP protobuf is a few µs of Python; a traced invoke makes
+three or four, and in the server that time would be taken under the GIL the
+event loop needs. So the server's exporter (:class:`ShippedExporter`) writes
+the spans, which a tracer hands over flat (tuples of builtins,
+:data:`fnrt.tracing.recorder.Flat`), to a child process's stdin as ``marshal``
+frames of ``FRAME_SPANS``; the child (``python -m fnrt.tracing.shipper``)
+encodes them and posts them to the collector
+(:class:`fnrt.tracing.export.OtlpHttpExporter`), the frames already waiting in
+one request.
 
 The child ignores SIGINT (a Ctrl-C reaches the whole process group; the
 server's shutdown is what ends it) and exits when its stdin closes, after
