@@ -315,18 +315,6 @@ class Tracer:
         if self._on_shutdown is not None:
             self._on_shutdown()
 
-    def after(
-        self,
-        name: str,
-        parent: SpanContext,
-        start_ns: int,
-        end_ns: int,
-        attributes: Mapping[str, Any],
-    ) -> None:
-        """Export a span of ``parent`` made after the fact (a record, see :data:`Flat`): a
-        tuple and an append, its id drawn when it is exported. ``parent`` must be sampled."""
-        self._sink(record_of(name, parent, start_ns, end_ns, attributes))
-
     def record(
         self,
         name: str,

@@ -78,19 +78,20 @@ def test_context_defaults() -> None:
 
 
 def test_records_decode_as_children_of_their_request_span() -> None:
-    """Spans made after the fact (queue, load, encode) travel as flat records and are
-    encoded straight from them: same tree, times and attributes as a span, with an
-    id of their own drawn at export; a trace state and an unhashable attribute go too."""
+    """Spans made after the fact once their span has ended (queue, load, encode) travel
+    as flat records of their own and are encoded straight from them: same tree, times
+    and attributes as a span, with an id of their own drawn at export; a trace state and
+    an unhashable attribute go too."""
     ended: list[object] = []
     tracer = Tracer(TraceConfig(), ended.append)
     remote = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v")
     root = tracer.start("POST /v1/functions/{name}/invoke", remote, kind=SpanKind.SERVER)
-    tracer.after("queue", root.context, 10, 25, {"fnrt.priority": "normal"})
-    tracer.after("load", root.context, 11, 20, {"fnrt.load.tiers": ["l2"], "fnrt.load.s": 0.5})
     root.end()
+    root.after("queue", 10, 25, {"fnrt.priority": "normal"})
+    root.after("load", 11, 20, {"fnrt.load.tiers": ["l2"], "fnrt.load.s": 0.5})
     local = tracer.start("POST /v1/functions/{name}/invoke")
-    tracer.after("encode", local.context, 30, 31, {"fnrt.response.bytes": 4096})
     local.end()
+    local.after("encode", 30, 31, {"fnrt.response.bytes": 4096})
     records = [r for r in ended if len(r) == RECORD_FIELDS]  # type: ignore[arg-type]
     assert [r[0] for r in records] == ["queue", "load", "encode"]  # type: ignore[index]
     request = ExportTraceServiceRequest()

@@ -40,7 +40,7 @@ def test_spans_and_records_reach_the_collector_whole(collector: OtlpCollector) -
     root = tracer.start("POST /v1/functions/{name}/invoke", kind=SpanKind.SERVER)
     root.set_attribute("http.response.status_code", 200)
     root.set_attribute("fnrt.cold_start", Tier.L2)  # a str enum: marshal takes no subclass
-    tracer.after("queue", root.context, root.start_ns, root.start_ns + 5, {"fnrt.priority": "high"})
+    root.after("queue", root.start_ns, root.start_ns + 5, {"fnrt.priority": "high"})
     root.end()
     exporter.shutdown()  # the shipper posts what it read, then exits
     spans = received(collector)
