@@ -15,7 +15,15 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fnrt.tracing.recorder import RECORD_FIELDS, SPAN_FIELDS, Flat, StatusCode
+from fnrt.tracing.recorder import (
+    RECORD_FIELDS,
+    REQUEST_FIELDS,
+    SPAN_FIELDS,
+    Flat,
+    StatusCode,
+    http_attributes,
+    span_of_request,
+)
 
 _FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
@@ -169,6 +177,8 @@ def plain(flat: Flat) -> Flat:
     which takes no subclasses: a str enum, an int enum)."""
     if len(flat) == RECORD_FIELDS:
         return (str(flat[0]), *flat[1:3], str(flat[3]), *flat[4:6], _plain_attributes(flat[6]))
+    if len(flat) == REQUEST_FIELDS:
+        flat = span_of_request(flat)
     events = [(str(n), int(t), _plain_attributes(a)) for n, t, a in flat[9]]
     children = [(str(n), s, e, _plain_attributes(a)) for n, s, e, a in flat[13]]
     return (
@@ -244,6 +254,46 @@ def _encode_record(flat: Flat) -> bytes:
     )
 
 
+#: A request's name, kind and HTTP attributes by its (http, response): they repeat from
+#: request to request.
+_request_blocks: dict[tuple[Any, Any], bytes] = {}
+
+
+def _encode_request(flat: Flat) -> bytes:
+    """One ``Span`` message from a request (see :data:`fnrt.tracing.recorder.Flat`)."""
+    (
+        trace_id,
+        span_id,
+        trace_state,
+        parent,
+        start_ns,
+        end_ns,
+        http,
+        response,
+        extra,
+        events,
+        status,
+        _message,
+        _children,
+    ) = flat
+    if extra or events or status:  # an error's, a split's: as any span
+        return _encode_span(span_of_request(flat))
+    key = (http, response)
+    block = _request_blocks.get(key)
+    if block is None:
+        block = _head(f"{http[0]} {http[1]}", 2) + _attributes(9, http_attributes(http, response))
+        if len(_request_blocks) < _CACHE_LIMIT:
+            _request_blocks[key] = block
+    return b"".join(
+        (
+            _ids(trace_id, span_id, trace_state, None if parent is None else parent[1]),
+            block,
+            _TIMES(b"\x39", start_ns, b"\x41", end_ns),
+            _FLAGS[1, parent is not None and parent[4]],
+        )
+    )
+
+
 _CHILD_FLAGS = _FLAGS[1, False]
 
 
@@ -300,9 +350,15 @@ def encode_request(
     parts: list[bytes] = []
     left = yield_every or -1
     for span in spans:
-        if len(span) == SPAN_FIELDS:
-            encoded = _encode_span(span)
+        size = len(span)
+        if size == REQUEST_FIELDS:
+            encoded = _encode_request(span)
             parts += (b"\x12", _varint(len(encoded)), encoded)  # field 2, length-delimited
+            if span[12]:
+                _add_children(parts, span[0], span[1], span[2], span[12])
+        elif size == SPAN_FIELDS:
+            encoded = _encode_span(span)
+            parts += (b"\x12", _varint(len(encoded)), encoded)
             if span[13]:  # the children it carries, as spans of their own
                 _add_children(parts, span[2], span[3], span[4], span[13])
         else:

@@ -51,8 +51,10 @@ class SpanContext(NamedTuple):
         return 1 if self.sampled else 0
 
 
-class Span:
-    """One span; ``end`` hands it to the tracer's sink when it is sampled."""
+class BaseSpan:
+    """What every span has: its identity, times, attributes, events, status, and the
+    children made after the fact that it carries; ``end`` hands it to the tracer's
+    sink, flat, when it is sampled."""
 
     __slots__ = (
         "_sink",
@@ -62,9 +64,6 @@ class Span:
         "context",
         "end_ns",
         "events",
-        "kind",
-        "links",
-        "name",
         "parent",
         "recording",
         "start_ns",
@@ -74,27 +73,24 @@ class Span:
 
     def __init__(
         self,
-        name: str,
         context: SpanContext,
         parent: SpanContext | None,
-        kind: SpanKind,
         start_ns: int,
         attributes: dict[str, Any],
-        links: Sequence[SpanContext],
         sink: Callable[[Flat], None] | None,
     ) -> None:
-        self.name = name
         self.context = context
         self.parent = parent
-        self.kind = kind
         self.start_ns = start_ns
         self.end_ns = 0
         self.attributes = attributes
-        self.links = links
-        self.events: list[tuple[str, int, dict[str, Any]]] = []
+        #: (name, ns, attributes); a span seldom has any
+        self.events: Sequence[tuple[str, int, dict[str, Any]]] = ()
         #: Spans made after the fact under this one, (name, start ns, end ns, attributes),
-        #: exported with it: see :meth:`after`.
-        self.children: list[tuple[str, int, int, Mapping[str, Any]]] = []
+        #: exported with it: see :meth:`after`. A tuple, not a list: an ended span's flat
+        #: tuple then holds nothing the garbage collector must keep tracking (it stops
+        #: tracking a tuple of untracked things), though it waits a while for export.
+        self.children: tuple[tuple[str, int, int, Mapping[str, Any]], ...] = ()
         self.status = StatusCode.UNSET
         self.status_message = ""
         self._sink = sink
@@ -112,13 +108,12 @@ class Span:
         self.attributes[key] = value
 
     def record_exception(self, error: BaseException) -> None:
-        self.events.append(
-            (
-                "exception",
-                time.time_ns(),
-                {"exception.type": type(error).__name__, "exception.message": str(error)},
-            )
+        event = (
+            "exception",
+            time.time_ns(),
+            {"exception.type": type(error).__name__, "exception.message": str(error)},
         )
+        self.events = (*self.events, event)
 
     def after(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
         """A child that began and ended already (a queue wait, a load, an encoding):
@@ -126,7 +121,7 @@ class Span:
         then), so the request path pays a tuple and an append. Once this span has
         ended, the child is exported alone. Only for a recording span."""
         if not self.end_ns:
-            self.children.append((name, start_ns, end_ns, attributes))
+            self.children += ((name, start_ns, end_ns, attributes),)
         elif self._sink is not None:
             self._sink(record_of(name, self.context, start_ns, end_ns, attributes))
 
@@ -139,6 +134,31 @@ class Span:
         self.end_ns = end_ns or time.time_ns()
         if self._sink is not None:
             self._sink(self.flat())
+
+    def flat(self) -> Flat:
+        raise NotImplementedError
+
+
+class Span(BaseSpan):
+    """One span."""
+
+    __slots__ = ("kind", "links", "name")
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        start_ns: int,
+        attributes: dict[str, Any],
+        links: Sequence[SpanContext],
+        sink: Callable[[Flat], None] | None,
+    ) -> None:
+        super().__init__(context, parent, start_ns, attributes, sink)
+        self.name = name
+        self.kind = kind
+        self.links = links
 
     def flat(self) -> Flat:
         """This span as a tuple of builtins (``SPAN_FIELDS`` of them; see :data:`Flat`)."""
@@ -154,7 +174,7 @@ class Span:
             self.end_ns,
             self.attributes,
             self.events,
-            [tuple(link) for link in links] if links else (),
+            tuple([tuple(link) for link in links]) if links else (),
             self.status + 0,
             self.status_message,
             self.children,
@@ -162,6 +182,79 @@ class Span:
 
     def __repr__(self) -> str:
         return f"Span({self.name!r}, trace={self.context.trace_id:032x})"
+
+
+#: A request's HTTP side as its server span keeps it: method, route, path, user agent.
+Http = tuple[str, str, str, str]
+#: What answered: status code, function, version, the cold start's tier (None: warm).
+Response = tuple[int, str, str, "str | None"]
+
+
+class ServerSpan(BaseSpan):
+    """The span of one request on the data path, kept lean: its HTTP attributes and
+    what answered are two tuples of fields (:meth:`finish`), and it ends as a
+    request (see :data:`Flat`), which becomes an ordinary span with those
+    attributes when it is exported (:func:`span_of_request`). Attributes set on it
+    (an error's type, a split's) are exported beside them."""
+
+    __slots__ = ("http", "response")
+
+    def __init__(
+        self,
+        context: SpanContext,
+        parent: SpanContext | None,
+        http: Http,
+        start_ns: int,
+        sink: Callable[[Flat], None] | None,
+    ) -> None:
+        # BaseSpan's fields, set here rather than through super(): one a request
+        self.context = context
+        self.parent = parent
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.attributes = {}
+        self.events = ()
+        self.children = ()
+        self.status = StatusCode.UNSET
+        self.status_message = ""
+        self._sink = sink
+        self.recording = sink is not None
+        self._traceparent = ""
+        self.http = http
+        self.response: Response | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.http[0]} {self.http[1]}"
+
+    def finish(self, status_code: int, function: str, version: str, cold: str | None) -> None:
+        """Set what answered (a 5xx marks the span an error) and end it."""
+        self.response = (status_code, function, version, cold)
+        if status_code >= 500 and self.status is not StatusCode.ERROR:
+            self.status = StatusCode.ERROR
+        self.end()
+
+    def flat(self) -> Flat:
+        """This span as a request (``REQUEST_FIELDS`` builtins; see :data:`Flat`)."""
+        context, parent = self.context, self.parent
+        return (
+            context.trace_id,
+            context.span_id,
+            context.trace_state,
+            parent if parent is None else tuple(parent),
+            self.start_ns,
+            self.end_ns,
+            self.http,
+            self.response,
+            self.attributes,
+            self.events,
+            self.status + 0,
+            self.status_message,
+            self.children,
+        )
+
+    def __repr__(self) -> str:
+        return f"ServerSpan({self.name!r}, trace={self.context.trace_id:032x})"
 
 
 #: What a tracer hands its sink: an ended span, or a span made after the fact (a
@@ -178,9 +271,76 @@ class Span:
 #: whole when made, and nothing refers to its id): (name, trace id, parent span id,
 #: trace state, start ns, end ns, attributes); ``RECORD_FIELDS`` of them. It is an
 #: internal, sampled child of a local span; its own id is drawn when it is exported.
+#:
+#: A request (a :class:`ServerSpan`): (trace id, span id, trace state, parent
+#: context as a plain 5-tuple or None, start ns, end ns, its :data:`Http`, its
+#: :data:`Response` or None, the attributes set on it, events, status code,
+#: status message, children); ``REQUEST_FIELDS`` of them. :func:`span_of_request`
+#: makes it a span.
 Flat = tuple[Any, ...]
 SPAN_FIELDS = 14
 RECORD_FIELDS = 7
+REQUEST_FIELDS = 13
+
+
+def http_attributes(http: Http, response: Response | None) -> dict[str, Any]:
+    """A server span's attributes (HTTP's semantic conventions, then fnrt's) from what
+    its :class:`ServerSpan` kept."""
+    method, route, path, agent = http
+    attributes: dict[str, Any] = {
+        "http.request.method": method,
+        "http.route": route,
+        "url.path": path,
+        "url.scheme": "http",
+    }
+    if agent:
+        attributes["user_agent.original"] = agent
+    if response is not None:
+        status_code, function, version, cold = response
+        attributes["http.response.status_code"] = status_code
+        attributes["fnrt.function"] = function
+        attributes["fnrt.version"] = version
+        if cold is not None:
+            attributes["fnrt.cold_start"] = cold
+    return attributes
+
+
+def span_of_request(item: Flat) -> Flat:
+    """A request (see :data:`Flat`) as a span: a server span named by its method and
+    route, with the attributes :func:`http_attributes` makes, then those set on it."""
+    (
+        trace_id,
+        span_id,
+        state,
+        parent,
+        start_ns,
+        end_ns,
+        http,
+        response,
+        extra,
+        events,
+        status,
+        message,
+        children,
+    ) = item
+    attributes = http_attributes(http, response)
+    attributes.update(extra)
+    return (
+        f"{http[0]} {http[1]}",
+        SpanKind.SERVER + 0,
+        trace_id,
+        span_id,
+        state,
+        parent,
+        start_ns,
+        end_ns,
+        attributes,
+        events,
+        (),
+        status,
+        message,
+        children,
+    )
 
 
 def record_of(
@@ -192,7 +352,10 @@ def record_of(
 
 
 def expand(item: Flat) -> list[Flat]:
-    """``item`` and, for a span, each child it carries as a record of its own."""
+    """``item`` (a request as a span) and, for a span, each child it carries as a record
+    of its own."""
+    if len(item) == REQUEST_FIELDS:
+        item = span_of_request(item)
     if len(item) == RECORD_FIELDS or not item[13]:
         return [item]
     parent = SpanContext(item[2], item[3], True, item[4])
@@ -204,6 +367,8 @@ def as_span(item: Span | Flat) -> Span:
     console exporters show."""
     if isinstance(item, Span):
         return item
+    if len(item) == REQUEST_FIELDS:
+        item = span_of_request(item)
     if len(item) == RECORD_FIELDS:
         name, trace_id, parent_id, state, start_ns, end_ns, attributes = item
         parent: SpanContext | None = SpanContext(trace_id, parent_id, True, state)
@@ -231,7 +396,7 @@ def as_span(item: Span | Flat) -> Span:
         kind = SpanKind(kind_value)
         links = [SpanContext(*link) for link in link_fields]
     span = Span(name, context, parent, kind, start_ns, dict(attributes), links, None)
-    span.events.extend(events)
+    span.events = list(events)
     span.set_status(StatusCode(status), message)
     span.end_ns = end_ns
     return span
@@ -265,11 +430,14 @@ def parse_traceparent(value: str | None, trace_state: str | None = None) -> Span
 
 
 def format_traceparent(context: SpanContext) -> str:
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{'01' if context.sampled else '00'}"
+    # %-formatting: half the time of the f-string's format specs (a request writes one)
+    trace_id, span_id, sampled, _, _ = context
+    return "00-%032x-%016x-%s" % (trace_id, span_id, "01" if sampled else "00")  # noqa: UP031
 
 
 # a SpanContext without NamedTuple's keyword handling (the hot path)
 _context = tuple.__new__
+_LOW64 = 0xFFFFFFFFFFFFFFFF
 
 
 class Sampler:
@@ -288,7 +456,7 @@ class Sampler:
     def sampled(self, trace_id: int, parent: SpanContext | None) -> bool:
         if parent is not None and self.parent_based:
             return parent.sampled
-        return (trace_id & 0xFFFFFFFFFFFFFFFF) < self.bound
+        return (trace_id & _LOW64) < self.bound
 
 
 #: Where ended sampled spans and records go, flat (an exporter's ``add``).
@@ -330,7 +498,7 @@ class Tracer:
     ) -> None:
         """Export a span that was made and ended elsewhere (a handler's own, in a worker)."""
         span = Span(name, context, parent, kind, start_ns, attributes, [], self._sink)
-        span.events.extend(events)
+        span.events = tuple(events)
         span.set_status(*status)
         span.end(end_ns)
 
@@ -360,24 +528,37 @@ class Tracer:
                 () if links is None else links,
                 self._sink,
             )
-        if parent is None:  # a new trace: TraceIdRatioBased's rule (Sampler.sampled)
-            trace_id = self._bits(128) or 1
-            sampled = (trace_id & 0xFFFFFFFFFFFFFFFF) < self.sampler.bound
-            state = ""
-        else:
-            trace_id, state = parent.trace_id, parent.trace_state
-            sampled = (
-                parent.sampled
-                if self.sampler.parent_based
-                else self.sampler.sampled(trace_id, parent)
-            )
+        context = self._context(parent)
         return Span(
             name,
-            _context(SpanContext, (trace_id, self._bits(64) or 1, sampled, state, False)),
+            context,
             parent,
             kind,
             start_ns or time.time_ns(),
             {} if attributes is None else attributes,
             [] if links is None else links,
-            self._sink if sampled else None,
+            self._sink if context.sampled else None,
         )
+
+    def start_server(self, http: Http, parent: SpanContext | None = None) -> ServerSpan:
+        """The span of one request on the data path (a new trace when ``parent``, the
+        caller's, is None); sampled by the sampler's rule."""
+        if parent is None and self.sampler.bound > _LOW64:  # always on: the common case
+            ids = (self._bits(128) or 1, self._bits(64) or 1, True, "", False)
+            context = _context(SpanContext, ids)
+            return ServerSpan(context, None, http, time.time_ns(), self._sink)
+        context = self._context(parent)
+        return ServerSpan(
+            context, parent, http, time.time_ns(), self._sink if context.sampled else None
+        )
+
+    def _context(self, parent: SpanContext | None) -> SpanContext:
+        """A new span's context under ``parent``, sampled or not by the sampler's rule."""
+        if parent is None:  # a new trace: TraceIdRatioBased's rule (Sampler.sampled)
+            trace_id = self._bits(128) or 1
+            sampled = (trace_id & _LOW64) < self.sampler.bound
+            state = ""
+        else:
+            trace_id, state = parent.trace_id, parent.trace_state
+            sampled = self.sampler.sampled(trace_id, parent)
+        return _context(SpanContext, (trace_id, self._bits(64) or 1, sampled, state, False))

@@ -3,10 +3,12 @@
 One invoke makes a server span (HTTP semantic-convention attributes; the
 caller's ``traceparent`` / ``tracestate`` as its parent; ``traceresponse``
 in the reply) with children for its queue wait, the model load it waited for
-(tier, bytes, per-step timings) and the encoding of its answer. Those
-children are known whole when they are made, so they are plain tuples carried
-by the server span (:meth:`fnrt.tracing.recorder.Span.after`) until the shipper
-encodes them as spans of their own. Each batch is one span of its own, linked to
+(tier, bytes, per-step timings) and the encoding of its answer. The server
+span keeps its attributes as two tuples of fields until it is exported
+(:class:`fnrt.tracing.recorder.ServerSpan`). Its children are known whole when
+they are made, so they are plain tuples carried by the server span
+(:meth:`fnrt.tracing.recorder.BaseSpan.after`) until the shipper encodes them
+as spans of their own. Each batch is one span of its own, linked to
 every request span it served. With tracing
 off every method is a ``None`` check, so the request path pays nothing.
 """
@@ -17,6 +19,8 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 from fnrt.tracing.recorder import (
+    BaseSpan,
+    ServerSpan,
     Span,
     SpanContext,
     SpanKind,
@@ -41,23 +45,15 @@ class Tracing:
 
     def server_span(
         self, method: str, route: str, path: str, headers: Mapping[str, str]
-    ) -> Span | None:
+    ) -> ServerSpan | None:
         """The span of one HTTP request, continuing the caller's trace when it sent one."""
         if self.tracer is None:
             return None
         traceparent = headers.get("traceparent")
         parent = parse_traceparent(traceparent, headers.get("tracestate")) if traceparent else None
-        span = self.tracer.start(f"{method} {route}", parent, kind=SpanKind.SERVER)
-        if span.recording:  # an unsampled span only carries ids (for traceresponse)
-            attributes = span.attributes
-            attributes["http.request.method"] = method
-            attributes["http.route"] = route
-            attributes["url.path"] = path
-            attributes["url.scheme"] = "http"
-            agent = headers.get("user-agent")
-            if agent:
-                attributes["user_agent.original"] = agent
-        return span
+        # an unsampled span only carries ids (for traceresponse and the request log)
+        http = (method, route, path, headers.get("user-agent", ""))
+        return self.tracer.start_server(http, parent)
 
     def start(self, name: str, *, kind: SpanKind = SpanKind.INTERNAL) -> Span | None:
         """A span that begins a trace (a client's call)."""
@@ -67,7 +63,7 @@ class Tracing:
 
     def after(
         self,
-        parent: Span | None,
+        parent: BaseSpan | None,
         name: str,
         start_ns: int,
         end_ns: int,
@@ -80,7 +76,7 @@ class Tracing:
             parent.after(name, start_ns, end_ns, attributes)
 
     def batch_span(
-        self, function: str, version: str, requests: Iterable[Span | None], start_ns: int
+        self, function: str, version: str, requests: Iterable[BaseSpan | None], start_ns: int
     ) -> Span | None:
         """One batch's span, linked to the span of every recorded request it served."""
         if self.tracer is None:
@@ -124,7 +120,7 @@ class Tracing:
             self.tracer.shutdown()
 
 
-def inject(span: Span | None, headers: MutableMapping[str, str]) -> None:
+def inject(span: BaseSpan | None, headers: MutableMapping[str, str]) -> None:
     """Write ``span``'s context as ``traceparent`` (and ``tracestate``) into ``headers``."""
     if span is None:
         return
@@ -133,7 +129,7 @@ def inject(span: Span | None, headers: MutableMapping[str, str]) -> None:
         headers["tracestate"] = span.context.trace_state
 
 
-def fail(span: Span | None, error: BaseException, *, server_fault: bool = True) -> None:
+def fail(span: BaseSpan | None, error: BaseException, *, server_fault: bool = True) -> None:
     """Record ``error`` on ``span``; status ERROR when it was the server's fault (5xx)."""
     if span is None:
         return
@@ -144,32 +140,23 @@ def fail(span: Span | None, error: BaseException, *, server_fault: bool = True) 
 
 
 def finish_server_span(
-    span: Span | None,
+    span: ServerSpan | None,
     status: int,
     function: str,
     version: str,
     cold_start: str | None = None,
 ) -> None:
     """Set the response status (5xx marks the span an error), what served it, and end it."""
-    if span is None or not span.recording:
-        return
-    attributes = span.attributes
-    attributes["http.response.status_code"] = status
-    attributes["fnrt.function"] = function
-    attributes["fnrt.version"] = version
-    if cold_start is not None:
-        attributes["fnrt.cold_start"] = cold_start
-    if status >= 500 and span.status is not StatusCode.ERROR:
-        span.set_status(StatusCode.ERROR)
-    span.end()
+    if span is not None and span.recording:
+        span.finish(status, function, version, cold_start)
 
 
-def traceresponse(span: Span | None) -> str | None:
+def traceresponse(span: BaseSpan | None) -> str | None:
     """The W3C ``traceresponse`` header value naming ``span``."""
     return span.traceparent if span is not None else None
 
 
-def ids(span: Span | None) -> tuple[str, str] | None:
+def ids(span: BaseSpan | None) -> tuple[str, str] | None:
     """``(trace_id, span_id)`` in hex, for logs."""
     if span is None:
         return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
@@ -9,15 +11,18 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from fnrt.tracing.otlp import encode_request
 from fnrt.tracing.recorder import (
     RECORD_FIELDS,
+    REQUEST_FIELDS,
+    ServerSpan,
     SpanContext,
     SpanKind,
     StatusCode,
     Tracer,
     as_span,
     parse_traceparent,
+    span_of_request,
 )
 from fnrt.tracing.setup import TraceConfig
-from fnrt.tracing.spans import Tracing
+from fnrt.tracing.spans import Tracing, fail, finish_server_span
 
 
 def test_spans_decode_with_the_official_schema() -> None:
@@ -164,3 +169,56 @@ def test_children_a_span_carries_decode_as_its_own_spans() -> None:
             "fnrt.response.bytes": 4096
         }
     assert {s.trace_state for s in roots} == {"k=v", ""}
+
+
+def test_a_request_span_decodes_as_the_server_span_it_stands_for() -> None:
+    """A request's server span travels as two tuples of fields and is encoded straight
+    from them (its name, HTTP attributes and what answered, from a cache), the same as
+    the span :func:`span_of_request` makes of it; one with attributes of its own or an
+    error takes the general path. Both read back the same with the official schema."""
+    ended: list[object] = []
+    tracing = Tracing(Tracer(TraceConfig(), ended.append))
+    remote = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    path = "/v1/functions/mlp/invoke"
+    plain = tracing.server_span("POST", "/v1/functions/{name}/invoke", path, remote)
+    failed = tracing.server_span("POST", "/v1/functions/{name}/invoke", path, {"user-agent": "t"})
+    assert isinstance(plain, ServerSpan) and isinstance(failed, ServerSpan)
+    plain.after("queue", 10, 25, {"fnrt.priority": "normal"})
+    finish_server_span(plain, 200, "mlp", "v-1", "l2")
+    fail(failed, RuntimeError("boom"))
+    finish_server_span(failed, 500, "mlp", "v-1")
+    assert [len(item) for item in ended] == [REQUEST_FIELDS, REQUEST_FIELDS]  # type: ignore[arg-type]
+    as_spans = [span_of_request(item) for item in ended]  # type: ignore[arg-type]
+
+    def decoded(items: list[Any]) -> list[ProtoSpan]:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(encode_request(items, {"service.name": "fnrt-test"}))
+        return list(request.resource_spans[0].scope_spans[0].spans)
+
+    fast, slow = decoded(ended), decoded(as_spans)
+    assert len(fast) == len(slow) == 3  # the queue child rides with its request
+    for one, other in zip(fast, slow, strict=True):
+        if one.name == "queue":  # its id is drawn at each export
+            one.span_id = other.span_id = b""
+        assert one == other
+    served, child, errored = fast
+    assert served.name == "POST /v1/functions/{name}/invoke"
+    assert served.kind == ProtoSpan.SPAN_KIND_SERVER and served.flags == 0x301  # remote parent
+    assert served.parent_span_id.hex() == "00f067aa0ba902b7"
+    assert child.parent_span_id == served.span_id
+    values = {a.key: a.value for a in served.attributes}
+    assert values["url.path"].string_value == path
+    assert values["http.response.status_code"].int_value == 200
+    assert values["fnrt.cold_start"].string_value == "l2"
+    assert "user_agent.original" not in values
+    values = {a.key: a.value for a in errored.attributes}
+    assert values["user_agent.original"].string_value == "t"
+    assert values["error.type"].string_value == "RuntimeError"
+    assert "fnrt.cold_start" not in values
+    assert errored.status.code == Status.STATUS_CODE_ERROR
+    assert errored.events[0].name == "exception"
+    # the in-memory and console exporters see the same span
+    span = as_span(ended[1])  # type: ignore[arg-type]
+    assert span.name == "POST /v1/functions/{name}/invoke" and span.kind is SpanKind.SERVER
+    assert span.attributes["http.response.status_code"] == 500
+    assert span.status is StatusCode.ERROR
