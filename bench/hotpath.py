@@ -303,9 +303,18 @@ def count_instructions(args: argparse.Namespace, example: Path, collector: str) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="off,100%,msgpack,raw")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--requests", type=int, default=2048, help="requests a round")
+    parser.add_argument(
+        "--variants",
+        default="off,100%,msgpack,raw",
+        help="comma-separated, of off, 100%%, msgpack and raw (off is the baseline)",
+    )
+    parser.add_argument("--rounds", type=int, default=8, help="interleaved timed rounds")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=2048,
+        help="requests a round (--instructions: how much longer its second run is)",
+    )
     parser.add_argument("--profile", metavar="VARIANT", help="profile one more round of it")
     parser.add_argument("--top", type=int, default=30, help="functions the profile lists")
     parser.add_argument(
