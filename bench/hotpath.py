@@ -16,6 +16,9 @@ uvicorn's ``receive`` and ``send``, the part fnrt can change. Variants:
 - ``msgpack``: msgpack invokes, tracing off;
 - ``raw``: ``raw_app.py``'s constant answer: what this driver itself costs.
 
+The node's sweeps (keep-alive, pre-warming, the store's change feed) are
+timers, not a request's work, so they are off here.
+
 The figure is the event loop's thread CPU per request (``time.thread_time``),
 the median of ``--rounds`` interleaved rounds, and its ratio to ``off``'s in
 the same run; beside it, the time the garbage collector took per request.
@@ -33,7 +36,10 @@ and once with ``--requests`` more, and the difference of the two counts over
 of it (the worker process and the span shipper are not counted), in machine
 instructions: within about 2% from run to run whatever else the machine is
 doing (batch sizes and the background threads' wake-ups still follow the
-clock), where timed rounds here drift by 20%. Instructions are not time (a
+clock), where timed rounds here drift by 20%. Beside the totals, where the
+instructions ran, by library (``callgrind_annotate``): the interpreter (fnrt's
+Python and every library's), the garbage collector, numpy, orjson, libc and
+the rest. Instructions are not time (a
 cache miss costs more than an add): confirm a gain this shows with the timed
 runs. A run takes a few minutes (Python runs some 50 times slower under
 valgrind); to compare two commits, run both at once, one with the other's
@@ -58,6 +64,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +185,7 @@ async def start(
         cache_dir=work / f"cache-{name}",
         request_log_file=work / f"requests-{name}.log",  # on, as in production
         trace=trace,
+        sweep_interval_s=3600,  # timers are not a request's work (and would skew counts)
     )
     app = build_app(settings)
     await stack.enter_async_context(app.router.lifespan_context(app))
@@ -265,40 +273,107 @@ async def run_one(name: str, count: int, work: Path, example: Path, collector: s
 WARM = 64
 
 
-def instructions(name: str, requests: int, example: Path, collector: str) -> float:
-    """Machine instructions one request of variant ``name`` costs its server's process:
-    two runs under callgrind, one ``requests`` longer, at once."""
+@dataclass(frozen=True)
+class Counted:
+    """What one request of a variant costs under callgrind: machine instructions in all,
+    and by where they ran (:func:`part_of`)."""
+
+    total: float
+    parts: dict[str, float]
+
+
+def part_of(function: str) -> str:
+    """Where a function callgrind names belongs: the garbage collector, the rest of the
+    interpreter (fnrt's Python and every library's), or the native library it is in."""
+    if "gcmodule.c" in function:
+        return "the garbage collector"
+    library = re.search(r"\[([^\]]*)\]\s*$", function)
+    path = library.group(1) if library else ""
+    name = Path(path).name
+    if not name or name.startswith("libpython"):  # no library: inlined from its headers
+        return "the interpreter (Python code)"
+    for fragment, part in (
+        ("numpy", "numpy"),
+        ("orjson", "orjson"),
+        ("msgpack", "msgpack"),
+        ("uvloop", "uvloop"),
+        ("torch", "torch"),
+        ("libc.so", "libc: malloc, memcpy, system calls"),
+    ):
+        if fragment in path:
+            return part
+    return name.split(".")[0]
+
+
+def by_part(out: Path) -> dict[str, int]:
+    """Instructions by :func:`part_of` in a callgrind output file."""
+    listing = subprocess.run(
+        ["callgrind_annotate", "--inclusive=no", "--threshold=100", str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    parts: dict[str, int] = {}
+    for line in listing.splitlines():
+        found = re.match(r"\s*([\d,]+) \([^)]*\)\s+(.*)", line)
+        if found is None or "PROGRAM TOTALS" in line:
+            continue
+        part = part_of(found.group(2))
+        parts[part] = parts.get(part, 0) + int(found.group(1).replace(",", ""))
+    return parts
+
+
+def instructions(name: str, requests: int, example: Path, collector: str, work: Path) -> Counted:
+    """What one request of variant ``name`` costs its server's process: two runs under
+    callgrind, one ``requests`` longer, at once; the difference over ``requests``."""
     env = os.environ | {"PYTHONHASHSEED": "0"}  # the same dict and set orders in both
 
-    def run(count: int) -> subprocess.Popen[str]:
-        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    def run(count: int) -> tuple[subprocess.Popen[str], Path]:
+        out = work / f"callgrind-{name.rstrip('%')}-{count}.out"
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
         argv += [sys.executable, __file__, "--one", name, "--requests", str(count)]
         argv += ["--example", str(example), "--collector", collector]
-        return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True), out
 
     runs = [run(0), run(requests)]
-    counts = []
-    for process in runs:
+    totals, parts = [], []
+    for process, out in runs:
         _, err = process.communicate()
         found = re.search(r"Collected : (\d+)", err)
         if process.returncode != 0 or found is None:
             raise SystemExit(f"valgrind failed on {name}: {err[-500:]}")
-        counts.append(int(found.group(1)))
-    return (counts[1] - counts[0]) / requests
+        totals.append(int(found.group(1)))
+        parts.append(by_part(out))
+    short, long = parts
+    return Counted(
+        (totals[1] - totals[0]) / requests,
+        {part: (long.get(part, 0) - short.get(part, 0)) / requests for part in long},
+    )
 
 
-def count_instructions(args: argparse.Namespace, example: Path, collector: str) -> None:
+def count_instructions(args: argparse.Namespace, example: Path, collector: str, work: Path) -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     names = args.variants.split(",")
     counts = {}
     for name in names:
-        counts[name] = instructions(name, args.requests, example, collector)
-        print(f"{name}: {counts[name]:,.0f} instructions a request", flush=True)
+        counts[name] = instructions(name, args.requests, example, collector, work)
+        print(f"{name}: {counts[name].total:,.0f} instructions a request", flush=True)
     print(f"\nexamples/mlp, {CONCURRENCY} concurrent callers in process, under callgrind\n")
     print(f"{'variant':<10} {'instructions/req':>17} {'ratio':>7}")
+    base = counts[names[0]].total
     for name in names:
-        print(f"{name:<10} {counts[name]:>17,.0f} {counts[name] / counts[names[0]]:>6.2f}x")
+        print(f"{name:<10} {counts[name].total:>17,.0f} {counts[name].total / base:>6.2f}x")
+    print("\nwhere they ran, instructions a request (callgrind_annotate, by library)\n")
+    parts = sorted(
+        {p for c in counts.values() for p in c.parts},
+        key=lambda p: -counts[names[0]].parts.get(p, 0),
+    )
+    print(f"{'part':<38}" + "".join(f" {name:>10}" for name in names))
+    for part in parts:
+        values = [counts[name].parts.get(part, 0.0) for name in names]
+        if max(values) >= 100:  # below: what start-up left in the difference
+            print(f"{part:<38}" + "".join(f" {v:>10,.0f}" for v in values))
 
 
 def main() -> None:
@@ -347,7 +422,7 @@ def main() -> None:
         collector = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
         example, _ = copy_mlp(work)
         if args.instructions:
-            count_instructions(args, example, collector)
+            count_instructions(args, example, collector, work)
         else:
             uvloop.run(measure(args, work, example, collector))
     finally:
