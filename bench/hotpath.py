@@ -23,10 +23,11 @@ The figure is the event loop's thread CPU per request (``time.thread_time``),
 the median of ``--rounds`` interleaved rounds, and its ratio to ``off``'s in
 the same run; beside it, the time the garbage collector took per request.
 Thread CPU is steadier than requests/s on a shared machine, but still drifts
-a few percent between rounds: read the ratios. ``--profile VARIANT`` runs one
-more round of it under cProfile and lists the functions with the most time
-of their own, in microseconds a request (cProfile's own cost inflates each
-call by a fraction of a microsecond: compare variants, not absolutes).
+between rounds (by 20% on a busy day): read the ratios, over many rounds.
+``--profile VARIANT`` runs one more round of it under cProfile and lists the
+functions with the most time of their own, in microseconds a request
+(cProfile's own cost inflates each call by a fraction of a microsecond:
+compare variants, not absolutes).
 
 ``--instructions`` counts instead of timing, for a machine too noisy to time
 a change of a few percent: each variant runs in a process of its own under
@@ -39,12 +40,11 @@ doing (batch sizes and the background threads' wake-ups still follow the
 clock), where timed rounds here drift by 20%. Beside the totals, where the
 instructions ran, by library (``callgrind_annotate``): the interpreter (fnrt's
 Python and every library's), the garbage collector, numpy, orjson, libc and
-the rest. Instructions are not time (a
-cache miss costs more than an add): confirm a gain this shows with the timed
-runs. A run takes a few minutes (Python runs some 50 times slower under
-valgrind); to compare two commits, run both at once, one with the other's
-packages first on ``PYTHONPATH`` (as ``ab.py`` does), so both see the same
-load.
+the rest. Instructions are not time (a cache miss costs more than an add):
+confirm a gain this shows with the timed runs. A run takes a few minutes
+(Python runs some 50 times slower under valgrind); to compare two commits,
+run both at once, one with the other's packages first on ``PYTHONPATH`` (as
+``ab.py`` does), so both see the same load.
 """
 
 from __future__ import annotations
