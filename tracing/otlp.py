@@ -29,6 +29,10 @@ _FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
 _FIXED32 = struct.Struct("<I")
 _CACHE_LIMIT = 8192
+#: The longest encoding a cache keeps: a value a caller chose (a user agent of 64 kB,
+#: say) is encoded each time rather than kept, so each cache stays under 8192 entries
+#: of a few kB however hostile the requests.
+_CACHED_BYTES = 1024
 _kv_cache: dict[tuple[int, str, type, Any], bytes] = {}
 _CACHED_TYPES = (str, bool, int)
 
@@ -81,7 +85,7 @@ def _attribute(number: int, key: str, value: Any) -> bytes:
     if cached is not None:
         return cached
     encoded = _field(number, key_value(key, value))
-    if len(_kv_cache) < _CACHE_LIMIT:
+    if len(_kv_cache) < _CACHE_LIMIT and len(encoded) <= _CACHED_BYTES:
         _kv_cache[(number, key, kind, value)] = encoded
     return encoded
 
@@ -118,7 +122,7 @@ def _head(name: str, kind: int) -> bytes:
     head = _heads.get((name, kind))
     if head is None:
         head = _field(5, name.encode()) + _KIND[kind]
-        if len(_heads) < _CACHE_LIMIT:
+        if len(_heads) < _CACHE_LIMIT and len(head) <= _CACHED_BYTES:
             _heads[(name, kind)] = head
     return head
 
@@ -149,7 +153,7 @@ def _span_attributes(attributes: Mapping[str, Any]) -> bytes:
         return _attributes(9, attributes)
     if block is None:
         block = _attributes(9, attributes)
-        if len(_block_cache) < _CACHE_LIMIT:
+        if len(_block_cache) < _CACHE_LIMIT and len(block) <= _CACHED_BYTES:
             _block_cache[items] = block
     return block
 
@@ -282,7 +286,7 @@ def _encode_request(flat: Flat) -> bytes:
     block = _request_blocks.get(key)
     if block is None:
         block = _head(f"{http[0]} {http[1]}", 2) + _attributes(9, http_attributes(http, response))
-        if len(_request_blocks) < _CACHE_LIMIT:
+        if len(_request_blocks) < _CACHE_LIMIT and len(block) <= _CACHED_BYTES:
             _request_blocks[key] = block
     return b"".join(
         (

@@ -8,6 +8,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from fnrt.tracing import otlp
 from fnrt.tracing.otlp import encode_request
 from fnrt.tracing.recorder import (
     RECORD_FIELDS,
@@ -222,3 +223,35 @@ def test_a_request_span_decodes_as_the_server_span_it_stands_for() -> None:
     assert span.name == "POST /v1/functions/{name}/invoke" and span.kind is SpanKind.SERVER
     assert span.attributes["http.response.status_code"] == 500
     assert span.status is StatusCode.ERROR
+
+
+def test_values_a_caller_chose_are_encoded_but_not_kept_when_long() -> None:
+    """A hostile client can send a new 64 kB user agent with every request: the encoder
+    writes it each time but keeps none of it in its caches, so their memory stays
+    small whatever the requests (short values are still cached)."""
+    ended: list[object] = []
+    tracing = Tracing(Tracer(TraceConfig(), ended.append))
+    path = "/v1/functions/mlp/invoke"
+    for agent in ("a" * 65536, "b" * 65536, "short"):
+        span = tracing.server_span(
+            "POST", "/v1/functions/{name}/invoke", path, {"user-agent": agent}
+        )
+        fail(span, RuntimeError("general path too"))
+        finish_server_span(span, 500, "mlp", "v-1")
+        plain = tracing.server_span(
+            "POST", "/v1/functions/{name}/invoke", path, {"user-agent": agent}
+        )
+        finish_server_span(plain, 200, "mlp", "v-1")
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(encode_request(ended, {"service.name": "fnrt-test"}))  # type: ignore[arg-type]
+    agents = [
+        a.value.string_value
+        for s in request.resource_spans[0].scope_spans[0].spans
+        for a in s.attributes
+        if a.key == "user_agent.original"
+    ]
+    assert agents == ["a" * 65536] * 2 + ["b" * 65536] * 2 + ["short"] * 2
+    caches = (otlp._kv_cache, otlp._block_cache, otlp._request_blocks, otlp._heads)
+    kept = [v for cache in caches for v in cache.values()]  # type: ignore[attr-defined]
+    assert kept and max(len(v) for v in kept) <= 1024
+    assert any(b"short" in v for v in kept)
