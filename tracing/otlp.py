@@ -265,23 +265,9 @@ _request_blocks: dict[tuple[Any, Any], bytes] = {}
 
 def _encode_request(flat: Flat) -> bytes:
     """One ``Span`` message from a request (see :data:`fnrt.tracing.recorder.Flat`)."""
-    (
-        trace_id,
-        span_id,
-        trace_state,
-        parent,
-        start_ns,
-        end_ns,
-        http,
-        response,
-        extra,
-        events,
-        status,
-        _message,
-        _children,
-    ) = flat
-    if extra or events or status:  # an error's, a split's: as any span
+    if flat[8] or flat[9] or flat[10]:  # attributes set on it, events, an error: as any span
         return _encode_span(span_of_request(flat))
+    trace_id, span_id, trace_state, parent, start_ns, end_ns, http, response = flat[:8]
     key = (http, response)
     block = _request_blocks.get(key)
     if block is None:
