@@ -24,6 +24,19 @@ from fnrt.tracing.telemetry import Telemetry
 _PRIORITY = {p: {"fnrt.priority": p.name.lower()} for p in Priority}
 
 
+def _waited(
+    waiting: Pending, started_ns: int, load: tuple[int, int, Mapping[str, Any]] | None
+) -> None:
+    """The queue span of a request that ``started_ns`` began serving, and the load span
+    when it waited for one, carried by its server span when that is recorded."""
+    span = waiting.span
+    if span is None or not span.recording:
+        return
+    span.after("queue", waiting.enqueued_ns, started_ns, _PRIORITY[waiting.priority])
+    if waiting.cold and load is not None:
+        span.after("load", *load)
+
+
 class StartKind(StrEnum):
     """What a call found when it arrived."""
 
@@ -206,12 +219,7 @@ class TelemetryEvents:
         tracing.record(handler_spans)  # the handler's own, children of the batch's span
         load = self._loads.get((vm.name, vm.version))
         for p in batch:
-            if p.span is None:
-                continue
-            tracing.after(p.span, "queue", p.enqueued_ns, started_ns, _PRIORITY[p.priority])
-            if p.cold and load is not None:
-                load_start, load_end, attributes = load
-                tracing.after(p.span, "load", load_start, load_end, attributes)
+            _waited(p, started_ns, load)
         if span is not None:
             if failure is not None:
                 fail(span, failure)
@@ -225,12 +233,7 @@ class TelemetryEvents:
             return
         load = self._loads.get((vm.name, vm.version))
         for p in joining:
-            if p.span is None:
-                continue
-            tracing.after(p.span, "queue", p.enqueued_ns, started_ns, _PRIORITY[p.priority])
-            if p.cold and load is not None:
-                load_start, load_end, attributes = load
-                tracing.after(p.span, "load", load_start, load_end, attributes)
+            _waited(p, started_ns, load)
 
     def step(
         self,

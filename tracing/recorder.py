@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum
+from time import time_ns
 from typing import Any, NamedTuple
 
 from fnrt.tracing.config import TraceConfig
@@ -110,7 +110,7 @@ class BaseSpan:
     def record_exception(self, error: BaseException) -> None:
         event = (
             "exception",
-            time.time_ns(),
+            time_ns(),
             {"exception.type": type(error).__name__, "exception.message": str(error)},
         )
         self.events = (*self.events, event)
@@ -131,7 +131,7 @@ class BaseSpan:
     def end(self, end_ns: int | None = None) -> None:
         if self.end_ns:
             return  # ended already
-        self.end_ns = end_ns or time.time_ns()
+        self.end_ns = end_ns or time_ns()
         if self._sink is not None:
             self._sink(self.flat())
 
@@ -174,7 +174,7 @@ class Span(BaseSpan):
             self.end_ns,
             self.attributes,
             self.events,
-            tuple([tuple(link) for link in links]) if links else (),
+            tuple(map(tuple, links)) if links else (),  # plain tuples, each
             self.status + 0,
             self.status_message,
             self.children,
@@ -228,11 +228,16 @@ class ServerSpan(BaseSpan):
         return f"{self.http[0]} {self.http[1]}"
 
     def finish(self, status_code: int, function: str, version: str, cold: str | None) -> None:
-        """Set what answered (a 5xx marks the span an error) and end it."""
+        """Set what answered (a 5xx marks the span an error) and end it (once: a span
+        ended already keeps what it had)."""
+        if self.end_ns:
+            return
         self.response = (status_code, function, version, cold)
-        if status_code >= 500 and self.status is not StatusCode.ERROR:
+        if status_code >= 500:
             self.status = StatusCode.ERROR
-        self.end()
+        self.end_ns = time_ns()  # end()'s work, without its checks: every request's
+        if self._sink is not None:
+            self._sink(self.flat())
 
     def flat(self) -> Flat:
         """This span as a request (``REQUEST_FIELDS`` builtins; see :data:`Flat`)."""
@@ -477,6 +482,7 @@ class Tracer:
         self._sink = sink
         self._on_shutdown = on_shutdown
         self._bits = random.getrandbits
+        self._always_on = self.sampler.bound > _LOW64  # every new trace is sampled
 
     def shutdown(self) -> None:
         """Export what is still batched (at the end of a server or a CLI call)."""
@@ -523,7 +529,7 @@ class Tracer:
                 ),
                 parent,
                 kind,
-                start_ns or time.time_ns(),
+                start_ns or time_ns(),
                 {} if attributes is None else attributes,
                 () if links is None else links,
                 self._sink,
@@ -534,7 +540,7 @@ class Tracer:
             context,
             parent,
             kind,
-            start_ns or time.time_ns(),
+            start_ns or time_ns(),
             {} if attributes is None else attributes,
             [] if links is None else links,
             self._sink if context.sampled else None,
@@ -543,14 +549,11 @@ class Tracer:
     def start_server(self, http: Http, parent: SpanContext | None = None) -> ServerSpan:
         """The span of one request on the data path (a new trace when ``parent``, the
         caller's, is None); sampled by the sampler's rule."""
-        if parent is None and self.sampler.bound > _LOW64:  # always on: the common case
+        if parent is None and self._always_on:  # the common case
             ids = (self._bits(128) or 1, self._bits(64) or 1, True, "", False)
-            context = _context(SpanContext, ids)
-            return ServerSpan(context, None, http, time.time_ns(), self._sink)
+            return ServerSpan(_context(SpanContext, ids), None, http, time_ns(), self._sink)
         context = self._context(parent)
-        return ServerSpan(
-            context, parent, http, time.time_ns(), self._sink if context.sampled else None
-        )
+        return ServerSpan(context, parent, http, time_ns(), self._sink if context.sampled else None)
 
     def _context(self, parent: SpanContext | None) -> SpanContext:
         """A new span's context under ``parent``, sampled or not by the sampler's rule."""

@@ -121,14 +121,13 @@ async def _answer(
     if served.stream is not None:  # a generative function: its whole result
         outputs, headers_out = await whole_result(answered, served.stream, trail)
         return encode(outputs, reply, limits), reply.media_type, headers_out
-    if trail.span is None:
+    span = trail.span
+    if span is None or not span.recording:
         out = encode(served.outputs, reply, limits)
-    else:
+    else:  # its encode span
         started_ns = time.time_ns()
         out = encode(served.outputs, reply, limits)
-        node.telemetry.tracing.after(
-            trail.span, "encode", started_ns, time.time_ns(), {"fnrt.response.bytes": len(out)}
-        )
+        span.after("encode", started_ns, time.time_ns(), {"fnrt.response.bytes": len(out)})
     return out, reply.media_type, served_headers(answered)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from fnrt.tracing.spans import finish_server_span, ids
+from fnrt.tracing.spans import ids
 from fnrt.tracing.telemetry import Telemetry
 
 
@@ -46,8 +46,9 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
         return
     seconds = time.perf_counter() - trail.started_s
     telemetry.metrics.request(trail.function, trail.version, status, seconds)
-    if trail.span is not None:
-        finish_server_span(trail.span, status, trail.function, trail.version, trail.cold_tier)
+    span = trail.span
+    if span is not None and span.recording:
+        span.finish(status, trail.function, trail.version, trail.cold_tier)
     if telemetry.access is not None:
         fields: dict[str, Any] = {
             "route": trail.route,
@@ -58,7 +59,7 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
         }
         if trail.cold_tier is not None:
             fields["cold_start"] = trail.cold_tier
-        found = ids(trail.span)
+        found = ids(span)
         if found is not None:
             fields["trace_id"], fields["span_id"] = found
         telemetry.access.write(fields)
