@@ -1,8 +1,15 @@
 """The control socket between the server and a worker process: msgpack messages,
-each framed by its length. Tensor data never travels here (see ``arena.py``)."""
+each framed by its length. Tensor data never travels here (see ``arena.py``).
+
+The worker reads and writes it blocking. The server sends blocking too (a
+message is small and the worker has read the last one before it answered),
+and waits for a batch's reply on its event loop (:meth:`Channel.receive`), so
+a batch costs no thread hop.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import time
@@ -39,6 +46,48 @@ class Channel:
             self._read(length, deadline), raw=False, strict_map_key=False
         )
         return message
+
+    async def receive(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """The next message, waited for on the running event loop; TimeoutError when
+        ``timeout_s`` passes first, ChannelClosed when the other end is gone. A
+        cancelled wait leaves the rest of that message unread: nothing may read
+        this channel after it (its instance is given up)."""
+        async with asyncio.timeout(timeout_s):
+            (length,) = _HEADER.unpack(await self._read_soon(_HEADER.size))
+            body = await self._read_soon(length)
+        message: dict[str, Any] = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        return message
+
+    async def _read_soon(self, count: int) -> bytes:
+        """``count`` bytes, read without blocking whenever the loop finds the socket readable."""
+        chunks = bytearray()
+        while len(chunks) < count:
+            try:
+                chunk = self._sock.recv(count - len(chunks), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                await self._readable()
+                continue
+            except OSError as exc:
+                raise ChannelClosed(str(exc)) from None
+            if not chunk:
+                raise ChannelClosed("the other end closed the connection")
+            chunks += chunk
+        return bytes(chunks)
+
+    async def _readable(self) -> None:
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        fd = self._sock.fileno()
+
+        def readable() -> None:  # the loop may call it again before the waiter runs
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
 
     def _read(self, count: int, deadline: float | None) -> bytes:
         chunks = bytearray()

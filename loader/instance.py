@@ -101,6 +101,15 @@ class Instance:
             ran = run_checked(self.call, self.version, batch)
         return replace(ran, spans=spans) if spans else ran
 
+    def run_soon(
+        self, batch: list[Request], trace: TraceParent | None = None
+    ) -> asyncio.Future[Ran]:
+        """:meth:`run_timed` on the instance's thread (the handler runs in this process
+        and must not hold up the event loop); the future of what it ran."""
+        return asyncio.get_running_loop().run_in_executor(
+            self.executor, self.run_timed, batch, trace
+        )
+
     @property
     def stages(self) -> bool:
         """A handler with forward(): its requests' inputs must agree on rows."""
@@ -180,8 +189,9 @@ def run_checked(
 class Runnable(Protocol):
     """What the instance pool holds: an instance in a thread or in a worker process.
 
-    ``run_timed`` is called on ``executor``'s one thread; ``close`` ends the
-    instance (its handler's ``unload``, then its thread or process).
+    ``run_timed`` is called on ``executor``'s one thread, ``run_soon`` on the event
+    loop; ``close`` ends the instance (its handler's ``unload``, then its thread or
+    process).
     """
 
     version: VersionManifest
@@ -195,6 +205,14 @@ class Runnable(Protocol):
     def alive(self) -> bool: ...
 
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran: ...
+
+    def run_soon(
+        self, batch: list[Request], trace: TraceParent | None = None
+    ) -> asyncio.Future[Ran]:
+        """A batch started from the event loop: on ``executor``'s thread (a thread
+        instance), or sent to the worker with its reply awaited on the loop (a worker
+        process's); cancelling the future stops waiting for it."""
+        ...
 
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped: ...
 

@@ -11,6 +11,7 @@ instance reports itself dead so the pool replaces it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -86,6 +87,14 @@ def exit_cause(returncode: int | None) -> tuple[str, str]:
     return "exit", f"the worker exited with code {returncode}"
 
 
+def _ran(responses: Arena, reply: dict[str, Any]) -> Ran:
+    """A batch's results (copied out of the response arena, which the worker reuses)
+    and timings, from the worker's reply."""
+    results = responses.read(reply, copy=True)
+    spans = reply.get("spans") or []
+    return Ran(results, float(reply["infer_s"]), float(reply["output_s"]), spans)
+
+
 class ProcessInstance:
     """One loaded handler in a worker process."""
 
@@ -152,10 +161,20 @@ class ProcessInstance:
         return reply
 
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
-        reply = self._exchange({"op": "run", "trace": trace}, batch)
-        results = self._responses.read(reply, copy=True)
-        spans = reply.get("spans") or []
-        return Ran(results, float(reply["infer_s"]), float(reply["output_s"]), spans)
+        return _ran(self._responses, self._exchange({"op": "run", "trace": trace}, batch))
+
+    def run_soon(
+        self, batch: list[Request], trace: TraceParent | None = None
+    ) -> asyncio.Future[Ran]:
+        """:meth:`run_timed` on the event loop: the batch is written and sent from it and
+        the reply awaited on it, so a batch costs no thread hop (nor handing the GIL to
+        a thread and back). A batch cancelled while it runs leaves the worker's reply
+        unread: the instance is then given up."""
+        return asyncio.ensure_future(self._run_on_loop(batch, trace))
+
+    async def _run_on_loop(self, batch: list[Request], trace: TraceParent | None) -> Ran:
+        message = {"op": "run", "trace": trace}
+        return _ran(self._responses, await self._exchange_on_loop(message, batch))
 
     #: a worker stages each batch itself, one at a time (its arenas hold one batch)
     stager: Stager | None = None
@@ -198,20 +217,50 @@ class ProcessInstance:
             raise RemoteError(reply["error"], reply.get("traceback", ""))
         return reply
 
+    async def _exchange_on_loop(
+        self, message: dict[str, Any], arrays: list[Request]
+    ) -> dict[str, Any]:
+        """:meth:`_exchange` with the reply awaited on the running event loop."""
+        if self._lost is not None:
+            raise self._lost
+        layout = self._requests.write(arrays)
+        timeout_s = self._isolation.timeout_s or None
+        try:
+            self._channel.send({**message, **layout})
+            reply = await self._channel.receive(timeout_s)
+        except TimeoutError:
+            assert timeout_s is not None
+            lost = await asyncio.to_thread(self._timed_out, timeout_s)
+            raise lost from None
+        except ChannelClosed:
+            lost = await asyncio.to_thread(self._died)
+            raise lost from None
+        except asyncio.CancelledError:  # its reply would answer the next exchange
+            reason = "a batch was cancelled while it ran"
+            self._lost = InstanceLost(self.version.name, "", reason, cause="stopped")
+            raise
+        if not reply["ok"]:
+            raise RemoteError(reply["error"], reply.get("traceback", ""))
+        return reply
+
     def _receive(self, timeout_s: float | None) -> dict[str, Any]:
         try:
             return self._channel.recv(timeout_s)
         except TimeoutError:
-            over = self._over_memory()  # past both limits: memory is the cause to report
-            self._kill()
             assert timeout_s is not None
-            if over is not None:
-                self._lost = InstanceLost(self.version.name, "", over, cause="memory")
-            else:
-                self._lost = HandlerTimeout(self.version.name, "", timeout_s)
-            raise self._lost from None
+            raise self._timed_out(timeout_s) from None
         except ChannelClosed:
             raise self._died() from None
+
+    def _timed_out(self, timeout_s: float) -> InstanceLost:
+        """Kill a worker whose batch ran past ``timeout_s``; why, as the batch's error."""
+        over = self._over_memory()  # past both limits: memory is the cause to report
+        self._kill()
+        if over is not None:
+            self._lost = InstanceLost(self.version.name, "", over, cause="memory")
+        else:
+            self._lost = HandlerTimeout(self.version.name, "", timeout_s)
+        return self._lost
 
     def _died(self) -> InstanceLost:
         try:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from fnrt.functions.errors import (
     FnrtError,
@@ -50,6 +50,7 @@ log = logging.getLogger("fnrt.pool")
 #: Builds one instance of a version on the executor's thread (``launch`` by default).
 LoadInstance = Callable[[VersionManifest, Executor], Runnable]
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class InstanceState(StrEnum):
@@ -316,7 +317,7 @@ class InstancePool:
     ) -> Ran:
         """Run one batch on the slot's instance. An instance lost on the way (it died,
         or ran past ``timeout_s``) is replaced; its InstanceLost is raised."""
-        return await self._on_instance(slot, instance, instance.run_timed, batch, trace)
+        return await self._on_instance(slot, instance, instance.run_soon(batch, trace))
 
     async def stage(self, instance: Runnable, batch: list[Request]) -> Staged:
         """Stack a batch and start its copy to the device on the instance's host lane
@@ -330,27 +331,24 @@ class InstancePool:
         self, slot: Slot, instance: Runnable, staged: Staged, trace: TraceParent | None = None
     ) -> Ran:
         """Compute a batch staged ahead, as :meth:`run` runs one."""
-        return await self._on_instance(slot, instance, instance.run_staged, staged, trace)
+        return await self._on_instance(
+            slot, instance, _in_thread(instance, instance.run_staged, staged, trace)
+        )
 
     async def step(
         self, slot: Slot, instance: Runnable, batch: StepBatch, trace: TraceParent | None = None
     ) -> Stepped:
         """Run one step of a generative handler on the slot's instance, as :meth:`run`
         runs a batch (``timeout_s`` bounds one step)."""
-        return await self._on_instance(slot, instance, instance.step_timed, batch, trace)
+        return await self._on_instance(
+            slot, instance, _in_thread(instance, instance.step_timed, batch, trace)
+        )
 
-    async def _on_instance(
-        self,
-        slot: Slot,
-        instance: Runnable,
-        call: Callable[[Any, TraceParent | None], R],
-        batch: Any,
-        trace: TraceParent | None,
-    ) -> R:
+    async def _on_instance(self, slot: Slot, instance: Runnable, ran: asyncio.Future[R]) -> R:
+        """Wait for ``ran``, a batch or step started on the slot's instance."""
         slot.running = True
-        loop = asyncio.get_running_loop()
         try:
-            ran = slot.running_future = loop.run_in_executor(instance.executor, call, batch, trace)
+            slot.running_future = ran
             if self._thread_timeout_s:  # a worker process times its batches itself
                 try:
                     result = await asyncio.wait_for(ran, self._thread_timeout_s)
@@ -373,7 +371,7 @@ class InstancePool:
             slot.running_future = None
             slot.last_active = self._clock.now()
         slot.failures = 0
-        return cast(R, result)
+        return result
 
     def stop_running(self, reason: str) -> int:
         """Stop every batch running now (a handler that may never return): its requests
@@ -526,6 +524,16 @@ def remote_traceback(exc: BaseException) -> str:
     """A worker's traceback of ``exc`` to append to a log line ("" for local errors)."""
     text = getattr(exc, "remote_traceback", "")
     return f"\nin the worker:\n{text}" if text else ""
+
+
+def _in_thread(
+    instance: Runnable,
+    call: Callable[[T, TraceParent | None], R],
+    work: T,
+    trace: TraceParent | None,
+) -> asyncio.Future[R]:
+    """``call(work, trace)`` on the instance's thread; its future."""
+    return asyncio.get_running_loop().run_in_executor(instance.executor, call, work, trace)
 
 
 def _quiet(future: asyncio.Future[Runnable]) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -10,9 +12,10 @@ import numpy as np
 import pytest
 
 from fnrt.functions.errors import HandlerTimeout, InstanceLost
+from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.device import detect_device
-from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.instance import InstanceLoader, Ran
 from fnrt.loader.process import ProcessInstance, RemoteError, launch, rss_bytes
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
@@ -55,16 +58,32 @@ def _x(value: float, rows: int = 1) -> dict[str, np.ndarray]:
     return {"x": np.full((rows, 4), value, dtype=np.float32)}
 
 
-def test_batches_cross_to_the_worker_and_back(tmp_path: Path) -> None:
+def _on_loop(instance: ProcessInstance, batch: list[Request]) -> Ran:
+    async def run() -> Ran:
+        return await instance.run_soon(batch)
+
+    return asyncio.run(run())
+
+
+Run = Callable[[ProcessInstance, list[Request]], Ran]
+#: The two ways a batch reaches a worker: from the instance's thread (blocking), and
+#: from the event loop (the server's way: the reply is awaited on the loop)
+WAYS = pytest.mark.parametrize(
+    "run", [ProcessInstance.run_timed, _on_loop], ids=["from-thread", "from-loop"]
+)
+
+
+@WAYS
+def test_batches_cross_to_the_worker_and_back(tmp_path: Path, run: Run) -> None:
     instance = _start(tmp_path)
     try:
         assert instance.pid != os.getpid()
-        ran = instance.run_timed([_x(7, 2), _x(8, 3)])
+        ran = run(instance, [_x(7, 2), _x(8, 3)])
         np.testing.assert_array_equal(ran.results[0]["y"], np.full((2, 4), 14, np.float32))
         np.testing.assert_array_equal(ran.results[1]["y"], np.full((3, 4), 16, np.float32))
-        pid = instance.run_timed([_x(6)]).results[0]["y"][0, 0]
+        pid = run(instance, [_x(6)]).results[0]["y"][0, 0]
         assert int(pid) == instance.pid
-        big = instance.run_timed([_x(9, 1 << 18)])  # 4 MiB each way: the arenas grow
+        big = run(instance, [_x(9, 1 << 18)])  # 4 MiB each way: the arenas grow
         assert big.results[0]["y"].shape == (1 << 18, 4)
         assert float(big.results[0]["y"].sum()) == 18 * 4 * (1 << 18)
         assert instance.timings_s["total_s"] > 0
@@ -74,13 +93,14 @@ def test_batches_cross_to_the_worker_and_back(tmp_path: Path) -> None:
     assert not instance.workdir.exists()  # the arenas are gone with the worker
 
 
-def test_a_handler_exception_fails_the_batch_and_the_worker_lives(tmp_path: Path) -> None:
+@WAYS
+def test_a_handler_exception_fails_the_batch_and_the_worker_lives(tmp_path: Path, run: Run) -> None:
     instance = _start(tmp_path)
     try:
         with pytest.raises(RemoteError, match="ValueError: bad input"):
-            instance.run_timed([_x(5)])
+            run(instance, [_x(5)])
         assert instance.alive
-        assert instance.run_timed([_x(10)]).results[0]["y"][0, 0] == 20.0
+        assert run(instance, [_x(10)]).results[0]["y"][0, 0] == 20.0
     finally:
         instance.close()
 
@@ -89,40 +109,69 @@ def test_a_handler_exception_fails_the_batch_and_the_worker_lives(tmp_path: Path
     ("what", "cause", "words"),
     [(1, "signal", "SIGSEGV"), (2, "exit", "exited with code 1")],
 )
+@WAYS
 def test_a_worker_that_dies_names_the_cause(
-    tmp_path: Path, what: int, cause: str, words: str
+    tmp_path: Path, what: int, cause: str, words: str, run: Run
 ) -> None:
     instance = _start(tmp_path)
     try:
         with pytest.raises(InstanceLost, match=words) as raised:
-            instance.run_timed([_x(what)])
+            run(instance, [_x(what)])
         assert raised.value.cause == cause
         assert not instance.alive
         with pytest.raises(InstanceLost):  # a dead instance fails at once
-            instance.run_timed([_x(0)])
+            run(instance, [_x(0)])
     finally:
         instance.close()
 
 
-def test_a_batch_past_its_timeout_kills_the_worker(tmp_path: Path) -> None:
+@WAYS
+def test_a_batch_past_its_timeout_kills_the_worker(tmp_path: Path, run: Run) -> None:
     instance = _start(tmp_path, timeout_s=0.5)
     try:
         with pytest.raises(HandlerTimeout, match=r"timeout of 0\.5 s"):
-            instance.run_timed([_x(3)])
+            run(instance, [_x(3)])
         assert not instance.alive
         assert rss_bytes(instance.pid) == 0
     finally:
         instance.close()
 
 
-def test_a_worker_past_its_memory_limit_is_killed(tmp_path: Path) -> None:
+@WAYS
+def test_a_worker_past_its_memory_limit_is_killed(tmp_path: Path, run: Run) -> None:
     instance = _start(tmp_path, memory_limit_bytes=256 << 20)
     try:
         with pytest.raises(InstanceLost, match="memory_limit_bytes") as raised:
-            instance.run_timed([_x(4)])
+            run(instance, [_x(4)])
         assert raised.value.cause == "memory"
     finally:
         instance.close()
+
+
+def test_a_batch_from_the_loop_needs_no_thread_and_a_cancelled_one_gives_the_worker_up(
+    tmp_path: Path,
+) -> None:
+    instance = _start(tmp_path)
+
+    async def scenario() -> None:
+        ran = await instance.run_soon([_x(7)])  # the executor is shut: no thread ran it
+        assert ran.results[0]["y"][0, 0] == 14.0
+        hanging = instance.run_soon([_x(3)])  # hangs in the worker
+        await asyncio.sleep(0.2)
+        hanging.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hanging
+        # its reply would answer the next batch: the instance is given up instead
+        assert not instance.alive
+        with pytest.raises(InstanceLost, match="cancelled"):
+            await instance.run_soon([_x(7)])
+
+    instance.executor.shutdown()
+    try:
+        asyncio.run(scenario())
+    finally:
+        instance.abandon()
+    assert rss_bytes(instance.pid) == 0
 
 
 WEIGHTS_MANIFEST = """
