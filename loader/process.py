@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -166,15 +167,17 @@ class ProcessInstance:
     def run_soon(
         self, batch: list[Request], trace: TraceParent | None = None
     ) -> asyncio.Future[Ran]:
-        """:meth:`run_timed` on the event loop: the batch is written and sent from it and
-        the reply awaited on it, so a batch costs no thread hop (nor handing the GIL to
-        a thread and back). A batch cancelled while it runs leaves the worker's reply
-        unread: the instance is then given up."""
-        return asyncio.ensure_future(self._run_on_loop(batch, trace))
+        """:meth:`run_timed` from the event loop. The batch is written and its message
+        sent now, so the worker starts on it while the loop answers the requests of the
+        last one; the reply is awaited on the loop. No thread hop (nor handing the GIL
+        to a thread and back). A batch cancelled while it runs leaves the worker's
+        reply unread: the instance is then given up."""
+        sent = self._lost is None and self._send({"op": "run", "trace": trace}, batch)
+        deadline = time.monotonic() + (self._isolation.timeout_s or math.inf)
+        return asyncio.ensure_future(self._ran_on_loop(sent, deadline))
 
-    async def _run_on_loop(self, batch: list[Request], trace: TraceParent | None) -> Ran:
-        message = {"op": "run", "trace": trace}
-        return _ran(self._responses, await self._exchange_on_loop(message, batch))
+    async def _ran_on_loop(self, sent: bool, deadline: float) -> Ran:
+        return _ran(self._responses, await self._reply_on_loop(sent, deadline))
 
     #: a worker stages each batch itself, one at a time (its arenas hold one batch)
     stager: Stager | None = None
@@ -217,19 +220,28 @@ class ProcessInstance:
             raise RemoteError(reply["error"], reply.get("traceback", ""))
         return reply
 
-    async def _exchange_on_loop(
-        self, message: dict[str, Any], arrays: list[Request]
-    ) -> dict[str, Any]:
-        """:meth:`_exchange` with the reply awaited on the running event loop."""
-        if self._lost is not None:
-            raise self._lost
+    def _send(self, message: dict[str, Any], arrays: list[Request]) -> bool:
+        """Write ``arrays`` into the request arena and send ``message`` with their layout;
+        False when the worker is gone."""
         layout = self._requests.write(arrays)
-        timeout_s = self._isolation.timeout_s or None
         try:
             self._channel.send({**message, **layout})
-            reply = await self._channel.receive(timeout_s)
+        except ChannelClosed:
+            return False
+        return True
+
+    async def _reply_on_loop(self, sent: bool, deadline: float) -> dict[str, Any]:
+        """The reply to what :meth:`_send` sent (``sent``: whether it could), awaited on
+        the running event loop until ``deadline`` (``time.monotonic``)."""
+        if self._lost is not None:
+            raise self._lost
+        timeout_s = self._isolation.timeout_s
+        try:
+            if not sent:
+                raise ChannelClosed("the worker is gone")
+            left = deadline - time.monotonic()
+            reply = await self._channel.receive(left if left < math.inf else None)
         except TimeoutError:
-            assert timeout_s is not None
             lost = await asyncio.to_thread(self._timed_out, timeout_s)
             raise lost from None
         except ChannelClosed:
