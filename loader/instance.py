@@ -129,6 +129,13 @@ class Instance:
             results, times = stager.compute(staged)
         return Ran(results, times.compute_s, times.output_s, spans)
 
+    def step_soon(
+        self, batch: StepBatch, trace: TraceParent | None = None
+    ) -> asyncio.Future[Stepped]:
+        """:meth:`step_timed` on the instance's thread; the future of the step."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self.executor, self.step_timed, batch, trace)
+
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped:
         """One step of a generative handler (its handler spans go under ``trace``)."""
         if self.stepper is None or self.call is _closed:
@@ -215,6 +222,12 @@ class Runnable(Protocol):
         ...
 
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped: ...
+
+    def step_soon(
+        self, batch: StepBatch, trace: TraceParent | None = None
+    ) -> asyncio.Future[Stepped]:
+        """A step started from the event loop, as ``run_soon`` starts a batch."""
+        ...
 
     @property
     def stages(self) -> bool:

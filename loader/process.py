@@ -96,6 +96,32 @@ def _ran(responses: Arena, reply: dict[str, Any]) -> Ran:
     return Ran(results, float(reply["infer_s"]), float(reply["output_s"]), spans)
 
 
+def _step_message(
+    batch: StepBatch, trace: TraceParent | None
+) -> tuple[dict[str, Any], list[Request]]:
+    """A step's message (the joining sequences' parameters, the leaving ids) and the
+    joining sequences' inputs, which go through the request arena."""
+    message = {
+        "op": "step",
+        "trace": trace,
+        "joining": [[j.id, dict(j.parameters), j.max_new_tokens] for j in batch.joining],
+        "leaving": list(batch.leaving),
+    }
+    return message, [j.inputs for j in batch.joining]
+
+
+def _stepped(responses: Arena, reply: dict[str, Any]) -> Stepped:
+    """A step's chunks (copied out of the response arena) from the worker's reply."""
+    return Stepped(
+        list(reply["ids"]),
+        responses.read(reply, copy=True),
+        list(reply["ended"]),
+        float(reply["infer_s"]),
+        float(reply["output_s"]),
+        reply.get("spans") or [],
+    )
+
+
 class ProcessInstance:
     """One loaded handler in a worker process."""
 
@@ -188,22 +214,18 @@ class ProcessInstance:
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped:
         """One step of a generative handler in the worker: the joining sequences' inputs
         through the request arena, their parameters and the leaving ids in the message."""
-        message = {
-            "op": "step",
-            "trace": trace,
-            "joining": [[j.id, dict(j.parameters), j.max_new_tokens] for j in batch.joining],
-            "leaving": list(batch.leaving),
-        }
-        reply = self._exchange(message, [j.inputs for j in batch.joining])
-        outputs = self._responses.read(reply, copy=True)
-        return Stepped(
-            list(reply["ids"]),
-            outputs,
-            list(reply["ended"]),
-            float(reply["infer_s"]),
-            float(reply["output_s"]),
-            reply.get("spans") or [],
-        )
+        return _stepped(self._responses, self._exchange(*_step_message(batch, trace)))
+
+    def step_soon(
+        self, batch: StepBatch, trace: TraceParent | None = None
+    ) -> asyncio.Future[Stepped]:
+        """:meth:`step_timed` from the event loop, as :meth:`run_soon` runs a batch."""
+        sent = self._lost is None and self._send(*_step_message(batch, trace))
+        deadline = time.monotonic() + (self._isolation.timeout_s or math.inf)
+        return asyncio.ensure_future(self._stepped_on_loop(sent, deadline))
+
+    async def _stepped_on_loop(self, sent: bool, deadline: float) -> Stepped:
+        return _stepped(self._responses, await self._reply_on_loop(sent, deadline))
 
     def _exchange(self, message: dict[str, Any], arrays: list[Request]) -> dict[str, Any]:
         """Send one message with ``arrays`` in the request arena; the worker's reply

@@ -340,9 +340,7 @@ class InstancePool:
     ) -> Stepped:
         """Run one step of a generative handler on the slot's instance, as :meth:`run`
         runs a batch (``timeout_s`` bounds one step)."""
-        return await self._on_instance(
-            slot, instance, _in_thread(instance, instance.step_timed, batch, trace)
-        )
+        return await self._on_instance(slot, instance, instance.step_soon(batch, trace))
 
     async def _on_instance(self, slot: Slot, instance: Runnable, ran: asyncio.Future[R]) -> R:
         """Wait for ``ran``, a batch or step started on the slot's instance."""
