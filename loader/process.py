@@ -26,7 +26,7 @@ import threading
 import time
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fnrt.functions.errors import (
     EnvironmentFailed,
@@ -55,6 +55,7 @@ CLOSE_TIMEOUT_S = 10.0
 #: batches, which are much shorter than a model's load).
 LOAD_TIMEOUT_S = 600.0
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+R = TypeVar("R")
 
 
 class RemoteError(Exception):
@@ -200,7 +201,7 @@ class ProcessInstance:
         reply unread: the instance is then given up."""
         sent = self._lost is None and self._send({"op": "run", "trace": trace}, batch)
         deadline = time.monotonic() + (self._isolation.timeout_s or math.inf)
-        return asyncio.ensure_future(self._ran_on_loop(sent, deadline))
+        return self._watched(asyncio.ensure_future(self._ran_on_loop(sent, deadline)))
 
     async def _ran_on_loop(self, sent: bool, deadline: float) -> Ran:
         return _ran(self._responses, await self._reply_on_loop(sent, deadline))
@@ -222,7 +223,7 @@ class ProcessInstance:
         """:meth:`step_timed` from the event loop, as :meth:`run_soon` runs a batch."""
         sent = self._lost is None and self._send(*_step_message(batch, trace))
         deadline = time.monotonic() + (self._isolation.timeout_s or math.inf)
-        return asyncio.ensure_future(self._stepped_on_loop(sent, deadline))
+        return self._watched(asyncio.ensure_future(self._stepped_on_loop(sent, deadline)))
 
     async def _stepped_on_loop(self, sent: bool, deadline: float) -> Stepped:
         return _stepped(self._responses, await self._reply_on_loop(sent, deadline))
@@ -269,13 +270,22 @@ class ProcessInstance:
         except ChannelClosed:
             lost = await asyncio.to_thread(self._died)
             raise lost from None
-        except asyncio.CancelledError:  # its reply would answer the next exchange
-            reason = "a batch was cancelled while it ran"
-            self._lost = InstanceLost(self.version.name, "", reason, cause="stopped")
-            raise
         if not reply["ok"]:
             raise RemoteError(reply["error"], reply.get("traceback", ""))
         return reply
+
+    def _watched(self, exchange: asyncio.Task[R]) -> asyncio.Task[R]:
+        """``exchange``, whose message is sent: cancelled (even before it ran), it
+        leaves the worker's reply unread, which would answer the next exchange, so the
+        instance is given up."""
+
+        def given_up(task: asyncio.Task[R]) -> None:
+            if task.cancelled() and self._lost is None:
+                reason = "a batch was cancelled while it ran"
+                self._lost = InstanceLost(self.version.name, "", reason, cause="stopped")
+
+        exchange.add_done_callback(given_up)
+        return exchange
 
     def _receive(self, timeout_s: float | None) -> dict[str, Any]:
         try:

@@ -148,19 +148,21 @@ def test_a_worker_past_its_memory_limit_is_killed(tmp_path: Path, run: Run) -> N
         instance.close()
 
 
+@pytest.mark.parametrize("ran_s", [0.0, 0.2], ids=["before-it-ran", "while-it-ran"])
 def test_a_batch_from_the_loop_needs_no_thread_and_a_cancelled_one_gives_the_worker_up(
-    tmp_path: Path,
+    tmp_path: Path, ran_s: float
 ) -> None:
     instance = _start(tmp_path)
 
     async def scenario() -> None:
         ran = await instance.run_soon([_x(7)])  # the executor is shut: no thread ran it
         assert ran.results[0]["y"][0, 0] == 14.0
-        hanging = instance.run_soon([_x(3)])  # hangs in the worker
-        await asyncio.sleep(0.2)
-        hanging.cancel()
+        cancelled = instance.run_soon([_x(3 if ran_s else 7)])  # sent at once
+        if ran_s:
+            await asyncio.sleep(ran_s)  # the worker hangs in it
+        cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await hanging
+            await cancelled
         # its reply would answer the next batch: the instance is given up instead
         assert not instance.alive
         with pytest.raises(InstanceLost, match="cancelled"):
