@@ -82,8 +82,6 @@ async def _oip_generate_route(scope: Scope, receive: Receive, send: Send) -> Non
     )
 
 
-#: The hot paths as ordinary routes too: FnrtApp answers them before the router, so
-#: these serve only when that is bypassed, and give other methods a 405 with ``Allow``.
 #: New objects (net of those freed) between two young-generation collections, in a
 #: serving process; Python's default is 700. Under load the requests in flight
 #: hold more new objects than that, so each young collection walked mostly live
@@ -93,6 +91,8 @@ async def _oip_generate_route(scope: Scope, receive: Receive, send: Send) -> Non
 #: cycles waits longer to be freed (a few MB at most).
 YOUNG_COLLECTION_OBJECTS = 10_000
 
+#: The hot paths as ordinary routes too: FnrtApp answers them before the router, so
+#: these serve only when that is bypassed, and give other methods a 405 with ``Allow``.
 _RAW_ROUTES = [
     Route("/v1/functions/{name}/invoke", _invoke_route, methods=["POST"]),
     Route("/v2/models/{name}/infer", _infer_route, methods=["POST"]),
