@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar, cast
 import numpy as np
 
 from fnrt.functions.bundle import unpack_code
-from fnrt.functions.errors import BlobNotFound
+from fnrt.functions.errors import BlobNotFound, InstanceLost
 from fnrt.functions.extras import require
 from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import (
@@ -151,6 +151,10 @@ class Instance:
         """A thread instance lives until it is closed."""
         return self.call is not _closed
 
+    def ended(self) -> InstanceLost:
+        """Why it is not alive: closed (it is never found so in a slot)."""
+        return InstanceLost(self.version.name, "", "the instance was closed", cause="exit")
+
     def abandon(self) -> None:
         """Give up on an instance whose thread is stuck in the handler: it cannot be
         stopped, so it is left to finish on its own and never used again."""
@@ -210,6 +214,11 @@ class Runnable(Protocol):
 
     @property
     def alive(self) -> bool: ...
+
+    def ended(self) -> InstanceLost:
+        """Why an instance that is not alive ended (its cause, for the restart counts);
+        blocking: a worker's exit is waited for."""
+        ...
 
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran: ...
 

@@ -306,6 +306,11 @@ class ProcessInstance:
             self._lost = HandlerTimeout(self.version.name, "", timeout_s)
         return self._lost
 
+    def ended(self) -> InstanceLost:
+        """Why it is not alive: what a batch lost it to, or how its worker ended while
+        idle (killed from outside, say)."""
+        return self._lost or self._died()
+
     def _died(self) -> InstanceLost:
         try:
             code: int | None = self._process.wait(timeout=5)

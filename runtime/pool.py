@@ -220,9 +220,17 @@ class InstancePool:
         return slot
 
     async def ensure(self, slot: Slot) -> Runnable:
-        """The slot's instance, loaded now if there is none (shares a load under way)."""
-        if slot.instance is not None:
-            return slot.instance
+        """The slot's instance, loaded now if there is none (shares a load under way). One
+        found dead (a worker killed while idle) is replaced first, as a batch that lost
+        it would have replaced it, and the batch waits for the new one."""
+        instance = slot.instance
+        if instance is not None:
+            if instance.alive:
+                return instance
+            lost = await asyncio.to_thread(instance.ended)
+            if slot.instance is instance:  # not replaced meanwhile by another caller
+                await self._lose(slot, instance, lost)
+            return await self.ensure(slot)
         if slot.loading is None:
             slot.loading = asyncio.ensure_future(self._load(slot))
         return await asyncio.shield(slot.loading)

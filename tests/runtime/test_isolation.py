@@ -9,6 +9,7 @@ with zero failures.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -117,6 +118,42 @@ def test_bad_handlers_fail_alone_and_their_workers_restart(tmp_path: Path) -> No
                 f'fnrt_instance_restarts_total{{cause="{cause}",function="{name}"}} 1.0' in metrics
             )
         assert c.get("/healthz").status_code == 200
+
+
+def _workers() -> list[int]:
+    """This process's worker processes (a live server runs in the test's process)."""
+    found = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"fnrt.loader.worker" in cmdline:
+                found.append(int(child))
+    return found
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_killed_while_idle_is_replaced_before_the_next_batch(tmp_path: Path) -> None:
+    with live_server(tmp_path) as srv, srv.client() as c:
+        _deploy(srv, tmp_path, "victim")
+        assert _call(c, "victim", 10).status_code == 200
+        (pid,) = _workers()
+        os.kill(pid, signal.SIGKILL)  # an operator, or the OOM killer, while it idles
+        deadline = time.monotonic() + 10
+        while not _dead(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = _call(c, "victim", 10)  # served by a new worker, not failed with the old one
+        assert r.status_code == 200, error_of(r)
+        assert r.json()["y"] == [[20, 2, 4, 6]]
+        instance = c.get("/v1/functions/victim").json()["instance"]
+        assert instance["restarts"] == {"signal": 1}
+        assert "SIGKILL" in instance["last_restart_reason"]
+        assert _workers() != [pid]
 
 
 def test_a_thread_handler_past_its_timeout_is_replaced(tmp_path: Path) -> None:
