@@ -235,7 +235,7 @@ class ServerSpan(BaseSpan):
         self.response = (status_code, function, version, cold)
         if status_code >= 500:
             self.status = StatusCode.ERROR
-        self.end_ns = time_ns()  # end()'s work, without its checks: every request's
+        self.end_ns = time_ns()  # end()'s work without calling it: every request ends one
         if self._sink is not None:
             self._sink(self.flat())
 
