@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -199,12 +200,7 @@ class ProcessInstance:
         last one; the reply is awaited on the loop. No thread hop (nor handing the GIL
         to a thread and back). A batch cancelled while it runs leaves the worker's
         reply unread: the instance is then given up."""
-        sent = self._lost is None and self._send({"op": "run", "trace": trace}, batch)
-        deadline = time.monotonic() + (self._isolation.timeout_s or math.inf)
-        return self._watched(asyncio.ensure_future(self._ran_on_loop(sent, deadline)))
-
-    async def _ran_on_loop(self, sent: bool, deadline: float) -> Ran:
-        return _ran(self._responses, await self._reply_on_loop(sent, deadline))
+        return self._soon({"op": "run", "trace": trace}, batch, _ran)
 
     #: a worker stages each batch itself, one at a time (its arenas hold one batch)
     stager: Stager | None = None
@@ -221,12 +217,23 @@ class ProcessInstance:
         self, batch: StepBatch, trace: TraceParent | None = None
     ) -> asyncio.Future[Stepped]:
         """:meth:`step_timed` from the event loop, as :meth:`run_soon` runs a batch."""
-        sent = self._lost is None and self._send(*_step_message(batch, trace))
-        deadline = time.monotonic() + (self._isolation.timeout_s or math.inf)
-        return self._watched(asyncio.ensure_future(self._stepped_on_loop(sent, deadline)))
+        return self._soon(*_step_message(batch, trace), _stepped)
 
-    async def _stepped_on_loop(self, sent: bool, deadline: float) -> Stepped:
-        return _stepped(self._responses, await self._reply_on_loop(sent, deadline))
+    def _soon(
+        self,
+        message: dict[str, Any],
+        arrays: list[Request],
+        answer: Callable[[Arena, dict[str, Any]], R],
+    ) -> asyncio.Task[R]:
+        """Send ``message`` with ``arrays`` now; a task awaiting the reply on the loop,
+        which ``answer`` reads (from the response arena)."""
+        sent = self._lost is None and self._send(message, arrays)
+        deadline = time.monotonic() + (self._isolation.timeout_s or math.inf)
+
+        async def answered() -> R:
+            return answer(self._responses, await self._reply_on_loop(sent, deadline))
+
+        return self._watched(asyncio.ensure_future(answered()))
 
     def _exchange(self, message: dict[str, Any], arrays: list[Request]) -> dict[str, Any]:
         """Send one message with ``arrays`` in the request arena; the worker's reply

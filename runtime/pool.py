@@ -50,7 +50,6 @@ log = logging.getLogger("fnrt.pool")
 #: Builds one instance of a version on the executor's thread (``launch`` by default).
 LoadInstance = Callable[[VersionManifest, Executor], Runnable]
 R = TypeVar("R")
-T = TypeVar("T")
 
 
 class InstanceState(StrEnum):
@@ -339,9 +338,9 @@ class InstancePool:
         self, slot: Slot, instance: Runnable, staged: Staged, trace: TraceParent | None = None
     ) -> Ran:
         """Compute a batch staged ahead, as :meth:`run` runs one."""
-        return await self._on_instance(
-            slot, instance, _in_thread(instance, instance.run_staged, staged, trace)
-        )
+        loop = asyncio.get_running_loop()
+        ran = loop.run_in_executor(instance.executor, instance.run_staged, staged, trace)
+        return await self._on_instance(slot, instance, ran)
 
     async def step(
         self, slot: Slot, instance: Runnable, batch: StepBatch, trace: TraceParent | None = None
@@ -530,16 +529,6 @@ def remote_traceback(exc: BaseException) -> str:
     """A worker's traceback of ``exc`` to append to a log line ("" for local errors)."""
     text = getattr(exc, "remote_traceback", "")
     return f"\nin the worker:\n{text}" if text else ""
-
-
-def _in_thread(
-    instance: Runnable,
-    call: Callable[[T, TraceParent | None], R],
-    work: T,
-    trace: TraceParent | None,
-) -> asyncio.Future[R]:
-    """``call(work, trace)`` on the instance's thread; its future."""
-    return asyncio.get_running_loop().run_in_executor(instance.executor, call, work, trace)
 
 
 def _quiet(future: asyncio.Future[Runnable]) -> None:
