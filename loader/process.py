@@ -77,6 +77,17 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def _exited(pid: int) -> bool:
+    """Whether the child ``pid`` has ended, without waiting for it (it stays for
+    ``Popen`` to reap). ``Popen.poll`` cannot say: it answers None, "running",
+    while another thread holds its lock (the memory watcher polls every
+    ``MEMORY_POLL_S``), so a worker killed while idle would look alive."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already, by the thread that held the lock
+        return True
+
+
 def exit_cause(returncode: int | None) -> tuple[str, str]:
     """(cause word, sentence) for a worker that ended with ``returncode``."""
     if returncode is None:
@@ -172,7 +183,9 @@ class ProcessInstance:
 
     @property
     def alive(self) -> bool:
-        return not self._closed and self._lost is None and self._process.poll() is None
+        if self._closed or self._lost is not None or self._process.returncode is not None:
+            return False
+        return not _exited(self._process.pid)
 
     # --- serving ------------------------------------------------------------------------
 

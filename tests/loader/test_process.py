@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,6 +123,27 @@ def test_a_worker_that_dies_names_the_cause(
         assert not instance.alive
         with pytest.raises(InstanceLost):  # a dead instance fails at once
             run(instance, [_x(0)])
+    finally:
+        instance.close()
+
+
+def test_a_worker_killed_while_another_thread_polls_it_is_not_alive(tmp_path: Path) -> None:
+    """``Popen.poll`` says "running" while another thread holds its lock (the memory
+    watcher, polling): ``alive`` must not trust it, or a worker killed while idle
+    would be given the next batch."""
+    instance = _start(tmp_path)
+    try:
+        assert instance.alive
+        process = instance._process
+        with process._waitpid_lock:  # type: ignore[attr-defined]  # another thread's poll
+            os.kill(instance.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while os.waitid(os.P_PID, instance.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert process.poll() is None  # what Popen says meanwhile
+            assert not instance.alive
+        assert instance.ended().cause == "signal"
     finally:
         instance.close()
 

@@ -132,9 +132,12 @@ def _workers() -> list[int]:
 
 
 def _dead(pid: int) -> bool:
+    """Whether the worker ``pid`` (a child of this process: the live server runs in it)
+    has ended. Not its state in /proc: that says "Z" as soon as its main thread
+    exits, while its other threads may still be exiting and it cannot be waited for."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # waited for already
         return True
 
 
