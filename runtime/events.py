@@ -20,19 +20,20 @@ from fnrt.runtime.stream import Usage
 from fnrt.tracing.spans import fail
 from fnrt.tracing.telemetry import Telemetry
 
-#: The attributes of a queue span, one dict per priority (shared: never changed).
-_PRIORITY = {p: {"fnrt.priority": p.name.lower()} for p in Priority}
+#: The name of each priority, as its queue span shows it.
+_PRIORITY = {p: p.name.lower() for p in Priority}
 
 
 def _waited(
     waiting: Pending, started_ns: int, load: tuple[int, int, Mapping[str, Any]] | None
 ) -> None:
-    """The queue span of a request that ``started_ns`` began serving, and the load span
-    when it waited for one, carried by its server span when that is recorded."""
+    """The queue wait of a request that ``started_ns`` began serving, and the load it
+    waited for, kept by its server span when that is recorded (a
+    :class:`fnrt.tracing.recorder.ServerSpan`: its :attr:`queued`, its children)."""
     span = waiting.span
     if span is None or not span.recording:
         return
-    span.after("queue", waiting.enqueued_ns, started_ns, _PRIORITY[waiting.priority])
+    span.queued = (waiting.enqueued_ns, started_ns, _PRIORITY[waiting.priority])
     if waiting.cold and load is not None:
         span.after("load", *load)
 

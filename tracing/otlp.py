@@ -22,6 +22,7 @@ from fnrt.tracing.recorder import (
     Flat,
     StatusCode,
     http_attributes,
+    request_children,
     span_of_request,
 )
 
@@ -265,7 +266,7 @@ _request_blocks: dict[tuple[Any, Any], bytes] = {}
 
 def _encode_request(flat: Flat) -> bytes:
     """One ``Span`` message from a request (see :data:`fnrt.tracing.recorder.Flat`)."""
-    if flat[8] or flat[9] or flat[10]:  # attributes set on it, events, an error: as any span
+    if flat[10] is not None:  # attributes set on it, events, an error: as any span
         return _encode_span(span_of_request(flat))
     trace_id, span_id, trace_state, parent, start_ns, end_ns, http, response = flat[:8]
     key = (http, response)
@@ -344,8 +345,9 @@ def encode_request(
         if size == REQUEST_FIELDS:
             encoded = _encode_request(span)
             parts += (b"\x12", _varint(len(encoded)), encoded)  # field 2, length-delimited
-            if span[12]:
-                _add_children(parts, span[0], span[1], span[2], span[12])
+            children = request_children(span)
+            if children:
+                _add_children(parts, span[0], span[1], span[2], children)
         elif size == SPAN_FIELDS:
             encoded = _encode_span(span)
             parts += (b"\x12", _varint(len(encoded)), encoded)

@@ -52,49 +52,110 @@ class SpanContext(NamedTuple):
 
 
 class BaseSpan:
-    """What every span has: its identity, times, attributes, events, status, and the
-    children made after the fact that it carries; ``end`` hands it to the tracer's
-    sink, flat, when it is sampled."""
+    """What every span has: its identity, times, and the children made after the fact
+    that it carries; ``end`` hands it to the tracer's sink, flat, when it is sampled."""
 
     __slots__ = (
         "_sink",
-        "_traceparent",
-        "attributes",
         "children",
         "context",
         "end_ns",
-        "events",
         "parent",
         "recording",
         "start_ns",
+    )
+
+    context: SpanContext
+    parent: SpanContext | None
+    start_ns: int
+    end_ns: int
+    #: Spans made after the fact under this one, (name, start ns, end ns, attributes),
+    #: exported with it: see :meth:`after`. A tuple, not a list: an ended span's flat
+    #: tuple then holds nothing the garbage collector must keep tracking (it stops
+    #: tracking a tuple of untracked things), though it waits a while for export.
+    children: tuple[tuple[str, int, int, Mapping[str, Any]], ...]
+    recording: bool  # sampled: it goes to the sink when it ends
+    _sink: Callable[[Flat], None] | None
+
+    def after(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
+        """A child that began and ended already (a load, a generation): carried by this
+        span, and exported with it as a span of its own (its id drawn then), so the
+        request path pays two small tuples. Once this span has ended, the child is
+        exported alone. Only for a recording span."""
+        if not self.end_ns:
+            self.children += ((name, start_ns, end_ns, attributes),)
+        elif self._sink is not None:
+            self._sink(record_of(name, self.context, start_ns, end_ns, attributes))
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        raise NotImplementedError
+
+    def record_exception(self, error: BaseException) -> None:
+        raise NotImplementedError
+
+    def set_status(self, code: StatusCode, message: str = "") -> None:
+        raise NotImplementedError
+
+    def end(self, end_ns: int | None = None) -> None:
+        if self.end_ns:
+            return  # ended already
+        self.end_ns = end_ns or time_ns()
+        if self._sink is not None:
+            self._sink(self.flat())
+
+    def flat(self) -> Flat:
+        raise NotImplementedError
+
+
+def exception_event(error: BaseException) -> tuple[str, int, dict[str, Any]]:
+    """The ``exception`` event recording ``error``, now."""
+    return (
+        "exception",
+        time_ns(),
+        {"exception.type": type(error).__name__, "exception.message": str(error)},
+    )
+
+
+class Span(BaseSpan):
+    """One span."""
+
+    __slots__ = (
+        "_traceparent",
+        "attributes",
+        "events",
+        "kind",
+        "links",
+        "name",
         "status",
         "status_message",
     )
 
     def __init__(
         self,
+        name: str,
         context: SpanContext,
         parent: SpanContext | None,
+        kind: SpanKind,
         start_ns: int,
         attributes: dict[str, Any],
+        links: Sequence[SpanContext],
         sink: Callable[[Flat], None] | None,
     ) -> None:
+        self.name = name
         self.context = context
         self.parent = parent
+        self.kind = kind
         self.start_ns = start_ns
         self.end_ns = 0
         self.attributes = attributes
+        self.links = links
         #: (name, ns, attributes); a span seldom has any
         self.events: Sequence[tuple[str, int, dict[str, Any]]] = ()
-        #: Spans made after the fact under this one, (name, start ns, end ns, attributes),
-        #: exported with it: see :meth:`after`. A tuple, not a list: an ended span's flat
-        #: tuple then holds nothing the garbage collector must keep tracking (it stops
-        #: tracking a tuple of untracked things), though it waits a while for export.
-        self.children: tuple[tuple[str, int, int, Mapping[str, Any]], ...] = ()
+        self.children = ()
         self.status = StatusCode.UNSET
         self.status_message = ""
         self._sink = sink
-        self.recording = sink is not None  # sampled: it goes to the sink when it ends
+        self.recording = sink is not None
         self._traceparent = ""
 
     @property
@@ -108,57 +169,10 @@ class BaseSpan:
         self.attributes[key] = value
 
     def record_exception(self, error: BaseException) -> None:
-        event = (
-            "exception",
-            time_ns(),
-            {"exception.type": type(error).__name__, "exception.message": str(error)},
-        )
-        self.events = (*self.events, event)
-
-    def after(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
-        """A child that began and ended already (a queue wait, a load, an encoding):
-        carried by this span, and exported with it as a span of its own (its id drawn
-        then), so the request path pays two small tuples. Once this span has
-        ended, the child is exported alone. Only for a recording span."""
-        if not self.end_ns:
-            self.children += ((name, start_ns, end_ns, attributes),)
-        elif self._sink is not None:
-            self._sink(record_of(name, self.context, start_ns, end_ns, attributes))
+        self.events = (*self.events, exception_event(error))
 
     def set_status(self, code: StatusCode, message: str = "") -> None:
         self.status, self.status_message = code, message
-
-    def end(self, end_ns: int | None = None) -> None:
-        if self.end_ns:
-            return  # ended already
-        self.end_ns = end_ns or time_ns()
-        if self._sink is not None:
-            self._sink(self.flat())
-
-    def flat(self) -> Flat:
-        raise NotImplementedError
-
-
-class Span(BaseSpan):
-    """One span."""
-
-    __slots__ = ("kind", "links", "name")
-
-    def __init__(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        kind: SpanKind,
-        start_ns: int,
-        attributes: dict[str, Any],
-        links: Sequence[SpanContext],
-        sink: Callable[[Flat], None] | None,
-    ) -> None:
-        super().__init__(context, parent, start_ns, attributes, sink)
-        self.name = name
-        self.kind = kind
-        self.links = links
 
     def flat(self) -> Flat:
         """This span as a tuple of builtins (``SPAN_FIELDS`` of them; see :data:`Flat`)."""
@@ -188,60 +202,98 @@ class Span(BaseSpan):
 Http = tuple[str, str, str, str]
 #: What answered: status code, function, version, the cold start's tier (None: warm).
 Response = tuple[int, str, str, "str | None"]
+#: A request's wait in its queue: enqueued ns, started ns, its priority's name.
+Queued = tuple[int, int, str]
+#: The encoding of a request's answer: start ns, end ns, the answer's bytes.
+Encoded = tuple[int, int, int]
+
+
+class _Rare:
+    """What a server span seldom has (an error's, a split's): set on the first need."""
+
+    __slots__ = ("attributes", "events", "status", "status_message")
+
+    def __init__(self) -> None:
+        self.attributes: dict[str, Any] = {}
+        self.events: list[tuple[str, int, dict[str, Any]]] = []
+        self.status = StatusCode.UNSET
+        self.status_message = ""
+
+    def flat(self) -> tuple[dict[str, Any], tuple[tuple[str, int, dict[str, Any]], ...], int, str]:
+        return self.attributes, tuple(self.events), self.status + 0, self.status_message
 
 
 class ServerSpan(BaseSpan):
-    """The span of one request on the data path, kept lean: its HTTP attributes and
-    what answered are two tuples of fields (:meth:`finish`), and it ends as a
-    request (see :data:`Flat`), which becomes an ordinary span with those
-    attributes when it is exported (:func:`span_of_request`). Attributes set on it
-    (an error's type, a split's) are exported beside them."""
+    """The span of one request on the data path, kept lean, as every request makes one:
+    its ``traceparent`` formatted when it starts (the answer and the request log
+    carry it); its HTTP attributes and what answered as two tuples of fields
+    (:meth:`finish`); its queue wait and its answer's encoding as two tuples of
+    times (:attr:`queued`, :attr:`encoded`) rather than children; and what it
+    seldom has (attributes set on it, events, a status) in one object made on
+    the first need. It ends as a request (see :data:`Flat`), which becomes an
+    ordinary span with its children when it is exported (:func:`span_of_request`)."""
 
-    __slots__ = ("http", "response")
+    __slots__ = ("_rare", "encoded", "http", "queued", "response", "traceparent")
 
     def __init__(
         self,
         context: SpanContext,
         parent: SpanContext | None,
+        traceparent: str,
         http: Http,
         start_ns: int,
         sink: Callable[[Flat], None] | None,
     ) -> None:
-        # BaseSpan's fields, set here: every request makes one, and super() costs a call
         self.context = context
         self.parent = parent
+        self.traceparent = traceparent  # the W3C header naming it
+        self.http = http
         self.start_ns = start_ns
         self.end_ns = 0
-        self.attributes = {}
-        self.events = ()
+        self.response: Response | None = None
+        self.queued: Queued | None = None
+        self.encoded: Encoded | None = None
         self.children = ()
-        self.status = StatusCode.UNSET
-        self.status_message = ""
+        self._rare: _Rare | None = None
         self._sink = sink
         self.recording = sink is not None
-        self._traceparent = ""
-        self.http = http
-        self.response: Response | None = None
 
     @property
     def name(self) -> str:
         return f"{self.http[0]} {self.http[1]}"
 
-    def finish(self, status_code: int, function: str, version: str, cold: str | None) -> None:
+    def _more(self) -> _Rare:
+        if self._rare is None:
+            self._rare = _Rare()
+        return self._rare
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self._more().attributes[key] = value
+
+    def record_exception(self, error: BaseException) -> None:
+        self._more().events.append(exception_event(error))
+
+    def set_status(self, code: StatusCode, message: str = "") -> None:
+        rare = self._more()
+        rare.status, rare.status_message = code, message
+
+    def finish(
+        self, status_code: int, function: str, version: str, cold: str | None = None
+    ) -> None:
         """Set what answered (a 5xx marks the span an error) and end it (once: a span
         ended already keeps what it had)."""
         if self.end_ns:
             return
         self.response = (status_code, function, version, cold)
         if status_code >= 500:
-            self.status = StatusCode.ERROR
+            self._more().status = StatusCode.ERROR
         self.end_ns = time_ns()  # end()'s work without calling it: every request ends one
         if self._sink is not None:
             self._sink(self.flat())
 
     def flat(self) -> Flat:
         """This span as a request (``REQUEST_FIELDS`` builtins; see :data:`Flat`)."""
-        context, parent = self.context, self.parent
+        context, parent, rare = self.context, self.parent, self._rare
         return (
             context.trace_id,
             context.span_id,
@@ -251,10 +303,9 @@ class ServerSpan(BaseSpan):
             self.end_ns,
             self.http,
             self.response,
-            self.attributes,
-            self.events,
-            self.status + 0,
-            self.status_message,
+            self.queued,
+            self.encoded,
+            None if rare is None else rare.flat(),
             self.children,
         )
 
@@ -279,13 +330,15 @@ class ServerSpan(BaseSpan):
 #:
 #: A request (a :class:`ServerSpan`): (trace id, span id, trace state, parent
 #: context as a plain 5-tuple or None, start ns, end ns, its :data:`Http`, its
-#: :data:`Response` or None, the attributes set on it, events, status code,
-#: status message, children); ``REQUEST_FIELDS`` of them. :func:`span_of_request`
-#: makes it a span.
+#: :data:`Response` or None, its :data:`Queued` or None, its :data:`Encoded` or
+#: None, what it seldom has or None: (attributes set on it, events, status code,
+#: status message), children); ``REQUEST_FIELDS`` of them.
+#: :func:`span_of_request` makes it a span, and its queue wait and encoding
+#: children of it.
 Flat = tuple[Any, ...]
 SPAN_FIELDS = 14
 RECORD_FIELDS = 7
-REQUEST_FIELDS = 13
+REQUEST_FIELDS = 12
 
 
 def http_attributes(http: Http, response: Response | None) -> dict[str, Any]:
@@ -310,25 +363,27 @@ def http_attributes(http: Http, response: Response | None) -> dict[str, Any]:
     return attributes
 
 
+def request_children(item: Flat) -> tuple[tuple[str, int, int, Mapping[str, Any]], ...]:
+    """The children of a request (see :data:`Flat`), in the order they happened: its
+    queue wait, those it carries (a load), the encoding of its answer."""
+    queued, encoded = item[8], item[9]
+    children: tuple[tuple[str, int, int, Mapping[str, Any]], ...] = item[11]
+    if queued is not None:
+        enqueued_ns, started_ns, priority = queued
+        children = (("queue", enqueued_ns, started_ns, {"fnrt.priority": priority}), *children)
+    if encoded is not None:
+        started_ns, ended_ns, size = encoded
+        children = (*children, ("encode", started_ns, ended_ns, {"fnrt.response.bytes": size}))
+    return children
+
+
 def span_of_request(item: Flat) -> Flat:
     """A request (see :data:`Flat`) as a span: a server span named by its method and
-    route, with the attributes :func:`http_attributes` makes, then those set on it."""
-    (
-        trace_id,
-        span_id,
-        state,
-        parent,
-        start_ns,
-        end_ns,
-        http,
-        response,
-        extra,
-        events,
-        status,
-        message,
-        children,
-    ) = item
+    route, with the attributes :func:`http_attributes` makes, then those set on it,
+    and its children (:func:`request_children`)."""
+    trace_id, span_id, state, parent, start_ns, end_ns, http, response, _, _, rare, _ = item
     attributes = http_attributes(http, response)
+    extra, events, status, message = ({}, (), 0, "") if rare is None else rare
     attributes.update(extra)
     return (
         f"{http[0]} {http[1]}",
@@ -344,7 +399,7 @@ def span_of_request(item: Flat) -> Flat:
         (),
         status,
         message,
-        children,
+        request_children(item),
     )
 
 
@@ -550,10 +605,24 @@ class Tracer:
         """The span of one request on the data path (a new trace when ``parent``, the
         caller's, is None); sampled by the sampler's rule."""
         if parent is None and self._always_on:  # the common case
-            ids = (self._bits(128) or 1, self._bits(64) or 1, True, "", False)
-            return ServerSpan(_context(SpanContext, ids), None, http, time_ns(), self._sink)
+            trace_id, span_id = self._bits(128) or 1, self._bits(64) or 1
+            return ServerSpan(
+                _context(SpanContext, (trace_id, span_id, True, "", False)),
+                None,
+                "00-%032x-%016x-01" % (trace_id, span_id),  # noqa: UP031 (format_traceparent's)
+                http,
+                time_ns(),
+                self._sink,
+            )
         context = self._context(parent)
-        return ServerSpan(context, parent, http, time_ns(), self._sink if context.sampled else None)
+        return ServerSpan(
+            context,
+            parent,
+            format_traceparent(context),
+            http,
+            time_ns(),
+            self._sink if context.sampled else None,
+        )
 
     def _context(self, parent: SpanContext | None) -> SpanContext:
         """A new span's context under ``parent``, sampled or not by the sampler's rule."""

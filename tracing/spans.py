@@ -30,8 +30,6 @@ from fnrt.tracing.recorder import (
     parse_traceparent,
 )
 
-TRACERESPONSE = "traceresponse"
-
 
 class Tracing:
     """Makes fnrt's spans with a given tracer (None: tracing off)."""
@@ -139,24 +137,13 @@ def fail(span: BaseSpan | None, error: BaseException, *, server_fault: bool = Tr
         span.set_status(StatusCode.ERROR, str(error))
 
 
-def finish_server_span(
-    span: ServerSpan | None,
-    status: int,
-    function: str,
-    version: str,
-    cold_start: str | None = None,
-) -> None:
-    """Set the response status (5xx marks the span an error), what served it, and end it."""
-    if span is not None and span.recording:
-        span.finish(status, function, version, cold_start)
+def traceresponse(span: Span | ServerSpan | None) -> tuple[bytes, bytes] | None:
+    """The W3C ``traceresponse`` header naming ``span``, as ASGI sends it (None without
+    a span)."""
+    return None if span is None else (b"traceresponse", span.traceparent.encode())
 
 
-def traceresponse(span: BaseSpan | None) -> str | None:
-    """The W3C ``traceresponse`` header value naming ``span``."""
-    return span.traceparent if span is not None else None
-
-
-def ids(span: BaseSpan | None) -> tuple[str, str] | None:
+def ids(span: Span | ServerSpan | None) -> tuple[str, str] | None:
     """``(trace_id, span_id)`` in hex, for logs."""
     if span is None:
         return None

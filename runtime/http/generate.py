@@ -68,7 +68,7 @@ from fnrt.runtime.http.observe import Trail, begin, end
 from fnrt.runtime.http.problems import problem, status_of, unexpected
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.stream import Ended, Stream
-from fnrt.tracing.spans import TRACERESPONSE, fail, traceresponse
+from fnrt.tracing.spans import fail, traceresponse
 
 GENERATE_PATH = re.compile(r"/v1/functions/([^/]+)/generate")
 OIP_GENERATE_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/generate(_stream)?")
@@ -392,9 +392,9 @@ async def _send_stream(
 
 
 def _trace_header(raw: Headers, span: Any) -> None:
-    response_trace = traceresponse(span)
-    if response_trace is not None:
-        raw.append((TRACERESPONSE.encode(), response_trace.encode()))
+    trace_header = traceresponse(span)
+    if trace_header is not None:
+        raw.append(trace_header)
 
 
 async def _send_whole(

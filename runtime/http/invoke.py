@@ -36,7 +36,7 @@ from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.queue import Client, Priority
 from fnrt.runtime.stream import Stream
-from fnrt.tracing.spans import TRACERESPONSE, fail, traceresponse
+from fnrt.tracing.spans import fail, traceresponse
 
 Scope = MutableMapping[str, Any]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -127,7 +127,7 @@ async def _answer(
     else:  # its encode span
         started_ns = time.time_ns()
         out = encode(served.outputs, reply, limits)
-        span.after("encode", started_ns, time.time_ns(), {"fnrt.response.bytes": len(out)})
+        span.encoded = (started_ns, time.time_ns(), len(out))
     return out, reply.media_type, served_headers(answered)
 
 
@@ -198,9 +198,9 @@ async def serve_raw(
         )
     raw = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
-    response_trace = traceresponse(span)
-    if response_trace is not None:
-        raw.append((TRACERESPONSE.encode(), response_trace.encode()))
+    trace_header = traceresponse(span)
+    if trace_header is not None:
+        raw.append(trace_header)
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
     return status

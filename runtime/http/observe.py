@@ -13,7 +13,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from fnrt.tracing.spans import finish_server_span, ids
+from fnrt.tracing.spans import ids
 from fnrt.tracing.telemetry import Telemetry
 
 
@@ -47,7 +47,8 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
     seconds = time.perf_counter() - trail.started_s
     telemetry.metrics.request(trail.function, trail.version, status, seconds)
     span = trail.span
-    finish_server_span(span, status, trail.function, trail.version, trail.cold_tier)
+    if span is not None:  # (an unsampled one ends with nothing to export)
+        span.finish(status, trail.function, trail.version, trail.cold_tier)
     if telemetry.access is not None:
         fields: dict[str, Any] = {
             "route": trail.route,

@@ -23,7 +23,7 @@ from fnrt.tracing.recorder import (
     span_of_request,
 )
 from fnrt.tracing.setup import TraceConfig
-from fnrt.tracing.spans import Tracing, fail, finish_server_span
+from fnrt.tracing.spans import Tracing, fail
 
 
 def test_spans_decode_with_the_official_schema() -> None:
@@ -173,10 +173,11 @@ def test_children_a_span_carries_decode_as_its_own_spans() -> None:
 
 
 def test_a_request_span_decodes_as_the_server_span_it_stands_for() -> None:
-    """A request's server span travels as two tuples of fields and is encoded straight
-    from them (its name, HTTP attributes and what answered, from a cache), the same as
-    the span :func:`span_of_request` makes of it; one with attributes of its own or an
-    error takes the general path. Both read back the same with the official schema."""
+    """A request's server span travels as tuples of fields and is encoded straight
+    from them (its name, HTTP attributes and what answered, from a cache; its queue
+    wait and encoding as children, beside the load it carries), the same as the span
+    :func:`span_of_request` makes of it; one with attributes of its own or an error
+    takes the general path. Both read back the same with the official schema."""
     ended: list[object] = []
     tracing = Tracing(Tracer(TraceConfig(), ended.append))
     remote = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
@@ -184,10 +185,12 @@ def test_a_request_span_decodes_as_the_server_span_it_stands_for() -> None:
     plain = tracing.server_span("POST", "/v1/functions/{name}/invoke", path, remote)
     failed = tracing.server_span("POST", "/v1/functions/{name}/invoke", path, {"user-agent": "t"})
     assert isinstance(plain, ServerSpan) and isinstance(failed, ServerSpan)
-    plain.after("queue", 10, 25, {"fnrt.priority": "normal"})
-    finish_server_span(plain, 200, "mlp", "v-1", "l2")
+    plain.queued = (10, 25, "normal")
+    plain.after("load", 11, 20, {"fnrt.load.tier": "l2"})
+    plain.encoded = (30, 31, 4096)
+    plain.finish(200, "mlp", "v-1", "l2")
     fail(failed, RuntimeError("boom"))
-    finish_server_span(failed, 500, "mlp", "v-1")
+    failed.finish(500, "mlp", "v-1")
     assert [len(item) for item in ended] == [REQUEST_FIELDS, REQUEST_FIELDS]  # type: ignore[arg-type]
     as_spans = [span_of_request(item) for item in ended]  # type: ignore[arg-type]
 
@@ -197,16 +200,23 @@ def test_a_request_span_decodes_as_the_server_span_it_stands_for() -> None:
         return list(request.resource_spans[0].scope_spans[0].spans)
 
     fast, slow = decoded(ended), decoded(as_spans)
-    assert len(fast) == len(slow) == 3  # the queue child rides with its request
+    assert len(fast) == len(slow) == 5  # the children ride with their request
     for one, other in zip(fast, slow, strict=True):
-        if one.name == "queue":  # its id is drawn at each export
+        if one.kind == ProtoSpan.SPAN_KIND_INTERNAL:  # a child's id is drawn at each export
             one.span_id = other.span_id = b""
         assert one == other
-    served, child, errored = fast
+    served, queue, load, encode, errored = fast
     assert served.name == "POST /v1/functions/{name}/invoke"
     assert served.kind == ProtoSpan.SPAN_KIND_SERVER and served.flags == 0x301  # remote parent
     assert served.parent_span_id.hex() == "00f067aa0ba902b7"
-    assert child.parent_span_id == served.span_id
+    assert [(c.name, c.start_time_unix_nano, c.end_time_unix_nano) for c in fast[1:4]] == [
+        ("queue", 10, 25),
+        ("load", 11, 20),
+        ("encode", 30, 31),
+    ]
+    assert {c.parent_span_id for c in (queue, load, encode)} == {served.span_id}
+    assert {a.key: a.value.string_value for a in queue.attributes} == {"fnrt.priority": "normal"}
+    assert {a.key: a.value.int_value for a in encode.attributes} == {"fnrt.response.bytes": 4096}
     values = {a.key: a.value for a in served.attributes}
     assert values["url.path"].string_value == path
     assert values["http.response.status_code"].int_value == 200
@@ -237,11 +247,11 @@ def test_values_a_caller_chose_are_encoded_but_not_kept_when_long() -> None:
             "POST", "/v1/functions/{name}/invoke", path, {"user-agent": agent}
         )
         fail(span, RuntimeError("general path too"))
-        finish_server_span(span, 500, "mlp", "v-1")
+        span.finish(500, "mlp", "v-1")
         plain = tracing.server_span(
             "POST", "/v1/functions/{name}/invoke", path, {"user-agent": agent}
         )
-        finish_server_span(plain, 200, "mlp", "v-1")
+        plain.finish(200, "mlp", "v-1")
     request = ExportTraceServiceRequest()
     request.ParseFromString(encode_request(ended, {"service.name": "fnrt-test"}))  # type: ignore[arg-type]
     agents = [

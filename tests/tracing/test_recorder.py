@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import pytest
 
 from fnrt.tracing.export import BatchExporter, MemoryExporter
@@ -84,3 +87,29 @@ def test_batch_exporter_ships_everything_and_bounds_its_queue() -> None:
     assert blocked.dropped == 3
     blocked.shutdown()
     tracer.shutdown()
+
+
+def test_batch_exporter_looks_often_while_spans_keep_coming() -> None:
+    """The request path never wakes the export thread: it looks every
+    ``busy_interval_s`` while spans keep coming (every ``interval_s`` when idle),
+    so a steady stream goes out in many small exports, not one a second."""
+    calls: list[int] = []
+
+    class Counting(MemoryExporter):
+        def export(self, spans: Sequence[Flat]) -> None:
+            calls.append(len(spans))
+            super().export(spans)
+
+    exporter = Counting()
+    batcher = BatchExporter(exporter, interval_s=0.3, busy_interval_s=0.01, max_queued=100_000)
+    tracer = Tracer(TraceConfig(), batcher.add)
+    started = time.monotonic()
+    sent = 0
+    while time.monotonic() - started < 1.0:  # a steady stream for a second
+        tracer.start("s").end()
+        sent += 1
+        time.sleep(0.001)
+    wait_until(lambda: sum(calls) == sent)
+    batcher.shutdown()
+    assert len(exporter.spans) == sent
+    assert len(calls) >= 8  # every 0.3 s alone would make 4 at most

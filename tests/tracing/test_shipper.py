@@ -14,7 +14,7 @@ import pytest
 from fnrt.tracing.recorder import SpanKind, Tracer
 from fnrt.tracing.setup import TraceConfig, build_tracer
 from fnrt.tracing.shipper import ShippedExporter, _waiting, serve
-from fnrt.tracing.spans import Tracing, finish_server_span
+from fnrt.tracing.spans import Tracing
 from support import OtlpCollector, wait_until
 
 
@@ -44,7 +44,7 @@ def test_spans_and_records_reach_the_collector_whole(collector: OtlpCollector) -
     root.after("queue", root.start_ns, root.start_ns + 5, {"fnrt.priority": "high"})
     root.end()
     request = Tracing(tracer).server_span("GET", "/v1/functions/{name}", "/v1/functions/f", {})
-    finish_server_span(request, 200, "f", "v-1", Tier.L2)  # kept as fields, with an enum
+    request.finish(200, "f", "v-1", Tier.L2)  # kept as fields, with an enum
     exporter.shutdown()  # the shipper posts what it read, then exits
     spans = received(collector)
     server, queue = spans["POST /v1/functions/{name}/invoke"], spans["queue"]

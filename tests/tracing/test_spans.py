@@ -70,6 +70,9 @@ def test_one_invoke_makes_the_expected_tree(
         assert child.parent is not None and child.parent.span_id == root.context.span_id
         assert child.context.trace_id == root.context.trace_id
         assert root.start_ns <= child.start_ns <= child.end_ns <= root.end_ns
+    assert children["queue"].attributes == {"fnrt.priority": "normal"}
+    assert children["encode"].attributes == {"fnrt.response.bytes": len(r.content)}
+    assert children["queue"].end_ns <= children["encode"].start_ns
     load = children["load"].attributes
     assert load["fnrt.load.tier"] == attributes["fnrt.cold_start"]
     assert load["fnrt.load.bytes"] >= 0 and load["fnrt.load.total_s"] > 0
