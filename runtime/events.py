@@ -17,6 +17,7 @@ from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
 from fnrt.runtime.queue import Pending, Priority
 from fnrt.runtime.stream import Usage
+from fnrt.tracing.recorder import SpanContext
 from fnrt.tracing.spans import fail
 from fnrt.tracing.telemetry import Telemetry
 
@@ -25,17 +26,21 @@ _PRIORITY = {p: p.name.lower() for p in Priority}
 
 
 def _waited(
-    waiting: Pending, started_ns: int, load: tuple[int, int, Mapping[str, Any]] | None
-) -> None:
-    """The queue wait of a request that ``started_ns`` began serving, and the load it
-    waited for, kept by its server span when that is recorded (a
-    :class:`fnrt.tracing.recorder.ServerSpan`: its :attr:`queued`, its children)."""
-    span = waiting.span
-    if span is None or not span.recording:
-        return
-    span.queued = (waiting.enqueued_ns, started_ns, _PRIORITY[waiting.priority])
-    if waiting.cold and load is not None:
-        span.after("load", *load)
+    batch: Sequence[Pending], started_ns: int, load: tuple[int, int, Mapping[str, Any]] | None
+) -> list[SpanContext]:
+    """Keep the queue wait of each request of ``batch``, which ``started_ns`` began
+    serving, and the load it waited for, on its server span when that is recorded
+    (a :class:`fnrt.tracing.recorder.ServerSpan`: its ``queued``, its children);
+    the contexts of those spans, which the batch's span links to."""
+    links = []
+    for waiting in batch:
+        span = waiting.span
+        if span is not None and span.recording:
+            span.queued = (waiting.enqueued_ns, started_ns, _PRIORITY[waiting.priority])
+            if waiting.cold and load is not None:
+                span.after("load", *load)
+            links.append(span.context)
+    return links
 
 
 class StartKind(StrEnum):
@@ -196,7 +201,8 @@ class TelemetryEvents:
         tracing = self.telemetry.tracing
         if not tracing.enabled:
             return None
-        return tracing.batch_span(vm.name, vm.version, (p.span for p in batch), started_ns)
+        links = _waited(batch, started_ns, self._loads.get((vm.name, vm.version)))
+        return tracing.batch_span(vm.name, vm.version, links, started_ns)
 
     def batch(
         self,
@@ -218,9 +224,6 @@ class TelemetryEvents:
         if not tracing.enabled:
             return
         tracing.record(handler_spans)  # the handler's own, children of the batch's span
-        load = self._loads.get((vm.name, vm.version))
-        for p in batch:
-            _waited(p, started_ns, load)
         if span is not None:
             if failure is not None:
                 fail(span, failure)
@@ -232,9 +235,7 @@ class TelemetryEvents:
         tracing = self.telemetry.tracing
         if not tracing.enabled:
             return
-        load = self._loads.get((vm.name, vm.version))
-        for p in joining:
-            _waited(p, started_ns, load)
+        _waited(joining, started_ns, self._loads.get((vm.name, vm.version)))
 
     def step(
         self,

@@ -74,13 +74,11 @@ class Tracing:
             parent.after(name, start_ns, end_ns, attributes)
 
     def batch_span(
-        self, function: str, version: str, requests: Iterable[BaseSpan | None], start_ns: int
+        self, function: str, version: str, links: list[SpanContext], start_ns: int
     ) -> Span | None:
-        """One batch's span, linked to the span of every recorded request it served."""
-        if self.tracer is None:
-            return None
-        links = [s.context for s in requests if s is not None and s.recording]
-        if not links:
+        """One batch's span, linked to the span of every recorded request it served
+        (``links``: their contexts; None when there is none)."""
+        if self.tracer is None or not links:
             return None
         return self.tracer.start(
             f"batch {function}",
