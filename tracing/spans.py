@@ -6,11 +6,12 @@ in the reply) with children for its queue wait, the model load it waited for
 (tier, bytes, per-step timings) and the encoding of its answer. The server
 span keeps its attributes as two tuples of fields until it is exported
 (:class:`fnrt.tracing.recorder.ServerSpan`). Its children are known whole when
-they are made, so they are plain tuples carried by the server span
-(:meth:`fnrt.tracing.recorder.BaseSpan.after`) until the shipper encodes them
-as spans of their own. Each batch is one span of its own, linked to
-every request span it served. With tracing
-off every method is a ``None`` check, so the request path pays nothing.
+they are made, so they are plain tuples kept by the server span (its queue
+wait and encoding as times, ``queued`` and ``encoded``; a load as a child it
+carries, :meth:`fnrt.tracing.recorder.BaseSpan.after`) until the shipper
+encodes them as spans of their own. Each batch is one span of its own, linked
+to every request span it served. With tracing off every method is a ``None``
+check, so the request path pays nothing.
 """
 
 from __future__ import annotations
