@@ -191,7 +191,14 @@ def test_a_request_span_decodes_as_the_server_span_it_stands_for() -> None:
     plain.finish(200, "mlp", "v-1", "l2")
     fail(failed, RuntimeError("boom"))
     failed.finish(500, "mlp", "v-1")
-    assert [len(item) for item in ended] == [REQUEST_FIELDS, REQUEST_FIELDS]  # type: ignore[arg-type]
+    stated = tracing.server_span(  # a trace state: its children take the general path
+        "POST", "/v1/functions/{name}/invoke", path, {**remote, "tracestate": "k=v"}
+    )
+    assert isinstance(stated, ServerSpan)
+    stated.queued = (40, 45, "high")
+    stated.encoded = (50, 51, 8)
+    stated.finish(200, "mlp", "v-1")
+    assert [len(item) for item in ended] == [REQUEST_FIELDS] * 3  # type: ignore[arg-type]
     as_spans = [span_of_request(item) for item in ended]  # type: ignore[arg-type]
 
     def decoded(items: list[Any]) -> list[ProtoSpan]:
@@ -200,12 +207,17 @@ def test_a_request_span_decodes_as_the_server_span_it_stands_for() -> None:
         return list(request.resource_spans[0].scope_spans[0].spans)
 
     fast, slow = decoded(ended), decoded(as_spans)
-    assert len(fast) == len(slow) == 5  # the children ride with their request
+    assert len(fast) == len(slow) == 8  # the children ride with their request
     for one, other in zip(fast, slow, strict=True):
         if one.kind == ProtoSpan.SPAN_KIND_INTERNAL:  # a child's id is drawn at each export
             one.span_id = other.span_id = b""
         assert one == other
-    served, queue, load, encode, errored = fast
+    served, queue, load, encode, errored = fast[:5]
+    assert [(s.name, s.trace_state) for s in fast[5:]] == [
+        ("POST /v1/functions/{name}/invoke", "k=v"),
+        ("queue", "k=v"),
+        ("encode", "k=v"),
+    ]
     assert served.name == "POST /v1/functions/{name}/invoke"
     assert served.kind == ProtoSpan.SPAN_KIND_SERVER and served.flags == 0x301  # remote parent
     assert served.parent_span_id.hex() == "00f067aa0ba902b7"
