@@ -288,6 +288,39 @@ def _encode_request(flat: Flat) -> bytes:
 _CHILD_FLAGS = _FLAGS[1, False]
 
 
+def _add_child(
+    parts: list[bytes],
+    trace: tuple[int, int],
+    parent_id: int,
+    head: bytes,
+    start_ns: int,
+    end_ns: int,
+    attributes: bytes,
+) -> None:
+    """Append one child of a span without a trace state to ``parts``, a framed ``Span``
+    message (its id drawn here): ``trace`` is the trace id's high and low halves,
+    ``head`` its name and kind (:func:`_head`), ``attributes`` its encoded block."""
+    high, low = trace
+    encoded = b"".join(
+        (
+            _IDS(
+                b"\x0a\x10",
+                high,
+                low,
+                b"\x12\x08",
+                random.getrandbits(64) or 1,
+                b"\x22\x08",
+                parent_id,
+            ),
+            head,
+            _TIMES(b"\x39", start_ns, b"\x41", end_ns),
+            attributes,
+            _CHILD_FLAGS,
+        )
+    )
+    parts += (b"\x12", _varint(len(encoded)), encoded)
+
+
 def _add_children(
     parts: list[bytes],
     trace_id: int,
@@ -304,19 +337,10 @@ def _add_children(
             )
             parts += (b"\x12", _varint(len(encoded)), encoded)
         return
-    high, low = trace_id >> 64, trace_id & _LOW64
-    bits = random.getrandbits
+    trace = (trace_id >> 64, trace_id & _LOW64)
     for name, start_ns, end_ns, attributes in children:
-        encoded = b"".join(
-            (
-                _IDS(b"\x0a\x10", high, low, b"\x12\x08", bits(64) or 1, b"\x22\x08", span_id),
-                _heads.get((name, 1)) or _head(name, 1),
-                _TIMES(b"\x39", start_ns, b"\x41", end_ns),
-                _span_attributes(attributes),
-                _CHILD_FLAGS,
-            )
-        )
-        parts += (b"\x12", _varint(len(encoded)), encoded)
+        head = _heads.get((name, 1)) or _head(name, 1)
+        _add_child(parts, trace, span_id, head, start_ns, end_ns, _span_attributes(attributes))
 
 
 _QUEUE_HEAD = _head("queue", 1)
@@ -335,34 +359,17 @@ def _add_request_children(parts: list[bytes], request: Flat) -> None:
     if trace_state:  # rare: the general path writes field 3
         _add_children(parts, trace_id, span_id, trace_state, request_children(request))
         return
-    high, low = trace_id >> 64, trace_id & _LOW64
-    bits = random.getrandbits
+    trace = (trace_id >> 64, trace_id & _LOW64)
     if queued is not None:
         enqueued_ns, started_ns, priority = queued
-        child = b"".join(
-            (
-                _IDS(b"\x0a\x10", high, low, b"\x12\x08", bits(64) or 1, b"\x22\x08", span_id),
-                _QUEUE_HEAD,
-                _TIMES(b"\x39", enqueued_ns, b"\x41", started_ns),
-                _attribute(9, "fnrt.priority", priority),
-                _CHILD_FLAGS,
-            )
-        )
-        parts += (b"\x12", _varint(len(child)), child)
+        attribute = _attribute(9, "fnrt.priority", priority)
+        _add_child(parts, trace, span_id, _QUEUE_HEAD, enqueued_ns, started_ns, attribute)
     if carried:
         _add_children(parts, trace_id, span_id, "", carried)
     if encoded is not None:
         started_ns, ended_ns, size = encoded
-        child = b"".join(
-            (
-                _IDS(b"\x0a\x10", high, low, b"\x12\x08", bits(64) or 1, b"\x22\x08", span_id),
-                _ENCODE_HEAD,
-                _TIMES(b"\x39", started_ns, b"\x41", ended_ns),
-                _attribute(9, "fnrt.response.bytes", size),
-                _CHILD_FLAGS,
-            )
-        )
-        parts += (b"\x12", _varint(len(child)), child)
+        attribute = _attribute(9, "fnrt.response.bytes", size)
+        _add_child(parts, trace, span_id, _ENCODE_HEAD, started_ns, ended_ns, attribute)
 
 
 #: Spans encoded between two offers of the GIL (about 0.2 ms of work): see encode_request.
