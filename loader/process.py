@@ -101,6 +101,13 @@ def exit_cause(returncode: int | None) -> tuple[str, str]:
     return "exit", f"the worker exited with code {returncode}"
 
 
+def _checked(reply: dict[str, Any]) -> dict[str, Any]:
+    """The worker's ``reply``; RemoteError when it says the handler raised."""
+    if not reply["ok"]:
+        raise RemoteError(reply["error"], reply.get("traceback", ""))
+    return reply
+
+
 def _ran(responses: Arena, reply: dict[str, Any]) -> Ran:
     """A batch's results (copied out of the response arena, which the worker reuses)
     and timings, from the worker's reply."""
@@ -197,10 +204,7 @@ class ProcessInstance:
             "responses": str(self._responses.path),
         }
         self._channel.send(start)
-        reply = self._receive(max(LOAD_TIMEOUT_S, self._isolation.timeout_s))
-        if not reply["ok"]:
-            raise RemoteError(reply["error"], reply.get("traceback", ""))
-        return reply
+        return _checked(self._receive(max(LOAD_TIMEOUT_S, self._isolation.timeout_s)))
 
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
         return _ran(self._responses, self._exchange({"op": "run", "trace": trace}, batch))
@@ -253,15 +257,9 @@ class ProcessInstance:
         (RemoteError if the handler raised there)."""
         if self._lost is not None:
             raise self._lost
-        layout = self._requests.write(arrays)
-        try:
-            self._channel.send({**message, **layout})
-        except ChannelClosed:
-            raise self._died() from None
-        reply = self._receive(self._isolation.timeout_s or None)
-        if not reply["ok"]:
-            raise RemoteError(reply["error"], reply.get("traceback", ""))
-        return reply
+        if not self._send(message, arrays):
+            raise self._died()
+        return _checked(self._receive(self._isolation.timeout_s or None))
 
     def _send(self, message: dict[str, Any], arrays: list[Request]) -> bool:
         """Write ``arrays`` into the request arena and send ``message`` with their layout;
@@ -290,9 +288,7 @@ class ProcessInstance:
         except ChannelClosed:
             lost = await asyncio.to_thread(self._died)
             raise lost from None
-        if not reply["ok"]:
-            raise RemoteError(reply["error"], reply.get("traceback", ""))
-        return reply
+        return _checked(reply)
 
     def _watched(self, exchange: asyncio.Task[R]) -> asyncio.Task[R]:
         """``exchange``, whose message is sent: cancelled (even before it ran), it
