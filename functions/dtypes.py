@@ -62,12 +62,19 @@ DTYPES = frozenset(OIP_DATATYPES)
 
 def numpy_dtype(name: str) -> np.dtype[Any]:
     """The numpy dtype of a manifest dtype name (``bytes`` is ``object``)."""
+    dtype = _BY_NAME.get(name)
+    if dtype is not None:
+        return dtype
     if name == "bytes":
         return OBJECT
-    if name == "bfloat16":
-        return _bfloat16()
-    dtype: np.dtype[Any] = np.dtype(name)
+    dtype = _bfloat16() if name == "bfloat16" else np.dtype(name)
+    if name in DTYPES:  # the cache holds the few names a manifest can declare
+        _BY_NAME[name] = dtype
     return dtype
+
+
+#: numpy_dtype's answers, per manifest dtype name.
+_BY_NAME: dict[str, np.dtype[Any]] = {}
 
 
 #: name_of's answers, per dtype (a few: the dtypes fnrt knows, in either byte order).

@@ -126,9 +126,14 @@ class TensorSpec:
             raise ManifestError("dtype", f"{self.dtype!r} is not one of {sorted(DTYPES)}")
 
     def matches_shape(self, shape: tuple[int, ...]) -> bool:
-        return len(shape) == len(self.shape) and all(
-            want in (-1, got) for want, got in zip(self.shape, shape, strict=True)
-        )
+        declared = self.shape
+        if len(shape) != len(declared):
+            return False
+        # a loop, not all(): no generator frame on every request
+        for want, got in zip(declared, shape, strict=True):
+            if want != got and want != -1:
+                return False
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "shape": list(self.shape)}

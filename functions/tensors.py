@@ -56,6 +56,17 @@ def from_plain(name: str, inferred: Array, spec: TensorSpec | None) -> Array:
     if spec is None:
         return inferred
     target = numpy_dtype(spec.dtype)
+    # Floats within the target's largest (NaN is not) cannot overflow: the usual
+    # request converts without the error-state switch and a look at every converted
+    # value. Past it, the general path below says which error. (bfloat16's kind is "V".)
+    if (
+        target.kind == "f"
+        and inferred.dtype.kind == "f"
+        and (
+            not inferred.size or np.maximum.reduce(np.abs(inferred), axis=None) <= _largest(target)
+        )
+    ):
+        return inferred.astype(target)
     integral = inferred.dtype.kind in "iu" and target.kind in "iu"  # range-checked below
     floating = target == BFLOAT16 and inferred.dtype.kind in "biuf"
     if inferred.size and not (
@@ -80,7 +91,16 @@ def from_plain(name: str, inferred: Array, spec: TensorSpec | None) -> Array:
 
 
 def _largest(dtype: np.dtype[Any]) -> float:
-    return float(np.finfo(dtype).max) if dtype.kind == "f" else 3.3895313892515355e38
+    largest = _LARGEST.get(dtype)
+    if largest is None:
+        largest = _LARGEST[dtype] = (
+            float(np.finfo(dtype).max) if dtype.kind == "f" else 3.3895313892515355e38
+        )
+    return largest
+
+
+#: _largest's answers, per dtype (the few float dtypes a manifest can declare).
+_LARGEST: dict[np.dtype[Any], float] = {}
 
 
 def _describe(array: Array) -> str:
@@ -94,13 +114,13 @@ def coerce_request(specs: Mapping[str, TensorSpec], raw: Mapping[str, Any]) -> d
     the input that is missing, unexpected, or of the wrong dtype or shape.
     """
     if specs:
-        missing = [n for n in specs if n not in raw]
-        if missing:
-            raise InvalidInput(f"missing input '{missing[0]}'", input=missing[0])
-        extra = [n for n in raw if n not in specs]
-        if extra:
+        if raw.keys() != specs.keys():
+            missing = [n for n in specs if n not in raw]
+            if missing:
+                raise InvalidInput(f"missing input '{missing[0]}'", input=missing[0])
+            extra = next(n for n in raw if n not in specs)
             raise InvalidInput(
-                f"unexpected input '{extra[0]}' (expected: {', '.join(specs)})", input=extra[0]
+                f"unexpected input '{extra}' (expected: {', '.join(specs)})", input=extra
             )
     elif not raw:
         raise InvalidInput("the request has no inputs")

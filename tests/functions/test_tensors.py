@@ -6,7 +6,7 @@ import torch
 
 from fnrt.functions.errors import InvalidInput
 from fnrt.functions.manifest import TensorSpec
-from fnrt.functions.tensors import coerce_request, coerce_result
+from fnrt.functions.tensors import coerce_request, coerce_result, from_plain
 
 SPECS = {"x": TensorSpec("float32", (-1, 2)), "ids": TensorSpec("int64", (-1,))}
 
@@ -51,6 +51,18 @@ def test_json_numbers_that_overflow_their_float_dtype_are_refused(dtype: str, va
     # near the largest finite value is kept (rounding is not a loss JSON can see)
     kept = coerce_request({"x": TensorSpec("float32", (-1,))}, {"x": [3.4e38]})["x"]
     assert np.isfinite(kept).all()
+
+
+def test_float_conversion_keeps_what_rounds_to_the_largest_and_refuses_nan() -> None:
+    spec = {"x": TensorSpec("float16", (-1,))}
+    # past float16's largest (65504) but rounding down to it: the general path keeps it
+    kept = coerce_request(spec, {"x": [65510.0, -65504.0]})["x"]
+    assert kept.tolist() == [65504.0, -65504.0] and kept.dtype == np.float16
+    with pytest.raises(InvalidInput, match="out of range for float16"):
+        coerce_request(spec, {"x": [65520.0]})  # rounds to infinity
+    # a NaN (no JSON literal, but from_plain's arrays can come from elsewhere)
+    with pytest.raises(InvalidInput, match="out of range for float32"):
+        from_plain("x", np.array([1.0, np.nan]), TensorSpec("float32", (-1,)))
 
 
 def test_undeclared_inputs_pass_through() -> None:
