@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fnrt.functions.dtypes import OBJECT, name_of, numpy_dtype
+from fnrt.functions.dtypes import name_of, numpy_dtype
 
 _ALIGN = 64
 _MIN_BYTES = 1 << 20
@@ -84,19 +84,23 @@ class Arena:
         for i, tensors in enumerate(arrays):
             for name, value in tensors.items():
                 array = np.asarray(value)
-                dtype_name = name_of(array.dtype)
-                if array.dtype == OBJECT or dtype_name is None or array.dtype.hasobject:
+                dtype = array.dtype
+                dtype_name = name_of(dtype)
+                if dtype_name is None or dtype.hasobject:  # bytes (object) among them
                     inline.append((i, name, list(array.shape), array.ravel().tolist()))
                     continue
                 slots.append((i, name, dtype_name, list(array.shape), offset))
-                if array.nbytes:
-                    placed.append((offset, array))  # written in the native byte order
-                offset += -(-array.nbytes // _ALIGN) * _ALIGN
+                nbytes = array.nbytes
+                if nbytes:
+                    placed.append((offset, array))
+                offset += -(-nbytes // _ALIGN) * _ALIGN
         self.ensure(offset)
+        buffer = self._map
         for at, array in placed:
-            dtype = numpy_dtype(name_of(array.dtype) or "")
-            target = np.ndarray(array.shape, dtype, buffer=self._map, offset=at)
-            target[...] = array
+            dtype = array.dtype
+            if not dtype.isnative:  # written in the native byte order
+                dtype = dtype.newbyteorder("=")
+            np.copyto(np.ndarray(array.shape, dtype, buffer=buffer, offset=at), array)
         return {"n": len(arrays), "slots": slots, "inline": inline, "arena_bytes": offset}
 
     def read(self, layout: Mapping[str, Any], *, copy: bool) -> list[dict[str, Any]]:
