@@ -289,23 +289,26 @@ def decode_json(body: bytes) -> dict[str, Any]:
 def encode_json(payload: Any) -> bytes:
     """Encode plain data or numpy arrays as compact JSON; NotJsonNumber for an array
     holding NaN or an infinity, NotJsonText for bytes that are not UTF-8."""
-    if isinstance(payload, Mapping):
-        for name, value in payload.items():
-            check_json_numbers(str(name), value)
     try:
         try:
-            return orjson.dumps(payload, default=_json_default, option=_JSON_OPTIONS)
+            out = orjson.dumps(payload, default=_json_default, option=_JSON_OPTIONS)
         except TypeError as exc:
             if isinstance(exc.__cause__, NotJsonText) or not isinstance(payload, Mapping):
                 raise
             # orjson serialises native-endian, C-contiguous arrays itself and refuses
             # others without asking ``default``: give it plain lists for those.
             plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
-            return orjson.dumps(plain, default=_json_default)
+            out = orjson.dumps(plain, default=_json_default)
     except TypeError as exc:
         if isinstance(exc.__cause__, NotJsonText):
             raise exc.__cause__ from None
         raise
+    # orjson writes NaN and the infinities as null. Without a null in the answer no
+    # array held one, and no array is looked over: the usual answer costs a search.
+    if b"null" in out and isinstance(payload, Mapping):
+        for name, value in payload.items():
+            check_json_numbers(str(name), value)
+    return out
 
 
 def _top_level(obj: Any) -> dict[str, Any]:

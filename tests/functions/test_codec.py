@@ -107,5 +107,9 @@ def test_json_refuses_nan_and_infinities_rather_than_writing_null(bad: float) ->
             encode_json({"y": np.array([1.0, bad], dtype=dtype)})
     assert encode_json({"y": np.array([1.0, 2.5], np.float32)}) == b'{"y":[1.0,2.5]}'
     assert encode_json({"n": np.array([0, 1], np.int64), "s": "text"}) == b'{"n":[0,1],"s":"text"}'
+    # a null that is data, not a NaN written as one, passes
+    assert encode_json({"y": np.array([1.0], np.float32), "s": "null", "z": None}) == (
+        b'{"y":[1.0],"s":"null","z":null}'
+    )
     kept = decode_msgpack(encode_msgpack({"y": np.array([bad], np.float32)}))["y"]
     np.testing.assert_array_equal(kept, [bad])  # msgpack carries them as they are
