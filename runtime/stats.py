@@ -7,6 +7,7 @@ shows the cumulative totals in Triton's shape.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ class Window:
 
     def add(self, seconds: float) -> None:
         self._samples.append(seconds)
+
+    def extend(self, seconds: Iterable[float]) -> None:
+        self._samples.extend(seconds)
 
     def summary(self) -> dict[str, float]:
         if not self._samples:

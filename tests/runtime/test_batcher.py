@@ -61,8 +61,11 @@ def test_queued_requests_leave_in_batches_of_at_most_the_limit(tmp_path: Path) -
         sizes.append(len(batch))
         return [{"y": r["x"] + 1} for r in batch]
 
+    batcher_stats: list[Stats] = []
+
     async def scenario() -> list[Any]:
         batcher = _batcher(tmp_path, Loads(gated))
+        batcher_stats.append(batcher._stats)
         first = asyncio.ensure_future(_submit(batcher, 0))
         for _ in range(100):  # the first batch (of one) is running
             await asyncio.sleep(0.01)
@@ -78,6 +81,9 @@ def test_queued_requests_leave_in_batches_of_at_most_the_limit(tmp_path: Path) -
     out = asyncio.run(scenario())
     assert [float(o.outputs["y"][0, 0]) for o in out] == [1, 2, 3, 4, 5, 6]
     assert sizes == [1, 4, 1]
+    # every request's wait counted once, in the summary and in Triton's totals
+    stats = batcher_stats[0]
+    assert stats.queue_wait.summary()["count"] == 6 and stats.totals.queue.count == 6
 
 
 def test_admission_bounds_the_queue_per_version_and_per_node(tmp_path: Path) -> None:
