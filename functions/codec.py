@@ -34,7 +34,8 @@ class Format(Enum):
 
     @property
     def media_type(self) -> str:
-        return self.value
+        media_type: str = self._value_  # (``value`` is a descriptor: dearer, on every answer)
+        return media_type
 
 
 _MEDIA_TYPES = {
@@ -49,6 +50,9 @@ def format_of(content_type: str | None, *, default: Format = Format.JSON) -> For
     """The format a ``Content-Type`` header names (parameters ignored)."""
     if not content_type:
         return default
+    found = _MEDIA_TYPES.get(content_type)  # the usual header: the bare media type
+    if found is not None:
+        return found
     media = content_type.split(";", 1)[0].strip().lower()
     if media in _MEDIA_TYPES:
         return _MEDIA_TYPES[media]
