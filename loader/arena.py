@@ -100,7 +100,7 @@ class Arena:
             dtype = array.dtype
             if not dtype.isnative:  # written in the native byte order
                 dtype = dtype.newbyteorder("=")
-            np.copyto(np.ndarray(array.shape, dtype, buffer=buffer, offset=at), array)
+            np.ndarray(array.shape, dtype, buffer=buffer, offset=at)[...] = array
         return {"n": len(arrays), "slots": slots, "inline": inline, "arena_bytes": offset}
 
     def read(self, layout: Mapping[str, Any], *, copy: bool) -> list[dict[str, Any]]:
