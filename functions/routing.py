@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -29,9 +30,10 @@ class Routing:
         if sum(self.traffic.values()) != 100:
             raise ValueError(f"traffic shares must sum to 100, got {dict(self.traffic)}")
 
-    @property
+    @functools.cached_property
     def primary(self) -> str:
-        """The version with the largest share (the newest on a tie)."""
+        """The version with the largest share (the newest on a tie); worked out once
+        (a routing is a value, and every request asks)."""
         return max(reversed(list(self.traffic)), key=lambda v: self.traffic[v])
 
     def cut_over(self, version: str, now_iso: str) -> Routing:

@@ -101,10 +101,19 @@ class Gateway:
             return self._registry.get_version(target.function, target.version)
         return self._registry.route(target.function, target.headers)
 
+    def choose_now(self, target: Target) -> Scheduler | None:
+        """:meth:`choose` where no wait is needed (a function already served here, no
+        pinned version or split tail: the usual request); None otherwise."""
+        if target.split is None and target.version is None:
+            return self._registry.route_now(target.function, target.headers)
+        return None
+
     async def submit(self, target: Target, decode: Decode, options: Options) -> Answered:
         """Answer one request. ``decode`` turns its body into inputs for the chosen
         version (so inputs are checked against the version that runs them)."""
-        scheduler = await self.choose(target)
+        scheduler = self.choose_now(target)
+        if scheduler is None:
+            scheduler = await self.choose(target)
         for retried in (False, True):
             call = self._call(target, scheduler, decode, options)
             protection = scheduler.protection

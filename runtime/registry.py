@@ -166,7 +166,15 @@ class Registry:
         header the primary version's manifest names in ``sticky_header``, else
         ``x-fnrt-sticky`` (what ``fnrt.client`` sends); without one, a random draw.
         """
-        entry = await self.entry(name)
+        return self._route(await self.entry(name), headers)
+
+    def route_now(self, name: str, headers: Mapping[str, str] | None = None) -> Scheduler | None:
+        """:meth:`route` without a wait, for a function already served here (the
+        usual request: no coroutine to make and run); None when it must be read first."""
+        entry = self._functions.get(name)
+        return None if entry is None else self._route(entry, headers)
+
+    def _route(self, entry: ServedFunction, headers: Mapping[str, str] | None) -> Scheduler:
         traffic = entry.routing.traffic
         if len(traffic) == 1:
             return entry.primary

@@ -86,16 +86,17 @@ def request_options(
     return Options(priority, timeout_s, span, client)
 
 
-async def read_data(node: Node, headers: Mapping[str, str], receive: Receive, fmt: Format) -> bytes:
-    """A data request's body, within the limit of its format (JSON's is lower)."""
+def read_data(
+    node: Node, headers: Mapping[str, str], receive: Receive, fmt: Format
+) -> Awaitable[bytes]:
+    """A data request's body, within the limit of its format (JSON's is lower), to
+    await (not a coroutine of its own: one frame less on every request)."""
     settings = node.settings
     if fmt is Format.JSON:
-        return await read_body(
+        return read_body(
             headers, receive, settings.json_body_limit, JSON_BODY_HINT, settings.body_timeout_s
         )
-    return await read_body(
-        headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
-    )
+    return read_body(headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s)
 
 
 async def _answer(
