@@ -34,20 +34,39 @@ class AccessLog:
         self._thread = threading.Thread(target=self._run, name="fnrt-access-log", daemon=True)
         self._thread.start()
 
-    def write(self, fields: dict[str, Any]) -> None:
-        """Queue one request's line (the request path: a dump and an append)."""
+    def request(
+        self,
+        route: str,
+        function: str,
+        version: str,
+        status: int,
+        seconds: float,
+        cold_start: str | None = None,
+        trace: tuple[str, str] | None = None,
+    ) -> None:
+        """Queue one request's line (the request path: one dict, a dump and an append):
+        its route, who answered, the status, the time in ms, the tier of a cold start,
+        and its trace's and span's ids (:func:`fnrt.tracing.spans.ids`)."""
         now = time.time()
         second = int(now)
         if second != self._second:  # strftime once a second, not once a line
             self._second = second
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        line = {
+        line: dict[str, Any] = {
             "ts": f"{self._stamp}.{int((now - second) * 1000):03d}Z",
             "level": "info",
             "logger": "fnrt.access",
             "message": "request",
-            **fields,
+            "route": route,
+            "function": function,
+            "version": version,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
         }
+        if cold_start is not None:
+            line["cold_start"] = cold_start
+        if trace is not None:
+            line["trace_id"], line["span_id"] = trace
         self._lines.append(orjson.dumps(line))
 
     def flush(self) -> None:

@@ -49,17 +49,14 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
     span = trail.span
     if span is not None:  # (an unsampled one ends with nothing to export)
         span.finish(status, trail.function, trail.version, trail.cold_tier)
-    if telemetry.access is not None:
-        fields: dict[str, Any] = {
-            "route": trail.route,
-            "function": trail.function,
-            "version": trail.version,
-            "status": status,
-            "duration_ms": round(seconds * 1000, 3),
-        }
-        if trail.cold_tier is not None:
-            fields["cold_start"] = trail.cold_tier
-        found = ids(span)
-        if found is not None:
-            fields["trace_id"], fields["span_id"] = found
-        telemetry.access.write(fields)
+    access = telemetry.access
+    if access is not None:
+        access.request(
+            trail.route,
+            trail.function,
+            trail.version,
+            status,
+            seconds,
+            trail.cold_tier,
+            None if span is None else ids(span),
+        )
