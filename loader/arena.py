@@ -9,12 +9,19 @@ batch does not fit; the reader maps the larger file when a layout points past
 its mapping. Element types without a fixed size (``bytes`` tensors, numpy
 object arrays) travel inside the layout message instead, as msgpack does.
 
+A batch of like requests (the same tensors, dtypes and shapes past the first
+axis: what one manifest's checks let through) goes in as one block a tensor,
+a single copy each, and each request reads its rows of it as a view: one
+array call a tensor rather than two a request, on the server's event loop
+and in the worker alike.
+
 Triton's Python backend crosses the same boundary the same way (a shared
 memory pool per stub process and tensor handles over a message queue).
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from collections.abc import Mapping, Sequence
@@ -32,6 +39,14 @@ _MIN_BYTES = 1 << 20
 Slot = tuple[int, str, str, list[int], int]
 #: One object tensor in a layout: (request index, tensor name, shape, flat elements).
 Inline = tuple[int, str, list[int], list[Any]]
+#: One tensor of every request, stacked along the first axis in one block:
+#: (tensor name, dtype name, shape past the first axis, offset, each request's rows).
+Stack = tuple[str, str, list[int], int, list[int]]
+
+#: Up to this many bytes, the requests of a stacked block copied out of the arena
+#: share one copy (each a view of it); past it each gets its own, so that one kept
+#: answer (in a result cache, say) does not hold its whole batch's memory.
+SHARED_COPY_BYTES = 1 << 20
 
 
 def shm_dir() -> Path:
@@ -76,7 +91,14 @@ class Arena:
         self._map = mmap.mmap(self._fd, size)
 
     def write(self, arrays: Sequence[Mapping[str, np.ndarray[Any, Any]]]) -> dict[str, Any]:
-        """Copy one batch's arrays in; the layout the reader needs to see them."""
+        """Copy one batch's arrays in; the layout the reader needs to see them.
+
+        A batch whose requests hold the same tensors (names, dtypes, and shapes past
+        the first axis: the usual batch, checked against one manifest) goes in as
+        one block a tensor, each a single copy; any other, an array at a time."""
+        names = _stackable(arrays)
+        if names is not None:
+            return self._write_stacked(arrays, names)
         slots: list[Slot] = []
         inline: list[Inline] = []
         placed: list[tuple[int, np.ndarray[Any, Any]]] = []
@@ -103,11 +125,40 @@ class Arena:
             np.ndarray(array.shape, dtype, buffer=buffer, offset=at)[...] = array
         return {"n": len(arrays), "slots": slots, "inline": inline, "arena_bytes": offset}
 
+    def _write_stacked(
+        self, arrays: Sequence[Mapping[str, np.ndarray[Any, Any]]], names: list[str]
+    ) -> dict[str, Any]:
+        stacks: list[Stack] = []
+        blocks: list[tuple[int, list[np.ndarray[Any, Any]], tuple[int, ...], np.dtype[Any]]] = []
+        offset = 0
+        for name in names:
+            parts = [tensors[name] for tensors in arrays]
+            first = parts[0]
+            dtype_name = name_of(first.dtype)
+            assert dtype_name is not None  # _stackable's
+            rows = [part.shape[0] for part in parts]
+            shape = (sum(rows), *first.shape[1:])
+            stacks.append((name, dtype_name, list(shape[1:]), offset, rows))
+            dtype = first.dtype if first.dtype.isnative else first.dtype.newbyteorder("=")
+            blocks.append((offset, parts, shape, dtype))
+            offset += -(-(dtype.itemsize * math.prod(shape)) // _ALIGN) * _ALIGN
+        self.ensure(offset)
+        buffer = self._map
+        for at, parts, shape, dtype in blocks:
+            if shape[0]:
+                np.concatenate(parts, out=np.ndarray(shape, dtype, buffer=buffer, offset=at))
+        return {"n": len(arrays), "stacked": stacks, "arena_bytes": offset}
+
     def read(self, layout: Mapping[str, Any], *, copy: bool) -> list[dict[str, Any]]:
         """The batch a layout describes: views of the mapping, or copies with ``copy``
         (the writer reuses the arena for its next batch)."""
         self.follow(int(layout["arena_bytes"]))
         out: list[dict[str, Any]] = [{} for _ in range(int(layout["n"]))]
+        stacked = layout.get("stacked")
+        if stacked is not None:
+            for name, dtype_name, shape, at, rows in stacked:
+                self._read_stack(out, name, numpy_dtype(dtype_name), shape, at, rows, copy)
+            return out
         for i, name, dtype_name, shape, at in layout["slots"]:
             dtype = numpy_dtype(dtype_name)
             if 0 in shape:
@@ -125,7 +176,69 @@ class Arena:
             out[i][name] = array.reshape(shape)
         return out
 
+    def _read_stack(
+        self,
+        out: list[dict[str, Any]],
+        name: str,
+        dtype: np.dtype[Any],
+        shape: list[int],
+        at: int,
+        rows: list[int],
+        copy: bool,
+    ) -> None:
+        """Each request its rows of one stacked block."""
+        total = sum(rows)
+        if not total or 0 in shape:
+            block = np.empty((total, *shape), dtype)
+        else:
+            block = np.ndarray((total, *shape), dtype, buffer=self._map, offset=at)
+            if not copy:
+                block.flags.writeable = False
+            elif block.nbytes <= SHARED_COPY_BYTES:
+                block = block.copy()
+            else:  # large: a copy of its own each
+                start = 0
+                for i, n in enumerate(rows):
+                    out[i][name] = block[start : start + n].copy()
+                    start += n
+                return
+        start = 0
+        for i, n in enumerate(rows):
+            out[i][name] = block[start : start + n]
+            start += n
+
     def close(self, *, unlink: bool = False) -> None:
         os.close(self._fd)
         if unlink:
             self.path.unlink(missing_ok=True)
+
+
+def _stackable(arrays: Sequence[Mapping[str, Any]]) -> list[str] | None:
+    """The tensor names of a batch that can go in stacked (see :meth:`Arena.write`):
+    two requests or more, each with the same names, and each tensor an array of a
+    fixed-size dtype fnrt names, of at least one axis, whose dtype and shape past
+    the first axis agree across the requests. None for any other batch."""
+    if len(arrays) < 2:
+        return None
+    first = arrays[0]
+    kinds: list[tuple[str, np.dtype[Any], tuple[int, ...]]] = []
+    for name, value in first.items():
+        if type(value) is not np.ndarray or not value.ndim or value.dtype.hasobject:
+            return None
+        if name_of(value.dtype) is None:
+            return None
+        kinds.append((name, value.dtype, value.shape[1:]))
+    count = len(kinds)
+    ndarray = np.ndarray
+    for tensors in arrays[1:]:
+        if len(tensors) != count:
+            return None
+        for name, dtype, rest in kinds:
+            value = tensors.get(name)
+            if (
+                type(value) is not ndarray
+                or (value.dtype is not dtype and value.dtype != dtype)
+                or value.shape[1:] != rest
+            ):
+                return None
+    return [name for name, _, _ in kinds]

@@ -40,3 +40,59 @@ def test_a_batch_crosses_unchanged_and_the_arena_grows(tmp_path: Path) -> None:
     writer.close(unlink=True)
     reader.close()
     assert not (tmp_path / "a").exists()
+
+
+def test_a_batch_of_like_requests_goes_in_one_block_a_tensor(tmp_path: Path) -> None:
+    writer = Arena(tmp_path / "a", create=True)
+    reader = Arena(tmp_path / "a", create=False)
+    batch = [
+        {"x": np.full((rows, 4), i, ">f4"), "ids": np.arange(rows, dtype=np.int64)}
+        for i, rows in enumerate((1, 3, 0, 2))
+    ]
+    layout = writer.write(batch)
+    assert [stack[0] for stack in layout["stacked"]] == ["x", "ids"]
+    assert layout["stacked"][0][4] == [1, 3, 0, 2]  # each request's rows
+    got = reader.read(layout, copy=False)
+    for sent, received in zip(batch, got, strict=True):
+        assert sent.keys() == received.keys()
+        for name, array in sent.items():
+            np.testing.assert_array_equal(received[name], array)
+            assert received[name].shape == array.shape
+            assert not received[name].flags.writeable  # views of the arena: read-only
+    assert got[1]["x"].dtype == np.dtype("float32")  # native order on arrival
+    copied = reader.read(layout, copy=True)
+    writer.write([{"x": np.zeros((9, 4), np.float32)}] * 2)  # the next batch
+    assert copied[3]["x"].tolist() == [[3.0] * 4] * 2  # the copy kept its values
+    assert copied[3]["x"].base is copied[1]["x"].base  # small: one copy, shared
+
+
+def test_a_large_stacked_block_is_copied_out_a_request_at_a_time(tmp_path: Path) -> None:
+    writer = Arena(tmp_path / "a", create=True)
+    reader = Arena(tmp_path / "a", create=False)
+    batch = [{"y": np.full((1 << 17, 2), i, np.float32)} for i in range(2)]  # 2 MiB in all
+    copied = reader.read(writer.write(batch), copy=True)
+    assert [float(c["y"][0, 0]) for c in copied] == [0.0, 1.0]
+    assert all(c["y"].flags.owndata for c in copied)  # one kept answer holds only its own
+
+
+def test_requests_that_differ_go_in_an_array_at_a_time(tmp_path: Path) -> None:
+    writer = Arena(tmp_path / "a", create=True)
+    reader = Arena(tmp_path / "a", create=False)
+    unlike = [
+        [{"x": np.ones((1, 4), np.float32)}, {"x": np.ones((1, 4), np.float64)}],  # dtype
+        [{"x": np.ones((1, 4), np.float32)}, {"x": np.ones((1, 5), np.float32)}],  # shape
+        [{"x": np.ones((1, 4), np.float32)}, {"z": np.ones((1, 4), np.float32)}],  # names
+        [{"x": np.ones(2)}, {"x": np.ones(2), "z": np.ones(2)}],  # a name more
+        [{"x": np.array(1.0)}, {"x": np.array(2.0)}],  # no first axis to stack on
+        [{"t": np.array([b"a"], dtype=object)}, {"t": np.array([b"b"], dtype=object)}],
+        [{"x": np.ones((1, 4), np.float32)}],  # one request: nothing to stack
+    ]
+    for batch in unlike:
+        layout = writer.write(batch)
+        assert "stacked" not in layout
+        got = reader.read(layout, copy=True)
+        for sent, received in zip(batch, got, strict=True):
+            assert sent.keys() == received.keys()
+            for name, array in sent.items():
+                np.testing.assert_array_equal(received[name], array)
+                assert received[name].shape == array.shape
