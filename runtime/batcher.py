@@ -498,7 +498,7 @@ class Batcher:
                 totals.batch(rows, handed_s, ran.infer_s, ran.output_s)
             spans = ran.spans if ran is not None else ()
             self._events.batch(
-                self.version, batch, started, started_ns, elapsed, failure, span, spans, rows
+                self.version, batch, waits_s, started_ns, elapsed, failure, span, spans, rows
             )
 
 

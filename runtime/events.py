@@ -76,7 +76,7 @@ class Events(Protocol):
         self,
         vm: VersionManifest,
         batch: Sequence[Pending],
-        started: float,
+        waits_s: Sequence[float],
         started_ns: int,
         elapsed_s: float,
         failure: BaseException | None,
@@ -84,8 +84,9 @@ class Events(Protocol):
         handler_spans: Sequence[Mapping[str, Any]] = (),
         rows: int | None = None,
     ) -> None:
-        """A batch ended (``rows``: the handler's requests in it, when blocks of job
-        records made it more than ``len(batch)``)."""
+        """A batch ended (``waits_s``: each request's time in the queue; ``rows``: the
+        handler's requests in it, when blocks of job records made it more than
+        ``len(batch)``)."""
 
     def step_started(
         self, vm: VersionManifest, joining: Sequence[Pending], started_ns: int
@@ -154,7 +155,7 @@ class NoEvents:
         self,
         vm: VersionManifest,
         batch: Sequence[Pending],
-        started: float,
+        waits_s: Sequence[float],
         started_ns: int,
         elapsed_s: float,
         failure: BaseException | None,
@@ -208,7 +209,7 @@ class TelemetryEvents:
         self,
         vm: VersionManifest,
         batch: Sequence[Pending],
-        started: float,
+        waits_s: Sequence[float],
         started_ns: int,
         elapsed_s: float,
         failure: BaseException | None,
@@ -218,7 +219,7 @@ class TelemetryEvents:
     ) -> None:
         metrics = self.telemetry.metrics
         size = len(batch) if rows is None else rows
-        metrics.batch(vm.name, size, elapsed_s, (started - p.enqueued_at for p in batch))
+        metrics.batch(vm.name, size, elapsed_s, waits_s)
         metrics.warm_hits(sum(1 for p in batch if not p.cold))
         tracing = self.telemetry.tracing
         if not tracing.enabled:

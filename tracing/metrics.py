@@ -101,6 +101,13 @@ class LoopHistogram:
         child[bisect_left(self.bounds, amount)] += 1  # le: the first bound >= amount
         child[-1] += amount
 
+    def observe_each(self, child: list[float], amounts: Iterable[float]) -> None:
+        """:meth:`observe` of each of ``amounts`` (a batch's queue waits: one call)."""
+        bounds = self.bounds
+        for amount in amounts:
+            child[bisect_left(bounds, amount)] += 1
+            child[-1] += amount
+
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
         for labels, child in sorted(list(self.series.items())):
@@ -396,9 +403,7 @@ class Metrics:
         self.batch_size.observe(self.batch_size.child(key), size)
         self.compute_seconds.observe(self.compute_seconds.child(key), compute_s)
         queue = self.queue_seconds
-        child = queue.child(key)
-        for wait in waits_s:
-            queue.observe(child, wait)
+        queue.observe_each(queue.child(key), waits_s)
 
     def step(self, function: str, size: int, seconds: float, tokens: int) -> None:
         """One step of a generative function over ``size`` sequences, making ``tokens``

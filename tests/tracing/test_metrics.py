@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fnrt.runtime.http.app import build_app
 from fnrt.tracing.access import AccessLog
-from fnrt.tracing.metrics import Metrics
+from fnrt.tracing.metrics import LoopHistogram, Metrics
 from fnrt.tracing.spans import Tracing
 from fnrt.tracing.telemetry import Telemetry
 from support import LiveServer, make_node, publish, write_function
@@ -131,3 +131,13 @@ def test_the_request_path_series_read_as_prometheus_counters_and_histograms() ->
     assert [s.value for s in sizes if s.name.endswith("_sum")] == [3]
     starts = families["fnrt_invocation_starts"].samples
     assert [(s.labels["kind"], s.value) for s in starts] == [("warm", 2.0)]
+
+
+def test_a_batch_of_observations_counts_as_each_one_would() -> None:
+    waits = [0.0, 0.004, 0.005, 0.2, 7.0]
+    one, each = (LoopHistogram("h", "waits", ("f",), (0.005, 0.1, 1.0)) for _ in range(2))
+    for wait in waits:
+        one.observe(one.child(("a",)), wait)
+    each.observe_each(each.child(("a",)), waits)
+    assert each.series == one.series
+    assert each.series[("a",)][:4] == [3, 0, 1, 1]  # le 0.005 (bounds are inclusive), ..., +Inf
