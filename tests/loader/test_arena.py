@@ -10,6 +10,15 @@ import numpy as np
 from fnrt.loader.arena import Arena
 
 
+def _assert_same(sent_batch: list[dict], got: list[dict]) -> None:
+    """Each request arrived with the arrays it was sent, values and shapes."""
+    for sent, received in zip(sent_batch, got, strict=True):
+        assert sent.keys() == received.keys()
+        for name, array in sent.items():
+            np.testing.assert_array_equal(received[name], array)
+            assert received[name].shape == array.shape
+
+
 def test_a_batch_crosses_unchanged_and_the_arena_grows(tmp_path: Path) -> None:
     writer = Arena(tmp_path / "a", create=True)
     reader = Arena(tmp_path / "a", create=False)
@@ -27,11 +36,7 @@ def test_a_batch_crosses_unchanged_and_the_arena_grows(tmp_path: Path) -> None:
     layout = writer.write(batch)
     assert writer.size_bytes >= 8 << 20
     got = reader.read(layout, copy=False)
-    for sent, received in zip(batch, got, strict=True):
-        assert sent.keys() == received.keys()
-        for name, array in sent.items():
-            np.testing.assert_array_equal(received[name], array)
-            assert received[name].shape == array.shape
+    _assert_same(batch, got)
     assert got[0]["big_endian"].dtype == np.dtype("int32")  # native order on arrival
     assert not got[1]["large"].flags.writeable  # a view of the arena: read-only
     copied = reader.read(layout, copy=True)
@@ -53,12 +58,8 @@ def test_a_batch_of_like_requests_goes_in_one_block_a_tensor(tmp_path: Path) -> 
     assert [stack[0] for stack in layout["stacked"]] == ["x", "ids"]
     assert layout["stacked"][0][4] == [1, 3, 0, 2]  # each request's rows
     got = reader.read(layout, copy=False)
-    for sent, received in zip(batch, got, strict=True):
-        assert sent.keys() == received.keys()
-        for name, array in sent.items():
-            np.testing.assert_array_equal(received[name], array)
-            assert received[name].shape == array.shape
-            assert not received[name].flags.writeable  # views of the arena: read-only
+    _assert_same(batch, got)
+    assert not any(a.flags.writeable for r in got for a in r.values())  # views: read-only
     assert got[1]["x"].dtype == np.dtype("float32")  # native order on arrival
     copied = reader.read(layout, copy=True)
     writer.write([{"x": np.zeros((9, 4), np.float32)}] * 2)  # the next batch
@@ -90,9 +91,4 @@ def test_requests_that_differ_go_in_an_array_at_a_time(tmp_path: Path) -> None:
     for batch in unlike:
         layout = writer.write(batch)
         assert "stacked" not in layout
-        got = reader.read(layout, copy=True)
-        for sent, received in zip(batch, got, strict=True):
-            assert sent.keys() == received.keys()
-            for name, array in sent.items():
-                np.testing.assert_array_equal(received[name], array)
-                assert received[name].shape == array.shape
+        _assert_same(batch, reader.read(layout, copy=True))
