@@ -2,7 +2,7 @@
 
     python bench/hotpath.py [--variants off,100%,msgpack,raw] [--rounds 8]
                             [--requests 2048] [--profile VARIANT] [--top 30]
-                            [--instructions]
+                            [--instructions | --bytecodes]
 
 Each variant is an fnrt app (``build_app``, as ``fnrt serve`` builds it, the
 request log on) serving ``examples/mlp`` in a worker process, driven in this
@@ -45,12 +45,22 @@ confirm a gain this shows with the timed runs. A run takes a few minutes
 (Python runs some 50 times slower under valgrind); to compare two commits,
 run both at once, one with the other's packages first on ``PYTHONPATH`` (as
 ``ab.py`` does), so both see the same load.
+
+``--bytecodes`` counts the Python bytecodes a request runs on the event loop's
+thread (``sys.settrace`` with opcode events, over ``--requests`` requests after
+the warm-up), exactly and in seconds, for each variant, then the ``--top``
+functions by their bytecodes a request with a column per variant: where the
+Python of the path is, and what a variant adds (a dataclass's generated
+``__init__`` is named by its class). A bytecode is not a fixed time either
+(a call costs more than a load): it is the count to cut, and the timed runs
+say what a cut was worth.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import cProfile
 import gc
@@ -74,7 +84,7 @@ import numpy as np
 import orjson
 import raw_app
 import uvloop
-from loadgen import copy_mlp
+from loadgen import ROOT, copy_mlp
 
 from fnrt.functions.bundle import pack
 from fnrt.functions.manifest import load_manifest
@@ -376,6 +386,66 @@ def count_instructions(args: argparse.Namespace, example: Path, collector: str, 
             print(f"{part:<38}" + "".join(f" {v:>10,.0f}" for v in values))
 
 
+#: A function, as ``--bytecodes`` names it: (file under the project or site-packages,
+#: name, first line).
+Where = tuple[str, str, int]
+
+
+def opcode_counter(counts: collections.Counter[Where]) -> Any:
+    """A ``sys.settrace`` function that counts each frame's opcodes into ``counts``."""
+
+    def where(frame: Any) -> Where:
+        code = frame.f_code
+        if code.co_filename == "<string>":  # a dataclass's generated __init__
+            owner = frame.f_locals.get("self")
+            return ("<string>", type(owner).__qualname__ if owner is not None else code.co_name, 0)
+        path = code.co_filename.split("site-packages/")[-1]
+        return (path.removeprefix(str(ROOT) + "/"), code.co_name, code.co_firstlineno)
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            counts[where(frame)] += 1
+        return tracer
+
+    return tracer
+
+
+async def count_bytecodes(
+    args: argparse.Namespace, work: Path, example: Path, collector: str
+) -> None:
+    payloads = bodies()
+    names = args.variants.split(",")
+    counts: dict[str, collections.Counter[Where]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        for name in names:
+            app = await start(name, work, example, collector, stack)
+            scope, message = request(*payloads["msgpack" if name == "msgpack" else "json"])
+            await drive(app, scope, message, WARM)  # loads the model
+            counts[name] = collections.Counter()
+            tracer = opcode_counter(counts[name])
+            sys.settrace(tracer)
+            try:
+                await drive(app, scope, message, args.requests)
+            finally:
+                sys.settrace(None)
+    per = {name: {k: v / args.requests for k, v in c.items()} for name, c in counts.items()}
+    totals = {name: sum(p.values()) for name, p in per.items()}
+    print(f"\nexamples/mlp, {CONCURRENCY} concurrent callers in process, {args.requests} requests")
+    print("traced (the event loop's thread)\n")
+    print(f"{'variant':<10} {'bytecodes/req':>14} {'ratio':>7}")
+    for name in names:
+        print(f"{name:<10} {totals[name]:>14,.0f} {totals[name] / totals[names[0]]:>6.2f}x")
+    print(f"\nthe {args.top} functions with the most bytecodes a request\n")
+    print("".join(f"{name:>9}" for name in names) + "  function")
+    top = sorted(
+        {k for p in per.values() for k in p}, key=lambda k: -max(p.get(k, 0) for p in per.values())
+    )
+    for path, function, line in top[: args.top]:
+        values = "".join(f"{per[name].get((path, function, line), 0.0):>9.1f}" for name in names)
+        print(f"{values}  {function} ({path}:{line})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -396,6 +466,11 @@ def main() -> None:
         "--instructions",
         action="store_true",
         help="count machine instructions a request under valgrind instead of timing",
+    )
+    parser.add_argument(
+        "--bytecodes",
+        action="store_true",
+        help="count Python bytecodes a request on the event loop's thread instead of timing",
     )
     parser.add_argument("--one", metavar="VARIANT", help=argparse.SUPPRESS)  # see run_one
     parser.add_argument("--example", help=argparse.SUPPRESS)
@@ -423,6 +498,8 @@ def main() -> None:
         example, _ = copy_mlp(work)
         if args.instructions:
             count_instructions(args, example, collector, work)
+        elif args.bytecodes:
+            uvloop.run(count_bytecodes(args, work, example, collector))
         else:
             uvloop.run(measure(args, work, example, collector))
     finally:
