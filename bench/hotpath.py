@@ -48,7 +48,7 @@ run both at once, one with the other's packages first on ``PYTHONPATH`` (as
 
 ``--bytecodes`` counts the Python bytecodes a request runs on the event loop's
 thread (``sys.settrace`` with opcode events, over ``--requests`` requests after
-the warm-up), exactly and in seconds, for each variant, then the ``--top``
+the warm-up), exactly and in a few seconds, for each variant, then the ``--top``
 functions by their bytecodes a request with a column per variant: where the
 Python of the path is, and what a variant adds (a dataclass's generated
 ``__init__`` is named by its class). A bytecode is not a fixed time either
@@ -462,12 +462,13 @@ def main() -> None:
     )
     parser.add_argument("--profile", metavar="VARIANT", help="profile one more round of it")
     parser.add_argument("--top", type=int, default=30, help="functions the profile lists")
-    parser.add_argument(
+    counting = parser.add_mutually_exclusive_group()
+    counting.add_argument(
         "--instructions",
         action="store_true",
         help="count machine instructions a request under valgrind instead of timing",
     )
-    parser.add_argument(
+    counting.add_argument(
         "--bytecodes",
         action="store_true",
         help="count Python bytecodes a request on the event loop's thread instead of timing",
