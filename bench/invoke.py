@@ -1,16 +1,21 @@
-"""fnrt serving the ``mlp`` example versus a bare Starlette endpoint and the HTTP floor.
+"""fnrt serving the ``mlp`` example versus a bare Starlette endpoint, the leanest
+batching server, and the HTTP floor.
 
     python bench/invoke.py [--connections 32] [--duration-s 8] [--rounds 3] [--plot FILE.png]
                            [--no-breakdown]
 
-All three run on uvicorn with uvloop and httptools, one process each, with
+All four run on uvicorn with uvloop and httptools, one process each, with
 ``OMP_NUM_THREADS=1``: fnrt (request log on, as in production), a bare
-Starlette endpoint calling the same model inline, and a raw ASGI app that
-reads the body and answers a constant one (``raw_app.py``: the floor the
-stack allows, no model); ``wrk`` (Debian package ``wrk``) drives them with the
-same body at the same concurrency. Each configuration runs ``--rounds`` times,
-interleaved so drift hits all alike; the median round is reported, and the
-ratio fnrt / bare is the figure to read (absolute numbers move with the machine).
+Starlette endpoint calling the same model inline, the leanest batching server
+(``lean_app.py``: body, parse, array, a future, batches of the same model run
+inline on the event loop, and nothing else: the floor of the design), and a
+raw ASGI app that reads the body and answers a constant one (``raw_app.py``:
+the floor the stack allows, no model); ``wrk`` (Debian package ``wrk``) drives
+them with the same body at the same concurrency. Each configuration runs
+``--rounds`` times, interleaved so drift hits all alike; the median round is
+reported with the ratios of fnrt to each of the others (absolute numbers move
+with the machine), and the lean server's to the raw floor: how much of the
+floor any batching server in Python keeps.
 
 Then (unless ``--no-breakdown``) py-spy samples the raw app's and fnrt's event
 loop thread through one more JSON run each, and the output shows where a
@@ -41,6 +46,7 @@ from loadgen import (
     require_wrk,
     start_bare,
     start_fnrt,
+    start_lean,
     start_raw,
     write_script,
     wrk,
@@ -74,9 +80,11 @@ def main() -> None:
         procs.append(proc)
         bare, proc = start_bare(example, weights, env)
         procs.append(proc)
+        lean, proc = start_lean(example, weights, env)
+        procs.append(proc)
         raw, proc = start_raw(env)
         procs.append(proc)
-        pids = {"fnrt": procs[0].pid, "raw": procs[2].pid}
+        pids = {"fnrt": procs[0].pid, "raw": procs[3].pid}
         deploy(fnrt, example)
 
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
@@ -93,9 +101,10 @@ def main() -> None:
         urls = {
             "fnrt": f"{fnrt}/v1/functions/mlp/invoke",
             "bare": bare,
+            "lean": lean,
             "raw": raw,
         }
-        for url in urls.values():  # warm up both (first invoke loads fnrt's instance)
+        for url in urls.values():  # warm up all (the first invoke loads fnrt's instance)
             for fmt in bodies:
                 wrk(url, scripts[fmt], args.connections, 1)
 
@@ -122,14 +131,14 @@ def main() -> None:
                     f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.errors:>8}"
                 )
         print()
-        for base in ("bare", "raw"):
+        for name, base in (("fnrt", "bare"), ("fnrt", "lean"), ("fnrt", "raw"), ("lean", "raw")):
             for fmt in bodies:
-                ratio = median(results[("fnrt", fmt)]).rps / median(results[(base, fmt)]).rps
+                ratio = median(results[(name, fmt)]).rps / median(results[(base, fmt)]).rps
                 spread = [
                     round(a.rps / b.rps, 2)
-                    for a, b in zip(results[("fnrt", fmt)], results[(base, fmt)], strict=True)
+                    for a, b in zip(results[(name, fmt)], results[(base, fmt)], strict=True)
                 ]
-                print(f"fnrt / {base} requests/s ({fmt}): {ratio:.2f}x   per round: {spread}")
+                print(f"{name} / {base} requests/s ({fmt}): {ratio:.2f}x   per round: {spread}")
         if args.plot:
             plot(results, args.plot)
         if args.breakdown:
@@ -158,12 +167,14 @@ def plot(results: dict[tuple[str, str], list[Result]], path: Path) -> None:
 
     fmts = sorted({f for _, f in results})
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, name in enumerate(("raw", "bare", "fnrt")):
+    names = ("raw", "lean", "fnrt", "bare")
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
         values = [statistics.median(r.rps for r in results[(name, f)]) for f in fmts]
-        ax.bar([j + i * 0.27 for j in range(len(fmts))], values, width=0.27, label=name)
-    ax.set_xticks([j + 0.27 for j in range(len(fmts))], fmts)
+        ax.bar([j + i * width for j in range(len(fmts))], values, width=width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(fmts))], fmts)
     ax.set_ylabel("requests/s")
-    ax.set_title("mlp example: fnrt, bare Starlette and the raw ASGI floor")
+    ax.set_title("mlp: raw floor, lean batcher, fnrt, bare Starlette")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -270,6 +270,18 @@ def start_bare(
     return f"http://127.0.0.1:{port}/invoke", proc
 
 
+def start_lean(
+    example: Path, weights: Path, env: dict[str, str]
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """The leanest batching server (``lean_app.py``) for ``example``: the design floor;
+    its invoke URL and process."""
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).parent / "lean_app.py"), str(example), str(weights)]
+    proc = subprocess.Popen([*argv, str(port)], env=env)
+    wait_ready(f"http://127.0.0.1:{port}/", proc)
+    return f"http://127.0.0.1:{port}/invoke", proc
+
+
 def start_raw(env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes]]:
     """The raw ASGI constant answer (``raw_app.py``): the HTTP floor; its URL and process."""
     port = free_port()

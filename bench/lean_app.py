@@ -1,0 +1,125 @@
+"""The least a batching server in Python must do: the design floor for the serving benchmarks.
+
+The raw ASGI app (``raw_app.py``) is the floor of the HTTP stack: it runs no
+model. This app is the floor of the *design*: on the same stack (uvicorn,
+uvloop, httptools, one process) it reads the body, parses it (orjson, or
+msgpack), makes the array, queues it with a future, and a task on the event
+loop runs whatever queued (up to 32, as the ``mlp`` manifest's batch) through
+the model inline and answers each request from its rows. Nothing else: no
+validation beyond the array's dtype, no routing, no admission, no isolation of
+the model (it runs on the loop's own thread), no metrics, no request log, no
+tracing. Whatever fnrt spends beyond this buys one of those.
+Run as ``python bench/lean_app.py EXAMPLE_DIR WEIGHTS PORT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import warnings
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import msgpack_numpy
+import numpy as np
+import orjson
+import torch
+import uvicorn
+
+from fnrt.loader.formats.safetensors import tensors
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Runner = Callable[[np.ndarray], np.ndarray]
+
+MAX_BATCH = 32
+JSON = b"application/json"
+MSGPACK = b"application/msgpack"
+
+
+class Lean:
+    """Requests queued with a future each; one task runs them in batches."""
+
+    def __init__(self, run: Runner) -> None:
+        self.run = run
+        self.pending: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]] = []
+        self.wake: asyncio.Event | None = None
+
+    async def batches(self) -> None:
+        assert self.wake is not None
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            while self.pending:
+                batch = self.pending[:MAX_BATCH]
+                del self.pending[:MAX_BATCH]
+                y = self.run(np.concatenate([x for x, _ in batch]))
+                start = 0
+                for x, future in batch:
+                    future.set_result(y[start : start + len(x)])
+                    start += len(x)
+                await asyncio.sleep(0)  # let the answered requests answer
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] != "POST":  # the readiness probe
+            await send({"type": "http.response.start", "status": 405, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if self.wake is None:
+            self.wake = asyncio.Event()
+            asyncio.get_running_loop().create_task(self.batches())
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        msgpacked = (b"content-type", MSGPACK) in scope["headers"]
+        if msgpacked:
+            data = msgpack.unpackb(body, object_hook=msgpack_numpy.decode)
+        else:
+            data = orjson.loads(body)
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.pending.append((np.asarray(data["x"], dtype=np.float32), future))
+        self.wake.set()
+        y = await future
+        if msgpacked:
+            out, media = msgpack.packb({"y": y}, default=msgpack_numpy.encode), MSGPACK
+        else:
+            out, media = orjson.dumps({"y": y}, option=orjson.OPT_SERIALIZE_NUMPY), JSON
+        headers = [(b"content-type", media), (b"content-length", str(len(out)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": out})
+
+
+def build(example: Path, weights: Path) -> Lean:
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    sys.path.insert(0, str(example))
+    from model import build as build_model
+
+    model = build_model().eval()
+    model.load_state_dict(tensors(weights))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            y: np.ndarray = model(torch.from_numpy(x)).numpy()
+        return y
+
+    return Lean(run)
+
+
+if __name__ == "__main__":
+    app = build(Path(sys.argv[1]), Path(sys.argv[2]))
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[3]),
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+    )
