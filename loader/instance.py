@@ -42,6 +42,7 @@ from fnrt.loader.cache import BlobCache
 from fnrt.loader.environment import Environments
 from fnrt.loader.integrity import Verifier, tree_differences
 from fnrt.loader.repository import Repository
+from fnrt.loader.spares import SpareWorkers
 from fnrt.loader.staging import Staged, Stager
 from fnrt.loader.stepper import Stepper
 from fnrt.loader.streams import Lanes, lanes_for
@@ -290,6 +291,8 @@ class InstanceLoader:
         self.blob_cache = blob_cache
         self.verifier = Verifier(Path(cache_dir) / "verified")  # blobs of a folder store
         self.environments = Environments(Path(cache_dir) / "envs")  # [environment] builds
+        #: workers started ahead for process isolation (None: each cold start starts one)
+        self.spares: SpareWorkers | None = None
 
     def _blob_path(self, ref: FileRef, fetches: _Fetches | None = None) -> Path:
         local = self.repository.blob_path(ref.digest)

@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
 from fnrt.loader.channel import Channel, ChannelClosed
 from fnrt.loader.instance import InstanceLoader, LoadTier, Ran, Runnable
+from fnrt.loader.spares import start_worker
 from fnrt.loader.staging import Staged, Stager
 from fnrt.tracing.handler_spans import TraceParent
 
@@ -416,23 +416,23 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         ) from None
     files = loader.materialise(vm)
     workdir = Path(tempfile.mkdtemp(prefix=f"fnrt-{vm.name}-", dir=shm_dir()))
-    ours, theirs = socket.socketpair()
+    spares = loader.spares
+    started = spares.take() if spares is not None and env is None else None
+    spare = started is not None
     try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "fnrt.loader.worker", str(theirs.fileno()), str(os.getpid())],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+        if started is None:
+            started = start_worker(env)
     except BaseException:
-        ours.close()
         shutil.rmtree(workdir, ignore_errors=True)
         loader.unpin(files.pinned)
         raise
-    finally:
-        theirs.close()
     instance = ProcessInstance(
-        vm, executor, process, Channel(ours), workdir, lambda: loader.unpin(files.pinned)
+        vm,
+        executor,
+        started.process,
+        Channel(started.sock),
+        workdir,
+        lambda: loader.unpin(files.pinned),
     )
     device = loader.device
     try:
@@ -449,7 +449,12 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         )
     except BaseException:
         instance.abandon()
+        if spares is not None:
+            spares.refill()
         raise
+    if spares is not None:  # after the load, not during it: its imports would slow it
+        spares.learn(reply.get("modules", ()))
+        spares.refill()
     instance.size_bytes = int(reply["size_bytes"])
     instance.device_bytes = int(reply.get("device_bytes", 0))
     instance.stages = bool(reply.get("staged", False))
@@ -461,7 +466,13 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         "load_s": float(reply["load_s"]),
         "total_s": time.perf_counter() - start,
     }
-    log.info("worker %d serves %s %s", instance.pid, vm.name, vm.version)
+    log.info(
+        "worker %d%s serves %s %s",
+        instance.pid,
+        " (a spare)" if spare else "",
+        vm.name,
+        vm.version,
+    )
     return instance
 
 

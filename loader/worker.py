@@ -1,6 +1,7 @@
 """The worker process of an instance in process isolation.
 
-Started as ``python -m fnrt.loader.worker FD PPID``.
+Started as ``python -m fnrt.loader.worker FD PPID [--imports a,b]``: a spare
+worker (``spares.py``) imports those modules before it waits for its function.
 
 The server materialises the version's files into its disk cache, then starts
 this process with one end of a socket pair. The worker imports the handler
@@ -20,12 +21,14 @@ own dependencies; nothing of the HTTP side.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import logging
 import os
 import signal
 import socket
 import sys
+import sysconfig
 import traceback
 from pathlib import Path
 from typing import Any, cast
@@ -62,9 +65,37 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def installed_imports(before: set[str]) -> list[str]:
+    """The top-level modules imported since ``before`` (names in ``sys.modules``) that come
+    from installed packages (site-packages): what a spare worker may import ahead. A
+    handler's own modules, or anything found on a path of its own, are not: imported
+    ahead from elsewhere, a module of the same name would shadow them."""
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    found = []
+    for name in sorted({m.partition(".")[0] for m in sys.modules.keys() - before}):
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None)
+        if name.startswith("_") or name == "fnrt" or not where:
+            continue
+        if any(os.path.abspath(where).startswith(root + os.sep) for root in roots):
+            found.append(name)
+    return found
+
+
+def import_ahead(names: list[str]) -> None:
+    """Import ``names`` (a spare worker, before it is given a function); one that fails
+    is left to the handler's own import, which will say why."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # anything an import raises
+            log.warning("could not import %s ahead: %s", name, exc)
+
+
 def serve(channel: Channel) -> int:
     """Load as the first message says, then answer batches until told to close."""
     start = channel.recv()
+    before = set(sys.modules)
     vm = VersionManifest.from_dict(start["version"])
     device = Device(start["device"][0], int(start["device"][1]))
     artifacts = {
@@ -87,6 +118,7 @@ def serve(channel: Channel) -> int:
             "staged": built.stager is not None,
             "import_s": built.import_s,
             "load_s": built.load_s,
+            "modules": installed_imports(before),
         }
     )
     while True:
@@ -176,6 +208,8 @@ def main(argv: list[str]) -> int:
     if os.getppid() != int(argv[2]):  # the server died before the death signal was armed
         return 1
     channel = Channel(socket.socket(fileno=int(argv[1])))
+    if argv[3:4] == ["--imports"]:
+        import_ahead(argv[4].split(","))
     try:
         return serve(channel)
     except ChannelClosed:

@@ -22,6 +22,7 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.leftovers import remove_leftovers
 from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
 from fnrt.loader.repository import Repository
+from fnrt.loader.spares import SpareWorkers
 from fnrt.loader.stores import FileStore, open_store
 from fnrt.runtime.access import InvokeKeys
 from fnrt.runtime.batcher import Admission
@@ -71,8 +72,9 @@ class Node:
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
 
     async def start(self) -> None:
-        """Remove what killed processes left behind, read the store's functions (loading
-        those that start warm), start the timers."""
+        """Remove what killed processes left behind, start the spare workers when their
+        imports are named, read the store's functions (loading those that start warm),
+        start the timers."""
         store = self.repository.store
         store_root = store.root if isinstance(store, FileStore) else None
         freed = await asyncio.to_thread(
@@ -80,6 +82,9 @@ class Node:
         )
         if freed:
             log.warning("removed %d bytes of temporary files left by killed processes", freed)
+        spares = self.loader.spares
+        if spares is not None and spares.named:  # asked for by name: ready for the first
+            spares.refill()
         warming = await self.registry.start(preload=self.settings.preload)
         self.lifecycle.warming = set(warming)
         self.sweeper.start()
@@ -112,6 +117,9 @@ class Node:
         await self.drain(timeout_s)
         await self.registry.close()
         await self.splits.close()
+        spares = self.loader.spares
+        if spares is not None:  # last: a worker it started dies with its thread
+            await asyncio.to_thread(spares.close)
 
     def schedulers(self) -> list[Scheduler]:
         """Every scheduler here: function versions (primaries first), then split tails."""
@@ -149,6 +157,8 @@ def build_node(
         cache_dir = Path(settings.cache_dir)
         blobs = BlobCache(CacheConfig(cache_dir, settings.disk_cache_bytes))
         loader = InstanceLoader(repository, cache_dir, detect_device(settings.device), blobs)
+        if settings.spare_workers:
+            loader.spares = SpareWorkers(settings.spare_workers, settings.worker_imports)
     repository = loader.repository
     if keeper is None and learn_keep_alive:
         keeper = Keeper(

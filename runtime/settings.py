@@ -76,6 +76,8 @@ class ServerSettings:
     max_job_bytes: int = 1024 * 1024 * 1024  # largest record file a job submit takes, else 413
     preload: bool = False
     isolation: str = "process"  # where instances run unless a manifest says: process, thread
+    spare_workers: int = 1  # worker processes started ahead of cold starts (process isolation)
+    worker_imports: tuple[str, ...] = ()  # modules spare workers import ahead (and learned ones)
     device: str = "auto"
     log_level: str = "info"
     log_json: bool = False
@@ -96,6 +98,11 @@ class ServerSettings:
             raise ValueError("cold_start_price_gb_s: must be a number >= 0")
         if self.isolation not in ("process", "thread"):
             raise ValueError(f"isolation: {self.isolation!r} is not process or thread")
+        if self.spare_workers < 0:
+            raise ValueError("spare_workers: must be >= 0")
+        for name in self.worker_imports:
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"worker_imports: {name!r} is not a module name")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):

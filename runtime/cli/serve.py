@@ -45,7 +45,7 @@ STARTUP_FAILURE = 3
 USAGE_ERROR = 2
 
 #: Options that are not a ServerSettings field of the same name.
-_NOT_FIELDS = {"admin_token_file", "cors_origins", "insecure_open_admin"}
+_NOT_FIELDS = {"admin_token_file", "cors_origins", "insecure_open_admin", "worker_imports"}
 _TRACE_FLAGS = {
     "trace": "exporter",
     "trace_endpoint": "endpoint",
@@ -68,6 +68,9 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
         found["admin_token"] = read_token_file(options["admin_token_file"])
     if options.get("cors_origins") is not None:
         found["cors_origins"] = split_origins(options["cors_origins"])
+    if options.get("worker_imports") is not None:
+        names = options["worker_imports"].split(",")
+        found["worker_imports"] = tuple(n.strip() for n in names if n.strip())
     trace = env_trace_settings()
     for option, key in _TRACE_FLAGS.items():
         if options.get(option) is not None:
@@ -218,6 +221,17 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     type=click.Choice(["process", "thread"]),
     help="where a function's instances run unless its manifest's [isolation] mode says: a "
     "worker process each (a crash, a hang or a leak stays there), or a thread of the server",
+)
+@setting(
+    "spare_workers",
+    type=int,
+    help="worker processes kept started ahead, their imports done, for the next cold start "
+    "in process isolation (0: each cold start starts its own)",
+)
+@setting(
+    "worker_imports",
+    help="modules a spare worker imports ahead, comma-separated (e.g. torch,onnxruntime), "
+    "beside those handlers here were seen to import; given, a spare starts with the server",
 )
 @setting("device", type=click.Choice(["auto", "cpu", "cuda"]), help="where instances run")
 @flag(

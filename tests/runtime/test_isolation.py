@@ -17,8 +17,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fnrt.runtime.node import build_node
 from support import MISBEHAVING_HANDLER as HANDLER
-from support import LiveServer, error_of, live_server, publish, write_function
+from support import (
+    LiveServer,
+    error_of,
+    live_server,
+    node_settings,
+    publish,
+    wait_until,
+    write_function,
+)
 
 MANIFEST = """
 name = "{name}"
@@ -256,3 +265,30 @@ def test_a_manifest_without_isolation_runs_where_the_node_says(
         assert where == {"plain": node_default, "pinned": "thread", "capped": "process"}
         for name, mode in where.items():
             assert c.get(f"/v1/functions/{name}").json()["instance"]["isolation"] == mode
+
+
+def test_a_node_with_named_worker_imports_serves_its_first_cold_start_from_a_spare(
+    tmp_path: Path,
+) -> None:
+    node = build_node(node_settings(tmp_path, worker_imports=("idna",)))
+    spares = node.loader.spares
+    assert spares is not None and spares.count == 1
+    with live_server(tmp_path, node=node) as srv:
+        wait_until(lambda: spares.ready == 1)
+        (spare,) = spares._spares
+        assert spare.imports == {"idna"}
+        _deploy(srv, tmp_path, "p")
+        with srv.client() as c:
+            r = _call(c, "p", 6)  # answers its worker's pid
+        assert r.status_code == 200, r.text
+        assert r.json()["y"][0][0] == spare.process.pid
+        assert spares.taken == 1
+        wait_until(lambda: spares.ready == 1)  # replaced after the load
+        (replacement,) = spares._spares
+    # the node's close ended the spare it held, and the worker the spare became
+    assert replacement.process.wait(10) is not None
+    assert spare.process.wait(10) is not None
+
+
+def test_spare_workers_zero_starts_none(tmp_path: Path) -> None:
+    assert build_node(node_settings(tmp_path, spare_workers=0)).loader.spares is None

@@ -148,7 +148,7 @@ def test_every_setting_is_an_option_with_its_variable_declared_once(
     options = {p.name: p for p in serve.params if isinstance(p, click.Option)}
     fields = {f.name for f in dataclasses.fields(ServerSettings)} - internal
     assert fields <= set(options), fields - set(options)
-    special = {"admin_token_file", "cors_origins", "insecure_open_admin"}
+    special = {"admin_token_file", "cors_origins", "insecure_open_admin", "worker_imports"}
     for name in fields - {"port"} - special:
         option = options[name]
         assert option.envvar == f"FNRT_{name.upper()}" and option.show_envvar, name
@@ -179,9 +179,16 @@ def test_every_setting_is_an_option_with_its_variable_declared_once(
     token.write_text("from-a-file\n")
     monkeypatch.setenv("FNRT_ADMIN_TOKEN_FILE", str(token))
     monkeypatch.setenv("FNRT_CORS_ORIGINS", "https://a.example/, https://b.example")
+    monkeypatch.setenv("FNRT_WORKER_IMPORTS", "torch, onnxruntime,")
     settings = settings_of()
     assert settings.admin_token == "from-a-file"
     assert settings.cors_origins == ("https://a.example", "https://b.example")
+    assert settings.worker_imports == ("torch", "onnxruntime")
+    assert settings_of("--worker-imports", "numpy").worker_imports == ("numpy",)
+    with pytest.raises(ValueError, match="worker_imports: 'os; rm' is not a module name"):
+        settings_of("--worker-imports", "os; rm")
+    with pytest.raises(ValueError, match="spare_workers: must be >= 0"):
+        settings_of("--spare-workers", "-1")
     with pytest.raises(ValueError, match="give one, not both"):
         settings_of("--admin-token", "x")
     monkeypatch.setenv("FNRT_PORT", "8123")

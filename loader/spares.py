@@ -1,0 +1,177 @@
+"""Spare workers: processes started ahead of a cold start, their imports done.
+
+In process isolation a cold start starts a worker: a new Python that imports
+fnrt's worker side and then the handler, whose framework is most of the wait
+(torch: about a second, against some 30 ms to map 256 MiB of weights and run
+them once). :class:`SpareWorkers` keeps ``count`` workers started ahead, each
+waiting for its first message with the modules handlers on this node imported
+already imported (``python -m fnrt.loader.worker FD PPID --imports a,b``). A
+cold start of a function in the server's own environment takes one (it only
+maps its weights and imports its own code) and the spare is replaced after
+that load, not during it, so the replacement's imports do not compete with
+the cold start they would slow.
+
+Which modules: those the user names (``fnrt serve --worker-imports``), and those
+every load on this node reported importing from the installed packages
+(:func:`fnrt.loader.worker.installed_imports`); a spare started before a
+module was learned is replaced by one that has it. A function with an
+``[environment]`` gets a worker of its own: its modules may differ.
+
+Spares are started on a thread of their own that lives as long as the node:
+a worker asks Linux to kill it when the thread that started it ends
+(``PR_SET_PDEATHSIG`` follows the thread, not the process).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+log = logging.getLogger("fnrt.loader")
+
+#: The most module names a spare imports (the learned ones are top-level names only).
+MAX_IMPORTS = 64
+
+
+@dataclass(frozen=True)
+class Started:
+    """A worker process just started, and the server's end of its socket."""
+
+    process: subprocess.Popen[bytes]
+    sock: socket.socket
+    imports: frozenset[str]
+
+
+def start_worker(env: Mapping[str, str] | None, imports: Iterable[str] = ()) -> Started:
+    """Start ``python -m fnrt.loader.worker``, to import ``imports`` and wait for its load
+    message on a socket pair."""
+    ours, theirs = socket.socketpair()
+    names = sorted(imports)
+    argv = [sys.executable, "-m", "fnrt.loader.worker", str(theirs.fileno()), str(os.getpid())]
+    if names:
+        argv += ["--imports", ",".join(names)]
+    try:
+        process = subprocess.Popen(
+            argv, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return Started(process, ours, frozenset(names))
+
+
+def end(started: Started) -> None:
+    """End a worker that was never given a function (its socket closed, it exits)."""
+    started.sock.close()
+    try:
+        started.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        started.process.kill()
+        started.process.wait()
+
+
+class SpareWorkers:
+    """Up to ``count`` workers of the server's environment, started ahead."""
+
+    def __init__(
+        self,
+        count: int,
+        imports: Iterable[str] = (),
+        *,
+        start: Callable[[Mapping[str, str] | None, Iterable[str]], Started] = start_worker,
+    ) -> None:
+        if count < 0:
+            raise ValueError("count: must be >= 0")
+        self.count = count
+        self.named = frozenset(imports)  # what the user asked for
+        self.learned: set[str] = set()  # what handlers here imported
+        self.taken = 0  # cold starts that took a spare
+        self._start = start
+        self._spares: list[Started] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="fnrt-spares")
+
+    @property
+    def imports(self) -> frozenset[str]:
+        """The modules a spare started now imports."""
+        learned = sorted(self.learned)[: max(MAX_IMPORTS - len(self.named), 0)]
+        return self.named | frozenset(learned)
+
+    def take(self) -> Started | None:
+        """A live spare (no longer this pool's), or None when none is ready."""
+        with self._lock:
+            while self._spares:
+                spare = self._spares.pop(0)
+                if spare.process.poll() is None:
+                    self.taken += 1
+                    return spare
+                log.warning(
+                    "spare worker %d exited with %s", spare.process.pid, spare.process.returncode
+                )
+                spare.sock.close()
+        return None
+
+    def learn(self, modules: Iterable[str]) -> None:
+        """Modules a load reported importing: spares started from now import them too."""
+        with self._lock:
+            self.learned.update(m for m in modules if m not in self.named)
+
+    def refill(self) -> Future[None]:
+        """Bring the spares to ``count`` (on the spares' own thread, not the caller's),
+        replacing any that lacks a module learned since it started; after :meth:`close`,
+        nothing (a load that ends while the node stops)."""
+        with self._lock:
+            if not self._closed:
+                return self._thread.submit(self._refill)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _refill(self) -> None:
+        stale: list[Started] = []
+        with self._lock:
+            if self._closed:
+                return
+            wanted = self.imports
+            keep = [s for s in self._spares if s.imports >= wanted and s.process.poll() is None]
+            stale = [s for s in self._spares if s not in keep]
+            self._spares = keep
+            missing = self.count - len(keep)
+        for spare in stale:
+            end(spare)
+        for _ in range(missing):
+            try:
+                started = self._start(None, wanted)
+            except OSError as exc:
+                log.warning("cannot start a spare worker: %s", exc)
+                return
+            with self._lock:
+                if self._closed:
+                    end(started)
+                    return
+                self._spares.append(started)
+
+    @property
+    def ready(self) -> int:
+        with self._lock:
+            return sum(1 for s in self._spares if s.process.poll() is None)
+
+    def close(self) -> None:
+        """End the spares and their thread (after every taken one has ended: a worker's
+        life is tied to the thread that started it)."""
+        with self._lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+        for spare in spares:
+            end(spare)
+        self._thread.shutdown(wait=True)

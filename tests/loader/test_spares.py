@@ -1,0 +1,173 @@
+"""Spare workers: started ahead, taken by a cold start, replaced after it, and ended."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fnrt.functions.manifest import IsolationMode
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.process import ProcessInstance, launch
+from fnrt.loader.repository import Repository
+from fnrt.loader.spares import SpareWorkers, Started
+from fnrt.loader.stores import FileStore
+from fnrt.loader.worker import installed_imports
+from support import publish, write_function
+
+#: ``idna`` is installed with fnrt (httpx needs it) and the worker itself never imports it.
+HANDLER = """
+import os
+import idna
+import numpy as np
+
+class H:
+    def load(self, artifacts, device):
+        self.pid = os.getpid()
+
+    def __call__(self, batch):
+        return [{"y": np.full((1, 4), self.pid, dtype=np.float32)} for _ in batch]
+"""
+
+MANIFEST = """
+name = "{name}"
+handler = "handler:H"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+
+[isolation]
+mode = "process"
+"""
+
+
+@pytest.fixture
+def spares() -> Iterator[SpareWorkers]:
+    pool = SpareWorkers(1)
+    yield pool
+    pool.close()
+
+
+def _loader(tmp_path: Path, spares: SpareWorkers) -> tuple[InstanceLoader, object]:
+    repository = Repository(FileStore(tmp_path / "store"))
+    vm = publish(repository, write_function(tmp_path / "src", "s", HANDLER, MANIFEST))
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    loader.spares = spares
+    return loader, vm
+
+
+def _cold_start(loader: InstanceLoader, vm: object) -> ProcessInstance:
+    instance = launch(loader, IsolationMode.PROCESS, vm, ThreadPoolExecutor(1))  # type: ignore[arg-type]
+    assert isinstance(instance, ProcessInstance)
+    return instance
+
+
+def _served_by(instance: ProcessInstance) -> int:
+    ran = instance.run_timed([{"x": np.zeros((1, 4), dtype=np.float32)}])
+    return int(ran.results[0]["y"][0, 0])
+
+
+def _waiting(spares: SpareWorkers) -> list[Started]:
+    """The spares once the refill after the last cold start has run."""
+    spares.refill().result(30)
+    return list(spares._spares)
+
+
+def test_a_cold_start_takes_the_spare_and_another_replaces_it(
+    tmp_path: Path, spares: SpareWorkers
+) -> None:
+    loader, vm = _loader(tmp_path, spares)
+    first = _cold_start(loader, vm)  # nothing started ahead of a node's first cold start
+    assert spares.taken == 0
+    (spare,) = _waiting(spares)
+    first.close()
+
+    second = _cold_start(loader, vm)
+    assert spares.taken == 1
+    assert second.pid == spare.process.pid
+    assert _served_by(second) == spare.process.pid  # the spare runs the handler
+    assert second.timings_s["import_s"] < first.timings_s["import_s"]
+    (replacement,) = _waiting(spares)
+    assert replacement.process.pid != spare.process.pid
+    second.close()
+
+
+def test_what_a_handler_imported_from_the_installed_packages_is_imported_ahead(
+    tmp_path: Path, spares: SpareWorkers
+) -> None:
+    loader, vm = _loader(tmp_path, spares)
+    instance = _cold_start(loader, vm)
+    assert "idna" in spares.learned
+    (spare,) = _waiting(spares)
+    assert "idna" in spare.imports
+    assert "--imports" in spare.process.args  # type: ignore[operator]
+    # the handler's own modules never are: they live in its code folder
+    assert not any(name.startswith("fnrt") for name in spares.learned)
+    instance.close()
+
+
+def test_a_spare_that_lacks_a_module_learned_since_is_replaced() -> None:
+    pool = SpareWorkers(1)
+    try:
+        (old,) = _waiting(pool)
+        assert old.imports == frozenset()
+        pool.learn(["idna"])
+        (new,) = _waiting(pool)
+        assert new.imports == {"idna"}
+        assert old.process.wait(10) is not None  # ended, not left behind
+    finally:
+        pool.close()
+    assert new.process.wait(10) is not None
+
+
+def test_a_dead_spare_is_passed_over(tmp_path: Path, spares: SpareWorkers) -> None:
+    loader, vm = _loader(tmp_path, spares)
+    _cold_start(loader, vm).close()
+    (spare,) = _waiting(spares)
+    spare.process.kill()
+    spare.process.wait(10)
+
+    instance = _cold_start(loader, vm)  # a worker of its own, started now
+    assert spares.taken == 0
+    assert instance.pid != spare.process.pid
+    assert _served_by(instance) == instance.pid
+    instance.close()
+
+
+def test_named_imports_are_imported_by_every_spare_and_close_ends_them() -> None:
+    pool = SpareWorkers(2, ["idna"])
+    (a, b) = _waiting(pool)
+    assert a.imports == b.imports == {"idna"}
+    pool.close()
+    assert a.process.wait(10) is not None and b.process.wait(10) is not None
+    pool.refill().result(10)  # after close nothing starts
+    assert pool.ready == 0 and pool.take() is None
+
+
+def test_only_modules_of_the_installed_packages_are_reported(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        before = set(sys.modules) - {"idna", "mine", "idna.core"}
+        import idna  # noqa: F401
+        import mine  # type: ignore[import-not-found]  # noqa: F401
+
+        found = installed_imports(before)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("mine", None)
+    assert "idna" in found
+    assert "mine" not in found  # on a path of its own: a spare must not shadow it
+
+
+def test_a_negative_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="count"):
+        SpareWorkers(-1)
