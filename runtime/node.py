@@ -232,6 +232,9 @@ def build_node(
     telemetry.metrics.watch(node.function_states)
     telemetry.metrics.watch_store(lambda: repository.store.requests)
     telemetry.metrics.watch_jobs(lambda: jobs.queued_records, lambda: jobs.running)
+    spares = loader.spares
+    if spares is not None:
+        telemetry.metrics.watch_spares(lambda: spares.ready, lambda: spares.taken)
     return node
 
 

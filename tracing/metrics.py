@@ -201,6 +201,24 @@ class _JobCollector:
         )
 
 
+class _SpareCollector:
+    def __init__(self, ready: Callable[[], int], taken: Callable[[], int]) -> None:
+        self._ready = ready
+        self._taken = taken
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "fnrt_spare_workers",
+            "Worker processes started ahead of cold starts, waiting (process isolation)",
+            value=self._ready(),
+        )
+        yield CounterMetricFamily(
+            "fnrt_spare_workers_taken",
+            "Cold starts that took a spare worker instead of starting one",
+            value=self._taken(),
+        )
+
+
 class _GpuCollector:
     """GPU utilisation and memory through NVML, when a GPU and its library are there."""
 
@@ -382,6 +400,10 @@ class Metrics:
     ) -> None:
         """Report job records waiting (by function) and chunks running here at every scrape."""
         self.registry.register(_JobCollector(queued, running))
+
+    def watch_spares(self, ready: Callable[[], int], taken: Callable[[], int]) -> None:
+        """Report the spare workers waiting, and those cold starts took, at every scrape."""
+        self.registry.register(_SpareCollector(ready, taken))
 
     def request(self, function: str, version: str, status: int, seconds: float) -> None:
         self.requests.inc((function, version, str(status)))

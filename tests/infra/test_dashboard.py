@@ -21,6 +21,7 @@ def exported_names() -> set[str]:
     metrics.load("mlp", "l2", 10, 0.2)
     metrics.prewarms.labels("mlp", "hit").inc()
     metrics.watch_jobs(lambda: {"mlp": 10}, lambda: 1)
+    metrics.watch_spares(lambda: 1, lambda: 3)
     names = set()
     for family in text_string_to_metric_families(metrics.exposition().decode()):
         names.update(s.name for s in family.samples)

@@ -285,6 +285,10 @@ def test_a_node_with_named_worker_imports_serves_its_first_cold_start_from_a_spa
         assert spares.taken == 1
         wait_until(lambda: spares.ready == 1)  # replaced after the load
         (replacement,) = spares._spares
+        with srv.client() as c:
+            scraped = c.get("/metrics").text
+        assert "fnrt_spare_workers 1.0" in scraped
+        assert "fnrt_spare_workers_taken_total 1.0" in scraped
     # the node's close ended the spare it held, and the worker the spare became
     assert replacement.process.wait(10) is not None
     assert spare.process.wait(10) is not None
