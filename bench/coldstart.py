@@ -6,7 +6,7 @@ A wide MLP with 256 MiB of float32 weights (safetensors) and an ONNX model
 are deployed to two fnrt servers: one on a local store, one on an S3 endpoint
 (moto's server in its own process on 127.0.0.1). Measured, median of rounds:
 
-- L2 wake (file in the page cache) -> first response, after 3 s idle (time for the
+- L2 wake (file in the page cache) -> first response, after 4 s idle (time for the
   spare worker to be ready, as after a keep-alive), versus the floor
   (``safetensors.torch.load_file``, a mmap, into a module built on the
   ``meta`` device, and its first forward, in this process) and versus the
@@ -41,9 +41,9 @@ from loadgen import deploy, start_fnrt, start_moto
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "bench" / "coldstart_model"
 MiB = 1024 * 1024
-#: Idle time before an L2 wake, for the spare worker to finish its imports (torch's
-#: take about a second here).
-SPARE_READY_S = 3.0
+#: Idle time before an L2 wake, for the spare worker to be started (a second after
+#: the last cold start) and finish its imports (torch's take about a second here).
+SPARE_READY_S = 4.0
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -84,7 +84,7 @@ class Node:
             log.warning("removed %d bytes of temporary files left by killed processes", freed)
         spares = self.loader.spares
         if spares is not None and spares.named:  # asked for by name: ready for the first
-            spares.refill()
+            spares.refill(now=True)
         warming = await self.registry.start(preload=self.settings.preload)
         self.lifecycle.warming = set(warming)
         self.sweeper.start()

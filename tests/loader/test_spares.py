@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,7 +52,7 @@ mode = "process"
 
 @pytest.fixture
 def spares() -> Iterator[SpareWorkers]:
-    pool = SpareWorkers(1)
+    pool = SpareWorkers(1, refill_delay_s=0)
     yield pool
     pool.close()
 
@@ -115,7 +116,7 @@ def test_what_a_handler_imported_from_the_installed_packages_is_imported_ahead(
 
 
 def test_a_spare_that_lacks_a_module_learned_since_is_replaced() -> None:
-    pool = SpareWorkers(1)
+    pool = SpareWorkers(1, refill_delay_s=0)
     try:
         (old,) = _waiting(pool)
         assert old.imports == frozenset()
@@ -143,7 +144,7 @@ def test_a_dead_spare_is_passed_over(tmp_path: Path, spares: SpareWorkers) -> No
 
 
 def test_named_imports_are_imported_by_every_spare_and_close_ends_them() -> None:
-    pool = SpareWorkers(2, ["idna"])
+    pool = SpareWorkers(2, ["idna"], refill_delay_s=0)
     (a, b) = _waiting(pool)
     assert a.imports == b.imports == {"idna"}
     pool.close()
@@ -171,3 +172,13 @@ def test_only_modules_of_the_installed_packages_are_reported(tmp_path: Path) -> 
 def test_a_negative_count_is_refused() -> None:
     with pytest.raises(ValueError, match="count"):
         SpareWorkers(-1)
+
+
+def test_a_replacement_waits_for_the_delay_and_a_close_meanwhile_starts_none() -> None:
+    pool = SpareWorkers(1, refill_delay_s=60)
+    waiting = pool.refill()  # as after a cold start's load: its first batch runs first
+    assert pool.ready == 0 and not waiting.done()
+    started = time.monotonic()
+    pool.close()  # does not wait out the delay
+    assert waiting.done() and time.monotonic() - started < 10
+    assert pool.ready == 0
