@@ -5,7 +5,8 @@ fnrt's worker side and then the handler, whose framework is most of the wait
 (torch: about a second, against some 30 ms to map 256 MiB of weights and run
 them once). :class:`SpareWorkers` keeps ``count`` workers started ahead, each
 waiting for its first message with the modules handlers on this node imported
-already imported (``python -m fnrt.loader.worker FD PPID --imports a,b``). A
+already imported and a cold start rehearsed (``python -m fnrt.loader.worker FD
+PPID --spare a,b``: :func:`fnrt.loader.worker.rehearse`). A
 cold start of a function in the server's own environment takes one (it only
 maps its weights and imports its own code) and the spare is replaced a
 second after that load (``REFILL_DELAY_S``), not during it nor during the
@@ -54,14 +55,15 @@ class Started:
     imports: frozenset[str]
 
 
-def start_worker(env: Mapping[str, str] | None, imports: Iterable[str] = ()) -> Started:
-    """Start ``python -m fnrt.loader.worker``, to import ``imports`` and wait for its load
-    message on a socket pair."""
+def start_worker(env: Mapping[str, str] | None, imports: Iterable[str] | None = None) -> Started:
+    """Start ``python -m fnrt.loader.worker`` waiting for its load message on a socket
+    pair: a spare when ``imports`` is given (it imports them and rehearses a cold start
+    first), else a worker for a load now."""
     ours, theirs = socket.socketpair()
-    names = sorted(imports)
+    names = sorted(imports) if imports is not None else []
     argv = [sys.executable, "-m", "fnrt.loader.worker", str(theirs.fileno()), str(os.getpid())]
-    if names:
-        argv += ["--imports", ",".join(names)]
+    if imports is not None:
+        argv += ["--spare", ",".join(names)]
     try:
         process = subprocess.Popen(
             argv, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from fnrt.functions.manifest import IsolationMode
+from fnrt.loader.arena import shm_dir
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.process import ProcessInstance, launch
 from fnrt.loader.repository import Repository
 from fnrt.loader.spares import SpareWorkers, Started
 from fnrt.loader.stores import FileStore
-from fnrt.loader.worker import installed_imports
+from fnrt.loader.worker import installed_imports, rehearse
 from support import publish, write_function
 
 #: ``idna`` is installed with fnrt (httpx needs it) and the worker itself never imports it.
@@ -109,7 +110,7 @@ def test_what_a_handler_imported_from_the_installed_packages_is_imported_ahead(
     assert "idna" in spares.learned
     (spare,) = _waiting(spares)
     assert "idna" in spare.imports
-    assert "--imports" in spare.process.args  # type: ignore[operator]
+    assert "--spare" in spare.process.args  # type: ignore[operator]
     # the handler's own modules never are: they live in its code folder
     assert not any(name.startswith("fnrt") for name in spares.learned)
     instance.close()
@@ -182,3 +183,12 @@ def test_a_replacement_waits_for_the_delay_and_a_close_meanwhile_starts_none() -
     pool.close()  # does not wait out the delay
     assert waiting.done() and time.monotonic() - started < 10
     assert pool.ready == 0
+
+
+def test_a_rehearsal_leaves_nothing_behind() -> None:
+    import torch  # imported: the rehearsal's torch part runs too
+
+    before = set(shm_dir().iterdir())
+    rehearse()
+    assert torch.is_grad_enabled()  # nothing of it stays
+    assert set(shm_dir().iterdir()) == before
