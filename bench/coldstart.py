@@ -283,18 +283,22 @@ def main() -> None:
 
         rows["fnrt first cold start of a new node (no spare worker yet)"] = [first]
         med = {label: statistics.median(v) for label, v in rows.items()}
-        print(f"\n{'':<52} {'median s':>9}  (rounds: {args.rounds}, weights {size / MiB:.0f} MiB)")
+        print(f"\n{'':<58} {'median s':>9}  (rounds: {args.rounds}, weights {size / MiB:.0f} MiB)")
         for label, value in med.items():
-            print(f"{label:<52} {value:>9.3f}")
+            each = " ".join(f"{v:.3f}" for v in rows[label]) if len(rows[label]) > 1 else ""
+            print(f"{label:<58} {value:>9.3f}  {each}")
         print()
         l2 = med["fnrt L2 wake -> first response"]
         base = med["baseline torch.load + load_state_dict + forward"]
         fetch = med["fnrt L3 fetch (parallel ranged GETs)"]
         download = med["baseline boto3 download_file"]
         read = med["raw read of the cached file"]
-        floor_s = med["floor: safetensors mmap + meta module + forward"]
+        floor_label = "floor: safetensors mmap + meta module + forward"
+        floor_s = med[floor_label]
         tuned_s = med["baseline boto3 download_file, tuned"]
         print(f"L2 wake / floor (goal <= 1.3x):             {l2 / floor_s:.2f}x")
+        per_round = zip(rows["fnrt L2 wake -> first response"], rows[floor_label], strict=True)
+        print(f"  per round: {[round(a / b, 2) for a, b in per_round]}")
         print(f"L2 wake speed-up over torch.load baseline:  {base / l2:.1f}x")
         print(f"L3 fetch speed vs boto3 download_file:      {download / fetch:.2f}x")
         print(f"L3 fetch speed vs boto3, tuned:             {tuned_s / fetch:.2f}x")
