@@ -189,6 +189,8 @@ def test_a_rehearsal_leaves_nothing_behind() -> None:
     import torch  # imported: the rehearsal's torch part runs too
 
     before = set(shm_dir().iterdir())
+    modules = set(sys.modules)
     rehearse()
-    assert torch.is_grad_enabled()  # nothing of it stays
     assert set(shm_dir().iterdir()) == before
+    assert not {m for m in sys.modules if m.startswith("fnrt_bundle_")} - modules
+    assert torch.is_grad_enabled()  # nothing of it stays
