@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
 import msgpack_numpy
 import numpy as np
 import torch
-import uvicorn
+from raw_app import serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,7 +26,8 @@ from starlette.routing import Route
 from fnrt.loader.formats.safetensors import tensors
 
 
-def build(example: Path, weights: Path) -> Starlette:
+def model_runner(example: Path, weights: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """EXAMPLE_DIR's model with WEIGHTS, as a function of one batch (also ``lean_app.py``'s)."""
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     sys.path.insert(0, str(example))
     from model import build as build_model
@@ -35,7 +37,14 @@ def build(example: Path, weights: Path) -> Starlette:
 
     def run(x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return model(torch.from_numpy(x)).numpy()
+            y: np.ndarray = model(torch.from_numpy(x)).numpy()
+        return y
+
+    return run
+
+
+def build(example: Path, weights: Path) -> Starlette:
+    run = model_runner(example, weights)
 
     async def invoke(request: Request) -> Response:
         if request.headers.get("content-type") == "application/msgpack":
@@ -52,12 +61,4 @@ def build(example: Path, weights: Path) -> Starlette:
 
 if __name__ == "__main__":
     app = build(Path(sys.argv[1]), Path(sys.argv[2]))
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=int(sys.argv[3]),
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-    )
+    serve(app, int(sys.argv[3]))

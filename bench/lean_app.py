@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,8 @@ import msgpack
 import msgpack_numpy
 import numpy as np
 import orjson
-import torch
-import uvicorn
-
-from fnrt.loader.formats.safetensors import tensors
+from bare_app import model_runner
+from raw_app import serve
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -97,29 +94,9 @@ class Lean:
 
 
 def build(example: Path, weights: Path) -> Lean:
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-    sys.path.insert(0, str(example))
-    from model import build as build_model
-
-    model = build_model().eval()
-    model.load_state_dict(tensors(weights))
-
-    def run(x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            y: np.ndarray = model(torch.from_numpy(x)).numpy()
-        return y
-
-    return Lean(run)
+    return Lean(model_runner(example, weights))
 
 
 if __name__ == "__main__":
     app = build(Path(sys.argv[1]), Path(sys.argv[2]))
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=int(sys.argv[3]),
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-    )
+    serve(app, int(sys.argv[3]))

@@ -33,13 +33,18 @@ async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": ANSWER})
 
 
-if __name__ == "__main__":
+def serve(asgi: Any, port: int) -> None:
+    """Serve ``asgi`` on the stack every serving benchmark's app runs on (fnrt's own)."""
     uvicorn.run(
-        app,
+        asgi,
         host="127.0.0.1",
-        port=int(sys.argv[1]),
+        port=port,
         loop="uvloop",
         http="httptools",
         log_level="warning",
         access_log=False,
     )
+
+
+if __name__ == "__main__":
+    serve(app, int(sys.argv[1]))

@@ -137,6 +137,25 @@ x = {{ dtype = "float32", shape = [-1, 4] }}
 """
 
 
+#: A function of ``x``/``y`` float32 [-1, 4] in a worker process, with its batch timeout
+#: and memory limit as fields (0: none).
+PROCESS_MANIFEST = """
+name = "{name}"
+handler = "handler:H"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+
+[isolation]
+mode = "process"
+timeout_s = {timeout_s}
+memory_limit_bytes = {memory_limit_bytes}
+"""
+
+
 ECHO_MANIFEST = """
 name = "{name}"
 handler = "handler:Echo"

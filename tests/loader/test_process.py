@@ -22,23 +22,8 @@ from fnrt.loader.process import ProcessInstance, RemoteError, launch, rss_bytes
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
 from support import MISBEHAVING_HANDLER as HANDLER
+from support import PROCESS_MANIFEST as MANIFEST
 from support import publish, write_function
-
-MANIFEST = """
-name = "{name}"
-handler = "handler:H"
-
-[inputs]
-x = {{ dtype = "float32", shape = [-1, 4] }}
-
-[outputs]
-y = {{ dtype = "float32", shape = [-1, 4] }}
-
-[isolation]
-mode = "process"
-timeout_s = {timeout_s}
-memory_limit_bytes = {memory_limit_bytes}
-"""
 
 
 def _loader(tmp_path: Path, **fields: object) -> tuple[InstanceLoader, object]:

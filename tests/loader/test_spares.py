@@ -20,6 +20,7 @@ from fnrt.loader.repository import Repository
 from fnrt.loader.spares import SpareWorkers, Started
 from fnrt.loader.stores import FileStore
 from fnrt.loader.worker import installed_imports, rehearse
+from support import PROCESS_MANIFEST as MANIFEST
 from support import publish, write_function
 
 #: ``idna`` is installed with fnrt (httpx needs it) and the worker itself never imports it.
@@ -36,20 +37,6 @@ class H:
         return [{"y": np.full((1, 4), self.pid, dtype=np.float32)} for _ in batch]
 """
 
-MANIFEST = """
-name = "{name}"
-handler = "handler:H"
-
-[inputs]
-x = {{ dtype = "float32", shape = [-1, 4] }}
-
-[outputs]
-y = {{ dtype = "float32", shape = [-1, 4] }}
-
-[isolation]
-mode = "process"
-"""
-
 
 @pytest.fixture
 def spares() -> Iterator[SpareWorkers]:
@@ -60,7 +47,10 @@ def spares() -> Iterator[SpareWorkers]:
 
 def _loader(tmp_path: Path, spares: SpareWorkers) -> tuple[InstanceLoader, object]:
     repository = Repository(FileStore(tmp_path / "store"))
-    vm = publish(repository, write_function(tmp_path / "src", "s", HANDLER, MANIFEST))
+    folder = write_function(
+        tmp_path / "src", "s", HANDLER, MANIFEST, timeout_s=0, memory_limit_bytes=0
+    )
+    vm = publish(repository, folder)
     loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
     loader.spares = spares
     return loader, vm
