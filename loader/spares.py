@@ -16,8 +16,11 @@ second) do not compete with the cold start they would slow.
 Which modules: those the user names (``fnrt serve --worker-imports``), and those
 every load on this node reported importing from the installed packages
 (:func:`fnrt.loader.worker.installed_imports`); a spare started before a
-module was learned is replaced by one that has it. A function with an
-``[environment]`` gets a worker of its own: its modules may differ.
+module was learned is replaced by one that has it. What was learned is kept
+in a file (``remembered``, in the node's cache folder), so a node started
+again on the same cache starts its spares with the server instead of after
+its first cold start. A function with an ``[environment]`` gets a worker of
+its own: its modules may differ.
 
 Spares are started on a thread of their own that lives as long as the node:
 a worker asks Linux to kill it when the thread that started it ends
@@ -26,6 +29,7 @@ a worker asks Linux to kill it when the thread that started it ends
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -35,6 +39,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+
+from fnrt.loader.stores.file import write_atomic
 
 log = logging.getLogger("fnrt.loader")
 
@@ -86,6 +93,20 @@ def end(started: Started) -> None:
         started.process.wait()
 
 
+def _recall(path: Path | None) -> list[str]:
+    """The module names kept at ``path`` (none when it is missing or unreadable)."""
+    if path is None or not path.exists():
+        return []
+    try:
+        names = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return []
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and n.isidentifier()]
+
+
 class SpareWorkers:
     """Up to ``count`` workers of the server's environment, started ahead."""
 
@@ -96,12 +117,14 @@ class SpareWorkers:
         *,
         start: Callable[[Mapping[str, str] | None, Iterable[str]], Started] = start_worker,
         refill_delay_s: float = REFILL_DELAY_S,
+        remembered: Path | None = None,
     ) -> None:
         if count < 0:
             raise ValueError("count: must be >= 0")
         self.count = count
         self.named = frozenset(imports)  # what the user asked for
-        self.learned: set[str] = set()  # what handlers here imported
+        self.remembered = remembered  # where what was learned is kept
+        self.learned: set[str] = set(_recall(remembered)) - self.named  # what handlers imported
         self.taken = 0  # cold starts that took a spare
         self._start = start
         self.refill_delay_s = refill_delay_s
@@ -132,9 +155,25 @@ class SpareWorkers:
         return None
 
     def learn(self, modules: Iterable[str]) -> None:
-        """Modules a load reported importing: spares started from now import them too."""
+        """Modules a load reported importing: spares started from now import them too
+        (and a node started again on this cache, from its start)."""
         with self._lock:
-            self.learned.update(m for m in modules if m not in self.named)
+            new = {m for m in modules if m not in self.named} - self.learned
+            if not new:
+                return
+            self.learned |= new
+            names = sorted(self.learned)
+        if self.remembered is not None:
+            try:
+                write_atomic(self.remembered, [json.dumps(names).encode()])
+            except OSError as exc:  # a full or read-only disk: remembered next time, maybe
+                log.warning("cannot keep the spare workers' imports: %s", exc)
+
+    @property
+    def known(self) -> bool:
+        """Whether anything is known to import ahead (named, or learned before): then
+        spares are worth starting with the server."""
+        return bool(self.named or self.learned)
 
     def refill(self, *, now: bool = False) -> Future[None]:
         """Bring the spares to ``count`` (on the spares' own thread, not the caller's),

@@ -73,8 +73,8 @@ class Node:
 
     async def start(self) -> None:
         """Remove what killed processes left behind, start the spare workers when their
-        imports are named, read the store's functions (loading those that start warm),
-        start the timers."""
+        imports are known (named, or learned on this cache before), read the store's
+        functions (loading those that start warm), start the timers."""
         store = self.repository.store
         store_root = store.root if isinstance(store, FileStore) else None
         freed = await asyncio.to_thread(
@@ -83,7 +83,7 @@ class Node:
         if freed:
             log.warning("removed %d bytes of temporary files left by killed processes", freed)
         spares = self.loader.spares
-        if spares is not None and spares.named:  # asked for by name: ready for the first
+        if spares is not None and spares.known:  # named or learned: ready for the first
             spares.refill(now=True)
         warming = await self.registry.start(preload=self.settings.preload)
         self.lifecycle.warming = set(warming)
@@ -158,7 +158,11 @@ def build_node(
         blobs = BlobCache(CacheConfig(cache_dir, settings.disk_cache_bytes))
         loader = InstanceLoader(repository, cache_dir, detect_device(settings.device), blobs)
         if settings.spare_workers:
-            loader.spares = SpareWorkers(settings.spare_workers, settings.worker_imports)
+            loader.spares = SpareWorkers(
+                settings.spare_workers,
+                settings.worker_imports,
+                remembered=cache_dir / "spares" / "imports.json",
+            )
     repository = loader.repository
     if keeper is None and learn_keep_alive:
         keeper = Keeper(

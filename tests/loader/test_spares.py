@@ -184,3 +184,21 @@ def test_a_rehearsal_leaves_nothing_behind() -> None:
     assert set(shm_dir().iterdir()) == before
     assert not {m for m in sys.modules if m.startswith("fnrt_bundle_")} - modules
     assert torch.is_grad_enabled()  # nothing of it stays
+
+
+def test_what_was_learned_is_kept_for_the_next_start_on_this_cache(tmp_path: Path) -> None:
+    kept = tmp_path / "spares" / "imports.json"
+    first = SpareWorkers(1, remembered=kept)
+    assert not first.known
+    first.learn(["idna", "numpy"])
+    first.learn(["idna"])  # nothing new: nothing written
+    first.close()
+    again = SpareWorkers(1, ["torch"], remembered=kept)
+    assert again.learned == {"idna", "numpy"} and again.known
+    assert again.imports == {"idna", "numpy", "torch"}
+    again.close()
+    for bad in ("{not json", '{"a": 1}', '["ok", 3, "not a name"]'):
+        kept.write_text(bad)
+        pool = SpareWorkers(1, remembered=kept)
+        assert pool.learned <= {"ok"}  # what cannot be read is left out, nothing raised
+        pool.close()

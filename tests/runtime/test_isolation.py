@@ -294,5 +294,17 @@ def test_a_node_with_named_worker_imports_serves_its_first_cold_start_from_a_spa
     assert spare.process.wait(10) is not None
 
 
+def test_a_node_started_again_on_its_cache_starts_the_spares_it_learned(tmp_path: Path) -> None:
+    (tmp_path / "cache" / "spares").mkdir(parents=True)
+    (tmp_path / "cache" / "spares" / "imports.json").write_text('["idna"]')
+    node = build_node(node_settings(tmp_path))
+    spares = node.loader.spares
+    assert spares is not None
+    with live_server(tmp_path, node=node):
+        wait_until(lambda: spares.ready == 1)  # before any cold start
+        (spare,) = spares._spares
+        assert spare.imports == {"idna"}
+
+
 def test_spare_workers_zero_starts_none(tmp_path: Path) -> None:
     assert build_node(node_settings(tmp_path, spare_workers=0)).loader.spares is None
