@@ -36,7 +36,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +115,6 @@ class SpareWorkers:
         count: int,
         imports: Iterable[str] = (),
         *,
-        start: Callable[[Mapping[str, str] | None, Iterable[str]], Started] = start_worker,
         refill_delay_s: float = REFILL_DELAY_S,
         remembered: Path | None = None,
     ) -> None:
@@ -126,7 +125,6 @@ class SpareWorkers:
         self.remembered = remembered  # where what was learned is kept
         self.learned: set[str] = set(_recall(remembered)) - self.named  # what handlers imported
         self.taken = 0  # cold starts that took a spare
-        self._start = start
         self.refill_delay_s = refill_delay_s
         self._spares: list[Started] = []
         self._lock = threading.Lock()
@@ -203,7 +201,7 @@ class SpareWorkers:
             end(spare)
         for _ in range(missing):
             try:
-                started = self._start(None, wanted)
+                started = start_worker(None, wanted)
             except OSError as exc:
                 log.warning("cannot start a spare worker: %s", exc)
                 return

@@ -137,9 +137,9 @@ x = {{ dtype = "float32", shape = [-1, 4] }}
 """
 
 
-#: A function of ``x``/``y`` float32 [-1, 4] in a worker process, with its batch timeout
-#: and memory limit as fields (0: none).
-PROCESS_MANIFEST = """
+#: A function of ``x``/``y`` float32 [-1, 4] with its isolation ``mode``, batch timeout
+#: and memory limit as fields (0: none), restarted after 50 ms.
+ISOLATED_MANIFEST = """
 name = "{name}"
 handler = "handler:H"
 
@@ -150,9 +150,10 @@ x = {{ dtype = "float32", shape = [-1, 4] }}
 y = {{ dtype = "float32", shape = [-1, 4] }}
 
 [isolation]
-mode = "process"
+mode = "{mode}"
 timeout_s = {timeout_s}
 memory_limit_bytes = {memory_limit_bytes}
+restart_backoff_s = 0.05
 """
 
 

@@ -21,14 +21,14 @@ from fnrt.loader.instance import InstanceLoader, Ran
 from fnrt.loader.process import ProcessInstance, RemoteError, launch, rss_bytes
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
+from support import ISOLATED_MANIFEST as MANIFEST
 from support import MISBEHAVING_HANDLER as HANDLER
-from support import PROCESS_MANIFEST as MANIFEST
 from support import publish, write_function
 
 
 def _loader(tmp_path: Path, **fields: object) -> tuple[InstanceLoader, object]:
     repository = Repository(FileStore(tmp_path / "store"))
-    values = {"timeout_s": 0, "memory_limit_bytes": 0, **fields}
+    values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0, **fields}
     folder = write_function(tmp_path / "src", "w", HANDLER, MANIFEST, **values)
     vm = publish(repository, folder)
     return InstanceLoader(repository, tmp_path / "cache", detect_device("cpu")), vm

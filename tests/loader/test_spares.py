@@ -20,7 +20,7 @@ from fnrt.loader.repository import Repository
 from fnrt.loader.spares import SpareWorkers, Started
 from fnrt.loader.stores import FileStore
 from fnrt.loader.worker import installed_imports, rehearse
-from support import PROCESS_MANIFEST as MANIFEST
+from support import ISOLATED_MANIFEST as MANIFEST
 from support import publish, write_function
 
 #: ``idna`` is installed with fnrt (httpx needs it) and the worker itself never imports it.
@@ -48,7 +48,7 @@ def spares() -> Iterator[SpareWorkers]:
 def _loader(tmp_path: Path, spares: SpareWorkers) -> tuple[InstanceLoader, object]:
     repository = Repository(FileStore(tmp_path / "store"))
     folder = write_function(
-        tmp_path / "src", "s", HANDLER, MANIFEST, timeout_s=0, memory_limit_bytes=0
+        tmp_path / "src", "s", HANDLER, MANIFEST, mode="process", timeout_s=0, memory_limit_bytes=0
     )
     vm = publish(repository, folder)
     loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from fnrt.runtime.node import build_node
+from support import ISOLATED_MANIFEST as MANIFEST
 from support import MISBEHAVING_HANDLER as HANDLER
 from support import (
     LiveServer,
@@ -28,23 +29,6 @@ from support import (
     wait_until,
     write_function,
 )
-
-MANIFEST = """
-name = "{name}"
-handler = "handler:H"
-
-[inputs]
-x = {{ dtype = "float32", shape = [-1, 4] }}
-
-[outputs]
-y = {{ dtype = "float32", shape = [-1, 4] }}
-
-[isolation]
-mode = "{mode}"
-timeout_s = {timeout_s}
-memory_limit_bytes = {memory_limit_bytes}
-restart_backoff_s = 0.05
-"""
 
 
 def _deploy(srv: LiveServer, tmp_path: Path, name: str, **fields: object) -> None:
