@@ -658,6 +658,8 @@ def held(root: object, max_objects: int = 200_000) -> tuple[int, int]:
     Each buffer counts once however many views share it (numpy bases, torch
     storages). Mapped weights count too: they are what the instance keeps resident.
     """
+    torch = sys.modules.get("torch")
+    module_type = torch.nn.Module if torch is not None else None
     seen: set[int] = set()
     buffers: dict[int, int] = {}
     on_device: set[int] = set()
@@ -681,7 +683,27 @@ def held(root: object, max_objects: int = 200_000) -> tuple[int, int]:
             stack.extend(obj.values())
         elif isinstance(obj, list | tuple | set | frozenset):
             stack.extend(obj)
+        elif module_type is not None and isinstance(obj, module_type):
+            stack.extend(_module_parts(obj, module_type))
         elif hasattr(obj, "__dict__") and not isinstance(obj, type):
             stack.extend(vars(obj).values())
     device = sum(n for key, n in buffers.items() if key in on_device)
     return sum(buffers.values()) - device, device
+
+
+def _module_parts(module: Any, module_type: type) -> list[object]:
+    """What :func:`held` follows from a torch module: its parameters, buffers and
+    submodules, and the attributes its own class gave it; not the dozen hook tables
+    every module carries (a model of many layers would make that most of the walk)."""
+    bookkeeping = _module_bookkeeping(module_type)
+    parts = [v for k, v in vars(module).items() if k not in bookkeeping]
+    parts += module._parameters.values()
+    parts += module._buffers.values()
+    parts += module._modules.values()
+    return parts
+
+
+@functools.cache
+def _module_bookkeeping(module_type: type) -> frozenset[str]:
+    """The attributes ``torch.nn.Module.__init__`` gives every module."""
+    return frozenset(vars(module_type()))

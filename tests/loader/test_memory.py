@@ -73,3 +73,23 @@ def test_held_memory_is_told_apart_by_where_it_lies() -> None:
 
     assert held(Model()) == (6000, 0)
     assert held_bytes(Model()) == 6000
+
+
+def test_a_torch_module_counts_its_weights_buffers_and_own_attributes() -> None:
+    import numpy as np
+    import torch
+
+    from fnrt.loader.instance import held
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.ReLU())  # 440 B
+            self.register_buffer("scale", torch.ones(25))  # 100 bytes
+            self.vocab = {"table": np.zeros(100, np.uint8)}  # 100 bytes, an attribute of its own
+            self.tied = self.layers[0].weight  # the same storage: counted once
+
+    net = Net()
+    net.register_forward_hook(lambda *args: None)  # a hook table walks nothing
+    assert held(net) == (640, 0)
+    assert held({"model": net, "again": net.layers}) == (640, 0)
