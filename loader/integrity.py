@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,20 +129,26 @@ class Verifier:
         write_record(record, path, found.xxh3)
 
 
-def tree_differences(folder: Path, bundle: bytes) -> list[str]:
-    """Files of ``folder`` that differ from the code bundle it was unpacked from:
-    changed, missing or added (``__pycache__`` aside). Empty when it is intact."""
+def bundle_files(bundle: bytes) -> dict[str, str]:
+    """The xxh3 of each file a code bundle (``.tar.gz``) holds, by its path in it."""
     import gzip
     import io
     import tarfile
 
-    expected: dict[str, str] = {}
+    files: dict[str, str] = {}
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(bundle)), mode="r") as tar:
         for member in tar.getmembers():
             if member.isfile():
                 data = tar.extractfile(member)
                 assert data is not None
-                expected[member.name] = xxhash.xxh3_128_hexdigest(data.read())
+                files[member.name] = xxhash.xxh3_128_hexdigest(data.read())
+    return files
+
+
+def tree_differences(folder: Path, expected: Mapping[str, str]) -> list[str]:
+    """Files of ``folder`` that differ from ``expected`` (:func:`bundle_files` of the
+    bundle it was unpacked from): changed, missing or added (``__pycache__`` aside).
+    Empty when it is intact."""
     found: dict[str, str] = {}
     for path in folder.rglob("*"):
         if path.is_file() and "__pycache__" not in path.parts:

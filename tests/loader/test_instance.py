@@ -40,6 +40,45 @@ def test_folder_artifacts_are_materialised_with_their_names(tmp_path: Path) -> N
     instance.close()
 
 
+def test_an_intact_code_folder_is_checked_without_reading_its_bundle_again(
+    tmp_path: Path,
+) -> None:
+    import pytest
+
+    from fnrt.functions.errors import FnrtError
+
+    node = make_node(tmp_path)
+    vm = publish(node.repository, write_function(tmp_path / "src", "echo"))
+    code = node.loader.code_dir(vm)
+    bundle = tmp_path / "store" / "blobs" / "sha256" / vm.bundle.digest
+    bundle.unlink()  # what a disk cache that dropped the bundle would leave
+    assert node.loader.code_dir(vm) == code  # its files checked against what it held
+    (code / "handler.py").write_text("edited = True\n")
+    with pytest.raises(FnrtError):  # a changed tree needs the bundle: it is checked
+        node.loader.code_dir(vm)
+
+
+def test_code_is_unpacked_compiled_and_a_module_that_does_not_compile_says_why(
+    tmp_path: Path,
+) -> None:
+    import importlib.util
+
+    import pytest
+
+    from fnrt.functions.errors import HandlerError
+
+    node = make_node(tmp_path)
+    vm = publish(node.repository, write_function(tmp_path / "src", "echo"))
+    code = node.loader.code_dir(vm)
+    (compiled,) = (code / "__pycache__").glob("handler.*.pyc")
+    flags = int.from_bytes(compiled.read_bytes()[4:8], "little")
+    assert flags == 0b11  # checked against the source's hash, not its mtime
+    assert compiled.name == Path(importlib.util.cache_from_source(str(code / "handler.py"))).name
+    broken = write_function(tmp_path / "broken", "broken", "def Echo(batch:\n")
+    with pytest.raises(HandlerError, match="SyntaxError"):
+        node.loader.load(publish(node.repository, broken), ThreadPoolExecutor(1))
+
+
 CONSTANT = """
 from .helper import K
 
