@@ -22,6 +22,8 @@ own dependencies; nothing of the HTTP side.
 from __future__ import annotations
 
 import ctypes
+import functools
+import gc
 import importlib
 import json
 import logging
@@ -75,7 +77,7 @@ def installed_imports(before: set[str]) -> list[str]:
     from installed packages (site-packages): what a spare worker may import ahead. A
     handler's own modules, or anything found on a path of its own, are not: imported
     ahead from elsewhere, a module of the same name would shadow them."""
-    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    roots = _site_roots()
     found = []
     for name in sorted({m.partition(".")[0] for m in sys.modules.keys() - before}):
         module = sys.modules.get(name)
@@ -85,6 +87,12 @@ def installed_imports(before: set[str]) -> list[str]:
         if any(os.path.abspath(where).startswith(root + os.sep) for root in roots):
             found.append(name)
     return found
+
+
+@functools.cache
+def _site_roots() -> frozenset[str]:
+    """Where installed packages live (asked once: ``sysconfig`` is slow to answer)."""
+    return frozenset(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
 
 
 def import_ahead(names: list[str]) -> None:
@@ -120,8 +128,9 @@ def rehearse() -> None:
     imported from a bundle and built, a batch read from an arena, run and checked, and
     its results written back; and (torch imported) a module built on the ``meta``
     device, given tensors with ``load_state_dict(assign=True)`` and run once, as a torch
-    handler's ``load`` and first batch do. About 3 ms of a cold start of a torch model,
-    measured; nothing of it stays but warm caches."""
+    handler's ``load`` and first batch do, and a layer large enough to start torch's
+    intra-op threads (a first batch would start them otherwise). About 4 ms of a cold
+    start of a torch model, measured; nothing of it stays but warm caches and threads."""
     vm = VersionManifest(parse_manifest(_REHEARSAL), FileRef("", "0" * 64, 0))
     vm = VersionManifest.from_dict(vm.to_dict())
     package = bundle_package(vm.bundle.digest)
@@ -147,6 +156,9 @@ def rehearse() -> None:
         module.load_state_dict(weights, assign=True)
         with torch.inference_mode():
             module(torch.from_numpy(x))
+            # big enough to be split across torch's intra-op threads, which start now
+            torch.nn.functional.linear(torch.ones(1, 1024), torch.ones(1024, 1024))
+    _site_roots()
 
 
 def serve(channel: Channel) -> int:
@@ -166,6 +178,10 @@ def serve(channel: Channel) -> int:
     except Exception as exc:
         channel.send(_failure(exc))
         return 1
+    # What the imports and the load made lives as long as the worker: out of the
+    # collector, so that no collection during a batch walks it (a full one takes tens
+    # of milliseconds with torch imported: a batch's p99), as the server does after a load.
+    gc.freeze()
     channel.send(
         {
             "ok": True,
@@ -271,6 +287,8 @@ def main(argv: list[str]) -> int:
             rehearse()
         except Exception as exc:  # a rehearsal only warms caches: the load goes on
             log.warning("a spare's rehearsal failed: %s", exc)
+        gc.collect()  # now, not in the middle of the load
+        gc.freeze()
     try:
         return serve(channel)
     except ChannelClosed:

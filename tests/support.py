@@ -81,7 +81,7 @@ class Echo:
 #: A handler that misbehaves as its first input's first value says: 1 segfaults, 2 exits,
 #: 3 hangs, 4 allocates without bound, 5 raises, 6 answers its process id; else y = 2x.
 MISBEHAVING_HANDLER = """
-import ctypes, os, time
+import ctypes, gc, os, time
 import numpy as np
 
 class H:
@@ -108,6 +108,8 @@ class H:
             raise ValueError("bad input")
         if what == 6:
             return [{"y": np.full((1, 4), self.pid, dtype=np.float32)} for _ in batch]
+        if what == -7:  # how many objects the collector no longer walks
+            return [{"y": np.full((1, 4), gc.get_freeze_count(), np.float32)} for _ in batch]
         return [{"y": r["x"] * 2} for r in batch]
 """
 

@@ -80,6 +80,17 @@ def test_batches_cross_to_the_worker_and_back(tmp_path: Path, run: Run) -> None:
     assert not instance.workdir.exists()  # the arenas are gone with the worker
 
 
+def test_a_worker_freezes_what_its_imports_and_load_made_out_of_the_collector(
+    tmp_path: Path,
+) -> None:
+    instance = _start(tmp_path)  # a full collection would walk it all during a batch
+    try:
+        frozen = instance.run_timed([_x(-7)]).results[0]["y"][0, 0]
+        assert frozen > 10_000  # numpy, fnrt and the handler at least
+    finally:
+        instance.close()
+
+
 @WAYS
 def test_a_handler_exception_fails_the_batch_and_the_worker_lives(tmp_path: Path, run: Run) -> None:
     instance = _start(tmp_path)
