@@ -129,8 +129,9 @@ def rehearse() -> None:
     its results written back; and (torch imported) a module built on the ``meta``
     device, given tensors with ``load_state_dict(assign=True)`` and run once, as a torch
     handler's ``load`` and first batch do, and a layer large enough to start torch's
-    intra-op threads (a first batch would start them otherwise). About 4 ms of a cold
-    start of a torch model, measured; nothing of it stays but warm caches and threads."""
+    intra-op threads (a first batch would start them otherwise). About 3 ms of a cold
+    start of a torch model, measured, and the threads about 1 ms of its first forward
+    (median of 8 fresh processes); nothing of it stays but warm caches and threads."""
     vm = VersionManifest(parse_manifest(_REHEARSAL), FileRef("", "0" * 64, 0))
     vm = VersionManifest.from_dict(vm.to_dict())
     package = bundle_package(vm.bundle.digest)
