@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -439,7 +440,9 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         reply = instance.start(
             {
                 "op": "load",
-                "version": vm.to_dict(),
+                # pickled: the worker is this fnrt, and the manifest was checked when it
+                # was stored (re-parsing it there took 0.5 ms of every cold start)
+                "version": pickle.dumps(vm, pickle.HIGHEST_PROTOCOL),
                 "code_dir": str(files.code_dir),
                 "device": [device.kind, device.index],
                 "artifacts": {

@@ -28,6 +28,7 @@ import importlib
 import json
 import logging
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -124,7 +125,7 @@ class Handler:
 
 def rehearse() -> None:
     """Run what a cold start runs first in a fresh interpreter, so that its first-time
-    costs are a spare's and not the caller's: a version manifest parsed, a handler
+    costs are a spare's and not the caller's: a version manifest unpickled, a handler
     imported from a bundle and built, a batch read from an arena, run and checked, and
     its results written back; and (torch imported) a module built on the ``meta``
     device, given tensors with ``load_state_dict(assign=True)`` and run once, as a torch
@@ -133,7 +134,7 @@ def rehearse() -> None:
     start of a torch model, measured, and the threads about 1 ms of its first forward
     (median of 8 fresh processes); nothing of it stays but warm caches and threads."""
     vm = VersionManifest(parse_manifest(_REHEARSAL), FileRef("", "0" * 64, 0))
-    vm = VersionManifest.from_dict(vm.to_dict())
+    vm = pickle.loads(pickle.dumps(vm, pickle.HIGHEST_PROTOCOL))  # as a load message has it
     package = bundle_package(vm.bundle.digest)
     x = np.zeros((1, 4), dtype=np.float32)
     with tempfile.TemporaryDirectory(dir=shm_dir()) as folder:
@@ -166,7 +167,8 @@ def serve(channel: Channel) -> int:
     """Load as the first message says, then answer batches until told to close."""
     start = channel.recv()
     before = set(sys.modules)
-    vm = VersionManifest.from_dict(start["version"])
+    vm = pickle.loads(start["version"])  # from the server that started this worker
+    assert isinstance(vm, VersionManifest)
     device = Device(start["device"][0], int(start["device"][1]))
     artifacts = {
         key: LocalArtifact(key, Path(path), digest, int(size), device)
