@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from fnrt.functions.errors import FnrtError, HandlerError
+from fnrt.functions.version import VersionManifest
+from fnrt.runtime.node import Node
 from support import make_node, publish, write_function
 
 FOLDER_ARTIFACT = """
@@ -40,16 +45,17 @@ def test_folder_artifacts_are_materialised_with_their_names(tmp_path: Path) -> N
     instance.close()
 
 
+def _unpacked_echo(tmp_path: Path) -> tuple[Node, VersionManifest, Path]:
+    """A node, the echo function's version, and its code as the loader unpacked it."""
+    node = make_node(tmp_path)
+    vm = publish(node.repository, write_function(tmp_path / "src", "echo"))
+    return node, vm, node.loader.code_dir(vm)
+
+
 def test_an_intact_code_folder_is_checked_without_reading_its_bundle_again(
     tmp_path: Path,
 ) -> None:
-    import pytest
-
-    from fnrt.functions.errors import FnrtError
-
-    node = make_node(tmp_path)
-    vm = publish(node.repository, write_function(tmp_path / "src", "echo"))
-    code = node.loader.code_dir(vm)
+    node, vm, code = _unpacked_echo(tmp_path)
     bundle = tmp_path / "store" / "blobs" / "sha256" / vm.bundle.digest
     bundle.unlink()  # what a disk cache that dropped the bundle would leave
     assert node.loader.code_dir(vm) == code  # its files checked against what it held
@@ -61,15 +67,7 @@ def test_an_intact_code_folder_is_checked_without_reading_its_bundle_again(
 def test_code_is_unpacked_compiled_and_a_module_that_does_not_compile_says_why(
     tmp_path: Path,
 ) -> None:
-    import importlib.util
-
-    import pytest
-
-    from fnrt.functions.errors import HandlerError
-
-    node = make_node(tmp_path)
-    vm = publish(node.repository, write_function(tmp_path / "src", "echo"))
-    code = node.loader.code_dir(vm)
+    node, _, code = _unpacked_echo(tmp_path)
     (compiled,) = (code / "__pycache__").glob("handler.*.pyc")
     flags = int.from_bytes(compiled.read_bytes()[4:8], "little")
     assert flags == 0b11  # checked against the source's hash, not its mtime
