@@ -79,7 +79,8 @@ class Echo:
 """
 
 #: A handler that misbehaves as its first input's first value says: 1 segfaults, 2 exits,
-#: 3 hangs, 4 allocates without bound, 5 raises, 6 answers its process id; else y = 2x.
+#: 3 hangs, 4 allocates without bound, 5 raises, 6 answers its process id, -7 how many
+#: objects its process froze out of the collector; else y = 2x.
 MISBEHAVING_HANDLER = """
 import ctypes, gc, os, time
 import numpy as np
