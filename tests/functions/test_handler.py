@@ -33,6 +33,37 @@ def test_handler_subclass_must_override_call() -> None:
         check_contract(42, "answer")
 
 
+def test_a_handler_class_must_construct_with_no_arguments_however_it_constructs() -> None:
+    class Call:
+        def __call__(self, batch):  # type: ignore[no-untyped-def]
+            return batch
+
+    class Init(Call):
+        def __init__(self, size: int) -> None:
+            self.size = size
+
+    class New(Call):
+        def __new__(cls, size: int) -> New:
+            return super().__new__(cls)
+
+    class Meta(type):
+        def __call__(cls, size: int) -> object:  # type: ignore[override]
+            return super().__call__()
+
+    class Metaclassed(Call, metaclass=Meta):
+        pass
+
+    class Defaults(Call):
+        def __init__(self, size: int = 4) -> None:
+            self.size = size
+
+    check_contract(Call, "Call")  # object's own construction: known without a signature
+    check_contract(Defaults, "Defaults")
+    for cls in (Init, New, Metaclassed):
+        with pytest.raises(HandlerError, match="constructible with no arguments"):
+            check_contract(cls, cls.__name__)
+
+
 def test_device_strings() -> None:
     assert Device().torch == "cpu"
     assert Device().onnx_providers == ["CPUExecutionProvider"]
