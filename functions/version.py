@@ -13,13 +13,15 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fnrt.functions.errors import FnrtError, ManifestError
 from fnrt.functions.manifest import Manifest, parse_manifest
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+#: The most module names a version's ``imports`` holds.
+MAX_IMPORTS = 64
 
 
 def check_digest(digest: str) -> str:
@@ -115,6 +117,9 @@ class VersionManifest:
     bundle: FileRef
     artifacts: Mapping[str, ArtifactRef] = field(default_factory=dict)
     created_at: str = ""  # informational; not part of the version id
+    #: the installed packages its code imports, read at its deploy (what a spare worker
+    #: imports ahead: ``fnrt.loader.imports``); informational, not part of the version id
+    imports: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -143,8 +148,20 @@ class VersionManifest:
             "artifacts": {k: v.to_dict() for k, v in sorted(self.artifacts.items())},
         }
 
+    def stamped(self, created_at: str, imports: tuple[str, ...]) -> VersionManifest:
+        """This version with its informational fields set; one stored by an older fnrt
+        keeps its id and its content as stored (see :meth:`from_dict`)."""
+        out = replace(self, created_at=created_at, imports=imports)
+        if "_stored" in self.__dict__:
+            out.__dict__["version"] = self.__dict__["version"]
+            out.__dict__["_stored"] = self.__dict__["_stored"]
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "created_at": self.created_at, **self._content()}
+        out = {"version": self.version, "created_at": self.created_at, **self._content()}
+        if self.imports:
+            out["imports"] = list(self.imports)
+        return out
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True).encode()
@@ -164,6 +181,7 @@ class VersionManifest:
                     for k, v in dict(data.get("artifacts", {})).items()
                 },
                 created_at=str(data.get("created_at", "")),
+                imports=_imports(data.get("imports", [])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, FnrtError):
@@ -185,6 +203,18 @@ class VersionManifest:
             vm.__dict__["version"] = claimed
             vm.__dict__["_stored"] = stored
         return vm
+
+
+def _imports(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_IMPORTS:
+        raise FnrtError(
+            f"malformed version manifest: 'imports' must be a list of at most {MAX_IMPORTS} "
+            "module names"
+        )
+    for name in value:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise FnrtError(f"malformed version manifest: {name!r} in 'imports' is not a name")
+    return tuple(value)
 
 
 def _digest_id(content: Mapping[str, Any]) -> str:

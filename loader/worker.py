@@ -22,7 +22,6 @@ own dependencies; nothing of the HTTP side.
 from __future__ import annotations
 
 import ctypes
-import functools
 import gc
 import importlib
 import json
@@ -32,7 +31,6 @@ import pickle
 import signal
 import socket
 import sys
-import sysconfig
 import tempfile
 import traceback
 from pathlib import Path
@@ -48,6 +46,7 @@ from fnrt.functions.version import FileRef, VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.channel import Channel, ChannelClosed
+from fnrt.loader.imports import from_site, site_roots
 from fnrt.loader.instance import Built, build_handler, run_checked
 from fnrt.tracing.handler_spans import capture
 
@@ -78,22 +77,15 @@ def installed_imports(before: set[str]) -> list[str]:
     from installed packages (site-packages): what a spare worker may import ahead. A
     handler's own modules, or anything found on a path of its own, are not: imported
     ahead from elsewhere, a module of the same name would shadow them."""
-    roots = _site_roots()
     found = []
     for name in sorted({m.partition(".")[0] for m in sys.modules.keys() - before}):
         module = sys.modules.get(name)
         where = getattr(module, "__file__", None)
         if name.startswith("_") or name == "fnrt" or not where:
             continue
-        if any(os.path.abspath(where).startswith(root + os.sep) for root in roots):
+        if from_site(where):
             found.append(name)
     return found
-
-
-@functools.cache
-def _site_roots() -> frozenset[str]:
-    """Where installed packages live (asked once: ``sysconfig`` is slow to answer)."""
-    return frozenset(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
 
 
 def import_ahead(names: list[str]) -> None:
@@ -160,7 +152,7 @@ def rehearse() -> None:
             module(torch.from_numpy(x))
             # big enough to be split across torch's intra-op threads, which start now
             torch.nn.functional.linear(torch.ones(1, 1024), torch.ones(1024, 1024))
-    _site_roots()
+    site_roots()
 
 
 def serve(channel: Channel) -> int:

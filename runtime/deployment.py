@@ -8,12 +8,13 @@ server, a deploy moves all traffic at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from fnrt.functions.errors import BlobNotFound
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
+from fnrt.loader.imports import code_imports
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.process import check_in_environment
 from fnrt.loader.repository import Repository, now_iso
@@ -33,7 +34,9 @@ def store_version(
     repository: Repository, loader: InstanceLoader, vm: VersionManifest
 ) -> tuple[bool, VersionManifest]:
     """Validate ``vm`` (blobs present, handler importable and to contract) and store it,
-    stamped with its creation time. Blocking; nothing is loaded and no traffic moves.
+    stamped with its creation time and the installed packages its code imports (what
+    a node's spare workers import ahead of its first cold start). Blocking; nothing is
+    loaded and no traffic moves.
 
     Returns whether it was new, and the version as stored. Raises HandlerError,
     BlobNotFound or ManifestError before anything is written.
@@ -41,12 +44,13 @@ def store_version(
     for ref in vm.blobs():
         if not repository.has_blob(ref.digest):
             raise BlobNotFound(ref.digest)
+    imports: tuple[str, ...] = ()
     if vm.manifest.environment.enabled:  # its packages are not the server's: check it there
         check_in_environment(loader, vm)
     else:
         loader.handler_object(vm)
-    if not vm.created_at:
-        vm = replace(vm, created_at=now_iso())
+        imports = code_imports(loader.code_dir(vm), vm.manifest.module)  # for spare workers
+    vm = vm.stamped(vm.created_at or now_iso(), imports)
     if repository.put_version(vm):
         return True, vm
     return False, repository.get_version(vm.name, vm.version)

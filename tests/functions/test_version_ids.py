@@ -54,3 +54,26 @@ def test_a_changed_version_is_still_refused(tmp_path: Path) -> None:
     current["manifest"]["description"] = "changed"
     with pytest.raises(FnrtError, match="does not match its content"):
         VersionManifest.from_dict(current)
+
+
+def test_what_a_version_imports_travels_with_it_and_is_not_part_of_its_id(
+    tmp_path: Path,
+) -> None:
+    vm = packed(write_function(tmp_path, "imp"))[0]
+    stamped = vm.stamped("2026-12-05T00:00:00Z", ("idna", "numpy"))
+    assert stamped.version == vm.version
+    data = stamped.to_dict()
+    assert data["imports"] == ["idna", "numpy"]
+    assert "imports" not in vm.to_dict()  # none: the record is as it was
+    assert VersionManifest.from_dict(json.loads(json.dumps(data))) == stamped
+    for bad in ("numpy", ["numpy", "not a name"], [3], ["m"] * 65):
+        with pytest.raises(FnrtError, match="imports"):
+            VersionManifest.from_dict({**data, "imports": bad})
+
+
+def test_an_older_version_stamped_keeps_its_id(tmp_path: Path) -> None:
+    vm = packed(write_function(tmp_path, "old"))[0]
+    stored = as_an_older_fnrt_stored_it(vm)
+    read = VersionManifest.from_dict(stored).stamped("2026-12-05T00:00:00Z", ("idna",))
+    assert read.version == stored["version"]
+    assert read.to_dict()["imports"] == ["idna"]
