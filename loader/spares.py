@@ -13,8 +13,11 @@ second after that load (``REFILL_DELAY_S``), not during it nor during the
 first batch that follows it, so the replacement's imports (a core for a
 second) do not compete with the cold start they would slow.
 
-Which modules: those the user names (``fnrt serve --worker-imports``), and those
-every load on this node reported importing from the installed packages
+Which modules: those the user names (``fnrt serve --worker-imports``), those
+the code of the functions this node serves imports from the installed packages
+(read at each version's deploy and kept with it: :mod:`fnrt.loader.imports`;
+learned when the node starts on the store, or first serves the version), and
+those every load on this node reported importing
 (:func:`fnrt.loader.worker.installed_imports`); a spare started before a
 module was learned is replaced by one that has it. What was learned is kept
 in a file (``remembered``, in the node's cache folder), so a node started
@@ -41,6 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from fnrt.loader.imports import installed
 from fnrt.loader.stores.file import write_atomic
 
 log = logging.getLogger("fnrt.loader")
@@ -152,13 +156,14 @@ class SpareWorkers:
                 spare.sock.close()
         return None
 
-    def learn(self, modules: Iterable[str]) -> None:
-        """Modules a load reported importing: spares started from now import them too
-        (and a node started again on this cache, from its start)."""
+    def learn(self, modules: Iterable[str]) -> bool:
+        """Modules a load reported importing, or a version's code imports: spares
+        started from now import them too (and a node started again on this cache, from
+        its start). Whether any was new."""
         with self._lock:
             new = {m for m in modules if m not in self.named} - self.learned
             if not new:
-                return
+                return False
             self.learned |= new
             names = sorted(self.learned)
         if self.remembered is not None:
@@ -166,6 +171,15 @@ class SpareWorkers:
                 write_atomic(self.remembered, [json.dumps(names).encode()])
             except OSError as exc:  # a full or read-only disk: remembered next time, maybe
                 log.warning("cannot keep the spare workers' imports: %s", exc)
+        return True
+
+    def expect(self, modules: Iterable[str], *, refill: bool = True) -> None:
+        """A function this node serves imports ``modules`` (read from its code at its
+        deploy, maybe elsewhere): learn those installed here, and when any is new
+        (and ``refill``), bring the spares up to date after ``refill_delay_s``, so
+        that its first cold start finds one ready."""
+        if self.learn(m for m in modules if installed(m)) and refill:
+            self.refill()
 
     @property
     def known(self) -> bool:

@@ -11,6 +11,7 @@ services; nothing reaches through one service to another's parts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +75,8 @@ class Node:
     async def start(self) -> None:
         """Remove what killed processes left behind, start the spare workers when their
         imports are known (named, or learned on this cache before), read the store's
-        functions (loading those that start warm), start the timers."""
+        functions (loading those that start warm; what their code imports brings the
+        spares up to date), start the timers."""
         store = self.repository.store
         store_root = store.root if isinstance(store, FileStore) else None
         freed = await asyncio.to_thread(
@@ -86,6 +88,8 @@ class Node:
         if spares is not None and spares.known:  # named or learned: ready for the first
             spares.refill(now=True)
         warming = await self.registry.start(preload=self.settings.preload)
+        if spares is not None and spares.known:  # and what the store's functions import
+            spares.refill(now=True)
         self.lifecycle.warming = set(warming)
         self.sweeper.start()
         self.jobs.start()
@@ -193,7 +197,11 @@ def build_node(
         redis=redis_client(settings.redis_url) if settings.redis_url else None,
         device_room=device_room,
     )
-    registry = Registry(repository, factory, clock, keeper)
+    spares = loader.spares
+    learn = None  # what the store's functions import, read at the start: for the spares
+    if spares is not None and factory.isolation is IsolationMode.PROCESS:  # their loads only
+        learn = functools.partial(spares.expect, refill=False)
+    registry = Registry(repository, factory, clock, keeper, imports_seen=learn)
     splits = Splits(registry, loader, factory)
     jobs = JobRunner(
         JobBoard(repository.store, node_id()),

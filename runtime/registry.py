@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -55,8 +55,11 @@ class Registry:
         schedulers: SchedulerFactory,
         clock: Clock,
         keeper: Planned | None = None,
+        imports_seen: Callable[[Iterable[str]], object] | None = None,
     ) -> None:
         self._keeper = keeper
+        #: told what the versions read at the start import (``VersionManifest.imports``)
+        self._imports_seen = imports_seen
         self.repository = repository
         self.clock = clock
         self._schedulers = schedulers
@@ -77,7 +80,8 @@ class Registry:
         """Read every function's routing and serving manifest; serve at once those that
         start warm (``--preload``, ``load_at_start``: their loads, running on) and those
         the keeper has learned (it may pre-warm them). The others cost nothing here
-        until their first call, which reads them again."""
+        until their first call, which reads them again; what their code imports is
+        told to ``imports_seen`` (the spare workers learn it)."""
         await self._read_feed()  # before the routing: a change made meanwhile is seen again
         names = await asyncio.to_thread(self._starting, preload)
         warming: list[asyncio.Future[None]] = []
@@ -109,6 +113,9 @@ class Registry:
             except Exception as exc:
                 log.error("cannot serve %s: %s", name, exc)
                 continue
+            imports = stored.get("imports")
+            if self._imports_seen is not None and isinstance(imports, list):
+                self._imports_seen(n for n in imports if isinstance(n, str) and n.isidentifier())
             scaling = stored["manifest"].get("scaling")
             if isinstance(scaling, dict) and scaling.get("load_at_start") is True:
                 chosen.append(name)  # checked in full when it is served, below

@@ -45,6 +45,7 @@ from fnrt.runtime.stats import Stats
 __all__ = ["Scheduler", "SchedulerFactory", "Served"]
 
 THREAD = IsolationMode.THREAD
+PROCESS = IsolationMode.PROCESS
 
 
 class Scheduler:
@@ -376,6 +377,9 @@ class SchedulerFactory:
         the handler, in a thread or a worker process as its ``[isolation]`` or the
         node says)."""
         kind = THREAD if load else vm.manifest.isolation_kind(self.isolation)
+        spares = self.loader.spares
+        if spares is not None and kind is PROCESS and not vm.manifest.environment.enabled:
+            spares.expect(vm.imports)  # its first cold start takes a spare with them
         return Scheduler(
             vm,
             load or functools.partial(launch, self.loader, kind),

@@ -231,7 +231,8 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
 @setting(
     "worker_imports",
     help="modules a spare worker imports ahead, comma-separated (e.g. torch,onnxruntime), "
-    "beside those handlers here were seen to import; given, a spare starts with the server",
+    "beside those the functions' code imports and loads here were seen to import; given, a "
+    "spare starts with the server",
 )
 @setting("device", type=click.Choice(["auto", "cpu", "cuda"]), help="where instances run")
 @flag(

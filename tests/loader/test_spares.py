@@ -21,7 +21,7 @@ from fnrt.loader.spares import SpareWorkers, Started
 from fnrt.loader.stores import FileStore
 from fnrt.loader.worker import installed_imports, rehearse
 from support import ISOLATED_MANIFEST as MANIFEST
-from support import publish, write_function
+from support import publish, wait_until, write_function
 
 #: ``idna`` is installed with fnrt (httpx needs it) and the worker itself never imports it.
 HANDLER = """
@@ -201,4 +201,17 @@ def test_what_was_learned_is_kept_for_the_next_start_on_this_cache(tmp_path: Pat
         kept.write_text(bad)
         pool = SpareWorkers(1, remembered=kept)
         assert pool.learned <= {"ok"}  # what cannot be read is left out, nothing raised
+        pool.close()
+
+
+def test_what_a_version_imports_is_learned_where_it_is_installed() -> None:
+    pool = SpareWorkers(1, refill_delay_s=0)
+    try:
+        pool.expect(["not_a_package_anywhere_here", "numpy"], refill=False)
+        assert pool.learned == {"numpy"} and pool.ready == 0  # learned, nothing started
+        pool.expect(["idna"])  # new: the spares are brought up to date
+        wait_until(lambda: pool.ready == 1)
+        (spare,) = pool._spares
+        assert spare.imports == {"idna", "numpy"}
+    finally:
         pool.close()

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -288,6 +289,75 @@ def test_a_node_started_again_on_its_cache_starts_the_spares_it_learned(tmp_path
         wait_until(lambda: spares.ready == 1)  # before any cold start
         (spare,) = spares._spares
         assert spare.imports == {"idna"}
+
+
+#: The misbehaving handler, importing a package the worker itself never imports.
+IMPORTING = "import idna\n" + HANDLER
+
+
+def test_a_deploy_teaches_a_new_node_what_to_import_ahead_of_its_first_cold_start(
+    tmp_path: Path,
+) -> None:
+    node = build_node(node_settings(tmp_path))  # a new cache: nothing learned yet
+    spares = node.loader.spares
+    assert spares is not None and not spares.known
+    with live_server(tmp_path, node=node) as srv:
+        folder = write_function(
+            tmp_path / "src",
+            "p",
+            IMPORTING,
+            MANIFEST,
+            mode="process",
+            timeout_s=0,
+            memory_limit_bytes=0,
+        )
+        deployed = srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        stored = node.repository.get_version("p", deployed.version)
+        assert {"idna", "numpy"} <= set(stored.imports)
+        wait_until(lambda: spares.ready == 1)  # no cold start yet: learned from the code
+        (spare,) = spares._spares
+        assert spare.imports == {"idna", "numpy"}  # fnrt_test_gates: not an installed package
+        with srv.client() as c:
+            r = _call(c, "p", 6)  # answers its worker's pid
+        assert r.status_code == 200, r.text
+        assert r.json()["y"][0][0] == spare.process.pid  # the first cold start took it
+
+
+def test_a_node_started_on_a_store_learns_what_its_functions_import(tmp_path: Path) -> None:
+    from fnrt.runtime.deployment import publish_version
+
+    deploying = build_node(node_settings(tmp_path, spare_workers=0))  # fnrt deploy --store
+    folder = write_function(
+        tmp_path / "src",
+        "p",
+        IMPORTING,
+        MANIFEST,
+        mode="process",
+        timeout_s=0,
+        memory_limit_bytes=0,
+    )
+    publish_version(deploying.repository, deploying.loader, publish(deploying.repository, folder))
+    node = build_node(replace(node_settings(tmp_path), cache_dir=tmp_path / "new-cache"))
+    spares = node.loader.spares
+    assert spares is not None and not spares.known
+    with live_server(tmp_path, node=node):
+        wait_until(lambda: spares.ready == 1)  # at the start, before any call
+        (spare,) = spares._spares
+        assert spare.imports == {"idna", "numpy"}
+
+
+def test_a_node_whose_functions_run_in_threads_starts_no_spares_for_them(
+    tmp_path: Path,
+) -> None:
+    node = build_node(node_settings(tmp_path, isolation="thread"))
+    spares = node.loader.spares
+    assert spares is not None
+    with live_server(tmp_path, node=node) as srv:
+        folder = write_function(tmp_path / "src", "t", IMPORTING, PLAIN)
+        srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        with srv.client() as c:
+            assert _call(c, "t", 6).status_code == 200
+        assert not spares.known and spares.ready == 0
 
 
 def test_spare_workers_zero_starts_none(tmp_path: Path) -> None:
