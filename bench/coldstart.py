@@ -18,8 +18,12 @@ are deployed to two fnrt servers: one on a local store, one on an S3 endpoint
   of the same object from the same endpoint, with its default settings and
   with a tuned ``TransferConfig`` (16 threads, 16 MiB parts);
 - the raw read throughput of the cached file (what the L2 path approaches);
-- once, a new node's first cold start, with no spare worker yet (``fnrt serve
-  --worker-imports`` would start one with the server).
+- once each, a node's first cold start of the model: after its deploy to that
+  node, on a new node started on the store the model is deployed to (a new
+  cache: nothing learned there), and on such a node with ``--spare-workers 0``
+  (every cold start starts a Python and imports torch). Each waits 4 s first, as
+  a node started ahead of its traffic would: a node learns what the model's code
+  imports at its deploy (``loader/imports.py``), and its spare worker imports it.
 """
 
 from __future__ import annotations
@@ -139,11 +143,13 @@ class Server:
         env: dict[str, str],
         s3_endpoint: str | None,
         isolation: str | None = None,
+        *more: str,
     ) -> None:
         self.cache = work / f"cache-{name}"
         extra = ("--s3-endpoint", s3_endpoint) if s3_endpoint else ()
         if isolation:
             extra += ("--isolation", isolation)
+        extra += tuple(more)
         self.url, self.proc = start_fnrt(store, self.cache, env, *extra)
         self.http = httpx.Client(base_url=self.url, timeout=600)
 
@@ -220,7 +226,19 @@ def main() -> None:
             server.deploy(wide)
             server.deploy(onnx_dir)
         x = np.random.default_rng(1).standard_normal((1, 2048)).astype(np.float32)
-        first, _, _ = local.cold_invoke("wide", x)  # a new node's first: its worker imports all
+        firsts = {}  # label -> (seconds, of which the weights' sha256: once per node)
+        time.sleep(SPARE_READY_S)
+        elapsed, t, _ = local.cold_invoke("wide", x)
+        firsts["after its deploy"] = (elapsed, t["verify_s"])
+        for label, name, more in (
+            ("of a new node on the store", "new", ()),
+            ("of a new node, --spare-workers 0", "no-spare", ("--spare-workers", "0")),
+        ):
+            new = Server(work, name, str(work / "store"), env, None, args.isolation, *more)
+            time.sleep(SPARE_READY_S)  # started ahead of its traffic
+            elapsed, t, _ = new.cold_invoke("wide", x)
+            firsts[label] = (elapsed, t["verify_s"])
+            new.stop()  # and its workers with it, before anything else is measured
         for server in servers:  # first loads: imports, page cache
             for name in ("wide", "wide-onnx"):
                 if (server, name) != (local, "wide"):
@@ -318,7 +336,9 @@ def main() -> None:
             elapsed, _, tier = remote.cold_invoke("wide-onnx", x)
             add("onnx: fnrt L3 wake -> first response", elapsed)
 
-        rows["fnrt first cold start of a new node (no spare worker yet)"] = [first]
+        for label, (seconds, verify_s) in firsts.items():
+            rows[f"fnrt first cold start {label}"] = [seconds]
+            rows[f"  {label}: the weights' sha256"] = [verify_s]  # once a node
         med = {label: statistics.median(v) for label, v in rows.items()}
         print(f"\n{'':<58} {'median s':>9}  (rounds: {args.rounds}, weights {size / MiB:.0f} MiB)")
         for label, value in med.items():
