@@ -1,7 +1,8 @@
 """Content checks at every load: a blob is what its digest says, cheaply.
 
 A blob's sha256 (its content address) is checked once, when a file is first
-seen: fetched into the disk cache, or first loaded from a folder store. The
+seen: fetched into the disk cache, first loaded from a folder store, or
+uploaded to a folder store through this node (hashed as it was spooled). The
 same pass takes an xxh3-128 of the file (about 15 GB/s here, ten times
 sha256), kept in a small record beside the file with the file's identity:
 size, mtime, ctime, inode and device. A later load compares that identity
@@ -38,14 +39,27 @@ class Fingerprint:
     xxh3: str
 
 
+class Fingerprinting:
+    """sha256 and xxh3-128 of bytes as they pass (a file read, an upload spooled)."""
+
+    def __init__(self) -> None:
+        self._sha, self._quick = hashlib.sha256(), xxhash.xxh3_128()
+
+    def update(self, chunk: bytes) -> None:
+        self._sha.update(chunk)
+        self._quick.update(chunk)
+
+    def result(self) -> Fingerprint:
+        return Fingerprint(self._sha.hexdigest(), self._quick.hexdigest())
+
+
 def fingerprint(path: Path) -> Fingerprint:
     """sha256 and xxh3-128 of a file in one read."""
-    sha, quick = hashlib.sha256(), xxhash.xxh3_128()
+    hashes = Fingerprinting()
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
-            sha.update(chunk)
-            quick.update(chunk)
-    return Fingerprint(sha.hexdigest(), quick.hexdigest())
+            hashes.update(chunk)
+    return hashes.result()
 
 
 def quick_digest(path: Path) -> str:
@@ -127,6 +141,12 @@ class Verifier:
         if found.sha256 != digest:
             raise CorruptBlob(digest, str(path), f"it hashes to sha256:{found.sha256}")
         write_record(record, path, found.xxh3)
+
+    def record(self, path: Path, found: Fingerprint) -> None:
+        """Take ``path`` as verified: ``found`` is the fingerprint of the bytes just
+        written there (an upload this node hashed as it spooled it), so its first load
+        here needs no sha256 of its own (about 1 s a GB)."""
+        write_record(self.root / found.sha256, path, found.xxh3)
 
 
 def bundle_files(bundle: bytes) -> dict[str, str]:

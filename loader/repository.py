@@ -100,18 +100,21 @@ class Repository:
         digest: str,
         source: Path | bytes | Iterable[bytes],
         progress: Callable[[int], None] | None = None,
+        *,
+        sha256: str | None = None,
     ) -> bool:
         """Store content under its sha256; False if it was already there.
 
         Content that does not hash to ``digest`` is refused and nothing is kept.
-        A file is hashed before it is sent (so S3 gets a multipart upload); a
-        stream is hashed as it is written.
+        A file is hashed before it is sent (so S3 gets a multipart upload), unless
+        ``sha256`` gives its hash (the caller hashed it as it wrote it); a stream
+        is hashed as it is written.
         """
         key = blob_key(digest)
         if self.store.exists(key):
             return False
         if isinstance(source, Path):
-            actual = file_digest(source)
+            actual = sha256 if sha256 is not None else file_digest(source)
             if actual != digest:
                 raise IntegrityError(digest, actual)
             self.store.put_file(key, source, progress)

@@ -11,7 +11,7 @@ import hmac
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 from starlette.requests import Request
@@ -21,6 +21,7 @@ from fnrt.functions.codec import Format, encode, negotiate
 from fnrt.functions.errors import BadRequest, FnrtError, Unauthorized
 from fnrt.functions.manifest import NAME_PATTERN, ROLLOUT_POLICIES
 from fnrt.functions.version import VersionManifest, check_digest
+from fnrt.loader.integrity import Fingerprinting
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.resource import Endpoint, resource
 from fnrt.runtime.http.state import node_of
@@ -74,6 +75,13 @@ async def put_blob(request: Request) -> Response:
     # the pid in the name: a node removes the spools of dead processes at start
     fd, name = tempfile.mkstemp(dir=spool_dir, prefix=f"{digest[:16]}.{os.getpid()}.")
     spool = Path(name)
+    hashes = Fingerprinting()  # as it is spooled, off the loop: not read again to check it
+
+    def write(f: BinaryIO, chunks: list[bytes]) -> None:
+        f.writelines(chunks)
+        for chunk in chunks:
+            hashes.update(chunk)
+
     try:
         with os.fdopen(fd, "wb") as f:
             pending: list[bytes] = []
@@ -82,10 +90,14 @@ async def put_blob(request: Request) -> Response:
                 pending.append(chunk)
                 held += len(chunk)
                 if held >= _SPOOL_BYTES:
-                    await asyncio.to_thread(f.writelines, pending)
+                    await asyncio.to_thread(write, f, pending)
                     pending, held = [], 0
-            await asyncio.to_thread(f.writelines, pending)
-        created = await asyncio.to_thread(repository.put_blob, digest, spool)
+            await asyncio.to_thread(write, f, pending)
+        found = hashes.result()
+        created = await asyncio.to_thread(repository.put_blob, digest, spool, sha256=found.sha256)
+        stored = repository.blob_path(digest)
+        if created and stored is not None:  # a folder store: its first load here skips a sha256
+            await asyncio.to_thread(node.loader.verifier.record, stored, found)
     finally:
         spool.unlink(missing_ok=True)
     return JSONResponse({"digest": digest, "created": created}, status_code=201 if created else 200)

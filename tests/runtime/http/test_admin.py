@@ -92,6 +92,32 @@ def test_blob_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
         assert c.head(f"/v1/blobs/{digest}").status_code == 200
 
 
+def test_a_blob_uploaded_to_a_folder_store_is_verified_as_it_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fnrt.loader import integrity
+    from fnrt.loader.integrity import read_record
+
+    body = bytes(range(256)) * 40_000  # 10 MB: several spool writes
+    digest = hashlib.sha256(body).hexdigest()
+    with live_server(tmp_path) as srv, srv.client() as c:
+        verifier = srv.node.loader.verifier
+        assert c.put(f"/v1/blobs/{digest}", content=body).status_code == 201
+        stored = srv.node.repository.blob_path(digest)
+        assert stored is not None and read_record(verifier.root / digest) is not None
+
+        def no_sha256(path: Path) -> integrity.Fingerprint:
+            raise AssertionError("read again through sha256")
+
+        monkeypatch.setattr(integrity, "fingerprint", no_sha256)
+        verifier.check(stored, digest)  # its first load here: the record, no sha256
+        stored.touch()  # a new identity: read through xxh3, which the upload took right
+        verifier.check(stored, digest)
+        bad = hashlib.sha256(b"good").hexdigest()
+        assert c.put(f"/v1/blobs/{bad}", content=b"evil").status_code == 400
+        assert read_record(verifier.root / bad) is None  # refused: nothing recorded
+
+
 @pytest.mark.parametrize(
     ("handler", "manifest_edit", "status", "words"),
     [
