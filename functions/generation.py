@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fnrt.functions.contract import check_constructible
 from fnrt.functions.errors import HandlerError, InvalidInput
 
 if TYPE_CHECKING:
@@ -117,12 +118,7 @@ def check_generator(obj: object, where: str) -> None:
             inspect.signature(fn).bind(None, [])
         except TypeError:
             raise HandlerError(f"{where}.{method} must take one argument: the sequences") from None
-    try:
-        inspect.signature(obj).bind()
-    except TypeError:
-        raise HandlerError(
-            f"handler class {where} must be constructible with no arguments"
-        ) from None
+    check_constructible(obj, where)
 
 
 # --- what crosses to an instance per step ---------------------------------------------

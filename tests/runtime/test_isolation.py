@@ -295,6 +295,12 @@ def test_a_node_started_again_on_its_cache_starts_the_spares_it_learned(tmp_path
 IMPORTING = "import idna\n" + HANDLER
 
 
+def _importing(tmp_path: Path) -> Path:
+    """A process-isolated function ``p`` whose code imports idna and numpy."""
+    values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+    return write_function(tmp_path / "src", "p", IMPORTING, MANIFEST, **values)
+
+
 def test_a_deploy_teaches_a_new_node_what_to_import_ahead_of_its_first_cold_start(
     tmp_path: Path,
 ) -> None:
@@ -302,15 +308,7 @@ def test_a_deploy_teaches_a_new_node_what_to_import_ahead_of_its_first_cold_star
     spares = node.loader.spares
     assert spares is not None and not spares.known
     with live_server(tmp_path, node=node) as srv:
-        folder = write_function(
-            tmp_path / "src",
-            "p",
-            IMPORTING,
-            MANIFEST,
-            mode="process",
-            timeout_s=0,
-            memory_limit_bytes=0,
-        )
+        folder = _importing(tmp_path)
         deployed = srv.call(node.deployer.deploy(publish(node.repository, folder)))
         stored = node.repository.get_version("p", deployed.version)
         assert {"idna", "numpy"} <= set(stored.imports)
@@ -327,15 +325,7 @@ def test_a_node_started_on_a_store_learns_what_its_functions_import(tmp_path: Pa
     from fnrt.runtime.deployment import publish_version
 
     deploying = build_node(node_settings(tmp_path, spare_workers=0))  # fnrt deploy --store
-    folder = write_function(
-        tmp_path / "src",
-        "p",
-        IMPORTING,
-        MANIFEST,
-        mode="process",
-        timeout_s=0,
-        memory_limit_bytes=0,
-    )
+    folder = _importing(tmp_path)
     publish_version(deploying.repository, deploying.loader, publish(deploying.repository, folder))
     node = build_node(replace(node_settings(tmp_path), cache_dir=tmp_path / "new-cache"))
     spares = node.loader.spares
