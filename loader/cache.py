@@ -2,7 +2,10 @@
 
 Files are named by their sha256 and are only ever created by renaming a
 fully written, hashed and fsync'd temporary file, so a crash or a failed
-download never leaves a file that is served. A small ``.ok`` record beside
+download never leaves a file that is served. The hash follows the download:
+each part is read back and hashed once the parts before it are in
+(:class:`fnrt.loader.integrity.Trailing`), so little of it is left when the
+last byte lands. A small ``.ok`` record beside
 each blob remembers the size, mtime and inode it had when it was last hashed;
 a blob whose file no longer matches its record is hashed again before use, and
 fetched again if the hash is wrong.
@@ -29,13 +32,21 @@ from pathlib import Path
 
 from fnrt.functions.errors import IntegrityError
 from fnrt.functions.version import check_digest
-from fnrt.loader.integrity import fingerprint, read_record, recheck, write_record
+from fnrt.loader.integrity import (
+    Trailing,
+    fingerprint,
+    read_record,
+    recheck,
+    write_record,
+)
 from fnrt.loader.leftovers import writer_gone
+from fnrt.loader.stores.base import Written
 
 log = logging.getLogger("fnrt.cache")
 
 #: Writes the blob into the given (temporary) path.
-Fetch = Callable[[Path], None]
+#: Writes a blob into the path given, telling ``Written`` of each range as it lands.
+Fetch = Callable[[Path, Written], None]
 
 
 @dataclass(frozen=True)
@@ -137,10 +148,11 @@ class BlobCache:
                 return CacheResult(path, False, verify_s=time.perf_counter() - started)
             self._make_room(size_hint)
             tmp = self.tmp / f"{digest[:16]}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part"
+            hashing = Trailing(tmp)  # while it arrives, range by range
             try:
-                fetch(tmp)
+                fetch(tmp, hashing.written)
                 fetched = time.perf_counter()
-                found = fingerprint(tmp)
+                found = hashing.result()
                 if found.sha256 != digest:
                     raise IntegrityError(digest, found.sha256)
                 with tmp.open("rb+") as f:
@@ -148,6 +160,7 @@ class BlobCache:
                 os.replace(tmp, path)
                 write_record(path.with_suffix(".ok"), path, found.xxh3)
             finally:
+                hashing.close()
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
             self._touch(digest, path)

@@ -310,7 +310,7 @@ class InstanceLoader:
             raise BlobNotFound(ref.digest)
         result = self.blob_cache.get(
             ref.digest,
-            lambda tmp: self.repository.download_blob(ref.digest, tmp),
+            lambda tmp, written: self.repository.download_blob(ref.digest, tmp, written),
             size_hint=ref.size_bytes,
         )
         if fetches is not None:

@@ -1,8 +1,9 @@
 """Content checks at every load: a blob is what its digest says, cheaply.
 
 A blob's sha256 (its content address) is checked once, when a file is first
-seen: fetched into the disk cache, first loaded from a folder store, or
-uploaded to a folder store through this node (hashed as it was spooled). The
+seen: fetched into the disk cache (hashed as its parts land: :class:`Trailing`),
+first loaded from a folder store, or uploaded to a folder store through this
+node (hashed as it was spooled). The
 same pass takes an xxh3-128 of the file (about 15 GB/s here, ten times
 sha256), kept in a small record beside the file with the file's identity:
 size, mtime, ctime, inode and device. A later load compares that identity
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,82 @@ class Fingerprinting:
 
     def result(self) -> Fingerprint:
         return Fingerprint(self._sha.hexdigest(), self._quick.hexdigest())
+
+
+class Trailing:
+    """The fingerprint of a file being written out of order (parallel ranged GETs),
+    taken while it is written: a thread reads each range back (from the page cache)
+    once every byte before it is in, so the hash ends soon after the last byte lands
+    instead of beginning then. :meth:`written` is told of each complete range;
+    :meth:`result`, once everything is written, hashes what it was not told of."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._ranges: dict[int, int] = {}  # start -> end of complete ranges not hashed yet
+        self._size: int | None = None  # set by result(): all of it is written
+        self._stopped = False
+        self._hashed = 0
+        self._error: BaseException | None = None
+        self._hashes = Fingerprinting()
+        self._ready = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="fnrt-hash", daemon=True)
+        self._thread.start()
+
+    def written(self, start: int, end: int) -> None:
+        with self._ready:
+            self._ranges[start] = end
+            self._ready.notify()
+
+    def result(self) -> Fingerprint:
+        """The whole file's fingerprint (blocking), once all of it is written."""
+        size = self._path.stat().st_size
+        with self._ready:
+            self._size = size
+            self._ready.notify()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._hashes.result()
+
+    def close(self) -> None:
+        """Stop (the write failed, or the result is taken)."""
+        with self._ready:
+            self._stopped = True
+            self._ready.notify()
+        self._thread.join()
+
+    def _until(self) -> int | None:
+        """How far the bytes after those hashed may be read now; None: stop."""
+        with self._ready:
+            while True:
+                if self._stopped:
+                    return None
+                if self._size is not None:
+                    return self._size
+                end = self._ranges.pop(self._hashed, None)
+                if end is not None:
+                    return end
+                self._ready.wait()
+
+    def _run(self) -> None:
+        fd = -1
+        try:
+            while (end := self._until()) is not None:
+                if fd < 0:  # once something is written: the writer creates the file
+                    fd = os.open(self._path, os.O_RDONLY)
+                while self._hashed < end:
+                    chunk = os.pread(fd, min(_CHUNK, end - self._hashed), self._hashed)
+                    if not chunk:
+                        raise OSError(f"{self._path} ended at byte {self._hashed}, not {end}")
+                    self._hashes.update(chunk)
+                    self._hashed += len(chunk)
+                if end == self._size:
+                    return
+        except BaseException as exc:  # given to result()
+            self._error = exc
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
 
 def fingerprint(path: Path) -> Fingerprint:

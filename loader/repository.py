@@ -35,7 +35,7 @@ from fnrt.functions.manifest import NAME_PATTERN, check_name
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.loader.changes import FEED_KEY, Feed
-from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed
+from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed, Written
 
 _CAS_ATTEMPTS = 16
 #: The feed is one object every deploy writes: more tries, with jittered waits.
@@ -137,10 +137,11 @@ class Repository:
             raise BlobNotFound(digest) from None
         return data
 
-    def download_blob(self, digest: str, dest: Path) -> None:
-        """Copy a blob into the local file ``dest`` (parallel ranged GETs on S3)."""
+    def download_blob(self, digest: str, dest: Path, written: Written | None = None) -> None:
+        """Copy a blob into the local file ``dest`` (parallel ranged GETs on S3, each
+        told to ``written`` once it is in)."""
         try:
-            self.store.download(blob_key(digest), dest)
+            self.store.download(blob_key(digest), dest, written=written)
         except KeyNotFound:
             raise BlobNotFound(digest) from None
 

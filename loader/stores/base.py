@@ -18,6 +18,8 @@ from fnrt.functions.errors import FnrtError, NotFound
 
 #: Called with the number of bytes moved since the last call.
 Progress = Callable[[int], None]
+#: Told that the bytes ``[start, end)`` of a file being written are in it.
+Written = Callable[[int, int], None]
 
 
 class KeyNotFound(NotFound):
@@ -94,6 +96,14 @@ class ObjectStore(Protocol):
         """A local file holding the object, when the store is on this disk."""
         ...
 
-    def download(self, key: str, dest: Path, progress: Progress | None = None) -> None:
-        """Copy an object into the local file ``dest`` (written in place)."""
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        progress: Progress | None = None,
+        written: Written | None = None,
+    ) -> None:
+        """Copy an object into the local file ``dest`` (written in place); ``written`` is
+        told of each range ``[start, end)`` once it is in ``dest`` (a store that writes
+        in ranges; another may tell nothing)."""
         ...

@@ -18,7 +18,13 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from fnrt.loader.stores.base import KeyNotFound, PreconditionFailed, Progress, check_key
+from fnrt.loader.stores.base import (
+    KeyNotFound,
+    PreconditionFailed,
+    Progress,
+    Written,
+    check_key,
+)
 
 _CHUNK = 1024 * 1024
 
@@ -143,7 +149,13 @@ class FileStore:
         path = self._path(key)
         return path if path.is_file() else None
 
-    def download(self, key: str, dest: Path, progress: Progress | None = None) -> None:
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        progress: Progress | None = None,
+        written: Written | None = None,
+    ) -> None:
         src = self._path(key)
         try:
             with src.open("rb") as fin, dest.open("wb") as fout:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 from fnrt.functions.errors import StoreError
 from fnrt.functions.extras import require
 from fnrt.loader.retry import RetryPolicy, retrying
-from fnrt.loader.stores.base import KeyNotFound, PreconditionFailed, Progress, check_key
+from fnrt.loader.stores.base import KeyNotFound, PreconditionFailed, Progress, Written, check_key
 
 T = TypeVar("T")
 _STREAM_CHUNK = 1024 * 1024
@@ -258,8 +258,15 @@ class S3Store:
     def local_path(self, key: str) -> Path | None:
         return None
 
-    def download(self, key: str, dest: Path, progress: Progress | None = None) -> None:
-        """Ranged GETs of ``part_size_bytes``, ``concurrency`` at a time, written in place.
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        progress: Progress | None = None,
+        written: Written | None = None,
+    ) -> None:
+        """Ranged GETs of ``part_size_bytes``, ``concurrency`` at a time, written in place;
+        ``written`` is told of each part once it is all in.
 
         The first part's answer says the object's size (``Content-Range``), so no
         HEAD goes first: the bytes start to flow one round trip sooner."""
@@ -308,6 +315,8 @@ class S3Store:
                                 progress(len(chunk))
                     if offset != end + 1:
                         raise ConnectionError(f"range {start}-{end} ended at {offset}")
+                    if written is not None:
+                        written(start, offset)
 
                 self._call("GET", key, op)
 

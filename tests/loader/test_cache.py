@@ -20,7 +20,7 @@ MiB = 1024 * 1024
 
 
 def writer(data: bytes, calls: list[int] | None = None):  # type: ignore[no-untyped-def]
-    def fetch(tmp: Path) -> None:
+    def fetch(tmp: Path, written: object = None) -> None:
         if calls is not None:
             calls.append(1)
         tmp.write_bytes(data)
@@ -89,12 +89,16 @@ def test_a_download_killed_halfway_leaves_nothing_that_is_served(
     cache = BlobCache(CacheConfig(tmp_path))
     proxy.set("cut", cut_after_bytes=2 * MiB)  # every attempt dies halfway
     with pytest.raises(StoreError):
-        cache.get(digest_of(data), lambda tmp: store.download("blob", tmp))
+        cache.get(
+            digest_of(data), lambda tmp, written: store.download("blob", tmp, written=written)
+        )
     assert digest_of(data) not in cache and not cache.path(digest_of(data)).exists()
     assert list((tmp_path / "tmp").iterdir()) == []
     proxy.set("pass")
     assert (
-        cache.get(digest_of(data), lambda tmp: store.download("blob", tmp)).path.read_bytes()
+        cache.get(
+            digest_of(data), lambda tmp, written: store.download("blob", tmp, written=written)
+        ).path.read_bytes()
         == data
     )
 
@@ -150,7 +154,9 @@ root, endpoint, digest = sys.argv[1:4]
 store = S3Store("fnrt", "", S3Config(endpoint_url=endpoint, part_size_bytes=5 * 2**20))
 print("go", flush=True)
 sys.stdin.readline()
-result = BlobCache(CacheConfig(Path(root))).get(digest, lambda tmp: store.download("blob", tmp))
+result = BlobCache(CacheConfig(Path(root))).get(
+    digest, lambda tmp, written: store.download("blob", tmp, written=written)
+)
 print("fetched" if result.fetched else "hit", flush=True)
 """
 

@@ -69,3 +69,52 @@ def test_an_unchanged_file_is_not_read_again_and_a_touched_one_is(
     os.replace(copy, path)  # another file (inode) with the same bytes: read, accepted
     verifier.check(path, digest)
     assert reads == [path, path]
+
+
+def _write_at(path: Path, data: bytes, start: int, end: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data[start:end], start)
+    finally:
+        os.close(fd)
+
+
+def test_a_file_written_out_of_order_is_hashed_as_its_prefix_completes(tmp_path: Path) -> None:
+    from fnrt.loader.integrity import Trailing
+    from support import wait_until
+
+    data = os.urandom(3 * integrity._CHUNK + 12_345)  # parts of one chunk, and a short one
+    path = tmp_path / "part"
+    hashing = Trailing(path)
+    path.write_bytes(b"\0" * len(data))  # as ranged GETs do: sized first, then filled
+    parts = [(0, 1), (1, 2), (2, 3)]
+    bounds = [(a * integrity._CHUNK, b * integrity._CHUNK) for a, b in parts]
+    bounds.append((3 * integrity._CHUNK, len(data)))
+    for start, end in (bounds[2], bounds[0]):  # out of order: only the first is hashable
+        _write_at(path, data, start, end)
+        hashing.written(start, end)
+    wait_until(lambda: hashing._hashed == bounds[0][1])
+    _write_at(path, data, *bounds[1])
+    hashing.written(*bounds[1])
+    wait_until(lambda: hashing._hashed == bounds[2][1])  # the third followed the second
+    _write_at(path, data, *bounds[3])  # the last, never told of: hashed at the end
+    assert hashing.result() == fingerprint(path)
+    hashing.close()
+
+
+def test_a_write_that_failed_stops_the_hashing_and_a_short_file_is_an_error(
+    tmp_path: Path,
+) -> None:
+    from fnrt.loader.integrity import Trailing
+    from support import wait_until
+
+    stopped = Trailing(tmp_path / "never-written")
+    stopped.close()  # the fetch failed: the thread ends without the file
+    path = tmp_path / "short"
+    path.write_bytes(b"x" * 10)
+    hashing = Trailing(path)
+    hashing.written(0, 20)  # told of more than the file holds: a writer's bug
+    wait_until(lambda: not hashing._thread.is_alive())
+    with pytest.raises(OSError, match="ended at byte 10"):
+        hashing.result()
+    hashing.close()

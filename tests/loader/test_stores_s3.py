@@ -48,10 +48,12 @@ def test_multipart_upload_and_parallel_ranged_download(
     assert sum(moved) == len(data)
     assert sum(1 for r in proxy.requests if r.startswith(b"PUT ") and b"partNumber" in r) == 3
     moved.clear()
-    store.download("big", tmp_path / "copy", moved.append)
+    ranges: list[tuple[int, int]] = []
+    store.download("big", tmp_path / "copy", moved.append, lambda a, b: ranges.append((a, b)))
     assert (tmp_path / "copy").read_bytes() == data
     assert sum(moved) == len(data)
     assert proxy.gets(b"/fnrt/big") == 3  # three 5 MiB ranges
+    assert sorted(ranges) == [(0, 5 * MiB), (5 * MiB, 10 * MiB), (10 * MiB, len(data))]
     assert not [r for r in proxy.requests if r.startswith(b"HEAD ")]  # the first GET sized it
 
 
