@@ -117,8 +117,9 @@ class VersionManifest:
     bundle: FileRef
     artifacts: Mapping[str, ArtifactRef] = field(default_factory=dict)
     created_at: str = ""  # informational; not part of the version id
-    #: the installed packages its code imports, read at its deploy (what a spare worker
-    #: imports ahead: ``fnrt.loader.imports``); informational, not part of the version id
+    #: the packages its code imports, read at its deploy (a spare worker imports ahead
+    #: those installed on its node: ``fnrt.loader.imports``); informational, not part
+    #: of the version id
     imports: tuple[str, ...] = ()
 
     @property

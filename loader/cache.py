@@ -44,8 +44,8 @@ from fnrt.loader.stores.base import Written
 
 log = logging.getLogger("fnrt.cache")
 
-#: Writes the blob into the given (temporary) path.
-#: Writes a blob into the path given, telling ``Written`` of each range as it lands.
+#: Writes the blob into the given (temporary) path, telling ``Written`` of each range
+#: as it lands (the hash follows them).
 Fetch = Callable[[Path, Written], None]
 
 

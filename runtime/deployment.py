@@ -34,9 +34,9 @@ def store_version(
     repository: Repository, loader: InstanceLoader, vm: VersionManifest
 ) -> tuple[bool, VersionManifest]:
     """Validate ``vm`` (blobs present, handler importable and to contract) and store it,
-    stamped with its creation time and the installed packages its code imports (what
-    a node's spare workers import ahead of its first cold start). Blocking; nothing is
-    loaded and no traffic moves.
+    stamped with its creation time and the packages its code imports (what a node's
+    spare workers import ahead of its first cold start). Blocking; nothing is loaded
+    and no traffic moves.
 
     Returns whether it was new, and the version as stored. Raises HandlerError,
     BlobNotFound or ManifestError before anything is written.
