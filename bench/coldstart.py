@@ -23,7 +23,11 @@ are deployed to two fnrt servers: one on a local store, one on an S3 endpoint
   cache: nothing learned there), and on such a node with ``--spare-workers 0``
   (every cold start starts a Python and imports torch). Each waits 4 s first, as
   a node started ahead of its traffic would: a node learns what the model's code
-  imports at its deploy (``loader/imports.py``), and its spare worker imports it.
+  imports at its deploy (``loader/imports.py``), and its spare worker imports it;
+- the same model with an ``[environment]`` of its own (``humanize``, from the
+  package index: skipped when it cannot be built): its first cold start, before
+  its environment has a spare, and in every round after 4 s idle an L2 wake
+  that takes the environment's own spare.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ MODEL = ROOT / "bench" / "coldstart_model"
 MiB = 1024 * 1024
 FRESH_FLOOR_LABEL = "floor in a new process (imports done before the clock)"
 JSON = {"content-type": "application/json"}
+ENV_WAKE_LABEL = "fnrt L2 wake in an [environment] (its spare)"
 #: Idle time before an L2 wake, for the spare worker to be started (a second after
 #: the last cold start) and finish its imports (torch's take about a second here).
 SPARE_READY_S = 4.0
@@ -76,6 +81,17 @@ with torch.inference_mode():
     net(x)
 print(time.perf_counter() - start)
 """
+
+
+def environment_copy(wide: Path, folder: Path) -> Path:
+    """The model as a function with an ``[environment]`` of its own (one small package
+    the server lacks): its workers run with that folder first on their path."""
+    shutil.copytree(wide, folder)
+    manifest = (wide / "fnrt.toml").read_text().replace('name = "wide"', 'name = "wide-env"')
+    (folder / "fnrt.toml").write_text(
+        manifest + '\n[environment]\nrequirements = ["humanize==4.9.0"]\n'
+    )
+    return folder
 
 
 def fresh_floor(weights: Path, layers: int, env: dict[str, str]) -> float:
@@ -225,11 +241,21 @@ def main() -> None:
         for server in servers:
             server.deploy(wide)
             server.deploy(onnx_dir)
+        in_environment = environment_copy(wide, work / "wide-env")
+        try:
+            local.deploy(in_environment)
+        except subprocess.CalledProcessError as exc:
+            print(f"skipping the [environment] rows: {exc.stderr.decode().strip()}")
+            in_environment = None
         x = np.random.default_rng(1).standard_normal((1, 2048)).astype(np.float32)
         firsts = {}  # label -> (seconds, of which the weights' sha256: once per node)
         time.sleep(SPARE_READY_S)
         elapsed, t, _ = local.cold_invoke("wide", x)
         firsts["after its deploy"] = (elapsed, t["verify_s"])
+        if in_environment is not None:
+            time.sleep(SPARE_READY_S)
+            elapsed, t, _ = local.cold_invoke("wide-env", x)
+            firsts["in an [environment], no spare yet"] = (elapsed, t["verify_s"])
         for label, name, more in (
             ("of a new node on the store", "new", ()),
             ("of a new node, --spare-workers 0", "no-spare", ("--spare-workers", "0")),
@@ -336,6 +362,13 @@ def main() -> None:
             elapsed, _, tier = remote.cold_invoke("wide-onnx", x)
             add("onnx: fnrt L3 wake -> first response", elapsed)
 
+            if in_environment is not None:  # its spare, started after the last one
+                time.sleep(SPARE_READY_S)
+                into_page_cache(cached)
+                elapsed, _, tier = local.cold_invoke("wide-env", x)
+                assert tier == "l2", tier
+                add(ENV_WAKE_LABEL, elapsed)
+
         for label, (seconds, verify_s) in firsts.items():
             rows[f"fnrt first cold start {label}"] = [seconds]
             rows[f"  {label}: the weights' sha256"] = [verify_s]  # once a node
@@ -360,6 +393,10 @@ def main() -> None:
         print(f"L2 wake / floor in a new process:           {l2 / med[FRESH_FLOOR_LABEL]:.2f}x")
         per_round = zip(rows["fnrt L2 wake -> first response"], fresh, strict=True)
         print(f"  per round: {[round(a / b, 2) for a, b in per_round]}")
+        if ENV_WAKE_LABEL in med:
+            print(
+                f"L2 wake in an [environment] / floor:        {med[ENV_WAKE_LABEL] / floor_s:.2f}x"
+            )
         print(f"L2 wake speed-up over torch.load baseline:  {base / l2:.1f}x")
         print(f"L3 fetch speed vs boto3 download_file:      {download / fetch:.2f}x")
         print(f"L3 fetch speed vs boto3, tuned:             {tuned_s / fetch:.2f}x")

@@ -60,6 +60,11 @@ class Environment:
         """``PYTHONPATH`` for a worker: this environment first, then what it had."""
         return os.pathsep.join(p for p in (str(self.site), inherited) if p)
 
+    def worker_variables(self) -> dict[str, str]:
+        """The environment variables of a worker in it: the server's, with this
+        environment first on ``PYTHONPATH``."""
+        return os.environ | {"PYTHONPATH": self.pythonpath(os.environ.get("PYTHONPATH"))}
+
 
 def python_tag() -> str:
     """What makes an environment usable only by this interpreter (version, ABI, platform)."""

@@ -43,10 +43,11 @@ def site_roots() -> frozenset[str]:
     return frozenset(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
 
 
-def from_site(path: str) -> bool:
-    """Whether the file or folder at ``path`` lies in the installed packages."""
+def from_site(path: str, also: Iterable[str] = ()) -> bool:
+    """Whether the file or folder at ``path`` lies in the installed packages (or in the
+    folders ``also`` names: an ``[environment]``'s)."""
     where = os.path.abspath(path)
-    return any(where.startswith(root + os.sep) for root in site_roots())
+    return any(where.startswith(root + os.sep) for root in (*site_roots(), *also))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -42,6 +42,7 @@ from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
 from fnrt.loader.channel import Channel, ChannelClosed
+from fnrt.loader.environment import Environment
 from fnrt.loader.instance import InstanceLoader, LoadTier, Ran, Runnable
 from fnrt.loader.spares import start_worker
 from fnrt.loader.staging import Staged, Stager
@@ -410,7 +411,7 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     """
     start = time.perf_counter()
     try:  # before the files are pinned: a first build on this node may take long
-        env = worker_env(loader, vm)
+        environment = environment_of(loader, vm)
     except EnvironmentFailed as exc:  # deployed elsewhere; this node cannot build it now
         raise Unavailable(
             f"function '{vm.name}': its environment cannot be built on this node: {exc.message}"
@@ -418,11 +419,14 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     files = loader.materialise(vm)
     workdir = Path(tempfile.mkdtemp(prefix=f"fnrt-{vm.name}-", dir=shm_dir()))
     spares = loader.spares
-    started = spares.take() if spares is not None and env is None else None
+    key = environment.key if environment is not None else None
+    started = spares.take(key) if spares is not None else None
     spare = started is not None
     try:
         if started is None:
-            started = start_worker(env)
+            started = start_worker(
+                worker_env(environment), site=environment.site if environment else None
+            )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         loader.unpin(files.pinned)
@@ -456,7 +460,10 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
             spares.refill()
         raise
     if spares is not None:  # after the load, not during it: its imports would slow it
-        spares.learn(reply.get("modules", ()))
+        if environment is None:
+            spares.learn(reply.get("modules", ()))
+        else:
+            spares.learn_environment(environment, reply.get("modules", ()))
         spares.refill()
     instance.size_bytes = int(reply["size_bytes"])
     instance.device_bytes = int(reply.get("device_bytes", 0))
@@ -479,14 +486,17 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     return instance
 
 
-def worker_env(loader: InstanceLoader, vm: VersionManifest) -> dict[str, str] | None:
-    """The environment variables of ``vm``'s workers: with its ``[environment]`` first on
-    ``PYTHONPATH`` (built here on first use), else None (the server's own)."""
+def environment_of(loader: InstanceLoader, vm: VersionManifest) -> Environment | None:
+    """``vm``'s ``[environment]`` (built here on first use), or None: the server's own."""
     requirements = vm.manifest.environment.requirements
     if not requirements:
         return None
-    built = loader.environments.ensure(requirements)
-    return os.environ | {"PYTHONPATH": built.pythonpath(os.environ.get("PYTHONPATH"))}
+    return loader.environments.ensure(requirements)
+
+
+def worker_env(environment: Environment | None) -> dict[str, str] | None:
+    """The environment variables of a worker in ``environment`` (None: the server's)."""
+    return environment.worker_variables() if environment is not None else None
 
 
 def check_in_environment(loader: InstanceLoader, vm: VersionManifest) -> None:
@@ -498,7 +508,7 @@ def check_in_environment(loader: InstanceLoader, vm: VersionManifest) -> None:
         input=json.dumps(vm.to_dict()),
         capture_output=True,
         text=True,
-        env=worker_env(loader, vm),
+        env=worker_env(environment_of(loader, vm)),
         timeout=LOAD_TIMEOUT_S,
     )
     if done.returncode != 0:

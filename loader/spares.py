@@ -22,8 +22,16 @@ those every load on this node reported importing
 module was learned is replaced by one that has it. What was learned is kept
 in a file (``remembered``, in the node's cache folder), so a node started
 again on the same cache starts its spares with the server instead of after
-its first cold start. A function with an ``[environment]`` gets a worker of
-its own: its modules may differ.
+its first cold start.
+
+A function with an ``[environment]`` runs in workers whose path starts with
+that environment's packages, so the server's spares do not serve it. Once a
+cold start of such a function has run on this node, its environment keeps
+``count`` spares of its own, importing what that load imported (from the
+environment's packages or the node's); the ``MAX_ENVIRONMENTS`` environments
+with the latest such cold starts keep theirs, and an older one's spares are
+ended. Those are not remembered across restarts: the first cold start in an
+environment after a node starts pays for its imports.
 
 Spares are started on a thread of their own that lives as long as the node:
 a worker asks Linux to kill it when the thread that started it ends
@@ -39,11 +47,13 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from fnrt.loader.environment import Environment
 from fnrt.loader.imports import installed
 from fnrt.loader.stores.file import write_atomic
 
@@ -55,6 +65,9 @@ MAX_IMPORTS = 64
 #: runs meanwhile (in one measured run, spares started at once made that batch up to
 #: 10 ms slower on 2 cores).
 REFILL_DELAY_S = 1.0
+#: How many ``[environment]``s keep spares of their own: those of the latest cold
+#: starts in an environment (each spare is an interpreter with its framework imported).
+MAX_ENVIRONMENTS = 2
 
 
 @dataclass(frozen=True)
@@ -66,15 +79,23 @@ class Started:
     imports: frozenset[str]
 
 
-def start_worker(env: Mapping[str, str] | None, imports: Iterable[str] | None = None) -> Started:
+def start_worker(
+    env: Mapping[str, str] | None,
+    imports: Iterable[str] | None = None,
+    site: Path | None = None,
+) -> Started:
     """Start ``python -m fnrt.loader.worker`` waiting for its load message on a socket
     pair: a spare when ``imports`` is given (it imports them and rehearses a cold start
-    first), else a worker for a load now."""
+    first), else a worker for a load now. ``env``: its environment variables (None:
+    the server's); ``site``: the folder of its ``[environment]``'s packages, first on
+    its path, whose modules its load reports as installed too."""
     ours, theirs = socket.socketpair()
     names = sorted(imports) if imports is not None else []
     argv = [sys.executable, "-m", "fnrt.loader.worker", str(theirs.fileno()), str(os.getpid())]
     if imports is not None:
         argv += ["--spare", ",".join(names)]
+    if site is not None:
+        argv += ["--site", str(site)]
     try:
         process = subprocess.Popen(
             argv, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env
@@ -97,6 +118,11 @@ def end(started: Started) -> None:
         started.process.wait()
 
 
+def _end_all(spares: Iterable[Started]) -> None:
+    for spare in spares:
+        end(spare)
+
+
 def _recall(path: Path | None) -> list[str]:
     """The module names kept at ``path`` (none when it is missing or unreadable)."""
     if path is None or not path.exists():
@@ -111,8 +137,22 @@ def _recall(path: Path | None) -> list[str]:
     return [n for n in names if isinstance(n, str) and n.isidentifier()]
 
 
+@dataclass(eq=False)  # one per environment: compared by identity
+class _Environment:
+    """The spares of one ``[environment]`` and what they import."""
+
+    built: Environment
+    learned: set[str] = field(default_factory=set)
+    spares: list[Started] = field(default_factory=list)
+
+    @property
+    def imports(self) -> frozenset[str]:
+        return frozenset(sorted(self.learned)[:MAX_IMPORTS])
+
+
 class SpareWorkers:
-    """Up to ``count`` workers of the server's environment, started ahead."""
+    """Up to ``count`` workers of the server's environment started ahead, and as many
+    of each of the ``MAX_ENVIRONMENTS`` ``[environment]``s last cold-started here."""
 
     def __init__(
         self,
@@ -131,6 +171,8 @@ class SpareWorkers:
         self.taken = 0  # cold starts that took a spare
         self.refill_delay_s = refill_delay_s
         self._spares: list[Started] = []
+        #: by environment key, the least recently cold-started first
+        self._environments: OrderedDict[str, _Environment] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
         self._closing = threading.Event()
@@ -142,11 +184,18 @@ class SpareWorkers:
         learned = sorted(self.learned)[: max(MAX_IMPORTS - len(self.named), 0)]
         return self.named | frozenset(learned)
 
-    def take(self) -> Started | None:
-        """A live spare (no longer this pool's), or None when none is ready."""
+    def take(self, environment: str | None = None) -> Started | None:
+        """A live spare (no longer this pool's) of the server's environment, or of the
+        ``[environment]`` of that key; None when none is ready."""
         with self._lock:
-            while self._spares:
-                spare = self._spares.pop(0)
+            if environment is None:
+                spares = self._spares
+            elif environment in self._environments:
+                spares = self._environments[environment].spares
+            else:
+                return None
+            while spares:
+                spare = spares.pop(0)
                 if spare.process.poll() is None:
                     self.taken += 1
                     return spare
@@ -172,6 +221,22 @@ class SpareWorkers:
             except OSError as exc:  # a full or read-only disk: remembered next time, maybe
                 log.warning("cannot keep the spare workers' imports: %s", exc)
         return True
+
+    def learn_environment(self, built: Environment, modules: Iterable[str]) -> None:
+        """A cold start in the ``[environment]`` ``built`` imported ``modules``: it keeps
+        spares of its own from now (started by :meth:`refill`), and the spares of the
+        least recently cold-started beyond ``MAX_ENVIRONMENTS`` end."""
+        with self._lock:
+            if self._closed or not self.count:
+                return
+            environment = self._environments.pop(built.key, None) or _Environment(built)
+            environment.learned.update(modules)
+            self._environments[built.key] = environment  # the latest last
+            dropped: list[Started] = []
+            while len(self._environments) > MAX_ENVIRONMENTS:
+                dropped += self._environments.popitem(last=False)[1].spares
+            if dropped:  # ended on the spares' thread: an end may wait for the exit
+                self._thread.submit(_end_all, dropped)
 
     def expect(self, modules: Iterable[str], *, refill: bool = True) -> None:
         """A function this node serves imports ``modules`` (read from its code at its
@@ -202,33 +267,55 @@ class SpareWorkers:
     def _refill(self, delay_s: float) -> None:
         if delay_s > 0 and self._closing.wait(delay_s):
             return
-        stale: list[Started] = []
+        with self._lock:
+            environments = list(self._environments.values())
+        for environment in (None, *environments):
+            if not self._fill(environment):
+                return
+
+    def _fill(self, environment: _Environment | None) -> bool:
+        """Bring the spares of the server's environment (None) or of ``environment`` up
+        to date; False once the pool is closed or a worker cannot start."""
         with self._lock:
             if self._closed:
-                return
-            wanted = self.imports
-            keep = [s for s in self._spares if s.imports >= wanted and s.process.poll() is None]
-            stale = [s for s in self._spares if s not in keep]
-            self._spares = keep
+                return False
+            spares = self._spares if environment is None else environment.spares
+            wanted = self.imports if environment is None else environment.imports
+            keep = [s for s in spares if s.imports >= wanted and s.process.poll() is None]
+            stale = [s for s in spares if s not in keep]
+            spares[:] = keep
             missing = self.count - len(keep)
         for spare in stale:
             end(spare)
         for _ in range(missing):
             try:
-                started = start_worker(None, wanted)
+                if environment is None:
+                    started = start_worker(None, wanted)
+                else:
+                    built = environment.built
+                    started = start_worker(built.worker_variables(), wanted, built.site)
             except OSError as exc:
                 log.warning("cannot start a spare worker: %s", exc)
-                return
+                return False
             with self._lock:
-                if self._closed:
-                    end(started)
-                    return
-                self._spares.append(started)
+                # closed, or its environment gave up its spares meanwhile: not wanted
+                wanted_still = not self._closed and (
+                    environment is None
+                    or any(e is environment for e in self._environments.values())
+                )
+                if wanted_still:
+                    spares.append(started)
+            if not wanted_still:
+                end(started)
+                return not self._closed
+        return True
 
     @property
     def ready(self) -> int:
+        """Live spares, of every environment."""
         with self._lock:
-            return sum(1 for s in self._spares if s.process.poll() is None)
+            pools = [self._spares, *(e.spares for e in self._environments.values())]
+            return sum(1 for spares in pools for s in spares if s.process.poll() is None)
 
     def close(self) -> None:
         """End the spares and their thread (after every taken one has ended: a worker's
@@ -236,6 +323,9 @@ class SpareWorkers:
         with self._lock:
             self._closed = True
             spares, self._spares = self._spares, []
+            for environment in self._environments.values():
+                spares += environment.spares
+            self._environments.clear()
         self._closing.set()
         for spare in spares:
             end(spare)

@@ -1,8 +1,10 @@
 """The worker process of an instance in process isolation.
 
-Started as ``python -m fnrt.loader.worker FD PPID [--spare a,b]``: a spare
-worker (``spares.py``) imports those modules and rehearses a cold start
-(:func:`rehearse`) before it waits for its function.
+Started as ``python -m fnrt.loader.worker FD PPID [--spare a,b] [--site DIR]``:
+a spare worker (``spares.py``) imports those modules and rehearses a cold start
+(:func:`rehearse`) before it waits for its function; ``--site`` names the
+folder of its ``[environment]``'s packages, whose modules a load reports as
+installed too (what a spare of that environment imports ahead).
 
 The server materialises the version's files into its disk cache, then starts
 this process with one end of a socket pair. The worker imports the handler
@@ -33,6 +35,7 @@ import socket
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -72,18 +75,19 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def installed_imports(before: set[str]) -> list[str]:
+def installed_imports(before: set[str], sites: Iterable[str] = ()) -> list[str]:
     """The top-level modules imported since ``before`` (names in ``sys.modules``) that come
-    from installed packages (site-packages): what a spare worker may import ahead. A
-    handler's own modules, or anything found on a path of its own, are not: imported
-    ahead from elsewhere, a module of the same name would shadow them."""
+    from installed packages (site-packages, or the ``[environment]`` folders ``sites``):
+    what a spare worker may import ahead. A handler's own modules, or anything found on
+    a path of its own, are not: imported ahead from elsewhere, a module of the same
+    name would shadow them."""
     found = []
     for name in sorted({m.partition(".")[0] for m in sys.modules.keys() - before}):
         module = sys.modules.get(name)
         where = getattr(module, "__file__", None)
         if name.startswith("_") or name == "fnrt" or not where:
             continue
-        if from_site(where):
+        if from_site(where, sites):
             found.append(name)
     return found
 
@@ -155,8 +159,9 @@ def rehearse() -> None:
     site_roots()
 
 
-def serve(channel: Channel) -> int:
-    """Load as the first message says, then answer batches until told to close."""
+def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
+    """Load as the first message says, then answer batches until told to close;
+    ``sites``: the folders of its ``[environment]``'s packages."""
     before = set(sys.modules)  # while it waits: a spare's imports are done (0.2 ms)
     start = channel.recv()
     vm = pickle.loads(start["version"])  # from the server that started this worker
@@ -186,7 +191,7 @@ def serve(channel: Channel) -> int:
             "staged": built.stager is not None,
             "import_s": built.import_s,
             "load_s": built.load_s,
-            "modules": installed_imports(before),
+            "modules": installed_imports(before, sites),
         }
     )
     while True:
@@ -276,8 +281,9 @@ def main(argv: list[str]) -> int:
     if os.getppid() != int(argv[2]):  # the server died before the death signal was armed
         return 1
     channel = Channel(socket.socket(fileno=int(argv[1])))
-    if argv[3:4] == ["--spare"]:
-        import_ahead([name for name in argv[4].split(",") if name])
+    options = dict(zip(argv[3::2], argv[4::2], strict=False))  # --spare NAMES, --site DIR
+    if "--spare" in options:
+        import_ahead([name for name in options["--spare"].split(",") if name])
         try:
             rehearse()
         except Exception as exc:  # a rehearsal only warms caches: the load goes on
@@ -285,7 +291,7 @@ def main(argv: list[str]) -> int:
         gc.collect()  # now, not in the middle of the load
         gc.freeze()
     try:
-        return serve(channel)
+        return serve(channel, [options["--site"]] if "--site" in options else [])
     except ChannelClosed:
         return 0
 

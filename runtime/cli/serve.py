@@ -226,7 +226,8 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "spare_workers",
     type=int,
     help="worker processes kept started ahead, their imports done, for the next cold start "
-    "in process isolation (0: each cold start starts its own)",
+    "in process isolation, and as many for each of the two [environment]s last cold-started "
+    "(0: each cold start starts its own)",
 )
 @setting(
     "worker_imports",

@@ -14,10 +14,11 @@ import pytest
 from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.arena import shm_dir
 from fnrt.loader.device import detect_device
+from fnrt.loader.environment import Environment
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.process import ProcessInstance, launch
 from fnrt.loader.repository import Repository
-from fnrt.loader.spares import SpareWorkers, Started
+from fnrt.loader.spares import SpareWorkers, Started, end
 from fnrt.loader.stores import FileStore
 from fnrt.loader.worker import installed_imports, rehearse
 from support import ISOLATED_MANIFEST as MANIFEST
@@ -215,3 +216,66 @@ def test_what_a_version_imports_is_learned_where_it_is_installed() -> None:
         assert spare.imports == {"idna", "numpy"}
     finally:
         pool.close()
+
+
+def _environment(tmp_path: Path, key: str) -> Environment:
+    """An ``[environment]`` folder by hand (no pip): one module that, imported, leaves
+    a file named by the importing process's pid."""
+    built = Environment(key, tmp_path / key, ())
+    built.site.mkdir(parents=True)
+    marks = tmp_path / f"imported-{key}"
+    marks.mkdir()
+    (built.site / f"envmod_{key}.py").write_text(
+        f"import os, pathlib\npathlib.Path({str(marks)!r}, str(os.getpid())).touch()\n"
+    )
+    return built
+
+
+def test_an_environment_keeps_spares_of_its_own_after_a_cold_start_in_it(
+    tmp_path: Path,
+) -> None:
+    pool = SpareWorkers(1, refill_delay_s=0)
+    try:
+        envs = [_environment(tmp_path, key) for key in ("a", "b", "c")]
+        assert pool.take("a") is None  # no cold start in it yet: none
+        pool.learn_environment(envs[0], ["envmod_a"])
+        pool.refill().result(30)
+        (own,) = pool._spares  # the server's own: without the environment's modules
+        assert own.imports == frozenset() and "--site" not in own.process.args  # type: ignore[operator]
+        spare = pool.take("a")
+        assert spare is not None and spare.imports == {"envmod_a"}
+        assert str(envs[0].site) in spare.process.args  # type: ignore[operator]
+        # it imported the module from its environment's folder ahead of any load
+        wait_until(lambda: (tmp_path / "imported-a" / str(spare.process.pid)).exists())
+        assert pool.take("a") is None and pool.taken == 1
+        end(spare)
+
+        # the two environments last cold-started keep theirs; the oldest's spares end
+        pool.refill().result(30)
+        (kept_a,) = pool._environments["a"].spares
+        pool.learn_environment(envs[1], ["envmod_b"])
+        pool.learn_environment(envs[2], ["envmod_c"])
+        assert list(pool._environments) == ["b", "c"]
+        assert kept_a.process.wait(10) is not None
+        pool.refill().result(30)
+        assert pool.ready == 3  # the server's, b's and c's
+        assert pool.take("a") is None
+    finally:
+        pool.close()
+    assert pool.ready == 0
+
+
+def test_modules_of_an_environment_folder_are_reported_as_installed(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "envonly.py").write_text("X = 1\n")
+    sys.path.insert(0, str(site))
+    try:
+        before = set(sys.modules) - {"envonly"}
+        import envonly  # type: ignore[import-not-found]  # noqa: F401
+
+        assert "envonly" not in installed_imports(before)  # a path of its own
+        assert "envonly" in installed_imports(before, [str(site)])  # its environment's
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop("envonly", None)

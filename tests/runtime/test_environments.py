@@ -94,3 +94,48 @@ def test_a_node_that_cannot_build_a_stored_environment_answers_503(tmp_path: Pat
         assert r.status_code == 503, r.text
         assert "its environment cannot be built on this node" in error_of(r)["error"]
         assert c.get("/healthz").status_code == 200
+
+
+PID_HANDLER = """
+import os
+import humanize  # only the function's environment has it
+import numpy as np
+
+def handle(batch):
+    assert humanize.intcomma(1000) == "1,000"
+    return [{"y": np.full((1, 4), os.getpid(), dtype=np.float32)} for r in batch]
+"""
+
+
+def test_a_cold_start_in_an_environment_takes_a_spare_of_that_environment(
+    tmp_path: Path,
+) -> None:
+    from fnrt.runtime.node import build_node
+    from support import node_settings, wait_until
+
+    node = build_node(node_settings(tmp_path))  # spare workers on, as by default
+    spares = node.loader.spares
+    assert spares is not None
+    folder = write_function(
+        tmp_path / "src",
+        "envy",
+        PID_HANDLER,
+        MANIFEST,
+        environment='[environment]\nrequirements = ["humanize==4.9.0"]',
+    )
+    with live_server(tmp_path, node=node) as srv, Client(srv.url) as fnrt:
+        assert main(["deploy", str(folder), "--server", srv.url, "--quiet"]) == 0
+        x = np.zeros((1, 4), dtype=np.float32)
+        first = int(fnrt.invoke("envy", x=x)["y"][0, 0])  # a worker started for it
+        assert spares.taken == 0
+        (key,) = spares._environments  # its environment keeps a spare from now
+        wait_until(lambda: len(spares._environments[key].spares) == 1, timeout_s=30)
+        (spare,) = spares._environments[key].spares
+        assert spare.imports == {"humanize"}  # from its environment's folder
+        with srv.client() as c:
+            assert c.post("/v1/functions/envy/unload").status_code == 200
+        second = int(fnrt.invoke("envy", x=x)["y"][0, 0])
+        assert second == spare.process.pid != first  # the environment's spare served it
+        assert spares.taken == 1
+        # the server's own spares never serve it: they lack its packages
+        assert all(s.imports == frozenset() for s in spares._spares)
