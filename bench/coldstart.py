@@ -25,9 +25,9 @@ are deployed to two fnrt servers: one on a local store, one on an S3 endpoint
   a node started ahead of its traffic would: a node learns what the model's code
   imports at its deploy (``loader/imports.py``), and its spare worker imports it;
 - the same model with an ``[environment]`` of its own (``humanize``, from the
-  package index: skipped when it cannot be built): its first cold start, before
-  its environment has a spare, and in every round after 4 s idle an L2 wake
-  that takes the environment's own spare.
+  package index: skipped when it cannot be built): its first cold start after
+  its deploy, and in every round after 4 s idle an L2 wake, each taking a spare
+  of its environment's own.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def main() -> None:
         if in_environment is not None:
             time.sleep(SPARE_READY_S)
             elapsed, t, _ = local.cold_invoke("wide-env", x)
-            firsts["in an [environment], no spare yet"] = (elapsed, t["verify_s"])
+            firsts["in an [environment] after its deploy"] = (elapsed, t["verify_s"])
         for label, name, more in (
             ("of a new node on the store", "new", ()),
             ("of a new node, --spare-workers 0", "no-spare", ("--spare-workers", "0")),
@@ -373,10 +373,10 @@ def main() -> None:
             rows[f"fnrt first cold start {label}"] = [seconds]
             rows[f"  {label}: the weights' sha256"] = [verify_s]  # once a node
         med = {label: statistics.median(v) for label, v in rows.items()}
-        print(f"\n{'':<58} {'median s':>9}  (rounds: {args.rounds}, weights {size / MiB:.0f} MiB)")
+        print(f"\n{'':<62} {'median s':>9}  (rounds: {args.rounds}, weights {size / MiB:.0f} MiB)")
         for label, value in med.items():
             each = " ".join(f"{v:.3f}" for v in rows[label]) if len(rows[label]) > 1 else ""
-            print(f"{label:<58} {value:>9.3f}  {each}")
+            print(f"{label:<62} {value:>9.3f}  {each}")
         print()
         l2 = med["fnrt L2 wake -> first response"]
         base = med["baseline torch.load + load_state_dict + forward"]

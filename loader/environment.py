@@ -78,6 +78,15 @@ class Environments:
         self.root = root
         self.python = python
 
+    def built(self, requirements: Sequence[str]) -> Environment | None:
+        """The environment for ``requirements`` if this node has built it, else None
+        (a read of two small files: nothing is resolved or built)."""
+        requested = self.root / "requested" / _digest([python_tag(), *sorted(requirements)])
+        try:
+            return self._ready(requested.read_text().strip())
+        except OSError:  # not requested here yet
+            return None
+
     def ensure(self, requirements: Sequence[str]) -> Environment:
         """The environment for ``requirements``: found, or resolved and built (blocking).
 

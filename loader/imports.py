@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -63,6 +64,15 @@ def installed(name: str) -> bool:
     if spec.origin not in (None, "namespace", "built-in", "frozen"):
         return from_site(spec.origin)
     return any(from_site(p) for p in spec.submodule_search_locations or ())
+
+
+def installed_in(name: str, site: Path) -> bool:
+    """Whether top-level module ``name`` is in the packages at ``site`` (an
+    ``[environment]``'s folder; found without importing it)."""
+    try:
+        return importlib.machinery.PathFinder.find_spec(name, [str(site)]) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def imported_names(source: str) -> set[str]:

@@ -25,13 +25,14 @@ again on the same cache starts its spares with the server instead of after
 its first cold start.
 
 A function with an ``[environment]`` runs in workers whose path starts with
-that environment's packages, so the server's spares do not serve it. Once a
-cold start of such a function has run on this node, its environment keeps
-``count`` spares of its own, importing what that load imported (from the
-environment's packages or the node's); the ``MAX_ENVIRONMENTS`` environments
-with the latest such cold starts keep theirs, and an older one's spares are
-ended. Those are not remembered across restarts: the first cold start in an
-environment after a node starts pays for its imports.
+that environment's packages, so the server's spares do not serve it. Its
+environment keeps ``count`` spares of its own once this node serves a version
+in it with the environment built here (:meth:`SpareWorkers.expect_environment`:
+at its deploy to this node, say), or once a cold start in it has run here
+(:meth:`SpareWorkers.learn_environment`), importing what the version's code
+imports and what those loads reported, from the environment's packages or the
+node's. The ``MAX_ENVIRONMENTS`` environments used last keep theirs; an older
+one's spares are ended. Nothing of them is remembered across restarts.
 
 Spares are started on a thread of their own that lives as long as the node:
 a worker asks Linux to kill it when the thread that started it ends
@@ -54,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fnrt.loader.environment import Environment
-from fnrt.loader.imports import installed
+from fnrt.loader.imports import installed, installed_in
 from fnrt.loader.stores.file import write_atomic
 
 log = logging.getLogger("fnrt.loader")
@@ -65,8 +66,8 @@ MAX_IMPORTS = 64
 #: runs meanwhile (in one measured run, spares started at once made that batch up to
 #: 10 ms slower on 2 cores).
 REFILL_DELAY_S = 1.0
-#: How many ``[environment]``s keep spares of their own: those of the latest cold
-#: starts in an environment (each spare is an interpreter with its framework imported).
+#: How many ``[environment]``s keep spares of their own: those used last (a version in
+#: it served, a cold start in it; each spare is an interpreter with its framework imported).
 MAX_ENVIRONMENTS = 2
 
 
@@ -152,7 +153,7 @@ class _Environment:
 
 class SpareWorkers:
     """Up to ``count`` workers of the server's environment started ahead, and as many
-    of each of the ``MAX_ENVIRONMENTS`` ``[environment]``s last cold-started here."""
+    of each of the ``MAX_ENVIRONMENTS`` ``[environment]``s used last here."""
 
     def __init__(
         self,
@@ -171,7 +172,7 @@ class SpareWorkers:
         self.taken = 0  # cold starts that took a spare
         self.refill_delay_s = refill_delay_s
         self._spares: list[Started] = []
-        #: by environment key, the least recently cold-started first
+        #: by environment key, the least recently used first
         self._environments: OrderedDict[str, _Environment] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
@@ -222,14 +223,19 @@ class SpareWorkers:
                 log.warning("cannot keep the spare workers' imports: %s", exc)
         return True
 
-    def learn_environment(self, built: Environment, modules: Iterable[str]) -> None:
-        """A cold start in the ``[environment]`` ``built`` imported ``modules``: it keeps
-        spares of its own from now (started by :meth:`refill`), and the spares of the
-        least recently cold-started beyond ``MAX_ENVIRONMENTS`` end."""
+    def learn_environment(self, built: Environment, modules: Iterable[str]) -> bool:
+        """A cold start in the ``[environment]`` ``built`` imported ``modules`` (or a
+        version served in it will): it keeps spares of its own from now (started by
+        :meth:`refill`), and the spares of the least recently used beyond
+        ``MAX_ENVIRONMENTS`` end. Whether it or any of the modules was new."""
         with self._lock:
             if self._closed or not self.count:
-                return
-            environment = self._environments.pop(built.key, None) or _Environment(built)
+                return False
+            environment = self._environments.pop(built.key, None)
+            new = environment is None
+            if environment is None:
+                environment = _Environment(built)
+            before = len(environment.learned)
             environment.learned.update(modules)
             self._environments[built.key] = environment  # the latest last
             dropped: list[Started] = []
@@ -237,6 +243,16 @@ class SpareWorkers:
                 dropped += self._environments.popitem(last=False)[1].spares
             if dropped:  # ended on the spares' thread: an end may wait for the exit
                 self._thread.submit(_end_all, dropped)
+            return new or len(environment.learned) > before
+
+    def expect_environment(self, built: Environment, modules: Iterable[str]) -> None:
+        """A version served here runs in the ``[environment]`` ``built`` (built on this
+        node) and its code imports ``modules``: that environment keeps spares importing
+        those installed in it or here, brought up to date after ``refill_delay_s``, so
+        that its first cold start finds one ready."""
+        found = [m for m in modules if installed_in(m, built.site) or installed(m)]
+        if self.learn_environment(built, found):
+            self.refill()
 
     def expect(self, modules: Iterable[str], *, refill: bool = True) -> None:
         """A function this node serves imports ``modules`` (read from its code at its

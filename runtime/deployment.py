@@ -44,12 +44,11 @@ def store_version(
     for ref in vm.blobs():
         if not repository.has_blob(ref.digest):
             raise BlobNotFound(ref.digest)
-    imports: tuple[str, ...] = ()
     if vm.manifest.environment.enabled:  # its packages are not the server's: check it there
         check_in_environment(loader, vm)
     else:
         loader.handler_object(vm)
-        imports = code_imports(loader.code_dir(vm), vm.manifest.module)  # for spare workers
+    imports = code_imports(loader.code_dir(vm), vm.manifest.module)  # for spare workers
     vm = vm.stamped(vm.created_at or now_iso(), imports)
     if repository.put_version(vm):
         return True, vm

@@ -114,6 +114,9 @@ class Registry:
                 log.error("cannot serve %s: %s", name, exc)
                 continue
             imports = stored.get("imports")
+            environment = stored["manifest"].get("environment")
+            if isinstance(environment, dict) and environment.get("requirements"):
+                imports = None  # run with packages of its own: not the server's spares'
             if self._imports_seen is not None and isinstance(imports, list):
                 self._imports_seen(n for n in imports if isinstance(n, str) and n.isidentifier())
             scaling = stored["manifest"].get("scaling")

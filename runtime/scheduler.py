@@ -378,8 +378,13 @@ class SchedulerFactory:
         node says)."""
         kind = THREAD if load else vm.manifest.isolation_kind(self.isolation)
         spares = self.loader.spares
-        if spares is not None and kind is PROCESS and not vm.manifest.environment.enabled:
-            spares.expect(vm.imports)  # its first cold start takes a spare with them
+        if spares is not None and kind is PROCESS:  # its first cold start takes a spare
+            if not vm.manifest.environment.enabled:
+                spares.expect(vm.imports)
+            else:  # of its environment, where this node has built it (at its deploy, say)
+                built = self.loader.environments.built(vm.manifest.environment.requirements)
+                if built is not None:
+                    spares.expect_environment(built, vm.imports)
         return Scheduler(
             vm,
             load or functools.partial(launch, self.loader, kind),

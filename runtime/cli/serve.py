@@ -226,7 +226,7 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "spare_workers",
     type=int,
     help="worker processes kept started ahead, their imports done, for the next cold start "
-    "in process isolation, and as many for each of the two [environment]s last cold-started "
+    "in process isolation, and as many for each of the two [environment]s used last "
     "(0: each cold start starts its own)",
 )
 @setting(

@@ -12,6 +12,7 @@ import pytest
 
 from fnrt.functions.errors import EnvironmentFailed
 from fnrt.loader.environment import Environments
+from fnrt.loader.imports import installed_in
 
 PACKAGE = "humanize==4.9.0"
 
@@ -23,7 +24,10 @@ def _built(root: Path) -> list[str]:
 def test_an_environment_is_built_once_and_shared_by_what_resolves_alike(tmp_path: Path) -> None:
     assert importlib.util.find_spec("humanize") is None, "the test needs humanize absent here"
     envs = Environments(tmp_path / "envs")
+    assert envs.built([PACKAGE]) is None  # not built here: nothing resolved to find it
     first = envs.ensure([PACKAGE])
+    assert envs.built([PACKAGE]) == first
+    assert installed_in("humanize", first.site) and not installed_in("numpy", first.site)
     assert first.packages == (PACKAGE,)
     assert (first.site / "humanize" / "__init__.py").is_file()
     again = envs.ensure(["Humanize == 4.9.0"])  # other words, the same resolution

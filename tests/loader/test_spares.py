@@ -265,6 +265,22 @@ def test_an_environment_keeps_spares_of_its_own_after_a_cold_start_in_it(
     assert pool.ready == 0
 
 
+def test_what_a_version_in_an_environment_imports_is_learned_where_it_is_installed(
+    tmp_path: Path,
+) -> None:
+    pool = SpareWorkers(1, refill_delay_s=0)
+    try:
+        built = _environment(tmp_path, "a")
+        pool.expect_environment(built, ["envmod_a", "idna", "not_a_package_anywhere_here"])
+        wait_until(lambda: len(pool._environments["a"].spares) == 1, timeout_s=30)
+        (spare,) = pool._environments["a"].spares
+        assert spare.imports == {"envmod_a", "idna"}  # its folder's, and the node's
+        assert pool.learned == set()  # the server's own spares learn nothing of it
+        assert not pool.learn_environment(built, ["idna"])  # nothing new
+    finally:
+        pool.close()
+
+
 def test_modules_of_an_environment_folder_are_reported_as_installed(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -123,19 +124,33 @@ def test_a_cold_start_in_an_environment_takes_a_spare_of_that_environment(
         MANIFEST,
         environment='[environment]\nrequirements = ["humanize==4.9.0"]',
     )
+    x = np.zeros((1, 4), dtype=np.float32)
     with live_server(tmp_path, node=node) as srv, Client(srv.url) as fnrt:
         assert main(["deploy", str(folder), "--server", srv.url, "--quiet"]) == 0
-        x = np.zeros((1, 4), dtype=np.float32)
-        first = int(fnrt.invoke("envy", x=x)["y"][0, 0])  # a worker started for it
-        assert spares.taken == 0
-        (key,) = spares._environments  # its environment keeps a spare from now
+        routing, _ = node.repository.get_routing("envy")
+        stored = node.repository.get_version("envy", routing.primary)
+        assert {"humanize", "numpy"} <= set(stored.imports)  # read from its code
+        # built at its deploy: its environment keeps a spare with what its code imports
+        (key,) = spares._environments
         wait_until(lambda: len(spares._environments[key].spares) == 1, timeout_s=30)
         (spare,) = spares._environments[key].spares
-        assert spare.imports == {"humanize"}  # from its environment's folder
+        assert {"humanize", "numpy"} <= spare.imports
+        assert int(fnrt.invoke("envy", x=x)["y"][0, 0]) == spare.process.pid  # its first
+        assert spares.taken == 1
+        # replaced after that load; the next cold start takes the replacement
+        wait_until(lambda: len(spares._environments[key].spares) == 1, timeout_s=30)
+        (replacement,) = spares._environments[key].spares
         with srv.client() as c:
             assert c.post("/v1/functions/envy/unload").status_code == 200
-        second = int(fnrt.invoke("envy", x=x)["y"][0, 0])
-        assert second == spare.process.pid != first  # the environment's spare served it
-        assert spares.taken == 1
-        # the server's own spares never serve it: they lack its packages
-        assert all(s.imports == frozenset() for s in spares._spares)
+        assert int(fnrt.invoke("envy", x=x)["y"][0, 0]) == replacement.process.pid
+        assert spares.taken == 2
+        # the server's own spares never serve it, nor import its packages
+        assert all("humanize" not in s.imports for s in spares._spares)
+    # a new node on the store (a cache of its own, the environment not built there):
+    # what the version imports is not the server's spares' to learn
+    settings = replace(node_settings(tmp_path), cache_dir=tmp_path / "second-cache")
+    second = build_node(settings)
+    with live_server(tmp_path / "second", node=second):
+        assert second.loader.spares is not None
+        assert second.loader.spares.learned == set()
+        assert not second.loader.spares._environments
