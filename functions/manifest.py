@@ -301,7 +301,10 @@ class BreakerConfig:
     result computed for the same inputs), ``"function:NAME"`` (another
     function, e.g. a smaller model), or ``""`` (a fast 503). After ``open_s``
     it lets ``half_open_probes`` requests through; it closes when fewer than
-    ``close_error_rate`` of them failed, else opens again. The inputs of the
+    ``close_error_rate`` of them failed, else opens again. It also opens after
+    ``open_after_deaths`` instances died in a row (crashed, killed, past their
+    timeout, or failed to load; 0: never for that alone), however few requests
+    there were, and stays open while the instance's restart backs off. The inputs of the
     newest ``failed_inputs_kept`` failed requests are kept for the admin API,
     within ``failed_inputs_bytes`` in all (older ones go first; a request larger
     than that alone is kept without its inputs).
@@ -314,6 +317,8 @@ class BreakerConfig:
     close_error_rate: Annotated[Fraction, Field(gt=0)] = 0.01
     open_s: Annotated[Seconds, Field(gt=0)] = 5.0
     half_open_probes: Annotated[Int, Field(ge=1)] = 20
+    #: instances dead in a row that open it, however few requests (0: never for that alone)
+    open_after_deaths: Annotated[Int, Field(ge=0)] = 3
     fallback: Annotated[
         Text,
         Field(

@@ -5,6 +5,13 @@ reads and is driven with explicit clock times, so tests step through every
 transition without sleeping. Only failures on the server's side count
 (a handler error, a failed load, a deadline): a malformed request is the
 client's fault and says nothing about the version.
+
+Instance deaths count on their own too: ``open_after_deaths`` of them in a
+row (a worker that crashed, was killed, ran past its timeout, or whose load
+failed; no request served in between) open the breaker however few requests
+there were, since the restart backoff keeps a crash loop's requests few. It
+stays open while the pool backs off (``not_before``): a probe let through
+before the next instance may load would only wait in the queue.
 """
 
 from __future__ import annotations
@@ -40,11 +47,16 @@ def next_state(
     opened_at: float,
     probing: Probing,
     now: float,
+    *,
+    deaths: int = 0,
+    not_before: float = 0.0,
 ) -> BreakerState:
     """Where the breaker goes from ``state`` given what it has seen.
 
     Closed opens when the window holds ``min_requests`` and its error rate is
-    over ``open_error_rate``. Open turns half-open ``open_s`` after opening.
+    over ``open_error_rate``, or when ``deaths`` (instances lost in a row) reach
+    ``open_after_deaths``. Open turns half-open ``open_s`` after opening, and not
+    before ``not_before`` (when the pool may load an instance again).
     Half-open opens again once its probes' error rate reaches
     ``close_error_rate`` (more probes cannot bring it under), and closes when
     all ``half_open_probes`` finished under it.
@@ -54,10 +66,11 @@ def next_state(
     if state is BreakerState.CLOSED:
         tripped = (
             window.requests >= config.min_requests and window.error_rate > config.open_error_rate
-        )
+        ) or 0 < config.open_after_deaths <= deaths
         return BreakerState.OPEN if tripped else state
     if state is BreakerState.OPEN:
-        return BreakerState.HALF_OPEN if now - opened_at >= config.open_s else state
+        ready = now - opened_at >= config.open_s and now >= not_before
+        return BreakerState.HALF_OPEN if ready else state
     if probing.failed / config.half_open_probes >= config.close_error_rate:
         return BreakerState.OPEN
     if probing.finished >= config.half_open_probes:
@@ -105,6 +118,8 @@ class Breaker:
         self.probing = Probing()
         self.window = Rolling(config.window_s)
         self.opened = 0  # times it opened, for describe
+        self.deaths = 0  # instances lost in a row (no request served since)
+        self.not_before = 0.0  # clock time before which the pool loads no instance
 
     def allow(self, now: float) -> bool:
         """True: send this request to the version (as a probe when half-open).
@@ -125,6 +140,8 @@ class Breaker:
 
     def record(self, now: float, failed: bool) -> None:
         """The outcome of a request :meth:`allow` let through."""
+        if not failed:
+            self.deaths = 0  # an instance served: whatever died before is not a loop
         if not self.config.enabled:
             return
         self.window.add(now, failed)
@@ -135,6 +152,32 @@ class Breaker:
             return  # a success never opens a closed breaker
         self._step(now)
 
+    def lost(self, now: float, retry_at: float) -> bool:
+        """An instance died (or its load failed on the handler's side); the pool loads
+        none again before ``retry_at``. True when that opened the breaker."""
+        self.deaths += 1
+        self.not_before = retry_at
+        if not self.config.enabled or self.state is BreakerState.OPEN:
+            return False
+        if self.state is BreakerState.HALF_OPEN:  # a probe killed it: open again now
+            self._open(now)
+            return True
+        opened = self.opened
+        self._step(now)
+        return self.opened > opened
+
+    def retry_after_s(self, now: float) -> float:
+        """How long until it may let a probe through (at least a second): what a
+        request refused while it is open is told to wait (``Retry-After``)."""
+        ready = max(self.opened_at + self.config.open_s, self.not_before)
+        return max(ready - now, 1.0)
+
+    def _open(self, now: float) -> None:
+        self.state = BreakerState.OPEN
+        self.opened_at = now
+        self.opened += 1
+        self.probing = Probing()
+
     def _step(self, now: float) -> None:
         state = next_state(
             self.config,
@@ -143,6 +186,8 @@ class Breaker:
             self.opened_at,
             self.probing,
             now,
+            deaths=self.deaths,
+            not_before=self.not_before,
         )
         if state is self.state:
             return
@@ -159,5 +204,6 @@ class Breaker:
         return {
             "state": self.state.value,
             "opened": self.opened,
+            "deaths_in_a_row": self.deaths,
             "window": self.window.summary(now).to_dict(),
         }

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from fnrt.functions.errors import CircuitOpen, FnrtError, VersionRetired
+from fnrt.functions.errors import FnrtError, VersionRetired
 from fnrt.functions.generation import Asked
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
@@ -184,9 +184,7 @@ class Gateway:
                 served = await _queue(other, call)
                 call.answered_by = other
                 return Served(served.outputs, served.cold_tier, fallback=config.fallback)
-        breaker = protection.breaker
-        wait_s = max(breaker.opened_at + config.open_s - self._clock.now(), 1.0)
-        raise CircuitOpen(scheduler.name, scheduler.version.version, wait_s)
+        raise protection.refusal(scheduler.name, scheduler.version.version, self._clock.now())
 
 
 def _passed(unwind: tuple[Guard, ...], passed: int) -> tuple[Guard, ...]:

@@ -125,6 +125,10 @@ class InstancePool:
         self._thread_timeout_s = self._manifest.isolation.timeout_s if in_thread else 0.0
         #: Called when slots change (one retired): the batcher's workers look again.
         self.changed: Callable[[], None] = lambda: None
+        #: Called when an instance died (its cause: ``signal``, ``timeout``...) or a load
+        #: failed on the handler's side (``load``), with the clock time before which the
+        #: slot loads none again (the backoff): the breaker counts deaths in a row.
+        self.died: Callable[[str, float], None] = lambda cause, retry_at: None
 
     # --- what it holds -----------------------------------------------------------------
 
@@ -268,7 +272,7 @@ class InstancePool:
             if isinstance(exc, FnrtError) and not isinstance(exc, InstanceLost):
                 stats.last_load_error = exc.message  # the store's or the manifest's: no backoff
                 raise
-            self._failed(slot)  # the handler's own failure: the next load backs off
+            self._failed(slot, "load")  # the handler's own failure: the next load backs off
             error_id = new_error_id()
             log.error(
                 "loading %s %s failed (error id %s)%s",
@@ -308,10 +312,11 @@ class InstancePool:
         )
         return instance
 
-    def _failed(self, slot: Slot) -> None:
+    def _failed(self, slot: Slot, cause: str) -> None:
         """One more failure in a row: the next load of the slot waits the backoff."""
         slot.failures += 1
         slot.retry_at = self._clock.now() + self._manifest.isolation.backoff_s(slot.failures)
+        self.died(cause, slot.retry_at)
 
     # --- running -----------------------------------------------------------------------
 
@@ -414,7 +419,7 @@ class InstancePool:
             "%s %s lost instance %d: %s", self.name, self.version.version, slot.index, error.message
         )
         await asyncio.to_thread(instance.abandon)
-        self._failed(slot)
+        self._failed(slot, error.cause)
         if not slot.retired:  # restart it now (after the backoff), not at the next request
             self.load_in_background(slot)
 

@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from fnrt.functions.errors import DeadlineExceeded, FnrtError, HandlerFailed, LoadError
+from fnrt.functions.errors import (
+    CircuitOpen,
+    DeadlineExceeded,
+    FnrtError,
+    HandlerFailed,
+    LoadError,
+)
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import Manifest
 from fnrt.loader.instance import LoadTier
@@ -106,6 +112,20 @@ class Protection:
     def succeeded(self, now: float, latency_s: float) -> None:
         self.outcomes.record(now, False, latency_s)
         self.breaker.record(now, False)
+
+    def instance_lost(self, now: float, cause: str, retry_at: float) -> bool:
+        """An instance of the version died (``cause``), or its load failed on the
+        handler's side; none loads again before ``retry_at``. True when that opened
+        the breaker (the requests queued for it are then refused: :meth:`refusal`).
+        An instance given up because its batch was cancelled did not die of itself."""
+        if cause == "stopped":
+            return False
+        return self.breaker.lost(now, retry_at)
+
+    def refusal(self, function: str, version: str, now: float) -> CircuitOpen:
+        """What a request gets while the breaker is open and no fallback answers:
+        503, ``Retry-After`` the time until it may probe."""
+        return CircuitOpen(function, version, self.breaker.retry_after_s(now))
 
     def failed(self, now: float, latency_s: float, error: FnrtError, inputs: Request) -> None:
         """Count a server-side failure against the version and keep its inputs."""

@@ -81,6 +81,7 @@ class Scheduler:
             device_room=device_room,
         )
         self.protection = Protection(version.manifest, clock, redis=redis, version=version.version)
+        self.pool.died = self._instance_lost
         # A generative version's requests are sequences, stepped by a continuous batcher.
         self.batcher: Batcher | Sequencer
         self.sequencer: Sequencer | None = None
@@ -93,6 +94,14 @@ class Scheduler:
             self.batcher = self._requests = Batcher(
                 version, self.pool, clock, self.stats, events, admission
             )
+
+    def _instance_lost(self, cause: str, retry_at: float) -> None:
+        """An instance died: when that opens the breaker (a crash loop), every request
+        queued for the version is refused now, not left waiting out the backoff."""
+        now = self._clock.now()
+        if self.protection.instance_lost(now, cause, retry_at):
+            refusal = self.protection.refusal(self.name, self.version.version, now)
+            self.batcher.fail_queued(refusal)
 
     # --- what it is --------------------------------------------------------------------
 

@@ -94,11 +94,11 @@ def test_a_function_whose_instances_keep_dying_is_marked_failing(tmp_path: Path)
             statuses.append(r.status_code)
             fine = httpx.post(f"{server.url}/v1/functions/fine/invoke", json=FINE)
             assert fine.status_code == 200  # its neighbour never notices
-        assert set(statuses[:5]) == {500}  # the worker dies, is restarted, dies again
+        assert set(statuses[:3]) == {500}  # the worker dies, is restarted, dies again
         assert statuses[-1] == 503  # then the circuit opens: a clear, fast 503
         last = httpx.post(f"{server.url}/v1/functions/crashes/invoke", json={"x": [[1, 0, 0, 0]]})
         assert "circuit" in last.json()["error"] and "retry-after" in last.headers
         described = describe(server.url, "crashes")["instance"]
         assert described["breaker"]["state"] == "open"
-        assert described["restarts"]["signal"] >= 5
+        assert described["restarts"]["signal"] >= 3
         assert "SIGSEGV" in described["last_restart_reason"]

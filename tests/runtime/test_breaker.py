@@ -69,3 +69,43 @@ def test_old_failures_leave_the_window() -> None:
         breaker.record(100.0 + i / 10, failed=False)
     breaker.record(103.0, failed=True)  # 1 of 21 in the window: under 5%
     assert breaker.state is CLOSED
+
+
+def test_deaths_in_a_row_open_it_however_few_requests_there_were() -> None:
+    few = Summary(2, 2, 0)  # under min_requests
+    assert next_state(CONFIG, CLOSED, few, 0, Probing(), 0, deaths=2) is CLOSED
+    assert next_state(CONFIG, CLOSED, few, 0, Probing(), 0, deaths=3) is OPEN
+    never = BreakerConfig(open_after_deaths=0)
+    assert next_state(never, CLOSED, few, 0, Probing(), 0, deaths=50) is CLOSED
+
+
+def test_it_stays_open_while_the_restart_backs_off() -> None:
+    assert next_state(CONFIG, OPEN, Summary(0, 0, 0), 100, Probing(), 105, not_before=107) is OPEN
+    assert next_state(CONFIG, OPEN, Summary(0, 0, 0), 100, Probing(), 107, not_before=107) is HALF
+
+
+def test_a_crash_loop_opens_it_and_a_death_while_probing_opens_it_again() -> None:
+    breaker = Breaker(CONFIG)
+    breaker.record(0.0, failed=True)
+    assert not breaker.lost(0.0, retry_at=0.5)
+    assert not breaker.lost(1.0, retry_at=2.0)
+    assert breaker.lost(3.0, retry_at=7.0)  # the third in a row
+    assert breaker.state is OPEN and breaker.describe(3.0)["deaths_in_a_row"] == 3
+    assert breaker.retry_after_s(3.0) == 5.0  # open_s
+    assert not breaker.allow(7.5)
+    breaker.not_before = 12.0
+    assert breaker.retry_after_s(8.0) == 4.0  # the backoff, longer than open_s
+    assert not breaker.allow(11.9)
+    assert breaker.allow(12.0) and breaker.state is HALF  # a probe
+    assert breaker.lost(12.5, retry_at=20.0)  # it killed its instance
+    assert breaker.state is OPEN and breaker.opened == 2
+    assert breaker.retry_after_s(13.0) == 7.0
+
+
+def test_a_success_between_deaths_starts_the_count_again() -> None:
+    breaker = Breaker(CONFIG)
+    breaker.lost(0.0, retry_at=0.5)
+    breaker.lost(1.0, retry_at=2.0)
+    breaker.record(2.5, failed=False)
+    assert not breaker.lost(3.0, retry_at=3.5)
+    assert breaker.state is CLOSED and breaker.deaths == 1
