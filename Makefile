@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test pytest lint bench clean
+.PHONY: demo test pytest lint bench wheel docs clean
 
 # The demo's extras: torch (examples/mlp) and onnx (mlp-onnx, cnn-split and its edge call).
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -34,9 +34,19 @@ lint: $(VENV)/.installed-dev
 	for d in client functions loader runtime tracing edge; do ln -sfn ../../$$d .typecheck/fnrt/$$d; done
 	$(BIN)/mypy
 
+## make wheel: the sdist and the wheel in dist/, checked by twine (install: pip install dist/fnrt-*.whl)
+wheel: $(VENV)/.installed-dev
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
+## make docs: write the reference pages made from the code (docs/reference/)
+docs: $(VENV)/.installed-dev
+	$(BIN)/python docs/gen.py
+
 ## make bench: the invoke benchmark (needs wrk: apt-get install wrk)
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/invoke.py
 
 clean:
-	rm -rf $(VENV) .fnrt .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist .fnrt .pytest_cache .mypy_cache .ruff_cache

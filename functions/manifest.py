@@ -118,7 +118,9 @@ class TensorSpec:
     ``-1`` matches any size in that position.
     """
 
+    #: bool, uint8…uint64, int8…int64, float16/32/64, bfloat16 or bytes
     dtype: Annotated[Text, Field(json_schema_extra={"enum": sorted(DTYPES)})]
+    #: one size per dimension; -1 matches any size
     shape: tuple[Annotated[StrictInt, Field(ge=-1)], ...]
 
     def __post_init__(self) -> None:
@@ -155,9 +157,13 @@ class BatchingConfig:
     ``max_wait_ms`` (when > 0) caps the wait.
     """
 
+    #: the most requests in one handler call
     max_batch_size: Annotated[Int, Field(ge=1, le=4096)] = 8
+    #: how long a partial batch may wait for more (fixed mode; caps the wait in adaptive)
     max_wait_ms: Annotated[Millis, Field(le=60_000)] = 0.0
+    #: "fixed": max_batch_size or max_wait_ms; "adaptive": sized from the handler's measured cost
     mode: Literal["fixed", "adaptive"] = "fixed"
+    #: adaptive: queue wait + compute to stay under; requests that cannot make it get 503
     target_p99_ms: Annotated[Millis, Field(gt=0, le=600_000)] = 100.0
 
     @property
@@ -184,13 +190,21 @@ class ScalingConfig:
     one stops after ``scale_down_after_s`` idle.
     """
 
+    #: fixed policy (and auto while it learns): idle seconds before the last instance is dropped
     keep_alive_s: Seconds = 300.0
+    #: requests queued for the function before 429 (Retry-After)
     max_queue: Annotated[Int, Field(ge=1, le=1_000_000)] = 256
+    #: load when the server starts instead of at the first call
     load_at_start: Flag = False
+    #: instances kept loaded whatever the traffic
     min_instances: Annotated[Int, Field(ge=0, le=256)] = 0
+    #: instances started while the queue stays deep
     max_instances: Annotated[Int, Field(ge=1, le=256)] = 1
+    #: how long a full batch waits before another instance starts
     scale_up_after_ms: Millis = 200.0
+    #: idle seconds before an extra instance stops
     scale_down_after_s: Seconds = 30.0
+    #: when to drop an idle instance and load it ahead of a call (docs/prewarm.md)
     keep_alive_policy: KeepAlivePolicy = "auto"
     #: what a cold start is worth to ``auto`` (unset: the server's --cold-start-price-gb-s)
     cold_start_price_gb_s: GbSeconds | None = None
@@ -216,8 +230,11 @@ class RequestsConfig:
     (``X-Fnrt-Timeout-Ms`` overrides; 0 for none) and how fast waiting requests
     climb a priority class so none starves."""
 
+    #: priority of a request without X-Fnrt-Priority
     default_priority: Priority = "normal"
+    #: drop a request not started within this (504); X-Fnrt-Timeout-Ms overrides; 0: none
     timeout_ms: Millis = 0.0
+    #: waiting this long lifts a request one priority class
     aging_ms: Annotated[Millis, Field(gt=0)] = 1000.0
 
 
@@ -231,9 +248,13 @@ class ResultCacheConfig:
     ``maxmemory-policy`` evicts); a node without one keeps a memory cache.
     """
 
+    #: cache outputs by a hash of the inputs (deterministic handlers only)
     enabled: Flag = False
+    #: the cache's size (memory), or the largest entry stored (redis)
     max_bytes: Annotated[Int, Field(ge=1)] = 64 * 1024 * 1024
+    #: how long an entry is served
     ttl_s: Annotated[Seconds, Field(gt=0)] = 60.0
+    #: "memory": per node; "redis": shared through fnrt serve --redis-url
     backend: Literal["memory", "redis"] = "memory"
 
 
@@ -265,18 +286,31 @@ class RolloutConfig:
     always maps to the same version during a split.
     """
 
+    #: "immediate": all traffic at once; "canary": walk steps_percent, rolling back on errors or p99
     policy: RolloutPolicy = "immediate"
+    #: canary: the new version's share at each step, ending at 100
     steps_percent: tuple[Annotated[Int, Field(ge=1, le=100)], ...] = (10, 50, 100)
+    #: canary: time at each step
     dwell_s: Seconds = 30.0
+    #: canary: requests the new version serves at a step before it is judged
     min_requests: Annotated[Int, Field(ge=1)] = 20
+    #: canary: roll back when the new error rate passes the old one's by this
     max_error_rate: Fraction = 0.05
+    #: canary: roll back when the new p99 passes the old one's times this (plus p99_slack_ms)
     max_p99_ratio: Annotated[Number, Field(ge=1)] = 2.0
+    #: canary: added to the old p99 before the ratio is applied
     p99_slack_ms: Millis = 5.0
+    #: the version cut over from stays loaded this long (fnrt rollback is instant)
     rollback_window_s: Seconds = 600.0
+    #: a request header whose value always maps to the same version during a split
     sticky_header: Text = ""
+    #: requests run through the new version before any traffic
     warmup_file: RelativePath = ""
+    #: requests with expected outputs, checked before any traffic (422 when they differ)
     probe_file: RelativePath = ""
+    #: probe: absolute tolerance
     probe_atol: Annotated[Number, Field(ge=0)] = 1e-5
+    #: probe: tolerance relative to |expected|
     probe_rtol: Annotated[Number, Field(ge=0)] = 1e-4
 
     def __post_init__(self) -> None:
@@ -310,12 +344,19 @@ class BreakerConfig:
     than that alone is kept without its inputs).
     """
 
+    #: a circuit breaker for each version
     enabled: Flag = True
+    #: the window the error rate is measured over
     window_s: Annotated[Seconds, Field(gt=0)] = 30.0
+    #: requests in the window before the breaker may open
     min_requests: Annotated[Int, Field(ge=1)] = 20
+    #: opens past this share of server-side failures
     open_error_rate: Annotated[Fraction, Field(gt=0)] = 0.05
+    #: closes when fewer of the half-open probes than this failed
     close_error_rate: Annotated[Fraction, Field(gt=0)] = 0.01
+    #: how long it stays open before letting probes through
     open_s: Annotated[Seconds, Field(gt=0)] = 5.0
+    #: requests let through to test a version that was failing
     half_open_probes: Annotated[Int, Field(ge=1)] = 20
     #: instances dead in a row that open it, however few requests (0: never for that alone)
     open_after_deaths: Annotated[Int, Field(ge=0)] = 3
@@ -326,8 +367,11 @@ class BreakerConfig:
             description="'', 'cache' or 'function:NAME'",
         ),
     ] = ""
+    #: the newest failed requests whose inputs are kept (fnrt failures)
     failed_inputs_kept: Annotated[Int, Field(ge=0)] = 32
+    #: the "cache" fallback's size: last results by inputs
     cache_bytes: Annotated[Int, Field(ge=1)] = 16 * 1024 * 1024
+    #: the kept failed inputs' bytes in all
     failed_inputs_bytes: Annotated[Int, Field(ge=1)] = FAILED_INPUTS_BYTES
 
     @property
@@ -348,7 +392,9 @@ class SplitConfig:
     here; 0 is all on the server, ``len(points) + 1`` all on the device.
     """
 
+    #: the ONNX artifact that is cut
     model: Text = ""
+    #: tensor names of that graph to cut at, from the input to the output
     points: tuple[TensorName, ...] = ()
 
     def __post_init__(self) -> None:
@@ -375,6 +421,7 @@ class EnvironmentConfig:
     in worker processes with it first on their path.
     """
 
+    #: pip requirement specifiers installed at deploy
     requirements: Texts = ()
     requirements_file: RelativePath = ""
 
@@ -419,11 +466,17 @@ class GenerationConfig:
     ``temperature``, a ``seed``); anything else is refused with a 422.
     """
 
+    #: sequences in one step batch
     max_active: Annotated[Int, Field(ge=1, le=4096)] = 8
+    #: tokens (prompts plus max_new_tokens) of the running sequences (0: no budget)
     token_budget: Annotated[Int, Field(ge=0)] = 0
+    #: the most a request may ask for, and what it gets when it asks for none
     max_new_tokens: Annotated[Int, Field(ge=1, le=1_000_000)] = 256
+    #: longer prompts are refused (0: only the budget bounds them)
     max_prompt_tokens: Annotated[Int, Field(ge=0)] = 0
+    #: the input whose elements are the prompt's tokens (default: the first)
     prompt_input: Text = ""
+    #: what else a request may set (temperature, seed); others get 422
     parameters: Texts = ()
 
     def __post_init__(self) -> None:
@@ -470,9 +523,12 @@ class IsolationConfig:
     """
 
     mode: Literal["", "thread", "process"] = ""  # "": the node's default
+    #: a batch running past it gets 504 and the instance is replaced (0: none)
     timeout_s: Seconds = 0.0
     memory_limit_bytes: Annotated[Int, Field(ge=0)] = 0  # 0: no limit
+    #: wait before restarting a worker that died, doubling while it keeps dying
     restart_backoff_s: Seconds = 0.5
+    #: the longest wait between restarts
     max_backoff_s: Seconds = 30.0
 
     def __post_init__(self) -> None:
@@ -513,6 +569,7 @@ class Manifest:
             description="'module:attribute' of the handler class or function, e.g. 'handler:Model'",
         ),
     ]
+    #: free text shown by fnrt describe and the OpenAPI document
     description: Text = ""
     artifacts: Annotated[
         Mapping[str, Text],

@@ -1,10 +1,12 @@
-"""The README's install and tutorial, run as written in a fresh virtualenv holding only
-the base install (`pip install fnrt`, from this checkout) and none of the extras."""
+"""The README's install and tutorial, run as written: the wheel `make wheel` builds,
+installed in a fresh virtualenv with none of the extras (not the checkout), then the
+tutorial against it, then the pip command a missing extra names, run as printed."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,13 +23,9 @@ EXTRA_MODULES = (
 )  # fmt: skip
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
-
-
-def _tutorial() -> str:
+def _section(start: str, end: str) -> str:
     text = README.read_text()
-    return text[text.index("## Five-minute tutorial") : text.index("## The handler contract")]
+    return text[text.index(start) : text.index(end)]
 
 
 def _sh_lines(section: str) -> list[str]:
@@ -41,36 +39,65 @@ def _sh_lines(section: str) -> list[str]:
     return lines
 
 
-def test_the_tutorial_runs_on_the_base_install(tmp_path: Path) -> None:
-    install = [line for line in _sh_lines(README.read_text()) if "pip install fnrt" in line]
-    assert install == [".venv/bin/pip install fnrt"], install
-    venv = tmp_path / ".venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    # this environment's pip installs into it (quicker than bootstrapping its own)
-    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q"]
-    pip += ["--no-compile", "--disable-pip-version-check"]
-    subprocess.run(
-        [*pip, "-c", str(ROOT / "constraints.txt"), str(ROOT)],
-        check=True,
-        timeout=600,
-        capture_output=True,  # pip's warnings about this machine's extra index
+def _make_wheel(out: Path) -> Path:
+    """What `make wheel` does, into ``out`` (the checkout's dist/ is left alone)."""
+    recipe = (ROOT / "Makefile").read_text().split("\nwheel:", 1)[1].split("\n\n", 1)[0]
+    assert "$(BIN)/python -m build --outdir dist ." in recipe, recipe
+    assert "$(BIN)/twine check --strict dist/*" in recipe, recipe
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    python = str(tmp_path / ".venv/bin/python")
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, out.iterdir())],
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (wheel,) = out.glob("fnrt-*.whl")
+    return wheel
+
+
+def test_the_tutorial_runs_on_the_built_wheel(tmp_path: Path) -> None:
+    install = _sh_lines(_section("## Install", "## Five-minute tutorial"))
+    assert install[0] == "python3 -m venv .venv", install
+    assert ".venv/bin/pip install dist/fnrt-*.whl" in install, install
+    assert "make wheel" in install, install
+    wheel = _make_wheel(tmp_path / "dist")
+    env = os.environ | {"PATH": os.environ.get("PATH", "")}
+    env.pop("VIRTUAL_ENV", None)
+    # the README's commands, in a folder holding only what `make wheel` wrote
+    for command in (f"{shlex.quote(sys.executable)} -m venv .venv", install[-1]):
+        done = subprocess.run(
+            command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+    venv = tmp_path / ".venv"
+    python = str(venv / "bin/python")
     found = subprocess.run(
         [python, "-c", f"import importlib.util as u; print([m for m in {EXTRA_MODULES!r} "
          "if u.find_spec(m)])"],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, cwd=tmp_path,
     ).stdout.strip()  # fmt: skip
     assert found == "[]", f"the base install pulled in {found}"
+    where = subprocess.run(
+        [python, "-c", "import fnrt.runtime, os; print(os.path.realpath(fnrt.runtime.__file__))"],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    assert where.startswith(str(venv.resolve())), f"fnrt imported from {where}, not the wheel"
 
     port = free_port()
-    tutorial = _tutorial().replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    tutorial = _section("## Five-minute tutorial", "## Where next").replace(
+        "127.0.0.1:8000", f"127.0.0.1:{port}"
+    )
     (tmp_path / "hello").mkdir()
     for block in re.findall(r"```(?:python|toml)\n(.*?)```", tutorial, flags=re.S):
         first = block.splitlines()[0].removeprefix("# ")
         (tmp_path / first).write_text(block)
-    env = os.environ | {"FNRT_PORT": str(port), "PATH": os.environ.get("PATH", "")}
-    env.pop("VIRTUAL_ENV", None)
+    env["FNRT_PORT"] = str(port)
     commands = _sh_lines(tutorial)
     assert commands[1].startswith(".venv/bin/fnrt serve &"), commands
     proc = subprocess.Popen(
@@ -101,14 +128,17 @@ def test_the_tutorial_runs_on_the_base_install(tmp_path: Path) -> None:
     assert '{"y":[[2.5,5.0,7.5]]}' in out or shutil.which("curl") is None  # curl's answer
     assert "[[2.5 2.5 2.5]\n [2.5 2.5 2.5]]" in out  # hello_client.py
     assert '{"y": [[2.5, 5.0, 7.5]]}' in out  # fnrt invoke
-    # and what needs an extra says which, in one line, before doing anything
-    done = subprocess.run(
-        [str(venv / "bin/fnrt"), "simulate", "--synthetic", "5", "--plot", "p.png"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+
+    # what needs an extra says which, in one line, naming the wheel it was installed from
+    simulate = [str(venv / "bin/fnrt"), "simulate", "--synthetic", "5", "--plot", "p.png"]
+    done = subprocess.run(simulate, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == "", done
+    hint = f"pip install '{wheel.resolve()}[plot]'"
+    assert done.stderr == f"fnrt: --plot needs matplotlib, which is not installed: {hint}\n"
+    # and that command, run with the environment's pip, makes the same command work
+    added = subprocess.run(
+        f".venv/bin/{hint}", shell=True, cwd=tmp_path, env=env, capture_output=True, text=True
     )
-    assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr == (
-        "fnrt: --plot needs matplotlib, which is not installed: pip install 'fnrt[plot]'\n"
-    )
+    assert added.returncode == 0, added.stderr[-2000:]
+    done = subprocess.run(simulate, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and (tmp_path / "p.png").stat().st_size > 0, done.stderr
