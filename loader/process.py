@@ -12,6 +12,7 @@ instance reports itself dead so the pool replaces it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -364,6 +365,10 @@ class ProcessInstance:
 
     def _kill(self) -> None:
         if self._process.poll() is None:
+            # its whole group (it leads one): the processes its handler started go with
+            # it now; its keeper finds any that left the group (descendants.py)
+            with contextlib.suppress(OSError):
+                os.killpg(self._process.pid, signal.SIGKILL)
             self._process.kill()
         try:
             self._process.wait(timeout=5)

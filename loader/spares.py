@@ -54,6 +54,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fnrt.loader.descendants import with_token
 from fnrt.loader.environment import Environment
 from fnrt.loader.imports import installed, installed_in
 from fnrt.loader.stores.file import write_atomic
@@ -98,8 +99,14 @@ def start_worker(
     if site is not None:
         argv += ["--site", str(site)]
     try:
+        # a session and group of its own, and a token its descendants inherit: what
+        # it and its keeper find them by, to end them with it (descendants.py)
         process = subprocess.Popen(
-            argv, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env
+            argv,
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=with_token(env),
+            start_new_session=True,
         )
     except BaseException:
         ours.close()

@@ -17,7 +17,8 @@ sequences' inputs in the request arena, each step's chunks in the response
 arena (``stepper.py`` keeps the active sequences here, in the worker).
 
 The worker dies with the server (``PR_SET_PDEATHSIG``) and ignores Ctrl-C
-(the server stops it in order). It imports numpy, msgpack and the handler's
+(the server stops it in order); every process its handler starts ends with it
+(``descendants.py``). It imports numpy, msgpack and the handler's
 own dependencies; nothing of the HTTP side.
 """
 
@@ -49,6 +50,7 @@ from fnrt.functions.version import FileRef, VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.channel import Channel, ChannelClosed
+from fnrt.loader.descendants import TOKEN_VARIABLE, become_subreaper, start_keeper, sweep
 from fnrt.loader.imports import from_site, site_roots
 from fnrt.loader.instance import Built, build_handler, run_checked
 from fnrt.tracing.handler_spans import capture
@@ -280,6 +282,19 @@ def main(argv: list[str]) -> int:
     )
     if os.getppid() != int(argv[2]):  # the server died before the death signal was armed
         return 1
+    token = os.environ.get(TOKEN_VARIABLE)
+    keeper = None
+    if token is not None:  # what the handler starts ends with this worker
+        become_subreaper()
+        keeper = start_keeper(token)
+    try:
+        return _serve(argv)
+    finally:
+        if token is not None:
+            sweep(os.getpid(), token, spare=(keeper,) if keeper else ())
+
+
+def _serve(argv: list[str]) -> int:
     channel = Channel(socket.socket(fileno=int(argv[1])))
     options = dict(zip(argv[3::2], argv[4::2], strict=False))  # --spare NAMES, --site DIR
     if "--spare" in options:
