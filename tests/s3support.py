@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import selectors
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import boto3
 from moto.server import ThreadedMotoServer
@@ -52,6 +59,108 @@ def moto_endpoint() -> Iterator[MotoEndpoint]:
         yield MotoEndpoint(url, server)
     finally:
         server.stop()
+
+
+@dataclass
+class MotoProcess:
+    """moto's server in a process of its own, so that it can be frozen (``SIGSTOP``):
+    the kernel still accepts its connections, and nothing answers them."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def make_bucket(self, name: str) -> None:
+        boto3.client("s3", endpoint_url=self.url, region_name="us-east-1").create_bucket(
+            Bucket=name
+        )
+
+    def store(self, bucket: str, prefix: str = "", **config: object) -> S3Store:
+        settings = {"retry": FAST_RETRY, "part_size_bytes": 5 * 1024 * 1024, **config}
+        return S3Store(bucket, prefix, S3Config(endpoint_url=self.url, **settings))  # type: ignore[arg-type]
+
+    def freeze(self) -> None:
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def moto_process(start_timeout_s: float = 60.0) -> Iterator[MotoProcess]:
+    """moto's server as a subprocess on a free port, waited for by its "Running on" line."""
+    port = free_port()
+    server = Path(sys.executable).with_name("moto_server")
+    process = subprocess.Popen(
+        [str(server), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **CREDENTIALS},
+    )
+    try:
+        assert process.stderr is not None
+        said = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stderr, selectors.EVENT_READ)
+            end = time.monotonic() + start_timeout_s
+            while b"Running on" not in said:
+                left = end - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    raise RuntimeError(f"moto_server did not start: {said!r}")
+                chunk = os.read(process.stderr.fileno(), 4096)
+                if not chunk:
+                    raise RuntimeError(f"moto_server exited: {said!r}")
+                said += chunk
+        # stderr is not read after this: moto logs a line a request, so drop them
+        threading.Thread(target=_drain, args=(process.stderr,), daemon=True).start()
+        yield MotoProcess(f"http://127.0.0.1:{port}", process)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _drain(stream: object) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        while os.read(stream.fileno(), 65536):  # type: ignore[attr-defined]
+            pass
+
+
+@contextlib.contextmanager
+def unanswered_listener() -> Iterator[str]:
+    """The URL of a port whose connections never open: it listens with its backlog full
+    and never accepts, so a connect waits (the SYN is dropped) until the client's
+    connect timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+    try:
+        while True:  # fill the backlog until a connect is left waiting
+            client = socket.socket()
+            client.settimeout(0.5)
+            try:
+                client.connect(("127.0.0.1", port))
+            except TimeoutError:
+                client.close()
+                break
+            held.append(client)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for sock in held:
+            sock.close()
+        listener.close()
 
 
 class FaultProxy:

@@ -5,6 +5,13 @@ instance roles). A custom endpoint (``--s3-endpoint`` / ``FNRT_S3_ENDPOINT``)
 uses path-style addressing. Large objects download as parallel ranged GETs
 and upload as multipart; transient errors are retried with backoff and
 jitter, and a final failure is a StoreError naming the object.
+
+Nothing waits on the store without a bound (docs/hardening.md): each connection
+has ``connect_timeout_s``, each wait for bytes ``read_timeout_s``, and each
+operation, retries included, ``deadline_s`` (a download: ``deadline_s`` without a
+byte arriving, and ``download_deadline_s`` in all). A store that accepts
+connections and never answers fails the operation with a StoreError naming the
+store within its deadline.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any, TypeVar, cast
 
 from fnrt.functions.errors import StoreError
 from fnrt.functions.extras import require
-from fnrt.loader.retry import RetryPolicy, retrying
+from fnrt.loader.retry import Deadline, RetryPolicy, retrying
 from fnrt.loader.stores.base import KeyNotFound, PreconditionFailed, Progress, Written, check_key
 
 T = TypeVar("T")
@@ -37,8 +44,14 @@ class S3Config:
     region: str | None = None
     part_size_bytes: int = 16 * 1024 * 1024
     concurrency: int = 8
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0
+    #: the longest a TCP connection to the store may take to open
+    connect_timeout_s: float = 2.0
+    #: the longest the store may stay silent while an answer is awaited or arrives
+    read_timeout_s: float = 5.0
+    #: one operation, retries included; a download: the longest without a byte arriving
+    deadline_s: float = 15.0
+    #: a whole download, however steadily its bytes arrive
+    download_deadline_s: float = 1800.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
@@ -46,6 +59,19 @@ class S3Config:
             raise ValueError("part_size_bytes: S3 parts are at least 5 MiB")
         if not 1 <= self.concurrency <= 64:
             raise ValueError("concurrency: must be from 1 to 64")
+        for name in ("connect_timeout_s", "read_timeout_s", "deadline_s", "download_deadline_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0")
+        if self.deadline_s < self.connect_timeout_s + self.read_timeout_s:
+            raise ValueError(
+                "deadline_s: must be at least connect_timeout_s + read_timeout_s "
+                "(the time one attempt may take to fail)"
+            )
+
+    @property
+    def attempt_s(self) -> float:
+        """The longest one request may take to fail against a store that hangs."""
+        return self.connect_timeout_s + self.read_timeout_s
 
 
 def _transient(exc: BaseException) -> bool:
@@ -76,6 +102,16 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
+class _Stopped(Exception):
+    """A part of a download given up because another part failed for good."""
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, never empty (a timeout's message may be)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _code(exc: BaseException) -> str:
     response = getattr(exc, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
@@ -93,7 +129,9 @@ class S3Store:
         self.config = config or S3Config()
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         boto_config = Config(
-            retries={"max_attempts": 1, "mode": "standard"},  # retries are ours (retry.py)
+            # retries are ours (retry.py): one attempt each ("max_attempts": 1 would be
+            # one retry more, each as long as a timeout)
+            retries={"total_max_attempts": 1, "mode": "standard"},
             s3={"addressing_style": "path" if self.config.endpoint_url else "auto"},
             max_pool_connections=self.config.concurrency * 2,
             connect_timeout=self.config.connect_timeout_s,
@@ -119,9 +157,21 @@ class S3Store:
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _call(self, what: str, key: str, op: Callable[[], T]) -> T:
+    def _deadline(self) -> Deadline:
+        return Deadline(self.config.deadline_s)
+
+    def _call(
+        self, what: str, key: str, op: Callable[[], T], deadline: Deadline | None = None
+    ) -> T:
+        deadline = deadline or self._deadline()
         try:
-            return retrying(op, policy=self.config.retry, transient=_transient)
+            return retrying(
+                op,
+                policy=self.config.retry,
+                transient=_transient,
+                deadline=deadline,
+                attempt_s=self.config.attempt_s,
+            )
         except (KeyNotFound, PreconditionFailed):
             raise
         except Exception as exc:
@@ -132,20 +182,35 @@ class S3Store:
                     f"object '{key}' changed since it was read", key=key
                 ) from None
             raise StoreError(
-                f"{what} of {self.uri}/{key} failed after retries: {type(exc).__name__}: {exc}",
+                f"{what} of {self.uri}/{key} failed after retries ({deadline.elapsed_s():.1f} s"
+                f", store deadline {self.config.deadline_s:g} s): {describe(exc)}",
                 key=key,
+                store=self.uri,
             ) from exc
+
+    def _read(self, body: Any, deadline: Deadline) -> bytes:
+        """A response body read whole, within ``deadline`` however slowly it trickles."""
+        parts = []
+        while chunk := body.read(_STREAM_CHUNK):
+            parts.append(chunk)
+            if deadline.left_s() <= 0:
+                raise TimeoutError("the store deadline passed while the answer arrived")
+        return b"".join(parts)
 
     # --- ObjectStore -----------------------------------------------------------
 
     def get(self, key: str) -> tuple[bytes, str]:
+        deadline = self._deadline()
+
         def op() -> tuple[bytes, str]:
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return response["Body"].read(), str(response["ETag"]).strip('"')
+            return self._read(response["Body"], deadline), str(response["ETag"]).strip('"')
 
-        return self._call("GET", key, op)
+        return self._call("GET", key, op, deadline)
 
     def get_if_changed(self, key: str, etag: str) -> tuple[bytes, str] | None:
+        deadline = self._deadline()
+
         def op() -> tuple[bytes, str] | None:
             try:
                 response = self.client.get_object(
@@ -155,9 +220,9 @@ class S3Store:
                 if _code(exc) in ("304", "NotModified"):
                     return None
                 raise
-            return response["Body"].read(), str(response["ETag"]).strip('"')
+            return self._read(response["Body"], deadline), str(response["ETag"]).strip('"')
 
-        return self._call("GET", key, op)
+        return self._call("GET", key, op, deadline)
 
     def put(
         self, key: str, data: bytes, *, if_match: str | None = None, if_absent: bool = False
@@ -194,12 +259,19 @@ class S3Store:
             use_threads=True,
         )
 
+        deadline = Deadline(self.config.deadline_s, self.config.download_deadline_s)
+
+        def moved(count: int) -> None:
+            deadline.progressed()
+            if progress is not None:
+                progress(count)
+
         def op() -> None:
             self.client.upload_file(
-                str(path), self.bucket, self._key(key), Config=transfer, Callback=progress
+                str(path), self.bucket, self._key(key), Config=transfer, Callback=moved
             )
 
-        self._call("upload", key, op)
+        self._call("upload", key, op, deadline)
 
     def exists(self, key: str) -> bool:
         try:
@@ -269,9 +341,13 @@ class S3Store:
         ``written`` is told of each part once it is all in.
 
         The first part's answer says the object's size (``Content-Range``), so no
-        HEAD goes first: the bytes start to flow one round trip sooner."""
+        HEAD goes first: the bytes start to flow one round trip sooner. The parts
+        share one deadline: ``deadline_s`` without a byte arriving, and
+        ``download_deadline_s`` in all; a part that fails for good stops the others."""
         part = self.config.part_size_bytes
         lock = threading.Lock()
+        deadline = Deadline(self.config.deadline_s, self.config.download_deadline_s)
+        failed = threading.Event()
 
         def get(start: int, end: int) -> dict[str, Any]:
             return cast(
@@ -297,7 +373,7 @@ class S3Store:
 
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            size, ranged, opened = self._call("GET", key, first)
+            size, ranged, opened = self._call("GET", key, first, deadline)
             os.ftruncate(fd, size)
 
             def fetch(span: tuple[int, int], response: dict[str, Any] | None = None) -> None:
@@ -310,15 +386,24 @@ class S3Store:
                     while chunk := body.read(_STREAM_CHUNK):
                         os.pwrite(fd, chunk, offset)
                         offset += len(chunk)
+                        deadline.progressed()
                         if progress is not None:
                             with lock:
                                 progress(len(chunk))
+                        if failed.is_set():
+                            raise _Stopped("another part of the download failed")
+                        if deadline.left_s() <= 0:
+                            raise TimeoutError("the download's deadline passed")
                     if offset != end + 1:
                         raise ConnectionError(f"range {start}-{end} ended at {offset}")
                     if written is not None:
                         written(start, offset)
 
-                self._call("GET", key, op)
+                try:
+                    self._call("GET", key, op, deadline)
+                except BaseException:
+                    failed.set()
+                    raise
 
             if opened is None:
                 return
@@ -332,8 +417,10 @@ class S3Store:
             with ThreadPoolExecutor(min(self.config.concurrency, len(ranges))) as pool:
                 done = [pool.submit(fetch, ranges[0], opened)]
                 done += [pool.submit(fetch, span) for span in ranges[1:]]
-                for future in done:
-                    future.result()
+                errors = [f.exception() for f in done]
+            causes = [e for e in errors if e is not None]
+            if causes:  # the part that failed first, not one it stopped
+                raise next((e for e in causes if not isinstance(e.__cause__, _Stopped)), causes[0])
         finally:
             os.close(fd)
 

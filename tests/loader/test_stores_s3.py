@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
-from s3support import FaultProxy, MotoEndpoint
+from s3support import FaultProxy, MotoEndpoint, MotoProcess
 
 from fnrt.functions.errors import StoreError
 from fnrt.functions.routing import Routing
 from fnrt.loader.repository import Repository
-from fnrt.loader.stores import FileStore, KeyNotFound, PreconditionFailed, S3Store, open_store
+from fnrt.loader.stores import (
+    FileStore,
+    KeyNotFound,
+    PreconditionFailed,
+    S3Config,
+    S3Store,
+    open_store,
+)
 from support import listed_in_pages
 
 MiB = 1024 * 1024
@@ -130,3 +138,118 @@ def test_open_store_reads_s3_uris(s3: MotoEndpoint) -> None:
     )
     with pytest.raises(ValueError, match="names no bucket"):
         open_store("s3:///x")
+
+
+# --- a store that accepts connections and never answers (#41) --------------------------
+
+#: Short bounds, so that a hang is seen in seconds: connect 0.5 s, read 1 s, 3 s in all.
+HANG = {"connect_timeout_s": 0.5, "read_timeout_s": 1.0, "deadline_s": 3.0}
+#: What a loaded test machine may add to a bound before the test calls it missed.
+SLACK_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def frozen_moto():  # type: ignore[no-untyped-def]
+    """moto's server in its own process (to be frozen with SIGSTOP by a test)."""
+    from s3support import CREDENTIALS, moto_process
+
+    saved = {k: os.environ.get(k) for k in CREDENTIALS}
+    os.environ.update(CREDENTIALS)
+    try:
+        with moto_process() as moto:
+            yield moto
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _bucket(moto: MotoProcess, name: str) -> S3Store:
+    moto.thaw()
+    moto.make_bucket(name)
+    return moto.store(name, **HANG)
+
+
+def test_a_connect_that_never_opens_fails_within_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from s3support import CREDENTIALS, unanswered_listener
+
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+
+    with unanswered_listener() as url:
+        store = S3Store("fnrt", "", S3Config(endpoint_url=url, **HANG))  # type: ignore[arg-type]
+        started = time.monotonic()
+        with pytest.raises(StoreError) as caught:
+            store.get("functions/f/routing.json")
+        took = time.monotonic() - started
+    assert took < HANG["deadline_s"] + SLACK_S, took  # was: 3 tries x 2 (botocore's own)
+    assert caught.value.fields["store"] == "s3://fnrt"
+    assert "ConnectTimeout" in caught.value.message, caught.value.message
+    assert "s3://fnrt/functions/f/routing.json" in caught.value.message
+
+
+def test_a_store_frozen_mid_download_fails_within_the_deadline(
+    frozen_moto: MotoProcess, tmp_path: Path
+) -> None:
+    store = _bucket(frozen_moto, "middownload")
+    data = os.urandom(12 * MiB)
+    store.put("blobs/sha256/big", data)
+    froze: list[float] = []
+
+    def progress(count: int) -> None:
+        if not froze:  # the first MiB is in: the store stops answering
+            frozen_moto.freeze()
+            froze.append(time.monotonic())
+
+    try:
+        with pytest.raises(StoreError) as caught:
+            store.download("blobs/sha256/big", tmp_path / "copy", progress)
+        took = time.monotonic() - froze[0]
+    finally:
+        frozen_moto.thaw()
+    assert took < HANG["deadline_s"] + SLACK_S, took
+    assert "s3://middownload/blobs/sha256/big" in caught.value.message
+    assert "ReadTimeout" in caught.value.message, caught.value.message
+    assert store.get("blobs/sha256/big")[0] == data  # thawed: the store answers again
+
+
+def test_a_store_frozen_during_a_conditional_write_fails_within_the_deadline(
+    frozen_moto: MotoProcess,
+) -> None:
+    store = _bucket(frozen_moto, "casfreeze")
+    repo = Repository(store)
+    repo.update_routing("f", lambda _: Routing.first("v-1", "t"))
+    froze: list[float] = []
+
+    def change(current: Routing | None) -> Routing:
+        assert current is not None
+        frozen_moto.freeze()  # read, and now the write (If-Match) finds no answer
+        froze.append(time.monotonic())
+        return current.cut_over("v-2", "t")
+
+    try:
+        with pytest.raises(StoreError) as caught:
+            repo.update_routing("f", change)
+        took = time.monotonic() - froze[0]
+    finally:
+        frozen_moto.thaw()
+    assert len(froze) == 1  # a store error is not a lost race: no second try
+    assert took < HANG["deadline_s"] + SLACK_S, took
+    assert caught.value.message.startswith("PUT of s3://casfreeze/functions/f/routing.json")
+    assert caught.value.fields["store"] == "s3://casfreeze"
+
+
+def test_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="deadline_s: must be at least"):
+        S3Config(connect_timeout_s=2, read_timeout_s=5, deadline_s=6)
+    with pytest.raises(ValueError, match="read_timeout_s: must be > 0"):
+        S3Config(read_timeout_s=0)
+
+
+def test_botocore_makes_one_attempt_per_retry_of_ours(s3: MotoEndpoint) -> None:
+    store = s3.store("fnrt")
+    assert store.client.meta.config.retries["total_max_attempts"] == 1
