@@ -143,3 +143,72 @@ def test_the_deployment_drains_as_the_node_does() -> None:
     assert scaled_on <= exported_names()  # metrics the server really exports
     (dashboard,) = [d for d in docs if d["metadata"]["name"] == "fnrt-grafana-dashboard"]
     assert json.loads(dashboard["data"]["fnrt-dashboard.json"])["panels"]
+
+
+#: kubectl's short names for the kinds docs/kubernetes.md names -> (apiVersion, kind).
+_KINDS = {
+    "svc": ("v1", "Service"),
+    "service": ("v1", "Service"),
+    "deploy": ("apps/v1", "Deployment"),
+    "deployment": ("apps/v1", "Deployment"),
+    "ksvc": ("serving.knative.dev/v1", "Service"),
+    "secret": ("v1", "Secret"),
+    "configmap": ("v1", "ConfigMap"),
+    "ingress": ("networking.k8s.io/v1", "Ingress"),
+}
+
+
+def _doc_commands() -> list[tuple[str, tuple[str, ...]]]:
+    """Each kubectl command of docs/kubernetes.md (blocks and inline code), with the
+    overlays it is for: a block after ``<!-- overlay: NAME -->`` is for that overlay,
+    a command naming a ksvc for Knative's, any other for every overlay."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for marker, body in re.findall(r"(?:<!-- overlay: (\w+) -->\n)?```sh\n(.*?)```", text, re.S):
+        for line in body.replace("\\\n", " ").splitlines():
+            if "kubectl" in line:
+                found.append((line, (marker,) if marker else OVERLAYS))
+    for inline in re.findall(r"`(kubectl [^`]+)`", text):
+        found.append((inline, ("knative",) if " ksvc " in inline else OVERLAYS))
+    return found
+
+
+def test_the_kubernetes_doc_names_objects_each_overlay_has() -> None:
+    commands = _doc_commands()
+    assert any("port-forward" in c for c, _ in commands)
+    created = {
+        ("v1", "Secret", name)
+        for c, _ in commands
+        for name in re.findall(r"create secret generic ([\w-]+)", c)
+    }
+    checked = 0
+    for overlay in OVERLAYS:
+        docs = render(overlay)
+        objects = {(d["apiVersion"], d["kind"], d["metadata"]["name"]) for d in docs} | created
+        templates = [
+            d["spec"]["template"]["metadata"].get("labels", {})
+            for d in docs
+            if d["kind"] in ("Deployment", "Service") and "template" in d.get("spec", {})
+        ]
+        for command, overlays in commands:
+            if overlay not in overlays or " -n fnrt " not in f" {command} ":
+                continue
+            named = re.findall(r"\b(\w+)/([\w-]+)\b", command.split("|")[0])
+            named += re.findall(r"\bget (\w+) ([\w-]+)", command)
+            for short, name in named:
+                if short not in _KINDS:
+                    continue
+                api, kind = _KINDS[short]
+                assert (api, kind, name) in objects, f"{overlay}: `{command}` names {kind} {name}"
+                checked += 1
+            for key, value in re.findall(r"-l ([\w./-]+)=([\w-]+)", command):
+                assert any(t.get(key) == value for t in templates), (overlay, command)
+                checked += 1
+            if forward := re.search(r"port-forward svc/([\w-]+) \d+:(\d+)", command):
+                (service,) = [
+                    d
+                    for d in docs
+                    if d["kind"] == "Service" and d["metadata"]["name"] == forward[1]
+                ]
+                assert int(forward[2]) in [p["port"] for p in service["spec"]["ports"]]
+    assert checked >= 4
