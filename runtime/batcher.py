@@ -1,8 +1,8 @@
 """The queue of one function version and the loop that turns it into batches.
 
-Requests are admitted into a bounded :class:`~fnrt.runtime.queue.RequestQueue`
-(per version and, through :class:`Admission`, per node; beyond either,
-Overloaded -> 429 with ``Retry-After``). Each slot of the
+Calls are admitted into a bounded :class:`~fnrt.runtime.queue.RequestQueue`
+(per version and, through :class:`~fnrt.runtime.intake.Admission`, per node;
+beyond either, Overloaded -> 429 with ``Retry-After``; deadlines: ``intake.py``). Each slot of the
 :class:`~fnrt.runtime.pool.InstancePool` has a worker task here that takes
 batches off the shared queue as the pure batching decision says (fixed or
 adaptive, :mod:`fnrt.runtime.batching`), runs them on its instance and
@@ -14,263 +14,88 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from collections.abc import Callable
 from typing import Any
 
-from fnrt.functions.errors import (
-    ClientLeft,
-    DeadlineExceeded,
-    FnrtError,
-    Overloaded,
-    Unavailable,
-    VersionRetired,
-)
+from fnrt.functions.errors import FnrtError, Unavailable
 from fnrt.functions.handler import Request
-from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable
-from fnrt.loader.staging import Staged
+from fnrt.loader.staging import Staged, rows_disagree
 from fnrt.runtime.batching import (
-    CostModel,
     Plan,
-    RateEstimator,
     adaptive_plan,
     flush_delay_s,
     job_pause_s,
     predicted_finish_s,
 )
-from fnrt.runtime.clock import Clock
-from fnrt.runtime.events import Events
-from fnrt.runtime.pool import InstancePool, Slot, run_failure
+from fnrt.runtime.events import StartKind
+from fnrt.runtime.intake import Admission, Intake
+from fnrt.runtime.pool import Slot, run_failure
 from fnrt.runtime.protection import Served
-from fnrt.runtime.queue import Client, Outputs, Pending, Priority, RequestQueue, Taken
-from fnrt.runtime.stats import Stats
+from fnrt.runtime.queue import Call, Outputs, Priority, Taken
 
 log = logging.getLogger("fnrt.batcher")
 
-
-class Admission:
-    """The node-wide bound on queued requests, shared by every version's batcher."""
-
-    def __init__(self, max_queued: int) -> None:
-        self.max_queued = max_queued
-        self.queued = 0
-
-    def check(
-        self,
-        version: VersionManifest,
-        closing: bool,
-        queued: int,
-        stats: Stats,
-        retry_after_s: Callable[[], float],
-    ) -> None:
-        """Raise unless one more request may join a version's queue of ``queued``:
-        VersionRetired (it is closing), Overloaded (its bound, or the node's)."""
-        name = version.name
-        if closing:
-            raise VersionRetired(f"function '{name}' version {version.version} is shutting down")
-        if queued >= version.manifest.scaling.max_queue:
-            stats.rejected += 1
-            raise Overloaded(
-                f"function '{name}' has {queued} requests queued (its limit)",
-                retry_after_s=retry_after_s(),
-            )
-        if self.queued >= self.max_queued:
-            stats.rejected += 1
-            raise Overloaded(
-                f"the server has {self.queued} requests queued (its limit)",
-                retry_after_s=retry_after_s(),
-            )
+__all__ = ["Admission", "Batcher"]
 
 
-class Batcher:
+class Batcher(Intake):
     """Queue and batch loop of one function version."""
-
-    def __init__(
-        self,
-        version: VersionManifest,
-        pool: InstancePool,
-        clock: Clock,
-        stats: Stats,
-        events: Events,
-        admission: Admission | None = None,
-    ) -> None:
-        self.version = version
-        self._manifest = version.manifest
-        self._pool = pool
-        self._clock = clock
-        self._stats = stats
-        self._events = events
-        self._admission = admission or Admission(1 << 62)
-        requests = self._manifest.requests
-        self.default_priority = Priority.parse(requests.default_priority)
-        self._queue = RequestQueue(requests.aging_ms / 1000.0)
-        self._wake = asyncio.Event()
-        self.closing = False
-        self.cost = CostModel()
-        self.arrivals = RateEstimator()
-        pool.changed = self._wake.set
-        self._serve(pool.add_slot())
-
-    @property
-    def name(self) -> str:
-        return self._manifest.name
-
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
-
-    def depth_by_priority(self) -> dict[str, int]:
-        return self._queue.depth_by_priority()
 
     # --- admission ---------------------------------------------------------------------
 
-    async def enqueue(
-        self,
-        inputs: Request,
-        now: float,
-        *,
-        priority: Priority | None = None,
-        timeout_s: float | None = None,
-        span: Any = None,
-        cold: bool = False,
-        client: Client | None = None,
-        alone: bool = False,
-    ) -> Served:
-        """Queue one request admitted at ``now`` (:meth:`admit`) and wait for its outputs.
+    def submit(self, call: Call) -> asyncio.Future[Served]:
+        """Admit one call (raising at once if it may not join) and queue it; its future
+        is answered with its :class:`Served` when its batch has run, or with its error
+        (DeadlineExceeded when ``timeout_s`` passed first, the batch's HandlerFailed).
+        Not a coroutine: the caller awaits the future itself, one frame less."""
+        if self._pool.stages:  # a forward handler: a request whose rows disagree is its 422
+            refused = rows_disagree(call.inputs)
+            if refused is not None:
+                raise refused
+        now = call.enqueued_at
+        self._admission.check(self)
+        if self._manifest.batching.adaptive:
+            self._refuse_late(call.deadline - now if call.deadline is not None else None)
+        call.cold = self._pool.count_start(now) is StartKind.COLD
+        self._push(call)
+        return call.future
 
-        Raises DeadlineExceeded (``timeout_s`` passed before it was computed) or
-        the batch's HandlerFailed.
-        """
-        self._stats.requests += 1
-        self.arrivals.arrive(now)
-        future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
-        if timeout_s is None and self._manifest.requests.timeout_ms > 0:
-            timeout_s = self._manifest.requests.timeout_ms / 1000.0
-        deadline = now + timeout_s if timeout_s is not None else None
-        chosen = self.default_priority if priority is None else priority  # HIGH is 0: falsy
-        pending = Pending(inputs, future, now, chosen, deadline, cold)
-        pending.client = client
-        if alone:
-            pending.alone = True
-        if span is not None:
-            pending.span, pending.enqueued_ns = span, time.time_ns()
-        self._queue.push(pending)
-        self._admission.queued += 1
-        self._wake.set()
-        totals = self._stats.totals
-        try:
-            if deadline is not None:
-                await self._await_or_expire(pending, deadline - now)
-            outputs = await future
-        except FnrtError:
-            totals.fail.add(self._clock.now() - now)
-            raise
-        totals.success.add(self._clock.now() - now)
-        totals.last_request_unix_s = time.time()
-        return Served(outputs, self._stats.last_load_tier if cold else None)
+    def submit_block(self, records: list[Request]) -> asyncio.Future[list[Outputs]]:
+        """Queue a block of job records (at most a batch of them) at job priority: they
+        join one batch together, each a request of the handler's own; the outputs of
+        each, in order. One future and one queue entry for the block: a job's records
+        cost the event loop next to nothing each. No latency target applies to a job's
+        records (adaptive batching's refusal is for live requests)."""
+        self._admission.check(self)
+        now = self._clock.now()
+        call = Call({}, asyncio.get_running_loop().create_future(), now, Priority.JOB)
+        call.block, call.rows = records, len(records)
+        call.cold = self._pool.count_start(now) is StartKind.COLD
+        self._push(call)
+        return call.future
 
-    async def enqueue_block(
-        self, records: list[Request], now: float, *, cold: bool = False
-    ) -> list[Outputs]:
-        """Queue a block of job records (at most a batch of them), admitted at ``now``,
-        at job priority: they join one batch together, each a request of the handler's
-        own; the outputs of each, in order. One future and one queue entry for the
-        block: a job's records cost the event loop next to nothing each."""
-        self._stats.requests += len(records)
-        future: asyncio.Future[list[Outputs]] = asyncio.get_running_loop().create_future()
-        pending = Pending({}, future, now, Priority.JOB, None, cold)  # type: ignore[arg-type]
-        pending.block, pending.rows = records, len(records)
-        self._queue.push(pending)
-        self._admission.queued += 1
-        self._wake.set()
-        totals = self._stats.totals
-        try:
-            outputs = await future
-        except FnrtError:
-            totals.fail.add(self._clock.now() - now)
-            raise
-        totals.success.add(self._clock.now() - now)
-        totals.last_request_unix_s = time.time()
-        return outputs
-
-    def admit_block(self) -> None:
-        """Raise unless a block of job records may join the queue: VersionRetired or
-        Overloaded, as for a request. No latency target applies to a job's records:
-        adaptive batching's refusal is for live requests."""
-        self._admission.check(
-            self.version, self.closing, len(self._queue), self._stats, self._retry_after_s
-        )
-
-    def admit(self, now: float, timeout_s: float | None) -> None:
-        """Raise unless a request may join the queue now: VersionRetired (closing),
-        Overloaded (a queue bound), Unavailable (adaptive batching: it cannot
-        finish within the target)."""
-        self._admission.check(
-            self.version, self.closing, len(self._queue), self._stats, self._retry_after_s
-        )
+    def _refuse_late(self, timeout_s: float | None) -> None:
+        """Unavailable unless a request can finish within the adaptive target."""
         batching = self._manifest.batching
-        if batching.adaptive:
-            budget = batching.target_p99_ms / 1000.0
-            if timeout_s is not None:
-                budget = min(budget, timeout_s)
-            expected = predicted_finish_s(
-                batching, self.cost, len(self._queue), max(self._pool.instances, 1)
-            )
-            if expected > budget:
-                self._stats.rejected += 1
-                raise Unavailable(
-                    f"function '{self.name}' cannot answer within {budget * 1000:.0f} ms: "
-                    f"about {expected * 1000:.0f} ms of work is queued ahead",
-                    expected_ms=round(expected * 1000, 1),
-                )
-
-    def _retry_after_s(self) -> float:
-        size = self._manifest.batching.max_batch_size
-        per_batch = self.cost.predict(size) if self.cost.fitted else 0.1
-        rounds = len(self._queue) / size / max(self._pool.instances, 1)
-        return float(min(max(math.ceil(rounds * per_batch), 1), 60))
-
-    async def _await_or_expire(self, pending: Pending, timeout_s: float) -> None:
-        done = asyncio.Event()
-        pending.future.add_done_callback(lambda _: done.set())
-        if await self._clock.wait(done, timeout_s) or pending.started:
-            return
-        self._expire(pending)
-
-    def _expire(self, pending: Pending) -> None:
-        if not pending.future.done():
-            self._stats.expired += 1
-            waited = self._clock.now() - pending.enqueued_at
-            pending.future.set_exception(
-                DeadlineExceeded(
-                    f"function '{self.name}': the deadline passed after "
-                    f"{waited * 1000:.0f} ms in the queue"
-                )
-            )
-
-    def _abandon(self, pending: Pending) -> None:
-        if not pending.future.done():
-            self._stats.abandoned += 1
-            pending.future.set_exception(
-                ClientLeft(f"function '{self.name}': the client left while its request was queued")
+        budget = batching.target_p99_ms / 1000.0
+        if timeout_s is not None:
+            budget = min(budget, timeout_s)
+        expected = predicted_finish_s(
+            batching, self.cost, len(self._queue), max(self._pool.instances, 1)
+        )
+        if expected > budget:
+            self._stats.rejected += 1
+            raise Unavailable(
+                f"function '{self.name}' cannot answer within {budget * 1000:.0f} ms: "
+                f"about {expected * 1000:.0f} ms of work is queued ahead",
+                expected_ms=round(expected * 1000, 1),
             )
 
     # --- the loop ----------------------------------------------------------------------
 
     def _serve(self, slot: Slot) -> None:
         slot.worker = asyncio.ensure_future(self._work(slot))
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def close(self) -> None:
-        """Stop taking requests; return when the queued ones are answered."""
-        self.closing = True
-        self._wake.set()
-        workers = [s.worker for s in self._pool.slots if s.worker is not None]
-        await asyncio.gather(*(asyncio.shield(w) for w in workers), return_exceptions=True)
 
     def _plan(self, now: float) -> Plan:
         """The batching decision for the queue as it is now (fixed or adaptive)."""
@@ -284,24 +109,6 @@ class Batcher:
         return Plan(
             batching.max_batch_size, flush_delay_s(batching, len(self._queue), waited) or 0.0
         )
-
-    def fail_queued(self, error: BaseException) -> None:
-        """Answer every queued request with ``error`` now (a shutdown cutting them off)."""
-        self._fail_queued(error)
-
-    def _fail_queued(self, error: BaseException) -> None:
-        for pending in self._queue.drain():
-            self._admission.queued -= 1
-            if not pending.future.done():
-                self._stats.errors += 1
-                pending.future.set_exception(error)
-
-    def _maybe_scale_up(self, now: float) -> None:
-        if self._pool.wants_another(len(self._queue), now):
-            slot = self._pool.add_slot()
-            log.info("scaling %s up to %d instances", self.name, len(self._pool.slots))
-            self._pool.load_in_background(slot)
-            self._serve(slot)
 
     async def _work(self, slot: Slot) -> None:
         pool = self._pool
@@ -323,7 +130,7 @@ class Batcher:
                     ahead = None
                 if slot.primary:
                     if pool.instances == 0:  # nobody else can serve them
-                        self._fail_queued(exc)
+                        self.fail_queued(exc)
                     else:  # the other instances serve; try again at the next arrival
                         self._wake.clear()
                         await self._wake.wait()
@@ -416,20 +223,8 @@ class Batcher:
             woken.cancel()
         return None
 
-    def _take(self, size: int, now: float) -> Taken:
-        taken = self._queue.take(size, now)
-        self._admission.queued -= taken.removed
-        for pending in taken.expired:
-            self._expire(pending)
-        for pending in taken.abandoned:
-            self._abandon(pending)
-        return taken
-
-    def _fail(self, batch: list[Pending], rows: int, error: BaseException) -> None:
-        self._stats.errors += rows
-        for p in batch:
-            if not p.future.done():
-                p.future.set_exception(error)
+    def _fail(self, batch: list[Call], rows: int, error: BaseException) -> None:
+        self._settle_failed(batch, error, self._clock.now())
 
     async def _yield_to_live(self, pause_s: float) -> None:
         """Leave the instance to live requests for ``pause_s`` after a batch of job
@@ -442,11 +237,34 @@ class Batcher:
             self._wake.clear()
             await self._clock.wait(self._wake, left)
 
+    def _answer(self, batch: list[Call], results: list[Any]) -> None:
+        """Each call its result; latency totals once, and the breaker and canary window
+        for the calls that passed the gateway."""
+        now = self._clock.now()
+        tier = self._stats.last_load_tier
+        protection = self._protection
+        total = 0.0
+        answered = 0
+        for call, result in zip(batch, results, strict=True):
+            future = call.future
+            if future.done():
+                continue
+            future.set_result(Served(result, tier if call.cold else None))
+            latency = now - call.enqueued_at
+            total += latency
+            answered += 1
+            if call.counted and protection is not None:
+                protection.succeeded(now, latency)
+        if answered:
+            totals = self._stats.totals
+            totals.success.add(total, answered)
+            totals.last_request_unix_s = time.time()
+
     async def _run_batch(
         self,
         slot: Slot,
         instance: Any,
-        batch: list[Pending],
+        batch: list[Call],
         rows: int,
         blocks: bool = False,
         staged: Staged | None = None,
@@ -475,18 +293,16 @@ class Batcher:
                 ran = await self._pool.run(slot, instance, inputs, trace)
         except Exception as exc:
             failure = exc
-            stats.errors += rows
             error = run_failure(exc, self.version, f"a batch of {rows}")
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(error)
+            self._settle_failed(batch, error, self._clock.now())
         else:
             if blocks:
-                _answer_blocks(batch, ran.results)
+                _answer_blocks(batch, ran.results, self._stats.last_load_tier)
+                now = self._clock.now()
+                totals.success.add(sum(now - p.enqueued_at for p in batch), len(batch))
+                totals.last_request_unix_s = time.time()
             else:
-                for p, result in zip(batch, ran.results, strict=True):
-                    if not p.future.done():
-                        p.future.set_result(result)
+                self._answer(batch, ran.results)
         finally:
             elapsed = self._clock.now() - started
             self.cost.observe(rows, elapsed)
@@ -507,7 +323,7 @@ def _job_only(taken: Taken) -> bool:
     return taken.blocks and all(p.priority is Priority.JOB for p in taken.batch)
 
 
-def _rows(batch: list[Pending]) -> list[Request]:
+def _rows(batch: list[Call]) -> list[Request]:
     """The handler's requests of a batch holding blocks of job records, in order."""
     inputs: list[Request] = []
     for p in batch:
@@ -518,12 +334,14 @@ def _rows(batch: list[Pending]) -> list[Request]:
     return inputs
 
 
-def _answer_blocks(batch: list[Pending], results: list[Any]) -> None:
+def _answer_blocks(batch: list[Call], results: list[Any], tier: Any) -> None:
     """Each request its result, and each block the list of its records' results."""
     at = 0
     for p in batch:
         rows = p.rows
         if not p.future.done():
-            answer: Any = results[at] if p.block is None else results[at : at + rows]
-            p.future.set_result(answer)
+            if p.block is None:
+                p.future.set_result(Served(results[at], tier if p.cold else None))
+            else:
+                p.future.set_result(results[at : at + rows])
         at += rows

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
-from fnrt.runtime.queue import Pending, Priority
+from fnrt.runtime.queue import Call, Priority
 from fnrt.runtime.stream import Usage
 from fnrt.tracing.recorder import SpanContext
 from fnrt.tracing.spans import fail
@@ -26,7 +26,7 @@ _PRIORITY = {p: p.name.lower() for p in Priority}
 
 
 def _waited(
-    batch: Sequence[Pending], started_ns: int, load: tuple[int, int, Mapping[str, Any]] | None
+    batch: Sequence[Call], started_ns: int, load: tuple[int, int, Mapping[str, Any]] | None
 ) -> list[SpanContext]:
     """Keep the queue wait of each request of ``batch``, which ``started_ns`` began
     serving, and the load it waited for, on its server span when that is recorded
@@ -69,13 +69,13 @@ class Events(Protocol):
 
     def lost(self, vm: VersionManifest, cause: str) -> None: ...
 
-    def batch_started(self, vm: VersionManifest, batch: Sequence[Pending], started_ns: int) -> Any:
+    def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
         """The batch's span, open while it runs (None when not traced)."""
 
     def batch(
         self,
         vm: VersionManifest,
-        batch: Sequence[Pending],
+        batch: Sequence[Call],
         waits_s: Sequence[float],
         started_ns: int,
         elapsed_s: float,
@@ -88,9 +88,7 @@ class Events(Protocol):
         handler's requests in it, when blocks of job records made it more than
         ``len(batch)``)."""
 
-    def step_started(
-        self, vm: VersionManifest, joining: Sequence[Pending], started_ns: int
-    ) -> None:
+    def step_started(self, vm: VersionManifest, joining: Sequence[Call], started_ns: int) -> None:
         """A generative function's step starts; ``joining`` sequences join it."""
 
     def step(
@@ -104,18 +102,14 @@ class Events(Protocol):
     ) -> None:
         """A step over ``size`` sequences (``joined`` of them new) made ``tokens`` chunks."""
 
-    def sequence_ended(
-        self, vm: VersionManifest, waiting: Pending, reason: str, usage: Usage
-    ) -> None:
+    def sequence_ended(self, vm: VersionManifest, waiting: Call, reason: str, usage: Usage) -> None:
         """A generate request ended (``reason``) with ``usage``."""
 
 
 class NoEvents:
     """An observer that drops every event."""
 
-    def step_started(
-        self, vm: VersionManifest, joining: Sequence[Pending], started_ns: int
-    ) -> None:
+    def step_started(self, vm: VersionManifest, joining: Sequence[Call], started_ns: int) -> None:
         pass
 
     def step(
@@ -129,9 +123,7 @@ class NoEvents:
     ) -> None:
         pass
 
-    def sequence_ended(
-        self, vm: VersionManifest, waiting: Pending, reason: str, usage: Usage
-    ) -> None:
+    def sequence_ended(self, vm: VersionManifest, waiting: Call, reason: str, usage: Usage) -> None:
         pass
 
     def started(self, name: str, kind: StartKind) -> None:
@@ -148,13 +140,13 @@ class NoEvents:
     def lost(self, vm: VersionManifest, cause: str) -> None:
         pass
 
-    def batch_started(self, vm: VersionManifest, batch: Sequence[Pending], started_ns: int) -> Any:
+    def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
         return None
 
     def batch(
         self,
         vm: VersionManifest,
-        batch: Sequence[Pending],
+        batch: Sequence[Call],
         waits_s: Sequence[float],
         started_ns: int,
         elapsed_s: float,
@@ -198,7 +190,7 @@ class TelemetryEvents:
     def lost(self, vm: VersionManifest, cause: str) -> None:
         self.telemetry.metrics.restart(vm.name, cause)
 
-    def batch_started(self, vm: VersionManifest, batch: Sequence[Pending], started_ns: int) -> Any:
+    def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
         tracing = self.telemetry.tracing
         if not tracing.enabled:
             return None
@@ -208,7 +200,7 @@ class TelemetryEvents:
     def batch(
         self,
         vm: VersionManifest,
-        batch: Sequence[Pending],
+        batch: Sequence[Call],
         waits_s: Sequence[float],
         started_ns: int,
         elapsed_s: float,
@@ -230,9 +222,7 @@ class TelemetryEvents:
                 fail(span, failure)
             span.end()
 
-    def step_started(
-        self, vm: VersionManifest, joining: Sequence[Pending], started_ns: int
-    ) -> None:
+    def step_started(self, vm: VersionManifest, joining: Sequence[Call], started_ns: int) -> None:
         tracing = self.telemetry.tracing
         if not tracing.enabled:
             return
@@ -249,9 +239,7 @@ class TelemetryEvents:
     ) -> None:
         self.telemetry.metrics.step(vm.name, size, elapsed_s, tokens)
 
-    def sequence_ended(
-        self, vm: VersionManifest, waiting: Pending, reason: str, usage: Usage
-    ) -> None:
+    def sequence_ended(self, vm: VersionManifest, waiting: Call, reason: str, usage: Usage) -> None:
         tokens = usage.completion_tokens
         self.telemetry.metrics.sequence(
             vm.name,

@@ -10,63 +10,30 @@ order:
 2. :class:`ResultCacheGuard` answers repeated inputs from the version's cache,
    and keeps what the version computed;
 3. :class:`BreakerGuard` sends calls to the fallback while the version's
-   breaker is open, and counts outcomes (breaker, canary window, kept failures).
+   breaker is open, and keeps the last result per input for its "cache" fallback.
 
-The hooks are plain calls that ``Gateway.submit`` makes from its own
-coroutine: a guard adds no coroutine frame to the request (each frame is one
-more step at every resumption of it, measured on the hot path). Version
-choice comes before the guards, the version's admission and queue after
-them, and the retry of a retired version around them (``gateway.py``).
+The hooks are plain calls. While no guard that applies to a version watches
+outcomes (the default: keep-alive and the breaker's check only), ``Gateway.submit``
+makes its ``before`` calls and hands the call to the queue with no coroutine of
+its own; otherwise the outcome comes back through its coroutine. Outcomes are
+counted per batch, where they happen (``intake.py``): the breaker, the
+canary's window and kept failures. Version choice and the input check come
+before the guards (``http/data.py``), the version's admission and queue after
+them.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from fnrt.functions.errors import FnrtError
-from fnrt.functions.generation import Asked
-from fnrt.functions.handler import Request
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.protection import Served
-from fnrt.runtime.queue import Client, Priority
-from fnrt.runtime.result_cache import Outputs, SharedResults, inputs_key
+from fnrt.runtime.queue import Call
+from fnrt.runtime.result_cache import Outputs, SharedResults
 from fnrt.runtime.scheduler import Scheduler
-
-
-@dataclass(slots=True)
-class Options:
-    """How a request asks to be served (a value: not frozen only because a frozen
-    dataclass is four times slower to build, on the request path)."""
-
-    priority: Priority | None = None
-    timeout_s: float | None = None
-    span: Any = None  # the request's server span (tracing on)
-    client: Client | None = None  # its connection (whether the client left)
-
-
-@dataclass(eq=False, slots=True)
-class Call:
-    """One request on its way through the guards."""
-
-    scheduler: Scheduler  # the version chosen for it
-    inputs: Request
-    options: Options
-    started: float  # clock time it reached the guards
-    split: int | None = None  # a split tail's k
-    asked: Asked | None = None  # a generate request's parameters
-    answered_by: Scheduler | None = None  # set when another function answered (fallback)
-    _key: str | None = field(default=None, repr=False)
-
-    @property
-    def key(self) -> str:
-        """The digest of the inputs (computed once)."""
-        if self._key is None:
-            self._key = inputs_key(self.inputs)
-        return self._key
-
 
 #: What a guard's ``before`` returns to answer a call itself: the answer, or a
 #: coroutine that makes it (a fallback) or finds there is none (None: go on, as a
@@ -77,6 +44,11 @@ Answer = Served | Awaitable[Served | None]
 class Guard(Protocol):
     def applies(self, scheduler: Scheduler) -> bool:
         """Whether the guard has anything to do for this version (its manifest)."""
+        ...
+
+    def watches(self, scheduler: Scheduler) -> bool:
+        """Whether its ``after`` has anything to do for this version: while no guard
+        that applies watches, a call is queued without a coroutine of the gateway's."""
         ...
 
     def before(self, call: Call) -> Answer | None:
@@ -101,6 +73,9 @@ class KeepAliveGuard:
     def applies(self, scheduler: Scheduler) -> bool:
         return self._keeper is not None
 
+    def watches(self, scheduler: Scheduler) -> bool:
+        return False
+
     def before(self, call: Call) -> Answer | None:
         assert self._keeper is not None
         self._keeper.invoked(call.scheduler.name)
@@ -119,6 +94,9 @@ class ResultCacheGuard:
     def applies(self, scheduler: Scheduler) -> bool:
         return scheduler.protection.result_cache is not None
 
+    def watches(self, scheduler: Scheduler) -> bool:
+        return True  # it keeps what the version computed
+
     def before(self, call: Call) -> Answer | None:
         cache = call.scheduler.protection.result_cache
         assert cache is not None
@@ -131,7 +109,7 @@ class ResultCacheGuard:
 
     def _answer(self, call: Call, hit: Outputs | None) -> Served | None:
         scheduler = call.scheduler
-        looked_up = self._clock.now() - call.started
+        looked_up = self._clock.now() - call.enqueued_at
         totals = scheduler.stats.totals
         if hit is None:
             totals.cache_miss.add(looked_up)
@@ -152,27 +130,26 @@ Fallback = Callable[[Call], Awaitable[Served]]
 
 
 class BreakerGuard:
-    """While the breaker is open, the fallback answers; otherwise outcomes are counted."""
+    """While the breaker is open, the fallback answers. Outcomes are counted per batch
+    where they happen (``intake.py``: the breaker, the canary's window, kept failures,
+    for the calls the gateway let through); this guard keeps the last result per input
+    for a ``fallback = "cache"``."""
 
     def __init__(self, fallback: Fallback) -> None:
         self._fallback = fallback
 
     def applies(self, scheduler: Scheduler) -> bool:
-        return True  # a disabled breaker still counts outcomes (the canary reads them)
+        return True  # the breaker may open whatever the manifest says
+
+    def watches(self, scheduler: Scheduler) -> bool:
+        return scheduler.protection.last_results is not None
 
     def before(self, call: Call) -> Answer | None:
-        if call.scheduler.protection.breaker.allow(call.started):
+        if call.scheduler.protection.breaker.allow(call.enqueued_at):
             return None
         return self._fallback(call)
 
     def after(self, call: Call, served: Served | None, error: FnrtError | None, now: float) -> None:
-        protection = call.scheduler.protection
-        if error is not None:
-            protection.failed(now, now - call.started, error, call.inputs)
-            return
-        assert served is not None
-        if served.stream is not None:  # a sequence: counted when it ends (sequencer.py)
-            return
-        protection.succeeded(now, now - call.started)
-        if protection.last_results is not None:
-            protection.last_results.put(call.key, served.outputs)
+        last_results = call.scheduler.protection.last_results
+        if served is not None and served.stream is None and last_results is not None:
+            last_results.put(call.key, served.outputs)

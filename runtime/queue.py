@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Protocol
 
 import numpy as np
 
 from fnrt.functions.handler import Request
+from fnrt.runtime.result_cache import inputs_key
 
 Outputs = dict[str, np.ndarray[Any, Any]]
 
@@ -48,33 +49,61 @@ class Client(Protocol):
     disconnected: bool
 
 
-@dataclass(eq=False)
-class Pending:
-    """One queued request."""
+@dataclass(eq=False, slots=True)
+class Call:
+    """One request, from where its body is decoded to its answer: the queue entry itself.
+
+    Built once (``Gateway.call``), for the version already chosen to answer it, with
+    its inputs checked against that version; the guards read it, the queue holds it,
+    the batch answers its ``future`` with a :class:`~fnrt.runtime.protection.Served`.
+    Only the queue's own marks (``cold``, ``started``) and a sequence's (``stream``,
+    ``prompt_tokens``) change after that. Slotted, not frozen: a frozen dataclass
+    takes four times as long to build, and every request builds one.
+    """
 
     inputs: Request
-    future: asyncio.Future[Outputs]
-    enqueued_at: float
+    future: asyncio.Future[Any]  # a Served (a block of job records: a list of Outputs)
+    enqueued_at: float  # clock time it arrived (its deadline and latency count from here)
     priority: Priority = Priority.NORMAL
     deadline: float | None = None  # clock time after which it is not worth computing
-    cold: bool = False  # no instance was loaded when it arrived
-    started: bool = field(default=False)  # taken into a batch
+    cold: bool = False  # no instance was loaded when it was admitted
+    started: bool = False  # taken into a batch
     span: Any = None  # the request's server span, when tracing is on
-    enqueued_ns: int = 0  # wall-clock enqueue time for its queue span (tracing on)
+    enqueued_ns: int = 0  # wall-clock arrival for its queue span (tracing on)
     client: Client | None = None  # its connection, when the server tells if it left
     alone: bool = False  # runs in a batch of its own (a job record tried again)
     block: list[Request] | None = None  # a block of job records, answered as one list
     rows: int = 1  # the handler's requests it stands for (a block's length)
+    scheduler: Any = None  # the version's parts (``Scheduler``) chosen for it
+    counted: bool = False  # its outcome counts for the version's breaker and canary
+    split: int | None = None  # a split tail's k
+    asked: Any = None  # a generate request's checked parameters (``Asked``)
+    stream: Any = None  # a sequence's chunks (``Stream``), made when it is admitted
+    prompt_tokens: int = 0  # a sequence's prompt, counted when it is admitted
+    answered_by: Any = None  # the scheduler that answered instead (a breaker's fallback)
+    _key: str | None = None  # the digest of its inputs, once a guard asked
+
+    @property
+    def tokens(self) -> int:
+        """What a sequence holds of the token budget while it runs."""
+        return self.prompt_tokens + int(self.asked.max_new_tokens)
+
+    @property
+    def key(self) -> str:
+        """The digest of the inputs (computed once: the result cache's key)."""
+        if self._key is None:
+            self._key = inputs_key(self.inputs)
+        return self._key
 
 
 @dataclass(frozen=True)
 class Taken:
     """What :meth:`RequestQueue.take` removed: a batch to run and requests past their deadline."""
 
-    batch: list[Pending]
-    expired: list[Pending]
+    batch: list[Call]
+    expired: list[Call]
     removed: int  # everything popped: the batch, the expired, and requests already answered
-    abandoned: list[Pending]  # their clients disconnected while they waited
+    abandoned: list[Call]  # their clients disconnected while they waited
     rows: int = 0  # the handler's requests in the batch (a block counts its records)
     blocks: bool = False  # the batch holds a block of job records
 
@@ -84,7 +113,7 @@ class RequestQueue:
 
     def __init__(self, aging_s: float) -> None:
         self.aging_s = aging_s
-        self._classes: tuple[deque[Pending], ...] = tuple(deque() for _ in Priority)
+        self._classes: tuple[deque[Call], ...] = tuple(deque() for _ in Priority)
         self._size = 0
         self._rows = 0  # the handler's requests queued: a block counts its records
 
@@ -96,12 +125,12 @@ class RequestQueue:
         """The handler's requests queued (a block of job records counts each record)."""
         return self._rows
 
-    def push(self, pending: Pending) -> None:
+    def push(self, pending: Call) -> None:
         self._classes[pending.priority].append(pending)
         self._size += 1
         self._rows += pending.rows
 
-    def put_back(self, pending: Pending) -> None:
+    def put_back(self, pending: Call) -> None:
         """Return a request just taken to the head of its class (it did not fit)."""
         self._classes[pending.priority].appendleft(pending)
         self._size += 1
@@ -118,14 +147,14 @@ class RequestQueue:
     def depth_by_priority(self) -> dict[str, int]:
         return {p.name.lower(): len(self._classes[p]) for p in Priority}
 
-    def _effective(self, pending: Pending, now: float) -> tuple[int, float]:
+    def _effective(self, pending: Call, now: float) -> tuple[int, float]:
         if pending.priority is Priority.JOB:
             return Priority.JOB, pending.enqueued_at
         promoted = int((now - pending.enqueued_at) / self.aging_s) if self.aging_s > 0 else 0
         return max(int(pending.priority) - promoted, 0), pending.enqueued_at
 
-    def _pop_next(self, now: float) -> Pending | None:
-        best: deque[Pending] | None = None
+    def _pop_next(self, now: float) -> Call | None:
+        best: deque[Call] | None = None
         best_key: tuple[int, float] | None = None
         for q in self._classes:
             if q:
@@ -148,9 +177,9 @@ class RequestQueue:
         records and joins only a batch it fits in whole (or an empty one); a
         request ``alone`` gets a batch of its own.
         """
-        batch: list[Pending] = []
-        expired: list[Pending] = []
-        abandoned: list[Pending] = []
+        batch: list[Call] = []
+        expired: list[Call] = []
+        abandoned: list[Call] = []
         removed = 0
         size = 0
         blocks = False
@@ -193,7 +222,23 @@ class RequestQueue:
                 break
         return Taken(batch, expired, removed, abandoned, size, blocks)
 
-    def drain(self) -> list[Pending]:
+    def due(self, now: float) -> tuple[list[Call], float | None]:
+        """Queued calls past their deadline and not answered yet (they stay queued: a
+        take drops them), and the earliest deadline still ahead (None: none)."""
+        due: list[Call] = []
+        ahead: float | None = None
+        for q in self._classes:
+            for call in q:
+                deadline = call.deadline
+                if deadline is None or call.future.done():
+                    continue
+                if now >= deadline:
+                    due.append(call)
+                elif ahead is None or deadline < ahead:
+                    ahead = deadline
+        return due, ahead
+
+    def drain(self) -> list[Call]:
         """Remove and return everything queued."""
         out = [p for q in self._classes for p in q]
         for q in self._classes:

@@ -20,23 +20,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from fnrt.functions.errors import Unavailable
-from fnrt.functions.generation import Asked, check_prompt, parse_parameters, prompt_tokens
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader, Runnable
 from fnrt.loader.memory import MakeRoom
 from fnrt.loader.process import launch
-from fnrt.loader.staging import rows_disagree
-from fnrt.runtime.batcher import Admission, Batcher
+from fnrt.runtime.batcher import Batcher
 from fnrt.runtime.batching import CostModel, RateEstimator
 from fnrt.runtime.breaker import Breaker
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.events import Events, NoEvents, StartKind
+from fnrt.runtime.events import Events, NoEvents
+from fnrt.runtime.intake import Admission
 from fnrt.runtime.outcomes import OutcomeWindow
 from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance
 from fnrt.runtime.protection import Failure, Protection, Served
-from fnrt.runtime.queue import Client, Outputs, Priority
+from fnrt.runtime.queue import Outputs, Priority
 from fnrt.runtime.result_cache import ResultCache, SharedResults
 from fnrt.runtime.scaling import Activity
 from fnrt.runtime.sequencer import Sequencer
@@ -92,7 +91,7 @@ class Scheduler:
             )
         else:
             self.batcher = self._requests = Batcher(
-                version, self.pool, clock, self.stats, events, admission
+                version, self.pool, clock, self.stats, events, admission, self.protection
             )
 
     def _instance_lost(self, cause: str, retry_at: float) -> None:
@@ -207,91 +206,24 @@ class Scheduler:
         inputs: Request,
         *,
         priority: Priority | None = None,
-        timeout_s: float | None = None,
-        span: Any = None,
-        now: float | None = None,
-        client: Client | None = None,
-        asked: Asked | None = None,
         alone: bool = False,
     ) -> Awaitable[Served]:
-        """Admit one request into the queue (raising at once if it may not join) and
-        return what waits for its answer. No guards: those are ``Gateway.submit``'s.
-        ``span`` is the request's server span (tracing on).
-
-        Not a coroutine of its own: the wait is the batcher's, one frame less on
-        every resumption of the request. ``now``: the clock's time of arrival, when
-        the caller has read it already.
-
-        A generative version answers at once with the sequence's stream (``asked``:
-        its generation parameters, checked; the function's defaults when None).
+        """Queue ``inputs`` with no guards (a job's record, a canary's probe, a sweep's
+        load): what waits for the answer. Data routes go through ``Gateway.submit``.
         ``alone``: run it in a batch of its own (a job record tried again after its
         batch failed, so it fails only for its own sake)."""
-        if now is None:
-            now = self._clock.now()
-        batcher = self._requests
-        if batcher is None:
-            return self._generate(inputs, now, priority, timeout_s, span, client, asked)
-        if self.pool.stages:  # a forward handler: a request whose rows disagree is its own 422
-            refused = rows_disagree(inputs)
-            if refused is not None:
-                raise refused
-        batcher.admit(now, timeout_s)
-        cold = self.pool.count_start(now) is StartKind.COLD
-        return batcher.enqueue(
-            inputs,
-            now,
-            priority=priority,
-            timeout_s=timeout_s,
-            span=span,
-            cold=cold,
-            client=client,
-            alone=alone,
-        )
+        intake = self.batcher
+        call = intake.call(inputs, self._clock.now(), priority, scheduler=self, alone=alone)
+        return intake.submit(call)
 
     def submit_block(self, records: Sequence[Request]) -> Awaitable[list[Outputs]]:
-        """Admit a block of job records (at most a batch; see :meth:`Batcher.enqueue_block`)
-        into the batcher at job priority; what waits for their outputs. A generative
-        version takes its records one by one (:meth:`submit`)."""
+        """Queue a block of job records (at most a batch; see :meth:`Batcher.submit_block`)
+        at job priority; what waits for their outputs. A generative version takes its
+        records one by one (:meth:`submit`)."""
         batcher = self._requests
         if batcher is None:
             raise TypeError(f"function '{self.name}' is generative: submit its records one by one")
-        now = self._clock.now()
-        batcher.admit_block()
-        cold = self.pool.count_start(now) is StartKind.COLD
-        return batcher.enqueue_block(list(records), now, cold=cold)
-
-    def _generate(
-        self,
-        inputs: Request,
-        now: float,
-        priority: Priority | None,
-        timeout_s: float | None,
-        span: Any,
-        client: Client | None,
-        asked: Asked | None,
-    ) -> Awaitable[Served]:
-        assert self.sequencer is not None
-        manifest = self.version.manifest
-        config = manifest.generation
-        assert config is not None
-        if asked is None:
-            asked = parse_parameters(config, None)
-        tokens = prompt_tokens(config, inputs, manifest.prompt_input)
-        check_prompt(config, tokens, asked.max_new_tokens, manifest.prompt_input)
-        self.sequencer.admit(now, timeout_s)
-        cold = self.pool.count_start(now) is StartKind.COLD
-        return self.sequencer.enqueue(
-            inputs,
-            now,
-            priority=priority,
-            timeout_s=timeout_s,
-            span=span,
-            cold=cold,
-            client=client,
-            parameters=asked.parameters,
-            max_new_tokens=asked.max_new_tokens,
-            prompt_tokens=tokens,
-        )
+        return batcher.submit_block(list(records))
 
     async def warm(self) -> None:
         """Load the first instance now if there is none (shares a load under way)."""

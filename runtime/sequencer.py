@@ -26,26 +26,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fnrt.functions.errors import (
-    ClientLeft,
-    DeadlineExceeded,
-    FnrtError,
+from fnrt.functions.errors import FnrtError
+from fnrt.functions.generation import (
+    CANCELLED,
+    DEADLINE,
+    Joining,
+    StepBatch,
+    Stepped,
+    check_prompt,
+    parse_parameters,
+    prompt_tokens,
 )
-from fnrt.functions.generation import CANCELLED, DEADLINE, Joining, StepBatch, Stepped
-from fnrt.functions.handler import Request
 from fnrt.functions.manifest import GenerationConfig
 from fnrt.functions.version import VersionManifest
-from fnrt.runtime.batcher import Admission
-from fnrt.runtime.batching import CostModel, RateEstimator
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.events import Events
+from fnrt.runtime.events import Events, StartKind
+from fnrt.runtime.intake import Admission, Intake
 from fnrt.runtime.pool import InstancePool, Slot, run_failure
 from fnrt.runtime.protection import Protection, Served
-from fnrt.runtime.queue import Client, Outputs, Pending, Priority, RequestQueue
+from fnrt.runtime.queue import Call
 from fnrt.runtime.stats import Stats, Window
 from fnrt.runtime.stream import Stream, Usage
 
@@ -53,27 +55,11 @@ log = logging.getLogger("fnrt.sequencer")
 
 
 @dataclass(eq=False)
-class Waiting(Pending):
-    """A queued sequence: a request with its stream and what it asked for. Its future
-    is set when it leaves the queue some other way than by joining (cancelled)."""
-
-    stream: Stream | None = None
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-    max_new_tokens: int = 1
-    prompt_tokens: int = 0
-
-    @property
-    def tokens(self) -> int:
-        """What it holds of the token budget while it runs."""
-        return self.prompt_tokens + self.max_new_tokens
-
-
-@dataclass(eq=False)
 class Running:
     """A sequence in an instance's batch."""
 
     id: int
-    waiting: Waiting
+    waiting: Call
     stream: Stream
     joined: float  # clock time it joined a step
     first: float | None = None  # clock time of its first chunk
@@ -83,7 +69,7 @@ class Running:
     def joining(self) -> Joining:
         """What the instance is told of it at the step it joins."""
         w = self.waiting
-        return Joining(self.id, w.inputs, w.parameters, w.max_new_tokens)
+        return Joining(self.id, w.inputs, w.asked.parameters, w.asked.max_new_tokens)
 
     def usage(self, now: float) -> Usage:
         arrived = self.waiting.enqueued_at
@@ -131,7 +117,7 @@ class GenerationStats:
         }
 
 
-class Sequencer:
+class Sequencer(Intake):
     """Queue and step loop of one generative function version."""
 
     def __init__(
@@ -145,36 +131,12 @@ class Sequencer:
         protection: Protection | None = None,
     ) -> None:
         assert version.manifest.generation is not None
-        self._protection = protection  # a sequence's outcome counts when it ends
-        self.version = version
-        self._manifest = version.manifest
         self._config: GenerationConfig = version.manifest.generation
-        self._pool = pool
-        self._clock = clock
-        self._stats = stats
-        self._events = events
-        self._admission = admission or Admission(1 << 62)
-        requests = self._manifest.requests
-        self.default_priority = Priority.parse(requests.default_priority)
-        self._queue = RequestQueue(requests.aging_ms / 1000.0)
-        self._wake = asyncio.Event()
+        self.deep_rows = self._config.max_active  # a deep queue: a step's worth waits
         self._next_id = 0
         self._running: dict[int, list[Running]] = {}  # per slot index
-        self._timers: set[asyncio.Future[None]] = set()  # queued sequences' deadlines
-        self.closing = False
-        self.cost = CostModel()  # per step
-        self.arrivals = RateEstimator()
         self.generation = GenerationStats()
-        pool.changed = self._wake.set
-        self._serve(pool.add_slot())
-
-    @property
-    def name(self) -> str:
-        return self._manifest.name
-
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
+        super().__init__(version, pool, clock, stats, events, admission, protection)
 
     @property
     def active(self) -> int:
@@ -186,69 +148,33 @@ class Sequencer:
         """Waiting and running sequences: while any, the version is not idle."""
         return len(self._queue) + self.active
 
-    def depth_by_priority(self) -> dict[str, int]:
-        return self._queue.depth_by_priority()
-
     # --- admission ---------------------------------------------------------------------
 
-    def admit(self, now: float, timeout_s: float | None) -> None:
-        """Raise unless a request may join the queue now: VersionRetired (closing),
-        Overloaded (a queue bound)."""
-        self._admission.check(
-            self.version, self.closing, len(self._queue), self._stats, self._retry_after_s
-        )
+    def submit(self, call: Call) -> asyncio.Future[Served]:
+        """Admit one sequence (raising at once if it may not join: VersionRetired,
+        Overloaded, InvalidInput for a prompt past the limits) and queue it; its future
+        is answered at once with what carries its stream. Its chunks, or its error,
+        come through the stream."""
+        manifest = self._manifest
+        config = self._config
+        if call.asked is None:  # no parameters asked for (a job's record): the defaults
+            call.asked = parse_parameters(config, None)
+        tokens = prompt_tokens(config, call.inputs, manifest.prompt_input)
+        check_prompt(config, tokens, call.asked.max_new_tokens, manifest.prompt_input)
+        self._admission.check(self)
+        call.cold = self._pool.count_start(call.enqueued_at) is StartKind.COLD
+        call.prompt_tokens = tokens
+        call.stream = stream = Stream(tokens)
+        self.generation.sequences += 1
+        self._push(call)
+        answer: asyncio.Future[Served] = asyncio.get_running_loop().create_future()
+        answer.set_result(Served({}, stream=stream))  # its future marks it answered in the queue
+        return answer
 
-    def _retry_after_s(self) -> float:
+    def retry_after_s(self) -> float:
         per_step = self.cost.predict(self._config.max_active) if self.cost.fitted else 0.05
         steps = self._config.max_new_tokens * max(len(self._queue), 1) / self._config.max_active
         return float(min(max(round(steps * per_step), 1), 60))
-
-    async def enqueue(
-        self,
-        inputs: Request,
-        now: float,
-        *,
-        priority: Priority | None = None,
-        timeout_s: float | None = None,
-        span: Any = None,
-        cold: bool = False,
-        client: Client | None = None,
-        parameters: Mapping[str, Any] | None = None,
-        max_new_tokens: int | None = None,
-        prompt_tokens: int = 0,
-    ) -> Served:
-        """Queue one sequence admitted at ``now`` (:meth:`admit`); at once, what
-        carries its stream. Its chunks, or its error, come through the stream."""
-        self._stats.requests += 1
-        self.generation.sequences += 1
-        self.arrivals.arrive(now)
-        if timeout_s is None and self._manifest.requests.timeout_ms > 0:
-            timeout_s = self._manifest.requests.timeout_ms / 1000.0
-        deadline = now + timeout_s if timeout_s is not None else None
-        chosen = self.default_priority if priority is None else priority
-        stream = Stream(prompt_tokens)
-        future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
-        waiting = Waiting(inputs, future, now, chosen, deadline, cold)
-        waiting.client = client
-        waiting.stream = stream
-        waiting.parameters = parameters or {}
-        waiting.max_new_tokens = max_new_tokens or self._config.max_new_tokens
-        waiting.prompt_tokens = prompt_tokens
-        if span is not None:
-            waiting.span, waiting.enqueued_ns = span, time.time_ns()
-        self._queue.push(waiting)
-        self._admission.queued += 1
-        self._wake.set()
-        if deadline is not None:  # expire it while it waits, even if no step comes by
-            timer = asyncio.ensure_future(self._expire_later(waiting, deadline - now))
-            self._timers.add(timer)
-            timer.add_done_callback(self._timers.discard)
-        return Served({}, stream=stream)
-
-    async def _expire_later(self, waiting: Waiting, delay_s: float) -> None:
-        await self._clock.sleep(delay_s)
-        if not waiting.started and not waiting.future.done():
-            self._expire(waiting, self._clock.now())  # the queue drops it when it comes up
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -256,46 +182,21 @@ class Sequencer:
         self._running[slot.index] = []
         slot.worker = asyncio.ensure_future(self._work(slot))
 
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def close(self) -> None:
-        """Stop taking requests; return when the queued and running sequences are done
-        (sequences running on a version being replaced finish there)."""
-        self.closing = True
-        self._wake.set()
-        workers = [s.worker for s in self._pool.slots if s.worker is not None]
-        await asyncio.gather(*(asyncio.shield(w) for w in workers), return_exceptions=True)
-
-    def fail_queued(self, error: FnrtError) -> None:
+    def fail_queued(self, error: BaseException) -> None:
         """Answer every queued sequence with ``error`` now, and end the running ones (a
         shutdown cutting them off)."""
-        for waiting in self._queue.drain():
-            self._admission.queued -= 1
-            assert isinstance(waiting, Waiting)
-            self._fail(waiting, error)
-        for running in self._running.values():
-            for r in running:
-                self._fail(r.waiting, error)
+        super().fail_queued(error)
+        running = [r.waiting for rs in self._running.values() for r in rs]
+        self._settle_failed(running, error, self._clock.now())
 
-    def _fail(self, waiting: Waiting, error: FnrtError) -> None:
-        assert waiting.stream is not None
-        if not waiting.stream.done:
-            self._stats.errors += 1
-            waiting.stream.fail(error)
-            now = self._clock.now()
-            self._stats.totals.fail.add(now - waiting.enqueued_at)
-            if self._protection is not None:
-                self._protection.failed(now, now - waiting.enqueued_at, error, waiting.inputs)
-        if not waiting.future.done():
-            waiting.future.set_result({})
-
-    def _maybe_scale_up(self, now: float) -> None:
-        if self._pool.wants_another(len(self._queue), now, self._config.max_active):
-            slot = self._pool.add_slot()
-            log.info("scaling %s up to %d instances", self.name, len(self._pool.slots))
-            self._pool.load_in_background(slot)
-            self._serve(slot)
+    def _answer_error(self, call: Call, error: BaseException) -> bool:
+        stream = call.stream
+        if stream is None or stream.done:
+            return False
+        stream.fail(error)  # the gateway got its stream at submit: the error goes there
+        if not call.future.done():  # the queue's mark that it is answered
+            call.future.set_result({})
+        return True
 
     async def _work(self, slot: Slot) -> None:
         pool = self._pool
@@ -329,7 +230,7 @@ class Sequencer:
                     return
                 now = self._clock.now()
                 leaving += self._end_dropped(running, now)
-                joining = self._take(running, now)
+                joining = self._join(running, now)
                 if not running and not joining and not leaving:
                     if self._queue:  # nothing fits now (the budget): wait for a change
                         self._wake.clear()
@@ -360,7 +261,7 @@ class Sequencer:
             running[:] = [r for r in running if not r.stream.done]
         return ended
 
-    def _take(self, running: list[Running], now: float) -> list[Running]:
+    def _join(self, running: list[Running], now: float) -> list[Running]:
         """Waiting sequences that join at this step: while there is room in ``max_active``
         and the token budget (one always joins an empty batch)."""
         config = self._config
@@ -368,16 +269,11 @@ class Sequencer:
         used = sum(r.tokens for r in running)
         joining: list[Running] = []
         while room > 0 and self._queue:
-            taken = self._queue.take(1, now)
-            self._admission.queued -= taken.removed
-            for pending in taken.expired:
-                self._expire(pending, now)
-            for pending in taken.abandoned:
-                self._abandon(pending)
+            taken = self._take(1, now)
             if not taken.batch:
                 continue
             waiting = taken.batch[0]
-            assert isinstance(waiting, Waiting) and waiting.stream is not None
+            assert waiting.stream is not None
             if waiting.stream.cancelled:
                 self._abandon(waiting)
                 continue
@@ -418,8 +314,7 @@ class Sequencer:
         except Exception as exc:
             failure = exc
             error = run_failure(exc, self.version, f"a step of {len(everyone)} sequences")
-            for r in everyone:
-                self._fail(r.waiting, error)
+            self._settle_failed([r.waiting for r in everyone], error, self._clock.now())
             running.clear()
         else:
             self._deliver(everyone, stepped, self._clock.now())
@@ -466,29 +361,9 @@ class Sequencer:
         totals = self._stats.totals
         totals.success.add(usage.total_s)
         totals.last_request_unix_s = time.time()
-        if self._protection is not None:
+        if r.waiting.counted and self._protection is not None:
             self._protection.succeeded(now, usage.total_s)
         self._events.sequence_ended(self.version, r.waiting, reason, usage)
-
-    def _expire(self, waiting: Pending, now: float) -> None:
-        assert isinstance(waiting, Waiting)
-        self._stats.expired += 1
-        waited = now - waiting.enqueued_at
-        self._fail(
-            waiting,
-            DeadlineExceeded(
-                f"function '{self.name}': the deadline passed after "
-                f"{waited * 1000:.0f} ms in the queue"
-            ),
-        )
-
-    def _abandon(self, waiting: Pending) -> None:
-        assert isinstance(waiting, Waiting)
-        self._stats.abandoned += 1
-        self._fail(
-            waiting,
-            ClientLeft(f"function '{self.name}': the client left while its request was queued"),
-        )
 
     def describe(self) -> dict[str, Any]:
         config = self._config

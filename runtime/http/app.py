@@ -15,7 +15,6 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from fnrt.functions.errors import FnrtError
@@ -29,16 +28,18 @@ from fnrt.runtime.http.connection import (
     guarded_protocol,
     raise_descriptor_limit,
 )
-from fnrt.runtime.http.generate import GENERATE_PATH, OIP_GENERATE_PATH, serve_generate
-from fnrt.runtime.http.invoke import INVOKE_PATH, SERVED_HEADERS, Scope, Send, serve_invoke
+from fnrt.runtime.http.data import Scope, Send, match, starlette_routes
+from fnrt.runtime.http.generate import GENERATE, OIP_GENERATE
+from fnrt.runtime.http.invoke import INVOKE, SERVED_HEADERS
 from fnrt.runtime.http.oip import routes as oip_routes
-from fnrt.runtime.http.oip.infer import INFER_PATH, serve_infer
+from fnrt.runtime.http.oip.infer import INFER, INFER_VERSION
 from fnrt.runtime.http.oip.wire import HEADER_LENGTH
 from fnrt.runtime.http.problems import (
     fnrt_error_handler,
     http_error_handler,
     unexpected_error_handler,
 )
+from fnrt.runtime.http.split import SPLIT
 from fnrt.runtime.node import Node, build_node
 from fnrt.runtime.settings import ServerSettings
 from fnrt.tracing.access import AccessLog
@@ -50,38 +51,6 @@ from fnrt.tracing.telemetry import Telemetry
 log = logging.getLogger("fnrt.server")
 
 
-async def _invoke_route(scope: Scope, receive: Receive, send: Send) -> None:
-    node = scope["app"].state.node
-    await serve_invoke(node, scope["path_params"]["name"], scope, receive, send)
-
-
-async def _infer_route(scope: Scope, receive: Receive, send: Send) -> None:
-    params = scope["path_params"]
-    node = scope["app"].state.node
-    await serve_infer(node, params["name"], params.get("version"), scope, receive, send)
-
-
-async def _generate_route(scope: Scope, receive: Receive, send: Send) -> None:
-    node = scope["app"].state.node
-    await serve_generate(node, scope["path_params"]["name"], scope, receive, send)
-
-
-async def _oip_generate_route(scope: Scope, receive: Receive, send: Send) -> None:
-    params = scope["path_params"]
-    node = scope["app"].state.node
-    streamed = scope["path"].endswith("_stream")
-    await serve_generate(
-        node,
-        params["name"],
-        scope,
-        receive,
-        send,
-        version=params.get("version"),
-        oip=True,
-        oip_stream=streamed,
-    )
-
-
 #: New objects (net of those freed) between two young-generation collections, in a
 #: serving process; Python's default is 700. Under load the requests in flight
 #: hold more new objects than that, so each young collection walked mostly live
@@ -91,60 +60,22 @@ async def _oip_generate_route(scope: Scope, receive: Receive, send: Send) -> Non
 #: cycles waits longer to be freed (a few MB at most).
 YOUNG_COLLECTION_OBJECTS = 10_000
 
-#: The hot paths as ordinary routes too: FnrtApp answers them before the router, so
-#: these serve only when that is bypassed, and give other methods a 405 with ``Allow``.
-_RAW_ROUTES = [
-    Route("/v1/functions/{name}/invoke", _invoke_route, methods=["POST"]),
-    Route("/v2/models/{name}/infer", _infer_route, methods=["POST"]),
-    Route("/v2/models/{name}/versions/{version}/infer", _infer_route, methods=["POST"]),
-    Route("/v1/functions/{name}/split/{k}", split.split_route, methods=["POST"]),
-    Route("/v1/functions/{name}/generate", _generate_route, methods=["POST"]),
-    *(
-        Route(f"/v2/models/{{name}}{versioned}/{kind}", _oip_generate_route, methods=["POST"])
-        for versioned in ("", "/versions/{version}")
-        for kind in ("generate", "generate_stream")
-    ),
-]
+#: Every data route, once (``http/data.py``): FnrtApp answers them before Starlette's
+#: router, in this order; the same table makes them ordinary routes too, which serve
+#: only when that is bypassed and give other methods a 405 with ``Allow``.
+DATA_ROUTES = (INVOKE, INFER, INFER_VERSION, SPLIT, GENERATE, *OIP_GENERATE)
 
 
 class FnrtApp(Starlette):
-    """Starlette, with invokes and infers (the hot path) answered before its middleware
+    """Starlette, with the data routes (the hot path) answered before its middleware
     and router."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            match = INVOKE_PATH.fullmatch(path)
-            if match is not None:
-                await serve_invoke(self.state.node, match.group(1), scope, receive, send)
-                return
-            match = INFER_PATH.fullmatch(path)
-            if match is not None:
-                name, version = match.groups()
-                await serve_infer(self.state.node, name, version, scope, receive, send)
-                return
-            match = split.SPLIT_PATH.fullmatch(path)
-            if match is not None:
-                name, k = match.groups()
-                await split.serve_split(self.state.node, name, k, scope, receive, send)
-                return
-            match = GENERATE_PATH.fullmatch(path)
-            if match is not None:
-                await serve_generate(self.state.node, match.group(1), scope, receive, send)
-                return
-            match = OIP_GENERATE_PATH.fullmatch(path)
-            if match is not None:
-                name, version, streamed = match.groups()
-                await serve_generate(
-                    self.state.node,
-                    name,
-                    scope,
-                    receive,
-                    send,
-                    version=version,
-                    oip=True,
-                    oip_stream=streamed is not None,
-                )
+            found = match(DATA_ROUTES, scope["path"])
+            if found is not None:
+                item, params = found
+                await item.serve(self.state.node, params, scope, receive, send)
                 return
         await Starlette.__call__(self, scope, receive, send)
 
@@ -307,7 +238,7 @@ def build_app(
     )
     app = app_class(
         routes=[
-            *_RAW_ROUTES,
+            *starlette_routes(DATA_ROUTES),
             *admin.routes,
             *health.routes,
             *jobs.routes,

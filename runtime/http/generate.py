@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,26 +51,29 @@ from fnrt.functions.generation import Asked, parse_parameters
 from fnrt.functions.headers import COLD_START_HEADER, VERSION_HEADER
 from fnrt.functions.tensors import coerce_request
 from fnrt.functions.version import VersionManifest
-from fnrt.runtime.gateway import Answered, Decoded, Target
-from fnrt.runtime.http.body import ClientGone, Receive, client_of
-from fnrt.runtime.http.invoke import (
+from fnrt.runtime.gateway import Target
+from fnrt.runtime.http.body import ClientGone, Receive
+from fnrt.runtime.http.data import (
     CLIENT_GONE,
+    Incoming,
     Scope,
     Send,
-    header_map,
-    read_data,
-    request_options,
-    served_headers,
-    whole_result,
+    Serve,
+    answering,
+    entry,
+    open_request,
+    submit_data,
 )
-from fnrt.runtime.http.observe import Trail, begin, end
+from fnrt.runtime.http.invoke import read_data, served_headers, whole_result
+from fnrt.runtime.http.observe import Trail, end
 from fnrt.runtime.http.problems import problem, status_of, unexpected
 from fnrt.runtime.http.state import Node
+from fnrt.runtime.protection import Served
+from fnrt.runtime.queue import Call
+from fnrt.runtime.scheduler import Scheduler
 from fnrt.runtime.stream import Ended, Stream
 from fnrt.tracing.spans import fail, traceresponse
 
-GENERATE_PATH = re.compile(r"/v1/functions/([^/]+)/generate")
-OIP_GENERATE_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/generate(_stream)?")
 ROUTE = "/v1/functions/{name}/generate"
 OIP_ROUTE = "/v2/models/{name}/generate"
 SSE = "text/event-stream"
@@ -161,6 +163,106 @@ def _scalars_as_rows(raw: Mapping[str, Any], vm: VersionManifest) -> dict[str, A
     return out
 
 
+@dataclass(slots=True)
+class GenerateBody:
+    """A generate's body, parsed: its map, Triton's ``id``, and the wire chosen for the
+    version that answers (once its parameters are checked)."""
+
+    raw: dict[str, Any]
+    fmt: Format
+    request_id: str | None = None
+    wire: Wire | None = None
+
+
+class Generate:
+    """A generate route (fnrt's, or Triton's generate extension, ``oip``): the front half
+    of :func:`~fnrt.runtime.http.data.serve_data`; the answer streams (``_serve``)."""
+
+    def __init__(self, *, oip: bool = False, oip_stream: bool = False) -> None:
+        self.path = OIP_ROUTE if oip else ROUTE
+        self.oip = oip
+        self.oip_stream = oip_stream
+
+    def target(self, incoming: Incoming) -> Target:
+        params = incoming.params
+        name = params[0]
+        assert name is not None
+        pinned = params[1] if len(params) > 1 else None
+        headers = incoming.headers
+        return Target(name, version=pinned or headers.get(VERSION_HEADER) or None, headers=headers)
+
+    async def read(self, incoming: Incoming) -> GenerateBody:
+        headers = incoming.headers
+        fmt = format_of(headers.get("content-type"))
+        if self.oip and fmt is not Format.JSON:
+            raise UnsupportedMediaType("the generate extension takes JSON bodies")
+        node = incoming.node
+        raw = decode(
+            await read_data(node, headers, incoming.receive, fmt), fmt, node.settings.tensor_limits
+        )
+        request_id = None
+        if self.oip and "id" in raw:
+            request_id = raw.pop("id")
+            if not isinstance(request_id, str):
+                raise BadRequest("'id' must be a string")
+        return GenerateBody(raw, fmt, request_id)
+
+    def decode(self, incoming: Incoming, body: GenerateBody, scheduler: Scheduler) -> Call:
+        vm = scheduler.version
+        config = vm.manifest.generation
+        if config is None:
+            raise BadRequest(
+                f"function '{vm.name}' is not generative (no [generation] section): "
+                f"POST /v1/functions/{vm.name}/invoke"
+            )
+        given, params = split_body(dict(body.raw), vm.manifest.inputs, flat=self.oip)
+        asked: Asked = parse_parameters(config, params)
+        if self.oip:
+            given = _scalars_as_rows(given, vm)
+            body.wire = Wire(self.oip_stream, Format.JSON, True, body.request_id)
+        else:
+            body.wire = choose_wire(incoming.headers, asked.stream, oip=False)
+        return incoming.call(scheduler, coerce_request(vm.manifest.inputs, given), asked=asked)
+
+
+def generate_route(route: Generate) -> Serve:
+    """How the route table serves ``route``."""
+
+    def serve(
+        node: Node, params: tuple[str | None, ...], scope: Scope, receive: Receive, send: Send
+    ) -> Awaitable[None]:
+        return _serve_generate(route, node, params, scope, receive, send)
+
+    return serve
+
+
+async def _serve_generate(
+    route: Generate,
+    node: Node,
+    params: tuple[str | None, ...],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    incoming = open_request(node, route, params, scope, receive)
+    try:
+        status = await _serve(route, incoming, scope, send)
+    except (ClientGone, ClientLeft):
+        status = CLIENT_GONE
+    end(node.telemetry, incoming.trail, status)
+
+
+GENERATE = entry(ROUTE, generate_route(Generate()))
+OIP_GENERATE = tuple(
+    entry(
+        f"/v2/models/{{name}}{versioned}/{kind}",
+        generate_route(Generate(oip=True, oip_stream=kind == "generate_stream")),
+    )
+    for versioned in ("", "/versions/{version}")
+    for kind in ("generate", "generate_stream")
+)
+
+
 async def serve_generate(
     node: Node,
     name: str,
@@ -173,33 +275,17 @@ async def serve_generate(
     oip_stream: bool = False,
 ) -> None:
     """Answer one generate request on the raw ASGI interface."""
-    headers = header_map(scope)
-    telemetry = node.telemetry
-    trail = begin(telemetry, OIP_ROUTE if oip else ROUTE, scope, headers)
-    try:
-        status = await _serve(
-            node, name, version, headers, scope, receive, send, trail, oip, oip_stream
-        )
-    except (ClientGone, ClientLeft):
-        status = CLIENT_GONE
-    end(telemetry, trail, status)
+    route = Generate(oip=oip, oip_stream=oip_stream)
+    params = (name,) if version is None else (name, version)
+    await _serve_generate(route, node, params, scope, receive, send)
 
 
-async def _serve(
-    node: Node,
-    name: str,
-    version: str | None,
-    headers: Mapping[str, str],
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    trail: Trail,
-    oip: bool,
-    oip_stream: bool,
-) -> int:
-    submitted = _submit(node, name, version, headers, receive, trail, oip, oip_stream)
+async def _serve(route: Generate, incoming: Incoming, scope: Scope, send: Send) -> int:
+    headers = incoming.headers
+    trail = incoming.trail
+    node = incoming.node
     try:
-        answered, wire = await submitted
+        body, call, served = await submit_data(route, incoming)
     except (ClientGone, ClientLeft):
         raise
     except FnrtError as exc:
@@ -209,73 +295,24 @@ async def _serve(
         failed = unexpected(scope["method"], scope["path"], exc, headers)
         await _send_whole(send, failed.status, failed.body, failed.media_type, failed.headers, None)
         return failed.status
-    served = answered.served
+    wire = body.wire or Wire(False, body.fmt, route.oip)
     stream = served.stream
-    out_headers = served_headers(answered)
+    out_headers = served_headers(call, served)
     if stream is None:  # answered whole (a fallback's cached result)
-        body = _whole_body(answered, wire, served.outputs, None, node)
-        await _send_whole(send, 200, body, wire.fmt.media_type, out_headers, trail.span)
+        whole = _whole_body(call, wire, served.outputs, None, node)
+        await _send_whole(send, 200, whole, wire.fmt.media_type, out_headers, trail.span)
         return 200
-    watcher = asyncio.ensure_future(_watch_disconnect(receive, stream))
+    watcher = asyncio.ensure_future(_watch_disconnect(incoming.receive, stream))
     try:
         if wire.stream:
-            return await _send_stream(send, answered, stream, wire, out_headers, trail)
-        return await _send_joined(send, answered, stream, wire, trail, node)
+            return await _send_stream(send, call, stream, wire, out_headers, trail)
+        return await _send_joined(send, call, served, wire, trail, node)
     except FnrtError as exc:  # before anything was sent: an answer like any request's
         return await _send_problem(send, exc, headers, trail.span)
     finally:
         watcher.cancel()
         if not stream.done:
             stream.cancel()
-
-
-async def _submit(
-    node: Node,
-    name: str,
-    version: str | None,
-    headers: Mapping[str, str],
-    receive: Receive,
-    trail: Trail,
-    oip: bool,
-    oip_stream: bool,
-) -> tuple[Answered, Wire]:
-    fmt = format_of(headers.get("content-type"))
-    if oip and fmt is not Format.JSON:
-        raise UnsupportedMediaType("the generate extension takes JSON bodies")
-    if node.invoke_keys is not None:
-        node.invoke_keys.check(name, headers)
-    options = request_options(headers, trail.span, client_of(receive))
-    raw = decode(await read_data(node, headers, receive, fmt), fmt, node.settings.tensor_limits)
-    request_id = None
-    if oip and "id" in raw:
-        request_id = raw.pop("id")
-        if not isinstance(request_id, str):
-            raise BadRequest("'id' must be a string")
-    wires: list[Wire] = []
-
-    def inputs(vm: VersionManifest) -> Decoded:
-        trail.function, trail.version = vm.name, vm.version
-        config = vm.manifest.generation
-        if config is None:
-            raise BadRequest(
-                f"function '{vm.name}' is not generative (no [generation] section): "
-                f"POST /v1/functions/{vm.name}/invoke"
-            )
-        given, params = split_body(dict(raw), vm.manifest.inputs, flat=oip)
-        asked: Asked = parse_parameters(config, params)
-        if oip:
-            given = _scalars_as_rows(given, vm)
-            wires.append(Wire(oip_stream, Format.JSON, True, request_id))
-        else:
-            wires.append(choose_wire(headers, asked.stream, oip=False))
-        return Decoded(coerce_request(vm.manifest.inputs, given), asked=asked)
-
-    target = Target(name, version=version or headers.get(VERSION_HEADER) or None, headers=headers)
-    answered = await node.gateway.submit(target, inputs, options)
-    trail.function = answered.scheduler.name
-    trail.version = answered.scheduler.version.version
-    trail.cold_tier = answered.served.cold_tier
-    return answered, wires[-1] if wires else Wire(False, fmt, oip)
 
 
 async def _watch_disconnect(receive: Receive, stream: Stream) -> None:
@@ -292,14 +329,14 @@ async def _watch_disconnect(receive: Receive, stream: Stream) -> None:
 
 
 def _whole_body(
-    answered: Answered,
+    call: Call,
     wire: Wire,
     outputs: Mapping[str, Any],
     ended: Ended | None,
     node: Node,
 ) -> bytes:
     if wire.oip:
-        return encode_json(wire.oip_object(answered.scheduler, outputs))
+        return encode_json(wire.oip_object(answering(call), outputs))
     body: dict[str, Any] = {"outputs": dict(outputs)}
     if ended is not None:
         body["finish_reason"] = ended.reason
@@ -317,14 +354,15 @@ def _oip_value(value: Any) -> Any:
 
 async def _send_joined(
     send: Send,
-    answered: Answered,
-    stream: Stream,
+    call: Call,
+    served: Served,
     wire: Wire,
     trail: Trail,
     node: Node,
 ) -> int:
-    outputs, headers = await whole_result(answered, stream, trail)
-    body = _whole_body(answered, wire, outputs, stream.ended, node)
+    outputs, headers = await whole_result(call, served, trail)
+    assert served.stream is not None
+    body = _whole_body(call, wire, outputs, served.stream.ended, node)
     await _send_whole(send, 200, body, wire.fmt.media_type, headers, trail.span)
     return 200
 
@@ -349,7 +387,7 @@ def event(wire: Wire, kind: str, data: Any) -> bytes:
 
 async def _send_stream(
     send: Send,
-    answered: Answered,
+    call: Call,
     stream: Stream,
     wire: Wire,
     headers: dict[str, str],
@@ -365,7 +403,7 @@ async def _send_stream(
     raw += [(k.encode(), v.encode("latin-1")) for k, v in headers.items()]
     _trace_header(raw, trail.span)
     await send({"type": "http.response.start", "status": 200, "headers": raw})
-    scheduler = answered.scheduler
+    scheduler = answering(call)
     try:
         chunk = first
         while chunk is not None:

@@ -1,21 +1,19 @@
-"""``POST /v1/functions/{name}/invoke``: the data path, served as raw ASGI.
+"""``POST /v1/functions/{name}/invoke``: the data path, as a :class:`DataRoute` of
+:func:`~fnrt.runtime.http.data.serve_data` (the template every data route shares).
 
-Invokes are the hot path, so they skip Starlette's middleware, router and
-Request/Response objects (about a third of the event loop's time per request
-when they did not): :class:`fnrt.runtime.http.app.FnrtApp` hands matching
-requests straight to :func:`serve_invoke`. Errors go through the same
-:mod:`fnrt.runtime.http.problems` mapping as every other route.
+The body is msgpack or JSON (``Content-Type``), parsed once; its arrays are
+checked against the inputs of the version chosen to answer; the answer is
+encoded in the request's format unless ``Accept`` says otherwise. Errors go
+through the same :mod:`fnrt.runtime.http.problems` mapping as every other route.
 """
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from fnrt.functions.codec import Format, decode, encode, format_of, negotiate
-from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError
 from fnrt.functions.generation import join_chunks
 from fnrt.functions.headers import (
     CACHE_HEADER,
@@ -23,30 +21,49 @@ from fnrt.functions.headers import (
     FALLBACK_HEADER,
     FINISH_HEADER,
     FUNCTION_HEADER,
-    PRIORITY_HEADER,
-    TIMEOUT_HEADER,
     VERSION_HEADER,
 )
 from fnrt.functions.tensors import coerce_request
-from fnrt.functions.version import VersionManifest
-from fnrt.runtime.gateway import Answered, Decoded, Options, Target
-from fnrt.runtime.http.body import ClientGone, Receive, client_of, read_body
-from fnrt.runtime.http.observe import Trail, begin, end
-from fnrt.runtime.http.problems import problem, unexpected
+from fnrt.runtime.gateway import Target
+from fnrt.runtime.http.body import Receive, read_body
+from fnrt.runtime.http.data import (
+    CLIENT_GONE,
+    Answer,
+    Incoming,
+    Scope,
+    Send,
+    answering,
+    data_route,
+    entry,
+    header_map,
+    request_options,
+    serve_raw,
+)
+from fnrt.runtime.http.observe import Trail
 from fnrt.runtime.http.state import Node
-from fnrt.runtime.queue import Client, Priority
+from fnrt.runtime.protection import Served
+from fnrt.runtime.queue import Call
+from fnrt.runtime.scheduler import Scheduler
 from fnrt.runtime.stream import Stream
-from fnrt.tracing.spans import fail, traceresponse
 
-Scope = MutableMapping[str, Any]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+__all__ = [
+    "CLIENT_GONE",
+    "INVOKE",
+    "INVOKE_PATH",
+    "SERVED_HEADERS",
+    "Answer",
+    "Invoke",
+    "Scope",
+    "Send",
+    "header_map",
+    "read_data",
+    "request_options",
+    "serve_raw",
+    "served_headers",
+    "whole_result",
+]
 
-Answer = tuple[bytes, str, dict[str, str]]  # body, media type, extra headers
-
-INVOKE_PATH = re.compile(r"/v1/functions/([^/]+)/invoke")
 ROUTE = "/v1/functions/{name}/invoke"
-#: What metrics and logs record for a request whose client left before the answer.
-CLIENT_GONE = 499
 #: What a browser client may read of an answer (CORS ``expose_headers``).
 SERVED_HEADERS = (
     VERSION_HEADER,
@@ -62,30 +79,6 @@ JSON_BODY_HINT = (
 )
 
 
-def request_options(
-    headers: Mapping[str, str], span: Any = None, client: Client | None = None
-) -> Options:
-    """Priority and timeout from the request headers; BadRequest if malformed."""
-    priority = None
-    if PRIORITY_HEADER in headers:
-        try:
-            priority = Priority.parse(headers[PRIORITY_HEADER])
-        except ValueError as exc:
-            raise BadRequest(f"{PRIORITY_HEADER}: {exc}") from None
-    timeout_s = None
-    if TIMEOUT_HEADER in headers:
-        text = headers[TIMEOUT_HEADER]
-        try:
-            timeout_s = float(text) / 1000.0
-        except ValueError:
-            raise BadRequest(
-                f"{TIMEOUT_HEADER}: {text!r} is not a number of milliseconds"
-            ) from None
-        if not timeout_s > 0:
-            raise BadRequest(f"{TIMEOUT_HEADER}: must be > 0")
-    return Options(priority, timeout_s, span, client)
-
-
 def read_data(
     node: Node, headers: Mapping[str, str], receive: Receive, fmt: Format
 ) -> Awaitable[bytes]:
@@ -99,62 +92,75 @@ def read_data(
     return read_body(headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s)
 
 
-async def _answer(
-    node: Node, name: str, headers: Mapping[str, str], receive: Receive, trail: Trail
-) -> Answer:
-    fmt = format_of(headers.get("content-type"))
-    reply = negotiate(headers.get("accept"), fmt)
-    if node.invoke_keys is not None:
-        node.invoke_keys.check(name, headers)
-    options = request_options(headers, trail.span, client_of(receive))
-    limits = node.settings.tensor_limits
-    decoded = decode(await read_data(node, headers, receive, fmt), fmt, limits)
+class Invoke:
+    """The invoke route: a msgpack or JSON map of arrays in, the same out."""
 
-    def inputs(vm: VersionManifest) -> Decoded:
-        trail.function, trail.version = vm.name, vm.version
-        return Decoded(coerce_request(vm.manifest.inputs, decoded))
+    path = ROUTE
 
-    target = Target(name, version=headers.get(VERSION_HEADER) or None, headers=headers)
-    answered = await node.gateway.submit(target, inputs, options)
-    served = answered.served
-    trail.function, trail.version = answered.scheduler.name, answered.scheduler.version.version
-    trail.cold_tier = served.cold_tier
-    if served.stream is not None:  # a generative function: its whole result
-        outputs, headers_out = await whole_result(answered, served.stream, trail)
-        return encode(outputs, reply, limits), reply.media_type, headers_out
-    span = trail.span
-    if span is None or not span.recording:
-        out = encode(served.outputs, reply, limits)
-    else:  # its encode span
-        started_ns = time.time_ns()
-        out = encode(served.outputs, reply, limits)
-        span.encoded = (started_ns, time.time_ns(), len(out))
-    return out, reply.media_type, served_headers(answered)
+    def target(self, incoming: Incoming) -> Target:
+        name = incoming.params[0]
+        assert name is not None
+        headers = incoming.headers
+        return Target(name, version=headers.get(VERSION_HEADER) or None, headers=headers)
+
+    async def read(self, incoming: Incoming) -> Any:
+        headers = incoming.headers
+        fmt = format_of(headers.get("content-type"))
+        incoming.reply = negotiate(headers.get("accept"), fmt)  # 406 before the body is read
+        raw = await read_data(incoming.node, headers, incoming.receive, fmt)
+        return decode(raw, fmt, incoming.node.settings.tensor_limits)
+
+    def decode(self, incoming: Incoming, body: Any, scheduler: Scheduler) -> Call:
+        return incoming.call(scheduler, coerce_request(scheduler.version.manifest.inputs, body))
+
+    async def answer(self, incoming: Incoming, body: Any, call: Call, served: Served) -> Answer:
+        reply = incoming.reply
+        limits = incoming.node.settings.tensor_limits
+        if served.stream is not None:  # a generative function: its whole result
+            outputs, headers_out = await whole_result(call, served, incoming.trail)
+            return encode(outputs, reply, limits), reply.media_type, headers_out
+        span = incoming.trail.span
+        if span is None or not span.recording:
+            out = encode(served.outputs, reply, limits)
+        else:  # its encode span
+            started_ns = time.time_ns()
+            out = encode(served.outputs, reply, limits)
+            span.encoded = (started_ns, time.time_ns(), len(out))
+        return out, reply.media_type, served_headers(call, served)
+
+    def error_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        return headers
+
+
+INVOKE = entry(ROUTE, data_route(Invoke()))
+INVOKE_PATH = INVOKE.pattern
 
 
 async def whole_result(
-    answered: Answered, stream: Stream, trail: Trail
+    call: Call, served: Served, trail: Trail
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """A generative function's answer to an invoke or an infer: every chunk, joined
     (with the function's default parameters), and the answer's headers, why it ended
     among them."""
+    stream: Stream | None = served.stream
+    assert stream is not None
     try:
         chunks = [chunk async for chunk in stream]
     finally:
         if not stream.done:
             stream.cancel()  # the client left while it ran
     assert stream.ended is not None
-    outputs = join_chunks(answered.scheduler.version.manifest.outputs, chunks)
-    headers = served_headers(answered)
+    outputs = join_chunks(answering(call).version.manifest.outputs, chunks)
+    headers = served_headers(call, served)
     headers[FINISH_HEADER] = stream.ended.reason
     if stream.cold_tier is not None:
         headers[COLD_START_HEADER] = trail.cold_tier = stream.cold_tier
     return outputs, headers
 
 
-def served_headers(answered: Answered) -> dict[str, str]:
+def served_headers(call: Call, served: Served) -> dict[str, str]:
     """The ``x-fnrt-*`` headers of an answered request: who served it, and how."""
-    scheduler, served = answered.scheduler, answered.served
+    scheduler = answering(call)
     out = {FUNCTION_HEADER: scheduler.name, VERSION_HEADER: scheduler.version.version}
     if served.cached:
         out[CACHE_HEADER] = "hit"
@@ -165,58 +171,6 @@ def served_headers(answered: Answered) -> dict[str, str]:
     return out
 
 
-async def serve_raw(
-    answer: Awaitable[Answer],
-    scope: Scope,
-    send: Send,
-    error_headers: Mapping[str, str],
-    span: Any = None,
-) -> int:
-    """Send ``answer``'s response, or the error it raised (formatted for ``error_headers``);
-    the status sent (499 when the client left first). Errors are recorded on ``span``."""
-    try:
-        body, media_type, extra = await answer
-        status = 200
-    except (ClientGone, ClientLeft):
-        return CLIENT_GONE  # nobody to answer
-    except FnrtError as exc:
-        failed = problem(exc, error_headers)
-        fail(span, exc, server_fault=failed.status >= 500)
-        status, body, media_type, extra = (
-            failed.status,
-            failed.body,
-            failed.media_type,
-            failed.headers,
-        )
-    except Exception as exc:
-        fail(span, exc)
-        failed = unexpected(scope["method"], scope["path"], exc, error_headers)
-        status, body, media_type, extra = (
-            failed.status,
-            failed.body,
-            failed.media_type,
-            failed.headers,
-        )
-    raw = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
-    raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
-    trace_header = traceresponse(span)
-    if trace_header is not None:
-        raw.append(trace_header)
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
-    return status
-
-
-def header_map(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-
-
 async def serve_invoke(node: Node, name: str, scope: Scope, receive: Receive, send: Send) -> None:
     """Answer one invoke on the raw ASGI interface."""
-    headers = header_map(scope)
-    telemetry = node.telemetry
-    trail = begin(telemetry, ROUTE, scope, headers)
-    status = await serve_raw(
-        _answer(node, name, headers, receive, trail), scope, send, headers, trail.span
-    )
-    end(telemetry, trail, status)
+    await INVOKE.serve(node, (name,), scope, receive, send)

@@ -13,9 +13,10 @@ answer is the time spent here, so the device can tell network from compute.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
@@ -24,22 +25,16 @@ from fnrt.edge.activation import unpack
 from fnrt.functions.codec import Format, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 from fnrt.functions.headers import DIGEST_HEADER, SERVER_MS_HEADER, VERSION_HEADER
-from fnrt.runtime.gateway import ACTIVATION, Decoded, Target
-from fnrt.runtime.http.body import Receive, client_of, read_body
-from fnrt.runtime.http.invoke import (
-    Answer,
-    Scope,
-    Send,
-    header_map,
-    request_options,
-    serve_raw,
-    served_headers,
-)
-from fnrt.runtime.http.observe import Trail, begin, end
+from fnrt.runtime.gateway import ACTIVATION, Target
+from fnrt.runtime.http.body import Receive, read_body
+from fnrt.runtime.http.data import Answer, Incoming, Scope, Send, data_route, entry
+from fnrt.runtime.http.invoke import served_headers
 from fnrt.runtime.http.resource import resource
 from fnrt.runtime.http.state import Node, node_of
+from fnrt.runtime.protection import Served
+from fnrt.runtime.queue import Call
+from fnrt.runtime.scheduler import Scheduler
 
-SPLIT_PATH = re.compile(r"/v1/functions/([^/]+)/split/([^/]+)")
 ROUTE = "/v1/functions/{name}/split/{k}"
 
 
@@ -53,57 +48,68 @@ def split_index(text: str) -> int:
     return k
 
 
-async def _answer(
-    node: Node, name: str, k: int, headers: Mapping[str, str], receive: Receive, trail: Trail
-) -> Answer:
-    reply = negotiate(headers.get("accept"), Format.MSGPACK)
-    if node.invoke_keys is not None:
-        node.invoke_keys.check(name, headers)
-    options = request_options(headers, trail.span, client_of(receive))
-    settings = node.settings
-    body = await read_body(
-        headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
-    )
-    started = time.perf_counter()  # server time starts with the whole body here: the
-    # upload is network time, which the device estimates its bandwidth from
-    if format_of(headers.get("content-type"), default=Format.MSGPACK) is not Format.MSGPACK:
-        raise UnsupportedMediaType("a split request's body is application/msgpack")
-    activation = unpack(body, node.settings.tensor_limits)
-    trail.function = name
-    target = Target(name, version=headers.get(VERSION_HEADER) or None, split=k)
-    answered = await node.gateway.submit(
-        target, lambda _: Decoded({ACTIVATION: activation}), options
-    )
-    served = answered.served
-    trail.version = answered.scheduler.version.version
-    trail.cold_tier = served.cold_tier
-    if trail.span is not None:
-        trail.span.set_attribute("fnrt.split", k)
-        trail.span.set_attribute("fnrt.split.bytes", len(body))
-    out = encode(served.outputs, reply, node.settings.tensor_limits)
-    extra = served_headers(answered)
-    extra[SERVER_MS_HEADER] = _since_ms(started)
-    return out, reply.media_type, extra
+@dataclass(slots=True)
+class Activation:
+    """A split request's body: the activation, when its server time began, its size."""
+
+    array: Any
+    started: float  # perf_counter when the whole body was here (the upload is network time)
+    size: int
+
+
+class SplitTail:
+    """A split tail: an edge device's activation in (msgpack), the outputs back."""
+
+    path = ROUTE
+
+    def target(self, incoming: Incoming) -> Target:
+        name, k_text = incoming.params
+        assert name is not None and k_text is not None
+        version = incoming.headers.get(VERSION_HEADER) or None
+        return Target(name, version=version, split=split_index(k_text))
+
+    async def read(self, incoming: Incoming) -> Activation:
+        headers = incoming.headers
+        incoming.reply = negotiate(headers.get("accept"), Format.MSGPACK)
+        settings = incoming.node.settings
+        body = await read_body(
+            headers, incoming.receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
+        )
+        started = time.perf_counter()  # server time starts with the whole body here: the
+        # upload is network time, which the device estimates its bandwidth from
+        if format_of(headers.get("content-type"), default=Format.MSGPACK) is not Format.MSGPACK:
+            raise UnsupportedMediaType("a split request's body is application/msgpack")
+        return Activation(unpack(body, settings.tensor_limits), started, len(body))
+
+    def decode(self, incoming: Incoming, body: Activation, scheduler: Scheduler) -> Call:
+        k = split_index(incoming.params[1] or "")
+        return incoming.call(scheduler, {ACTIVATION: body.array}, split=k)
+
+    async def answer(
+        self, incoming: Incoming, body: Activation, call: Call, served: Served
+    ) -> Answer:
+        span = incoming.trail.span
+        if span is not None:
+            span.set_attribute("fnrt.split", call.split)
+            span.set_attribute("fnrt.split.bytes", body.size)
+        out = encode(served.outputs, incoming.reply, incoming.node.settings.tensor_limits)
+        extra = served_headers(call, served)
+        extra[SERVER_MS_HEADER] = _since_ms(body.started)
+        return out, incoming.reply.media_type, extra
+
+    def error_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        return headers
+
+
+SPLIT = entry(ROUTE, data_route(SplitTail()))
+SPLIT_PATH = SPLIT.pattern
 
 
 async def serve_split(
     node: Node, name: str, k_text: str, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """Answer one activation on the raw ASGI interface."""
-    headers = header_map(scope)
-    telemetry = node.telemetry
-    trail = begin(telemetry, ROUTE, scope, headers)
-
-    async def answer() -> Answer:
-        return await _answer(node, name, split_index(k_text), headers, receive, trail)
-
-    status = await serve_raw(answer(), scope, send, headers, trail.span)
-    end(telemetry, trail, status)
-
-
-async def split_route(scope: Scope, receive: Receive, send: Send) -> None:
-    params = scope["path_params"]
-    await serve_split(scope["app"].state.node, params["name"], params["k"], scope, receive, send)
+    await SPLIT.serve(node, (name, k_text), scope, receive, send)
 
 
 async def get_plan(request: Request) -> Response:

@@ -14,10 +14,11 @@ from test_pool import Loads
 
 from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, Overloaded, VersionRetired
 from fnrt.functions.handler import Request
-from fnrt.runtime.batcher import Admission, Batcher
+from fnrt.runtime.batcher import Batcher
 from fnrt.runtime.batching import JOB_YIELD, job_pause_s
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.events import NoEvents
+from fnrt.runtime.intake import Admission
 from fnrt.runtime.pool import InstancePool
 from fnrt.runtime.stats import Stats
 from support import packed, write_function
@@ -46,10 +47,8 @@ def _x(i: float) -> Request:
     return {"x": np.full((1, 4), i, np.float32)}
 
 
-async def _submit(batcher: Batcher, i: float, **options: Any) -> Any:
-    now = 1000.0
-    batcher.admit(now, options.get("timeout_s"))
-    return await batcher.enqueue(_x(i), now, **options)
+async def _submit(batcher: Batcher, i: float, timeout_s: float | None = None) -> Any:
+    return await batcher.submit(batcher.call(_x(i), 1000.0, timeout_s=timeout_s))
 
 
 def test_queued_requests_leave_in_batches_of_at_most_the_limit(tmp_path: Path) -> None:
@@ -92,17 +91,16 @@ def test_admission_bounds_the_queue_per_version_and_per_node(tmp_path: Path) -> 
         batcher = _batcher(tmp_path, Loads(gate=loading), Admission(max_queued=100))
         queued = []
         for _ in range(6):
-            batcher.admit(1000.0, None)
-            queued.append(asyncio.ensure_future(batcher.enqueue(_x(1), 1000.0)))
+            queued.append(batcher.submit(batcher.call(_x(1), 1000.0)))
             await asyncio.sleep(0)
         assert batcher.queued == 6
         with pytest.raises(Overloaded, match="6 requests queued"):
-            batcher.admit(1000.0, None)
+            batcher.submit(batcher.call(_x(1), 1000.0))
         loading.set()
         await asyncio.gather(*queued)
         node = _batcher(tmp_path / "n", Loads(), Admission(max_queued=0))
         with pytest.raises(Overloaded, match="the server has 0 requests queued"):
-            node.admit(1000.0, None)
+            node.submit(node.call(_x(1), 1000.0))
         await batcher.close()
         await node.close()
 
@@ -132,7 +130,7 @@ def test_a_deadline_that_passes_in_the_queue_is_a_504(tmp_path: Path) -> None:
         assert batcher._stats.expired == 1
         await batcher.close()
         with pytest.raises(VersionRetired):
-            batcher.admit(clock.now(), None)
+            batcher.submit(batcher.call(_x(1), clock.now()))
 
     asyncio.run(scenario())
 
@@ -153,8 +151,8 @@ def test_blocks_of_job_records_fill_what_live_requests_leave(tmp_path: Path) -> 
             await asyncio.sleep(0.01)
             if batcher.queued == 0 and batcher._pool.instances:
                 break
-        block = asyncio.ensure_future(batcher.enqueue_block([_x(10), _x(11), _x(12)], 1000.0))
-        small = asyncio.ensure_future(batcher.enqueue_block([_x(20)], 1000.0))
+        block = asyncio.ensure_future(batcher.submit_block([_x(10), _x(11), _x(12)]))
+        small = asyncio.ensure_future(batcher.submit_block([_x(20)]))
         live = [asyncio.ensure_future(_submit(batcher, i)) for i in (1, 2)]
         await asyncio.sleep(0.05)
         gate.set()
@@ -178,7 +176,7 @@ def test_a_failed_block_fails_every_record_in_it(tmp_path: Path) -> None:
     async def scenario() -> None:
         batcher = _batcher(tmp_path, Loads(failing))
         with pytest.raises(HandlerFailed, match="ValueError: no"):
-            await batcher.enqueue_block([_x(1), _x(2), _x(3)], 1000.0)
+            await batcher.submit_block([_x(1), _x(2), _x(3)])
         await batcher.close()
 
     asyncio.run(scenario())

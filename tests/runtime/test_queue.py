@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fnrt.runtime.queue import Pending, Priority, RequestQueue
+from fnrt.runtime.queue import Call, Priority, RequestQueue
 
 
 def pending(
@@ -14,11 +14,11 @@ def pending(
     at: float,
     priority: Priority,
     deadline: float | None = None,
-) -> Pending:
-    return Pending({"name": name}, loop.create_future(), at, priority, deadline)  # type: ignore[dict-item]
+) -> Call:
+    return Call({"name": name}, loop.create_future(), at, priority, deadline)  # type: ignore[dict-item]
 
 
-def names(batch: list[Pending]) -> list[str]:
+def names(batch: list[Call]) -> list[str]:
     return [p.inputs["name"] for p in batch]  # type: ignore[misc]
 
 

@@ -10,22 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from fnrt.functions.tensors import coerce_request
-from fnrt.functions.version import VersionManifest
-from fnrt.runtime.gateway import Decoded, Target
-from fnrt.runtime.http.body import Receive, client_of, read_body
-from fnrt.runtime.http.invoke import (
-    Answer,
-    Scope,
-    Send,
-    header_map,
-    request_options,
-    serve_raw,
-    served_headers,
-    whole_result,
-)
-from fnrt.runtime.http.observe import Trail, begin, end
+from fnrt.runtime.gateway import Target
+from fnrt.runtime.http.body import read_body
+from fnrt.runtime.http.data import Answer, Incoming, Scope, Send, data_route, entry
+from fnrt.runtime.http.invoke import served_headers, whole_result
 from fnrt.runtime.http.oip.wire import (
     HEADER_LENGTH,
     InferRequest,
@@ -37,81 +29,99 @@ from fnrt.runtime.http.oip.wire import (
     response_encoding,
 )
 from fnrt.runtime.http.state import Node
+from fnrt.runtime.protection import Served
+from fnrt.runtime.queue import Call
+from fnrt.runtime.scheduler import Scheduler
 
+#: Both infer paths (with and without a version) in one pattern.
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 INFER_ROUTE = "/v2/models/{name}/infer"
 INFER_VERSION_ROUTE = "/v2/models/{name}/versions/{version}/infer"
 _JSON_ERRORS: Mapping[str, str] = {}  # errors on /v2 are always JSON
 
 
-async def _answer(
-    node: Node,
-    name: str,
-    version: str | None,
-    headers: Mapping[str, str],
-    receive: Receive,
-    trail: Trail,
-) -> Answer:
-    if node.invoke_keys is not None:
-        node.invoke_keys.check(name, headers)
-    options = request_options(headers, trail.span, client_of(receive))
-    settings = node.settings
-    limit, limits, json_limit = (
-        settings.max_body_bytes,
-        settings.tensor_limits,
-        settings.json_body_limit,  # the JSON part's (all of a body without binary data)
-    )
-    body = decompress(
-        await read_body(headers, receive, limit, timeout_s=settings.body_timeout_s),
-        headers.get("content-encoding"),
-        limit,
-    )
-    length = parse_header_length(headers.get(HEADER_LENGTH), len(body))
-    decoded: list[InferRequest] = []  # the request as the chosen version decoded it
+@dataclass(slots=True)
+class InferBody:
+    """An infer's body, uncompressed, and the request as the chosen version decoded it."""
 
-    def inputs(vm: VersionManifest) -> Decoded:
-        trail.function, trail.version = vm.name, vm.version
-        request = decode_request(body, length, vm.manifest.inputs, limits, json_limit)
-        decoded.append(request)
-        checked = coerce_request(vm.manifest.inputs, request.inputs)
-        return Decoded(checked, request.priority, request.timeout_s)
+    raw: bytes
+    length: int | None  # of its JSON part, when binary tensors follow
+    request: InferRequest | None = None
 
-    answered = await node.gateway.submit(Target(name, version, headers=headers), inputs, options)
-    scheduler, served = answered.scheduler, answered.served
-    trail.function, trail.version = scheduler.name, scheduler.version.version
-    trail.cold_tier = served.cold_tier
-    request = decoded[-1]
-    outputs, extra = served.outputs, None
-    if served.stream is not None:  # a generative function: its whole result
-        outputs, extra = await whole_result(answered, served.stream, trail)
-    out, json_length = encode_response(
-        scheduler.name,
-        scheduler.version.version,
-        request,
-        outputs,
-        scheduler.version.manifest.outputs,
-        limits,
-    )
-    extra = extra or served_headers(answered)
-    media_type = "application/json"
-    if json_length is not None:
-        extra[HEADER_LENGTH] = str(json_length)
-        media_type = "application/octet-stream"
-    coding = response_encoding(headers.get("accept-encoding"))
-    if coding is not None:
-        out = compress(out, coding)
-        extra["content-encoding"] = coding
-    return out, media_type, extra
+
+class Infer:
+    """OIP's infer: JSON tensors, or the binary extension, in and out."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def target(self, incoming: Incoming) -> Target:
+        name, version = (
+            incoming.params[0],
+            incoming.params[-1] if len(incoming.params) > 1 else None,
+        )
+        assert name is not None
+        return Target(name, version, headers=incoming.headers)
+
+    async def read(self, incoming: Incoming) -> InferBody:
+        settings = incoming.node.settings
+        headers = incoming.headers
+        limit = settings.max_body_bytes
+        raw = await read_body(headers, incoming.receive, limit, timeout_s=settings.body_timeout_s)
+        body = decompress(raw, headers.get("content-encoding"), limit)
+        return InferBody(body, parse_header_length(headers.get(HEADER_LENGTH), len(body)))
+
+    def decode(self, incoming: Incoming, body: InferBody, scheduler: Scheduler) -> Call:
+        settings = incoming.node.settings
+        inputs = scheduler.version.manifest.inputs
+        request = decode_request(
+            body.raw, body.length, inputs, settings.tensor_limits, settings.json_body_limit
+        )
+        body.request = request
+        checked = coerce_request(inputs, request.inputs)
+        return incoming.call(scheduler, checked, request.priority, request.timeout_s)
+
+    async def answer(
+        self, incoming: Incoming, body: InferBody, call: Call, served: Served
+    ) -> Answer:
+        scheduler = call.answered_by or call.scheduler
+        assert body.request is not None
+        outputs: Any = served.outputs
+        extra = None
+        if served.stream is not None:  # a generative function: its whole result
+            outputs, extra = await whole_result(call, served, incoming.trail)
+        out, json_length = encode_response(
+            scheduler.name,
+            scheduler.version.version,
+            body.request,
+            outputs,
+            scheduler.version.manifest.outputs,
+            incoming.node.settings.tensor_limits,
+        )
+        extra = extra or served_headers(call, served)
+        media_type = "application/json"
+        if json_length is not None:
+            extra[HEADER_LENGTH] = str(json_length)
+            media_type = "application/octet-stream"
+        coding = response_encoding(incoming.headers.get("accept-encoding"))
+        if coding is not None:
+            out = compress(out, coding)
+            extra["content-encoding"] = coding
+        return out, media_type, extra
+
+    def error_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        return _JSON_ERRORS
+
+
+INFER = entry(INFER_ROUTE, data_route(Infer(INFER_ROUTE)))
+INFER_VERSION = entry(INFER_VERSION_ROUTE, data_route(Infer(INFER_VERSION_ROUTE)))
 
 
 async def serve_infer(
-    node: Node, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+    node: Node, name: str, version: str | None, scope: Scope, receive: Any, send: Send
 ) -> None:
     """Answer one infer request on the raw ASGI interface."""
-    headers = header_map(scope)
-    telemetry = node.telemetry
-    route = INFER_ROUTE if version is None else INFER_VERSION_ROUTE
-    trail = begin(telemetry, route, scope, headers)
-    answer = _answer(node, name, version, headers, receive, trail)
-    status = await serve_raw(answer, scope, send, _JSON_ERRORS, trail.span)
-    end(telemetry, trail, status)
+    if version is None:
+        await INFER.serve(node, (name,), scope, receive, send)
+    else:
+        await INFER_VERSION.serve(node, (name, version), scope, receive, send)

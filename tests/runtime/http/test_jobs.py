@@ -19,7 +19,7 @@ import pytest
 
 from fnrt.client import Client
 from fnrt.functions.tensors import coerce_request
-from fnrt.runtime.gateway import Decoded, Options, Target
+from fnrt.runtime.gateway import Target
 from fnrt.runtime.jobs.board import JobBoard, JobSpec, new_id
 from support import (
     COUNTER_HANDLER,
@@ -117,12 +117,12 @@ def _invoked(server: LiveServer, records: list[dict[str, Any]], sample: int = 20
         clients = asyncio.Semaphore(256)  # within the function's queue bound
 
         async def one(record: dict[str, Any]) -> Any:
-            def decode(vm: Any) -> Decoded:
-                return Decoded(coerce_request(vm.manifest.inputs, record))
-
+            gateway = server.node.gateway
             async with clients:
-                answered = await server.node.gateway.submit(Target("echo"), decode, Options())
-            return {k: v.tolist() for k, v in answered.served.outputs.items()}
+                scheduler = await gateway.choose(Target("echo"))
+                inputs = coerce_request(scheduler.version.manifest.inputs, record)
+                served = await gateway.submit(gateway.call(scheduler, inputs))
+            return {k: v.tolist() for k, v in served.outputs.items()}
 
         return await asyncio.gather(*(one(r) for r in records))
 

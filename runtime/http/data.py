@@ -1,0 +1,312 @@
+"""The one template of every data route: :func:`serve_data`, and the route table.
+
+Invokes, OIP infers, split tails and generates are served as raw ASGI (they skip
+Starlette's middleware, router and Request/Response objects: about a third of
+the event loop's time per request when they did not). Each is a
+:class:`DataRoute`: how it reads its body, how it decodes it for the version
+chosen to answer, and how it answers. The template does the rest, the same for
+all: the request's span and log line, the invoke key, the body, then **route
+first** (the version is chosen), **decode against it** (the route builds the
+request's one record, :class:`~fnrt.runtime.queue.Call`, through
+``Gateway.call``), **submit** (the guards, admission, the queue), and one more
+try on its successor when the version retired in between.
+
+:data:`ROUTES` lists every data route once: :class:`FnrtApp` matches paths
+against it before Starlette's router (:func:`match`), and the same table makes
+the Starlette routes that serve them when that is bypassed (and give other
+methods a 405 with ``Allow``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError, VersionRetired
+from fnrt.functions.headers import PRIORITY_HEADER, TIMEOUT_HEADER
+from fnrt.runtime.gateway import Target
+from fnrt.runtime.http.body import ClientGone, Receive, client_of
+from fnrt.runtime.http.observe import Trail, begin, end
+from fnrt.runtime.http.problems import problem, unexpected
+from fnrt.runtime.http.state import Node
+from fnrt.runtime.protection import Served
+from fnrt.runtime.queue import Call, Client, Priority
+from fnrt.runtime.scheduler import Scheduler
+from fnrt.tracing.spans import fail, traceresponse
+
+Scope = MutableMapping[str, Any]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Answer = tuple[bytes, str, dict[str, str]]  # body, media type, extra headers
+
+#: What metrics and logs record for a request whose client left before the answer.
+CLIENT_GONE = 499
+
+
+@dataclass(slots=True)
+class Incoming:
+    """The HTTP side of one data request, as the template hands it to its route."""
+
+    node: Node
+    headers: Mapping[str, str]
+    params: tuple[str | None, ...]  # the path's parameters, in the route's order
+    trail: Trail
+    receive: Receive
+    priority: Priority | None  # from the headers (a body's may add to them)
+    timeout_s: float | None
+    client: Client | None
+    reply: Any = None  # the route's choice of answer format, made before the body is read
+
+    def call(
+        self,
+        scheduler: Scheduler,
+        inputs: Any,
+        priority: Priority | None = None,
+        timeout_s: float | None = None,
+        **extra: Any,
+    ) -> Call:
+        """The request's record for ``scheduler``: headers win over the body's own
+        priority and timeout (``priority``, ``timeout_s``)."""
+        return self.node.gateway.call(
+            scheduler,
+            inputs,
+            priority if self.priority is None else self.priority,
+            timeout_s if self.timeout_s is None else self.timeout_s,
+            span=self.trail.span,
+            client=self.client,
+            **extra,
+        )
+
+
+class DataSource(Protocol):
+    """The front half of a data route: what it asks for, and its body read and decoded."""
+
+    #: the path as Starlette writes it; the route's name in metrics, logs and spans
+    path: str
+
+    def target(self, incoming: Incoming) -> Target:
+        """What the request asks for (BadRequest for a malformed path)."""
+        ...
+
+    def read(self, incoming: Incoming) -> Awaitable[Any]:
+        """The body, read within its limits and parsed as far as no version is needed."""
+        ...
+
+    def decode(self, incoming: Incoming, body: Any, scheduler: Scheduler) -> Call:
+        """The request's record for ``scheduler``: ``body`` checked against its inputs."""
+        ...
+
+
+class DataRoute(DataSource, Protocol):
+    """One data route: what the template does not."""
+
+    def answer(
+        self, incoming: Incoming, body: Any, call: Call, served: Served
+    ) -> Awaitable[Answer]:
+        """The encoded answer (the version that answered: ``answering(call)``)."""
+        ...
+
+    def error_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """The headers that decide an error's format (OIP's are always JSON)."""
+        ...
+
+
+def request_options(headers: Mapping[str, str]) -> tuple[Priority | None, float | None]:
+    """Priority and timeout from the request headers; BadRequest if malformed."""
+    priority = None
+    if PRIORITY_HEADER in headers:
+        try:
+            priority = Priority.parse(headers[PRIORITY_HEADER])
+        except ValueError as exc:
+            raise BadRequest(f"{PRIORITY_HEADER}: {exc}") from None
+    timeout_s = None
+    if TIMEOUT_HEADER in headers:
+        text = headers[TIMEOUT_HEADER]
+        try:
+            timeout_s = float(text) / 1000.0
+        except ValueError:
+            raise BadRequest(
+                f"{TIMEOUT_HEADER}: {text!r} is not a number of milliseconds"
+            ) from None
+        if not timeout_s > 0:
+            raise BadRequest(f"{TIMEOUT_HEADER}: must be > 0")
+    return priority, timeout_s
+
+
+def answering(call: Call) -> Scheduler:
+    """The version that answered ``call``: its own, or the fallback function's."""
+    scheduler: Scheduler = call.answered_by or call.scheduler
+    return scheduler
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def open_request(
+    node: Node, route: DataSource, params: tuple[str | None, ...], scope: Scope, receive: Receive
+) -> Incoming:
+    """The request's HTTP side: its headers, its span opened (``end`` closes it)."""
+    headers = header_map(scope)
+    trail = begin(node.telemetry, route.path, scope, headers)
+    return Incoming(node, headers, params, trail, receive, None, None, None)
+
+
+async def submit_data(route: DataSource, incoming: Incoming) -> tuple[Any, Call, Served]:
+    """The front half of every data route: the key, the body, the version chosen, the
+    body decoded for it, and its answer from the gateway (one more try on the
+    successor of a version that retired in between)."""
+    node = incoming.node
+    headers = incoming.headers
+    target = route.target(incoming)
+    if node.invoke_keys is not None:
+        node.invoke_keys.check(target.function, headers)
+    if PRIORITY_HEADER in headers or TIMEOUT_HEADER in headers:
+        incoming.priority, incoming.timeout_s = request_options(headers)
+    incoming.client = client_of(incoming.receive)
+    body = await route.read(incoming)
+    gateway = node.gateway
+    scheduler = gateway.choose_now(target)
+    if scheduler is None:
+        scheduler = await gateway.choose(target)
+    trail = incoming.trail
+    trail.function, trail.version = scheduler.name, scheduler.version.version
+    call = route.decode(incoming, body, scheduler)
+    try:
+        served = await gateway.submit(call)
+    except VersionRetired:
+        scheduler = await gateway.successor(target, scheduler)
+        trail.version = scheduler.version.version
+        call = route.decode(incoming, body, scheduler)
+        served = await gateway.submit(call)
+    by = answering(call)
+    trail.function, trail.version = by.name, by.version.version
+    trail.cold_tier = served.cold_tier
+    return body, call, served
+
+
+async def _answer(route: DataRoute, incoming: Incoming) -> Answer:
+    body, call, served = await submit_data(route, incoming)
+    return await route.answer(incoming, body, call, served)
+
+
+async def serve_data(
+    route: DataRoute,
+    node: Node,
+    params: tuple[str | None, ...],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """Answer one request of ``route`` on the raw ASGI interface."""
+    incoming = open_request(node, route, params, scope, receive)
+    trail = incoming.trail
+    status = await serve_raw(
+        _answer(route, incoming), scope, send, route.error_headers(incoming.headers), trail.span
+    )
+    end(node.telemetry, trail, status)
+
+
+async def serve_raw(
+    answer: Awaitable[Answer],
+    scope: Scope,
+    send: Send,
+    error_headers: Mapping[str, str],
+    span: Any = None,
+) -> int:
+    """Send ``answer``'s response, or the error it raised (formatted for ``error_headers``);
+    the status sent (499 when the client left first). Errors are recorded on ``span``."""
+    try:
+        body, media_type, extra = await answer
+        status = 200
+    except (ClientGone, ClientLeft):
+        return CLIENT_GONE  # nobody to answer
+    except FnrtError as exc:
+        failed = problem(exc, error_headers)
+        fail(span, exc, server_fault=failed.status >= 500)
+        status, body, media_type, extra = (
+            failed.status,
+            failed.body,
+            failed.media_type,
+            failed.headers,
+        )
+    except Exception as exc:
+        fail(span, exc)
+        failed = unexpected(scope["method"], scope["path"], exc, error_headers)
+        status, body, media_type, extra = (
+            failed.status,
+            failed.body,
+            failed.media_type,
+            failed.headers,
+        )
+    raw = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
+    trace_header = traceresponse(span)
+    if trace_header is not None:
+        raw.append(trace_header)
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+# --- the route table -----------------------------------------------------------------
+
+#: Serves one matched request: (node, the path's parameters, scope, receive, send).
+Serve = Callable[[Node, tuple[str | None, ...], Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A data route's path (Starlette's syntax), its matcher, and what serves it."""
+
+    path: str
+    serve: Serve
+    pattern: re.Pattern[str]
+    names: tuple[str, ...]  # the path's parameters, in order
+
+
+def entry(path: str, serve: Serve) -> Entry:
+    """The table's entry for ``path``: ``{param}`` matches one path segment."""
+    names = tuple(re.findall(r"{(\w+)}", path))
+    regex = re.sub(r"\\{\w+\\}", "([^/]+)", re.escape(path))
+    return Entry(path, serve, re.compile(regex), names)
+
+
+def data_route(route: DataRoute) -> Serve:
+    """``serve_data`` for ``route``, as a table's entry calls it."""
+
+    def serve(
+        node: Node, params: tuple[str | None, ...], scope: Scope, receive: Receive, send: Send
+    ) -> Awaitable[None]:
+        return serve_data(route, node, params, scope, receive, send)
+
+    return serve
+
+
+def match(table: tuple[Entry, ...], path: str) -> tuple[Entry, tuple[str, ...]] | None:
+    """The entry that ``path`` is, and its parameters; None if none is."""
+    for item in table:
+        found = item.pattern.fullmatch(path)
+        if found is not None:
+            return item, found.groups()
+    return None
+
+
+class _Endpoint:
+    """An entry as a Starlette route's ASGI app (an instance: Starlette calls it as ASGI)."""
+
+    def __init__(self, item: Entry) -> None:
+        self.item = item
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = scope["path_params"]
+        params = tuple(found.get(name) for name in self.item.names)
+        await self.item.serve(scope["app"].state.node, params, scope, receive, send)
+
+
+def starlette_routes(table: tuple[Entry, ...]) -> list[Any]:
+    """The same entries as Starlette routes (POST only)."""
+    from starlette.routing import Route
+
+    return [Route(item.path, _Endpoint(item), methods=["POST"]) for item in table]
