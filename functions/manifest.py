@@ -206,7 +206,8 @@ class ScalingConfig:
     scale_down_after_s: Seconds = 30.0
     #: when to drop an idle instance and load it ahead of a call (docs/prewarm.md)
     keep_alive_policy: KeepAlivePolicy = "auto"
-    #: what a cold start is worth to ``auto`` (unset: the server's --cold-start-price-gb-s)
+    #: what a cold start is worth to ``auto``, in GB·s (unset: the server's price, by
+    #: default --cold-start-price-mean-s seconds of the node's mean instance)
     cold_start_price_gb_s: GbSeconds | None = None
     #: or: so many seconds of this function's own instance kept idle
     cold_start_price_s: Seconds | None = None

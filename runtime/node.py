@@ -171,7 +171,10 @@ def build_node(
     if keeper is None and learn_keep_alive:
         keeper = Keeper(
             Path(loader.cache_dir) / "prewarm" / "history.json",
-            PolicyConfig(cold_start_price_gb_s=settings.cold_start_price_gb_s),
+            PolicyConfig(
+                cold_start_price_mean_s=settings.cold_start_price_mean_s,
+                cold_start_price_gb_s=settings.cold_start_price_gb_s,
+            ),
         )
     admission = Admission(settings.max_queued)
 

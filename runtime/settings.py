@@ -65,8 +65,10 @@ class ServerSettings:
     drain_delay_s: float = 0.0  # after SIGTERM, /readyz 503 but still accepting this long
     shutdown_timeout_s: float = 30.0  # then, work still running past it answers 503
     sweep_interval_s: float = 1.0
-    #: what a cold start is worth to the ``auto`` keep-alive, in GB·s of idle memory
-    cold_start_price_gb_s: float = 5000.0
+    #: what a cold start is worth to the ``auto`` keep-alive: seconds of the node's mean
+    #: instance kept loaded (the same on every workload), or GB·s of idle memory when set
+    cold_start_price_mean_s: float = 4000.0
+    cold_start_price_gb_s: float | None = None
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     redis_url: str | None = None  # the shared result cache (redis://host:6379/0)
     jobs: bool = True  # take chunks of asynchronous jobs (runtime/jobs/)
@@ -94,7 +96,9 @@ class ServerSettings:
             raise ValueError("sweep_interval_s: must be > 0")
         if self.watch_interval_s <= 0:
             raise ValueError("watch_interval_s: must be > 0")
-        if not self.cold_start_price_gb_s >= 0:
+        if not self.cold_start_price_mean_s >= 0:
+            raise ValueError("cold_start_price_mean_s: must be a number >= 0")
+        if self.cold_start_price_gb_s is not None and not self.cold_start_price_gb_s >= 0:
             raise ValueError("cold_start_price_gb_s: must be a number >= 0")
         if self.isolation not in ("process", "thread"):
             raise ValueError(f"isolation: {self.isolation!r} is not process or thread")

@@ -199,11 +199,19 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "what is still queued or running answers 503 and the server exits, whatever handlers do",
 )
 @setting(
+    "cold_start_price_mean_s",
+    type=click.FloatRange(min=0),
+    help="what a cold start is worth to the auto keep-alive, in seconds of the node's mean "
+    "instance kept loaded (the same on any workload, whatever its functions' sizes): "
+    "higher keeps functions loaded longer and pre-warms wider (fewer cold starts, more "
+    "memory); a manifest's [scaling] cold_start_price_gb_s or cold_start_price_s overrides it",
+)
+@setting(
     "cold_start_price_gb_s",
     type=click.FloatRange(min=0),
-    help="what a cold start is worth to the auto keep-alive, in GB·s of idle memory: "
-    "higher keeps functions loaded longer and pre-warms wider (fewer cold starts, more "
-    "memory); a manifest's [scaling] cold_start_price_gb_s overrides it",
+    default_text="none: --cold-start-price-mean-s",
+    help="or: what a cold start is worth to the auto keep-alive, in GB·s of idle memory "
+    "(an absolute price, whatever the node's functions' sizes)",
 )
 @setting(
     "fd_reserve",

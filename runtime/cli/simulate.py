@@ -16,8 +16,9 @@ from fnrt.runtime.cli.options import Listed, flat
 
 POLICIES = ("fixed", "histogram", "time_of_day", "trend", "auto")
 DEFAULT_KEEP_ALIVE_MIN = (5, 10, 20, 60)
-#: ``auto``'s prices of a cold start with --plot: its curve, around the default (5,000)
-PLOT_PRICES_GB_S = (300.0, 1250.0, 5000.0, 20000.0, 80000.0)
+#: ``auto``'s prices of a cold start with --plot (seconds of the mean instance): its curve,
+#: around the default (4,000)
+PLOT_PRICES_MEAN_S = (1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
 
 
 @click.command(short_help="replay an invocation trace through the keep-alive policies")
@@ -49,13 +50,50 @@ PLOT_PRICES_GB_S = (300.0, 1250.0, 5000.0, 20000.0, 80000.0)
     help="keep-alive lengths for the fixed policy  [default: 5,10,20,60]",
 )
 @click.option(
+    "--price-mean-s",
+    "price_s_lists",
+    type=Listed(click.FloatRange(min=0)),
+    multiple=True,
+    metavar="S[,S...]",
+    help="auto's prices of a cold start, in seconds of the trace's mean instance kept "
+    "loaded (each function's memory from --memory, else 1 GB)  [default: 4000; with "
+    "--plot: 1000,2000,4000,8000,16000]",
+)
+@click.option(
     "--price-gb-s",
     "price_lists",
     type=Listed(click.FloatRange(min=0)),
     multiple=True,
     metavar="GBS[,GBS...]",
-    help="auto's prices of a cold start, in GB·s of idle memory (each function's memory "
-    "from --memory, else 1 GB)  [default: 5000; with --plot: 300,1250,5000,20000,80000]",
+    help="or auto's prices in GB·s of idle memory, whatever the functions' sizes",
+)
+@click.option(
+    "--memory-mb",
+    type=click.FloatRange(min=1),
+    default=150.0,
+    show_default=True,
+    help="the synthetic trace's median function memory",
+)
+@click.option(
+    "--memory-sigma",
+    type=click.FloatRange(min=0),
+    default=0.8,
+    show_default=True,
+    help="the spread of its functions' memory (lognormal sigma)",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_default=True,
+    help="its calls, times as many (timers more often, more bursts and rare calls)",
+)
+@click.option(
+    "--burstiness",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_default=True,
+    help="its bursts, times fewer and longer (the same calls, lumpier)",
 )
 @click.option("--workers", type=int, default=2, show_default=True, help="processes")
 @click.option(
@@ -89,7 +127,12 @@ def simulate(
     write: str | None,
     policy_names: tuple[list[str], ...],
     keep_alive_lists: tuple[list[int], ...],
+    price_s_lists: tuple[list[float], ...],
     price_lists: tuple[list[float], ...],
+    memory_mb: float,
+    memory_sigma: float,
+    rate: float,
+    burstiness: float,
     workers: int,
     node_lists: tuple[list[int], ...],
     routing_lists: tuple[list[str], ...],
@@ -105,8 +148,10 @@ def simulate(
     policy it reports the cold-start percentage (overall and the
     75th-percentile function), the memory kept idle (GB-hours with --memory,
     else instance-hours) and the pre-warms never used. --synthetic N makes up a
-    trace of N functions instead. auto runs once per price of a cold start
-    (--price-gb-s); --plot draws its curve against the fixed keep-alives'.
+    trace of N functions instead, its sizes, rates and burstiness as --memory-mb,
+    --memory-sigma, --rate and --burstiness say. auto runs once per price of a cold
+    start (--price-mean-s, or --price-gb-s); --plot draws its curve against the fixed
+    keep-alives'.
 
     With --nodes, it replays the trace over a fleet instead: each node with its
     own memory (L1) and disk (L2) budgets and the keep-alive policy on the calls
@@ -121,6 +166,7 @@ def simulate(
     from fnrt.runtime.prewarm.report import table
     from fnrt.runtime.prewarm.simulator import simulate as run_policies
     from fnrt.runtime.prewarm.trace import (
+        Shape,
         read_app_memory,
         read_invocations,
         write_invocations,
@@ -133,7 +179,11 @@ def simulate(
         require("matplotlib", "--plot")
     files = flat(trace_files)
     if synthetic:
-        trace = make_synthetic(synthetic, days=days, seed=seed)
+        try:
+            shape = Shape(memory_mb, memory_sigma, rate, burstiness)
+        except ValueError as exc:
+            raise FnrtError(str(exc)) from None
+        trace = make_synthetic(synthetic, days=days, seed=seed, shape=shape)
         if write:
             paths = write_invocations(trace, Path(write))
             print(f"wrote {len(paths)} day files to {write}", file=sys.stderr)
@@ -156,7 +206,9 @@ def simulate(
         trace,
         policies,
         fixed_keep_alive_min=flat(keep_alive_lists) or list(DEFAULT_KEEP_ALIVE_MIN),
-        prices_gb_s=flat(price_lists) or (PLOT_PRICES_GB_S if plot else ()),
+        prices_gb_s=flat(price_lists),
+        prices_mean_s=flat(price_s_lists)
+        or (PLOT_PRICES_MEAN_S if plot and not price_lists else ()),
         workers=workers,
     )
     took = time.perf_counter() - started

@@ -65,6 +65,7 @@ class Keeper:
         self._plans: dict[str, tuple[tuple[Policy, int, int, float, PolicyConfig], Plan]] = {}
         self._priced: dict[tuple[float | None, float | None], PolicyConfig] = {}
         self._fixed: set[str] = set()  # kept by the manifest's keep_alive_s: nothing to plan
+        self._sizes: dict[str, float] = {}  # each planned function's instance, GB
         if path is not None and path.is_file():
             self._load(path)
 
@@ -116,6 +117,21 @@ class Keeper:
             self._priced[key] = config
         return config
 
+    def mean_instance_gb(self) -> float:
+        """The mean instance of the functions planned for (``auto``'s unit of price), to
+        two significant digits (a plan is not made again for a small change of it)."""
+        if not self._sizes:
+            return 1.0
+        mean = sum(self._sizes.values()) / len(self._sizes)
+        return float(f"{max(mean, 1e-6):.2g}")
+
+    def at_mean(self, config: PolicyConfig) -> PolicyConfig:
+        """``config`` priced at the node's mean instance, unless it names its own."""
+        if config.mean_instance_gb is not None:
+            return config
+        mean = self.mean_instance_gb()
+        return replace(config, mean_instance_gb=mean)
+
     def plan(
         self,
         name: str,
@@ -130,7 +146,8 @@ class Keeper:
         history = self.histories.get(name)
         if history is None or history.last_minute is None:
             return None
-        config = config or self.config
+        self._sizes[name] = memory_gb
+        config = self.at_mean(config or self.config)
         key = (policy, history.invocations, history.last_minute, memory_gb, config)
         cached = self._plans.get(name)
         if cached is not None and cached[0] == key:

@@ -20,8 +20,11 @@ again ahead of the predicted next call:
 - ``trend``: when the call rate is rising, keep more instances warm ahead
   (``instances``), and never unload while it rises.
 - ``auto`` (the default): the plan with the least expected cost, where a
-  cold start is priced in GB·s of idle memory (``cold_start_price_gb_s``)
-  and an idle minute costs the function's memory. Over the idle times seen,
+  cold start is priced in seconds of the node's mean instance
+  (``cold_start_price_mean_s``: the same on every workload, whatever its
+  functions' sizes; or in GB·s, ``cold_start_price_gb_s``, or seconds of the
+  function's own instance, ``cold_start_price_s``) and an idle minute costs
+  the function's memory. Over the idle times seen,
   blended with a few pseudo-samples of a scale-free prior (so a short
   history does not overfit), it finds the best window of minutes to be
   loaded, the pre-warm lead and the keep-alive together (:func:`best_window`,
@@ -55,6 +58,10 @@ class Policy(Enum):
     AUTO = "auto"
 
 
+#: ``auto``'s default price of a cold start, in seconds of the node's mean instance.
+DEFAULT_PRICE_MEAN_S = 4000.0
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     keep_alive_min: int = 10
@@ -69,7 +76,11 @@ class PolicyConfig:
     lookahead_min: int = 240
     rising_per_min: float = 0.5  # rate slope (calls/min per min) that counts as rising
     max_instances: int = 8
-    cold_start_price_gb_s: float = 5000.0  # auto: a cold start is worth this much idle memory
+    #: auto: a cold start is worth keeping the node's mean instance loaded this long
+    #: (chosen by bench/prewarm.py on half of its days, checked on the other half)
+    cold_start_price_mean_s: float = DEFAULT_PRICE_MEAN_S
+    mean_instance_gb: float | None = None  # the node's mean instance (None: 1 GB)
+    cold_start_price_gb_s: float | None = None  # or: this much idle memory, in GB·s
     cold_start_price_s: float | None = None  # or: this many seconds of the function's own instance
     prior_weight: float = 3.0  # auto: pseudo-samples of the scale-free idle-time prior
     prior_range_min: int = 1440  # auto: the prior's idle times, 1 minute to a day
@@ -84,8 +95,11 @@ class PolicyConfig:
             raise ValueError("margin: must be a fraction from 0 to 1")
         if self.min_samples < 1 or self.min_days < 1 or self.lookahead_min < 1:
             raise ValueError("min_samples, min_days, lookahead_min: must be >= 1")
-        if self.cold_start_price_gb_s < 0 or (self.cold_start_price_s or 0) < 0:
-            raise ValueError("cold_start_price_gb_s, cold_start_price_s: must be >= 0")
+        for name in ("cold_start_price_mean_s", "cold_start_price_gb_s", "cold_start_price_s"):
+            if not (getattr(self, name) or 0) >= 0:
+                raise ValueError(f"{name}: must be >= 0")
+        if self.mean_instance_gb is not None and not self.mean_instance_gb > 0:
+            raise ValueError("mean_instance_gb: must be > 0")
         if self.prior_weight < 0 or self.prior_range_min < 1 or self.min_instance_gb <= 0:
             raise ValueError("prior_weight: must be >= 0; min_instance_gb: must be > 0")
 
@@ -93,7 +107,10 @@ class PolicyConfig:
         """What one cold start of an instance of ``memory_gb`` is worth, in GB·min."""
         if self.cold_start_price_s is not None:
             return self.cold_start_price_s / 60.0 * max(memory_gb, self.min_instance_gb)
-        return self.cold_start_price_gb_s / 60.0
+        if self.cold_start_price_gb_s is not None:
+            return self.cold_start_price_gb_s / 60.0
+        mean = max(self.mean_instance_gb or 1.0, self.min_instance_gb)
+        return self.cold_start_price_mean_s / 60.0 * mean
 
 
 @dataclass(frozen=True)

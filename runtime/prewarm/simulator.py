@@ -79,8 +79,21 @@ class _Job:
     config: PolicyConfig
 
 
+def mean_instance_gb(trace: Trace) -> float:
+    """The mean instance of the functions called in ``trace`` (``auto``'s unit of price, as
+    a node's is the mean of the functions it serves)."""
+    memory_gb = trace.memory_mb / 1024 if trace.memory_mb is not None else None
+    called = np.flatnonzero(trace.counts.any(axis=1))
+    if not len(called):
+        return 1.0
+    return float(np.mean([_instance_gb(memory_gb, int(f)) for f in called]))
+
+
 def simulate_one(trace: Trace, policy: Policy, config: PolicyConfig, label: str = "") -> Outcome:
-    """Replay ``trace`` under one policy."""
+    """Replay ``trace`` under one policy (``auto``'s mean instance: the trace's, unless
+    ``config`` says)."""
+    if config.mean_instance_gb is None:
+        config = replace(config, mean_instance_gb=mean_instance_gb(trace))
     if policy is Policy.FIXED:
         return _simulate_constant(trace, decide(policy, config, History(), 0), label or "fixed")
     minutes = trace.minutes
@@ -203,13 +216,17 @@ def simulate(
     *,
     fixed_keep_alive_min: Sequence[int] = (10,),
     prices_gb_s: Sequence[float] = (),
+    prices_mean_s: Sequence[float] = (),
     config: PolicyConfig | None = None,
     workers: int = 1,
 ) -> list[Outcome]:
     """Each policy over ``trace`` (``fixed`` once per keep-alive length, ``auto`` once per
-    price of a cold start in ``prices_gb_s``, default the config's), the functions split
-    across ``workers`` processes."""
+    price of a cold start in ``prices_mean_s`` (seconds of the mean instance) and
+    ``prices_gb_s``, default the config's), the functions split across ``workers``
+    processes (the mean instance is the whole trace's)."""
     config = config or PolicyConfig()
+    if config.mean_instance_gb is None:
+        config = replace(config, mean_instance_gb=mean_instance_gb(trace))
     jobs: list[_Job] = []
     for policy in policies:
         if policy is Policy.FIXED:
@@ -217,7 +234,15 @@ def simulate(
                 jobs.append(
                     _Job(f"fixed {minutes} min", policy, replace(config, keep_alive_min=minutes))
                 )
-        elif policy is Policy.AUTO and prices_gb_s:
+        elif policy is Policy.AUTO and (prices_gb_s or prices_mean_s):
+            for price in prices_mean_s:
+                priced = replace(
+                    config,
+                    cold_start_price_mean_s=price,
+                    cold_start_price_gb_s=None,
+                    cold_start_price_s=None,
+                )
+                jobs.append(_Job(auto_label_s(price), policy, priced))
             for price in prices_gb_s:
                 priced = replace(config, cold_start_price_gb_s=price, cold_start_price_s=None)
                 jobs.append(_Job(auto_label(price), policy, priced))
@@ -247,3 +272,8 @@ def simulate(
 def auto_label(price_gb_s: float) -> str:
     """``auto 5,000 GB·s``: the label of ``auto`` at one price of a cold start."""
     return f"auto {price_gb_s:,.6g} GB·s"
+
+
+def auto_label_s(price_mean_s: float) -> str:
+    """``auto 4,000 s``: the label of ``auto`` at a price in seconds of the mean instance."""
+    return f"auto {price_mean_s:,.6g} s"

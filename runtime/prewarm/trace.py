@@ -134,7 +134,50 @@ def write_invocations(
 SHAPES = ("timer", "http", "rare", "daily")
 
 
-def synthetic(functions: int, days: int = 1, seed: int = 0) -> Trace:
+@dataclass(frozen=True)
+class Shape:
+    """How a synthetic day differs from the default one (each 1.0: the real trace's mix).
+
+    ``memory_median_mb``/``memory_sigma``: the functions' sizes (lognormal);
+    ``rate``: calls scale by it (timers fire ``rate`` times as often, bursts and rare
+    calls come ``rate`` times as often); ``burstiness``: bursts come ``burstiness``
+    times less often and last ``burstiness`` times longer (the same calls, lumpier).
+    """
+
+    memory_median_mb: float = 150.0
+    memory_sigma: float = 0.8
+    rate: float = 1.0
+    burstiness: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.memory_median_mb > 0 or not self.memory_sigma >= 0:
+            raise ValueError("memory_median_mb: must be > 0; memory_sigma: must be >= 0")
+        if not self.rate > 0 or not self.burstiness > 0:
+            raise ValueError("rate, burstiness: must be > 0")
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.memory_median_mb:g} MB (sigma {self.memory_sigma:g}), "
+            f"rate x{self.rate:g}, bursts x{self.burstiness:g}"
+        )
+
+
+#: Synthetic days unlike each other, for checking that a default carries over: small and
+#: large functions, sparse and busy, smooth and bursty (``fnrt simulate --synthetic``'s
+#: ``--shape``, ``bench/prewarm.py``).
+VARIED_SHAPES = (
+    Shape(),
+    Shape(memory_median_mb=40, memory_sigma=0.5),
+    Shape(memory_median_mb=2000, memory_sigma=1.2),
+    Shape(rate=0.25),
+    Shape(rate=4.0, memory_median_mb=600),
+    Shape(burstiness=4.0, memory_median_mb=80),
+    Shape(burstiness=0.3, rate=0.5, memory_median_mb=1200, memory_sigma=0.3),
+)
+
+
+def synthetic(functions: int, days: int = 1, seed: int = 0, shape: Shape | None = None) -> Trace:
     """A made-up trace with the shapes of the real one, in its layout.
 
     - ``timer``: every 1 to 60 minutes, from a random offset (most of the real
@@ -143,27 +186,33 @@ def synthetic(functions: int, days: int = 1, seed: int = 0) -> Trace:
       over a daily cycle;
     - ``rare``: a handful of calls a day at random times;
     - ``daily``: a job at the same few times every day (time-of-day's case).
+
+    ``shape`` varies sizes, rates and burstiness (:class:`Shape`; the default
+    draws the same trace as before it existed).
     """
+    shape = shape or Shape()
     rng = np.random.default_rng(seed)
     minutes = MINUTES * days
     counts = np.zeros((functions, minutes), dtype=np.int32)
     shapes = rng.choice(len(SHAPES), size=functions, p=[0.35, 0.35, 0.2, 0.1])
     of_day = np.arange(minutes) % MINUTES
     cycle = 0.55 + 0.45 * np.sin(2 * np.pi * (of_day - 8 * 60) / MINUTES)  # peak mid-day
+    rate, lumps = shape.rate, shape.burstiness
     for f in range(functions):
-        shape = SHAPES[shapes[f]]
-        if shape == "timer":
-            period = int(rng.choice([1, 2, 5, 10, 15, 30, 60]))
+        kind = SHAPES[shapes[f]]
+        if kind == "timer":
+            period = max(1, round(int(rng.choice([1, 2, 5, 10, 15, 30, 60])) / rate))
             counts[f, int(rng.integers(period)) :: period] = 1
-        elif shape == "http":
-            bursts = rng.poisson(rng.uniform(2, 40) / MINUTES * cycle)
+        elif kind == "http":
+            bursts = rng.poisson(rng.uniform(2, 40) * rate / lumps / MINUTES * cycle)
             for start in np.nonzero(bursts)[0]:
-                length = int(rng.integers(1, 8))
+                length = max(1, round(int(rng.integers(1, 8)) * lumps))
                 counts[f, start : start + length] += rng.poisson(rng.uniform(1, 20), size=length)[
                     : minutes - start
                 ].astype(np.int32)
-        elif shape == "rare":
-            calls = rng.integers(0, minutes, size=int(rng.integers(1, 6)) * days)
+        elif kind == "rare":
+            many = max(1, round(int(rng.integers(1, 6)) * rate)) * days
+            calls = rng.integers(0, minutes, size=many)
             np.add.at(counts[f], calls, 1)
         else:
             times = rng.integers(0, MINUTES, size=int(rng.integers(1, 4)))
@@ -172,8 +221,8 @@ def synthetic(functions: int, days: int = 1, seed: int = 0) -> Trace:
                 counts[f, np.clip(day * MINUTES + times + jitter, 0, minutes - 1)] += 1
     names = [f"{rng.bytes(16).hex()}" for _ in range(functions)]
     triggers = ["timer" if SHAPES[s] in ("timer", "daily") else "http" for s in shapes]
-    memory = rng.lognormal(np.log(150), 0.8, size=functions).round()
-    return Trace(names, names, triggers, counts, memory)
+    memory = rng.lognormal(np.log(shape.memory_median_mb), shape.memory_sigma, size=functions)
+    return Trace(names, names, triggers, counts, memory.round().clip(min=1))
 
 
 def subset(trace: Trace, rows: Iterable[int]) -> Trace:

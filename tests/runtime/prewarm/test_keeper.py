@@ -69,7 +69,8 @@ def test_prewarming_never_takes_memory_from_a_warm_function(tmp_path: Path) -> N
     clock, keeper = server_parts(tmp_path)
     node = make_node(tmp_path, clock, keeper=keeper)
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
-        for name, manifest in (("job", PRICED), ("busy", ECHO_MANIFEST)):  # busy: tiny, kept
+        kept = ECHO_MANIFEST + "cold_start_price_gb_s = 5000\n"  # tiny and dear: kept hours
+        for name, manifest in (("job", PRICED), ("busy", kept)):
             folder = write_function(tmp_path, name, manifest=manifest)
             srv.call(node.deployer.deploy(publish(node.repository, folder)))
         job, busy = srv.call(node.registry.get("job")), srv.call(node.registry.get("busy"))
@@ -123,3 +124,17 @@ def test_an_idle_function_leaves_nothing_pending_once_its_minute_is_over(
             assert not action.unload and not action.prewarm
             assert keeper.pending("f") == (advance_s == 0.0), policy
         assert keeper.histories["f"].invocations == 2
+
+
+def test_the_price_is_in_seconds_of_the_nodes_mean_instance() -> None:
+    wall = [BASE_UNIX]
+    keeper = Keeper(None, wall=lambda: wall[0])
+    for _ in range(6):
+        for name in ("small", "large"):
+            keeper.invoked(name)
+        wall[0] += 30 * 60
+    assert keeper.mean_instance_gb() == 1.0  # nothing planned yet: 1 GB
+    keeper.plan("small", Policy.AUTO, memory_gb=0.5)
+    keeper.plan("large", Policy.AUTO, memory_gb=3.5)
+    assert keeper.mean_instance_gb() == 2.0
+    assert keeper.at_mean(keeper.config).mean_instance_gb == 2.0

@@ -147,7 +147,7 @@ def test_a_price_in_seconds_is_memory_blind() -> None:
 
 def test_a_short_history_does_not_decide_alone() -> None:
     short, long = periodic(30, 3), periodic(30, 40)
-    planned = [decide(Policy.AUTO, CONFIG, h, h.last_minute or 0, 1.0) for h in (short, long)]
+    planned = [decide(Policy.AUTO, CONFIG, h, h.last_minute or 0, 0.5) for h in (short, long)]
     assert all(p.warm(30) for p in planned)
     # two idle times of 30 minutes do not yet say the next is 30 minutes away
     assert planned[0].loaded[0] < planned[1].loaded[0]

@@ -7,6 +7,7 @@ import pytest
 
 from fnrt.runtime.prewarm.trace import (
     MINUTES,
+    Shape,
     TraceError,
     read_app_memory,
     read_invocations,
@@ -74,3 +75,21 @@ def test_app_memory(tmp_path: Path) -> None:
     read_app_memory(memory, trace)
     assert trace.memory_mb is not None
     assert trace.memory_mb[0] == 256 and np.isnan(trace.memory_mb[1])
+
+
+def test_synthetic_days_vary_in_size_rate_and_burstiness() -> None:
+    base = synthetic(200, seed=4)
+    busy = synthetic(200, seed=4, shape=Shape(rate=4.0))
+    assert busy.counts.sum() > 2 * base.counts.sum()
+    lumpy = synthetic(200, seed=4, shape=Shape(burstiness=4.0))
+    http = [i for i, t in enumerate(base.triggers) if t == "http"]
+    # the same calls or so, in fewer runs of busy minutes
+    runs = [
+        int((np.diff((t.counts[http] > 0).astype(int), axis=1) == 1).sum()) for t in (base, lumpy)
+    ]
+    assert runs[1] < runs[0] / 2
+    large = synthetic(200, seed=4, shape=Shape(memory_median_mb=2000))
+    assert large.memory_mb is not None and base.memory_mb is not None
+    assert np.median(large.memory_mb) > 10 * np.median(base.memory_mb)
+    with pytest.raises(ValueError, match="rate"):
+        Shape(rate=0)
