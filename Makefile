@@ -34,8 +34,14 @@ lint: $(VENV)/.installed-dev
 	for d in client functions loader runtime tracing edge; do ln -sfn ../../$$d .typecheck/fnrt/$$d; done
 	$(BIN)/mypy
 
+# What make wheel needs, and nothing else (no torch): build and twine (also in [dev]).
+$(VENV)/.installed-build:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) build twine
+	touch $@
+
 ## make wheel: the sdist and the wheel in dist/, checked by twine (install: pip install dist/fnrt-*.whl)
-wheel: $(VENV)/.installed-dev
+wheel: $(VENV)/.installed-build
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/twine check --strict dist/*
