@@ -48,7 +48,8 @@ run both at once, one with the other's packages first on ``PYTHONPATH`` (as
 
 ``--bytecodes`` counts the Python bytecodes a request runs on the event loop's
 thread (``sys.settrace`` with opcode events, over ``--requests`` requests after
-the warm-up), exactly and in a few seconds, for each variant, then the ``--top``
+the warm-up), exactly and in a few seconds, for each variant, and the Python calls
+(frames entered, a coroutine's resumptions among them), then the ``--top``
 functions by their bytecodes a request with a column per variant: where the
 Python of the path is, and what a variant adds (a dataclass's generated
 ``__init__`` is named by its class). A bytecode is not a fixed time either
@@ -391,8 +392,11 @@ def count_instructions(args: argparse.Namespace, example: Path, collector: str, 
 Where = tuple[str, str, int]
 
 
-def opcode_counter(counts: collections.Counter[Where]) -> Any:
-    """A ``sys.settrace`` function that counts each frame's opcodes into ``counts``."""
+def opcode_counter(
+    counts: collections.Counter[Where], calls: collections.Counter[Where] | None = None
+) -> Any:
+    """A ``sys.settrace`` function that counts each frame's opcodes into ``counts``, and
+    the Python calls (frames entered, a coroutine's resumptions among them) into ``calls``."""
 
     def where(frame: Any) -> Where:
         code = frame.f_code
@@ -406,6 +410,8 @@ def opcode_counter(counts: collections.Counter[Where]) -> Any:
         frame.f_trace_opcodes = True
         if event == "opcode":
             counts[where(frame)] += 1
+        elif event == "call" and calls is not None:
+            calls[where(frame)] += 1
         return tracer
 
     return tracer
@@ -417,13 +423,15 @@ async def count_bytecodes(
     payloads = bodies()
     names = args.variants.split(",")
     counts: dict[str, collections.Counter[Where]] = {}
+    calls: dict[str, collections.Counter[Where]] = {}
     async with contextlib.AsyncExitStack() as stack:
         for name in names:
             app = await start(name, work, example, collector, stack)
             scope, message = request(*payloads["msgpack" if name == "msgpack" else "json"])
             await drive(app, scope, message, WARM)  # loads the model
             counts[name] = collections.Counter()
-            tracer = opcode_counter(counts[name])
+            calls[name] = collections.Counter()
+            tracer = opcode_counter(counts[name], calls[name])
             sys.settrace(tracer)
             try:
                 await drive(app, scope, message, args.requests)
@@ -431,11 +439,15 @@ async def count_bytecodes(
                 sys.settrace(None)
     per = {name: {k: v / args.requests for k, v in c.items()} for name, c in counts.items()}
     totals = {name: sum(p.values()) for name, p in per.items()}
+    entered = {name: sum(c.values()) / args.requests for name, c in calls.items()}
     print(f"\nexamples/mlp, {CONCURRENCY} concurrent callers in process, {args.requests} requests")
     print("traced (the event loop's thread)\n")
-    print(f"{'variant':<10} {'bytecodes/req':>14} {'ratio':>7}")
+    print(f"{'variant':<10} {'bytecodes/req':>14} {'ratio':>7} {'calls/req':>10}")
     for name in names:
-        print(f"{name:<10} {totals[name]:>14,.0f} {totals[name] / totals[names[0]]:>6.2f}x")
+        print(
+            f"{name:<10} {totals[name]:>14,.0f} {totals[name] / totals[names[0]]:>6.2f}x"
+            f" {entered[name]:>10,.1f}"
+        )
     print(f"\nthe {args.top} functions with the most bytecodes a request\n")
     print("".join(f"{name:>9}" for name in names) + "  function")
     top = sorted(
