@@ -148,6 +148,20 @@ class BodyTimeout(FnrtError):
         )
 
 
+class BodyTooSlow(BodyTimeout):
+    """A request body arrived slower than the server's minimum rate (408)."""
+
+    def __init__(self, rate_bytes_s: float, min_rate_bytes_s: float, window_s: float) -> None:
+        FnrtError.__init__(
+            self,
+            f"the request body arrived at {rate_bytes_s:.1f} bytes/s over {window_s:g} s, under "
+            f"the server's minimum of {min_rate_bytes_s:.10g} bytes/s (--min-body-rate-bytes-s)",
+            rate_bytes_s=round(rate_bytes_s, 1),
+            min_rate_bytes_s=min_rate_bytes_s,
+            window_s=window_s,
+        )
+
+
 class UnsupportedMediaType(FnrtError):
     """The body's Content-Type or the requested Accept type is not one fnrt speaks."""
 

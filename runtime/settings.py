@@ -60,6 +60,10 @@ class ServerSettings:
     max_queued: int = 10_000
     header_timeout_s: float = 10.0  # a request head must arrive within it (slowloris), else 408
     body_timeout_s: float = 30.0  # the longest pause between reads of a body
+    #: a body must arrive at this many bytes/s, over each window of body_rate_window_s
+    #: spent waiting on the client, else 408 (0: no minimum); answers must leave as fast
+    min_body_rate_bytes_s: float = 500.0
+    body_rate_window_s: float = 10.0
     max_connections: int | None = None  # None: the descriptor limit less fd_reserve
     fd_reserve: int = 256  # descriptors kept for the store, the cache and workers
     drain_delay_s: float = 0.0  # after SIGTERM, /readyz 503 but still accepting this long
@@ -124,6 +128,10 @@ class ServerSettings:
             raise ValueError("drain_delay_s: must be >= 0")
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("header_timeout_s, body_timeout_s: must be > 0")
+        if not self.min_body_rate_bytes_s >= 0:
+            raise ValueError("min_body_rate_bytes_s: must be >= 0 (0: no minimum)")
+        if not self.body_rate_window_s > 0:
+            raise ValueError("body_rate_window_s: must be > 0")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections: must be at least 1")
         if self.fd_reserve < 0:

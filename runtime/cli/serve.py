@@ -170,13 +170,28 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     help="the longest pause between reads of a request body, else the connection is closed",
 )
 @setting(
+    "min_body_rate_bytes_s",
+    type=click.FloatRange(min=0),
+    help="a request body must arrive at this many bytes/s or more over each "
+    "--body-rate-window-s spent waiting on the client, else 408 and the connection is "
+    "closed (a body trickled a byte a second never stalls); an answer the client does not "
+    "take as fast is cut off; 0: no minimum",
+)
+@setting(
+    "body_rate_window_s",
+    type=DURATION,
+    help="the window over which --min-body-rate-bytes-s is judged",
+)
+@setting(
     "max_connections",
     "--max-connections",
     "--limit-concurrency",
     type=int,
     default_text="the descriptor limit less --fd-reserve",
-    help="open connections at most; at the cap a new one closes the longest idle, or "
-    "gets 503 when all are busy",
+    help="open connections at most; at the cap a new one closes the worst offender (the "
+    "slowest body or answer under --min-body-rate-bytes-s, else the longest without a "
+    "request, and only then the longest kept alive between requests), or gets 503 when all "
+    "have a request in progress at a good pace",
 )
 @setting(
     "drain_delay_s",

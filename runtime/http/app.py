@@ -107,7 +107,13 @@ def connection_limits(settings: ServerSettings) -> ConnectionLimits:
     (raised to its hard limit first) by ``fd_reserve``."""
     descriptors = raise_descriptor_limit()
     cap = connection_cap(settings.max_connections, descriptors, settings.fd_reserve)
-    return ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, cap)
+    return ConnectionLimits(
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+        cap,
+        settings.min_body_rate_bytes_s,
+        settings.body_rate_window_s,
+    )
 
 
 def server_config(app: Starlette, settings: ServerSettings) -> Any:

@@ -33,7 +33,9 @@ async def read_body(
 ) -> bytes:
     """The whole body, refused with PayloadTooLarge (saying ``hint``) as soon as it
     passes the limit, and with BodyTimeout (408) when it stalls for ``timeout_s``
-    between reads. The first read waits on no timer: a small body is there whole."""
+    between reads, or when the connection cut it off for arriving under the minimum
+    rate (BodyTooSlow; the connection answered it). The first read waits on no timer:
+    a small body is there whole."""
     declared = headers.get("content-length")
     if declared is not None:
         try:
@@ -46,6 +48,10 @@ async def read_body(
     message = await receive()
     while True:
         if message["type"] == "http.disconnect":
+            # the connection refused a body too slow (connection.py) and said why: 408
+            refused = getattr(getattr(receive, "__self__", None), "refused", None)
+            if isinstance(refused, BodyTimeout):
+                raise refused
             raise ClientGone
         chunk = message.get("body", b"")
         received += len(chunk)

@@ -10,20 +10,34 @@ failed. :class:`GuardedProtocol` is uvicorn's httptools protocol with:
   a head, or idle between requests) for ``header_timeout_s`` is answered 408
   and closed. A head dribbled a byte at a time never completes, so it is cut
   off however it trickles;
-- a cap on open connections. At the cap a new connection closes the one idle
-  longest; only when every connection has a request in progress is the new
-  one refused (503).
+- a minimum rate for a request body (``pace``): each window of
+  ``body_rate_window_s`` spent waiting on the client must bring
+  ``min_body_rate_bytes_s`` times as many bytes, else 408 and the connection
+  closes. A body trickled a byte a second never stalls long enough to trip a
+  deadline between reads, so without it 770 such bodies held every
+  connection the node allows (45 of 50 normal requests were refused 503).
+  The same minimum holds for an answer the client does not take: a connection
+  whose unsent answer drains slower than it is cut off (its descriptor and the
+  answer's memory are freed; a close would wait for ever to flush);
+- a cap on open connections. At the cap a new connection closes the worst
+  offender: one already closing, then the slowest body or answer under the
+  minimum rate, then the connection longest without a request (fresh, or a
+  head still arriving), and only then the connection kept alive longest
+  between two requests of a client that behaves. Only when every connection
+  has a request in progress at a good pace is the new one refused (503).
 
 A request's body has a deadline between reads too, ``body_timeout_s``, kept
 by ``body.read_body`` (a request read whole in one go, the usual case, waits
 on no timer). The cap sits below the process's descriptor limit by a reserve
 for the store, the disk cache and worker processes (:func:`connection_cap`).
-Nothing here runs per request: a sweep every ``SWEEP_S`` checks the deadlines.
+Per request, nothing more than counting a body's bytes: a sweep every
+``SWEEP_S`` checks the deadlines and the rates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -34,6 +48,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from fnrt.functions.errors import BodyTooSlow
+from fnrt.runtime.http.pace import Meter, Pace
 from fnrt.runtime.lifecycle import Lifecycle
 
 log = logging.getLogger("fnrt.http")
@@ -44,12 +60,22 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 1024
+    min_body_rate_bytes_s: float = 500.0  # 0: no minimum
+    body_rate_window_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise ValueError("header_timeout_s and body_timeout_s: must be > 0")
         if self.max_connections < 1:
             raise ValueError("max_connections: must be at least 1")
+        if not self.min_body_rate_bytes_s >= 0:
+            raise ValueError("min_body_rate_bytes_s: must be >= 0 (0: no minimum)")
+        if not self.body_rate_window_s > 0:
+            raise ValueError("body_rate_window_s: must be > 0")
+
+    @functools.cached_property
+    def pace(self) -> Pace:
+        return Pace(self.min_body_rate_bytes_s, self.body_rate_window_s)
 
 
 def raise_descriptor_limit() -> int:
@@ -74,6 +100,9 @@ def connection_cap(asked: int | None, descriptors: int, reserve: int) -> int:
 #: How often connections are checked against their deadline: it is enforced within
 #: this much after it passes.
 SWEEP_S = 0.25
+#: A sweep late by more than this (the event loop was busy) counts only this much of
+#: waiting against a client: the loop was not reading what the client sent meanwhile.
+MAX_SWEEP_GAP_S = 2 * SWEEP_S
 
 
 def _closing_answer(status: str, error: str, *headers: str) -> bytes:
@@ -107,14 +136,16 @@ class OneWrite:
     system call per answer instead of two.
     """
 
-    __slots__ = ("_loop", "_pending", "_transport")
+    __slots__ = ("_loop", "_pending", "_transport", "written")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._pending: list[bytes] | None = None
+        self.written = 0  # bytes written in all: the sweep measures how fast they leave
 
     def write(self, data: bytes) -> None:
+        self.written += len(data)
         if self._pending is None:
             self._pending = [data]
             self._loop.call_soon(self._flush)
@@ -140,27 +171,35 @@ FIRST_REQUEST_GRACE_S = 0.5
 
 
 class GuardedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a request deadline and an evicting connection cap.
+    """uvicorn's httptools protocol with a request deadline, a minimum transfer rate and
+    an evicting connection cap.
 
     Subclassed per server by :func:`guarded_protocol`, which sets ``limits`` and
     the node's ``lifecycle``. Per request it only looks whether the node is
     draining (then the answer says ``Connection: close``, so the client goes
-    elsewhere next time); a sweep (one timer for the server, every ``SWEEP_S``)
-    reads each connection's state from uvicorn's own request cycle, and the idle
-    connection to evict is looked for only at the cap."""
+    elsewhere next time) and counts the body's bytes; a sweep (one timer for the
+    server, every ``SWEEP_S``) reads each connection's state from uvicorn's own
+    request cycle and flow control, and the connection to evict is looked for only
+    at the cap."""
 
     limits: ConnectionLimits = ConnectionLimits()
     lifecycle: Lifecycle | None = None
     _closing_at: float | None = None  # the server stops: close when idle past this time
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
+    swept_at: list[float] = [0.0]  # when the server's sweep last ran (the loop's clock)
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self._upload.restart(self._received)
         lifecycle = self.lifecycle
         if self.cycle is not None and (
             (lifecycle is not None and lifecycle.draining) or self._closing_at is not None
         ):
             self.cycle.keep_alive = False  # this answer closes the connection
+
+    def on_body(self, body: bytes) -> None:
+        self._received += len(body)
+        super().on_body(body)
 
     def shutdown(self) -> None:
         """The server stops (uvicorn closes idle connections at once). A connection
@@ -180,6 +219,11 @@ class GuardedProtocol(HttpToolsProtocol):
         self._state: object = None  # the request cycle the sweep saw last
         self._order = next(_ORDER)
         self._closing_at = None  # the server stops: close when idle past it
+        self._received = 0  # body bytes received on this connection, in all
+        self._upload = Meter()  # the pace of the body being received
+        self._download = Meter()  # the pace at which the client takes an unsent answer
+        self._sending = False  # an answer waits in the write buffer (seen by the sweep)
+        self._leaving = False  # closed here: it is on its way out
         if len(self.connections) > self.limits.max_connections and not self._evict_one():
             log.warning("refusing a connection: %d open, all busy", len(self.connections) - 1)
             transport.write(_BUSY)
@@ -190,58 +234,140 @@ class GuardedProtocol(HttpToolsProtocol):
 
     # --- the cap -----------------------------------------------------------------------
 
-    @property
-    def _idle(self) -> bool:
-        """No request in progress: fresh, sending a head, or kept alive between requests."""
-        cycle = self.cycle
-        return cycle is None or cycle.response_complete
-
     def _evict_one(self) -> bool:
-        """Close the connection idle longest (not this one); False when none is idle."""
-        idle = [
-            c
-            for c in self.connections
-            if c is not self and isinstance(c, GuardedProtocol) and c._idle
-        ]
-        if not idle:
+        """Close the worst offender (not this one); False when every other connection
+        has a request in progress at a good pace."""
+        pace = self.limits.pace
+        worst: GuardedProtocol | None = None
+        worst_rank: tuple[int, float, int] | None = None
+        for c in self.connections:
+            if c is self or not isinstance(c, GuardedProtocol) or c._leaving:
+                continue
+            rank = c._eviction_rank(pace)
+            if rank is not None and (worst_rank is None or rank < worst_rank):
+                worst, worst_rank = c, rank
+        if worst is None or worst_rank is None:
             return False
-        oldest = min(idle, key=lambda c: (c._since, c._order))
-        oldest.transport.close()
+        worst._evict(worst_rank, pace)
         return True
 
-    # --- deadlines ---------------------------------------------------------------------
+    def _eviction_rank(self, pace: Pace) -> tuple[int, float, int] | None:
+        """Where this connection stands in the order of eviction, first lowest: one
+        closing already (its flush stuck), the slowest transfer under the minimum
+        rate, the longest without a request, the longest kept alive between requests.
+        None: a request in progress at a good pace, never evicted."""
+        if self.transport.is_closing():
+            return (0, 0.0, self._order)
+        if self._sending and (rate := self._download.slow_rate(self._taken(), pace)) is not None:
+            return (1, rate, self._order)
+        cycle = self.cycle
+        if cycle is None:
+            return (2, self._since, self._order)
+        if cycle.response_complete:
+            return (3, self._since, self._order)
+        if self._awaiting_body(cycle):
+            rate = self._upload.slow_rate(self._received, pace)
+            if rate is not None:
+                return (1, rate, self._order)
+        return None
+
+    def _evict(self, rank: tuple[int, float, int], pace: Pace) -> None:
+        kind, rate, _ = rank
+        if kind == 1 and not self._sending:  # a body too slow: the client is told why
+            log.info("closing a connection at the cap: a body at %.1f bytes/s", rate)
+            error = BodyTooSlow(rate, pace.min_rate_bytes_s, self._upload.waited_s)
+            self._refuse(error, "; its connection was closed for another at the connection cap")
+        else:
+            self._drop()
+
+    # --- deadlines and rates -----------------------------------------------------------
+
+    def _taken(self) -> int:
+        """Bytes of answers the client has taken (written, less those still unsent)."""
+        transport: Any = self.transport
+        return int(transport.written) - int(transport.get_write_buffer_size())
+
+    def _awaiting_body(self, cycle: Any) -> bool:
+        """The request's body is incomplete and the client, not the server, holds it up:
+        not paused by flow control (the application has not asked for more), nor
+        waiting for ``100 Continue``."""
+        return bool(
+            cycle.more_body and not self.flow.read_paused and not cycle.waiting_for_100_continue
+        )
+
+    def _drop(self, answer: bytes | None = None) -> None:
+        """Close, after ``answer`` unless one is being written; at once when what is
+        written cannot leave (the client does not read): a close would wait on it."""
+        self._leaving = True
+        transport = self.transport
+        cycle = self.cycle
+        answering = cycle is not None and cycle.response_started and not cycle.response_complete
+        if answer is not None and not answering:
+            transport.write(answer)
+        transport.close()  # writes what is pending first
+        if transport.get_write_buffer_size():
+            transport.abort()
+
+    def _refuse(self, error: BodyTooSlow, more: str = "") -> None:
+        """Answer a body too slow 408 and close; the application reading it sees why."""
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.keep_alive = False
+            cycle.refused = error  # type: ignore[attr-defined]  # read_body raises it
+        self._drop(_closing_answer("408 Request Timeout", error.message + more))
 
     def _schedule_sweep(self) -> None:
         self.sweeping[0] = self.loop.call_later(SWEEP_S, self._sweep)
 
     def _sweep(self) -> None:
-        """Close the connections past a deadline; again in ``SWEEP_S`` while any is open."""
+        """Close the connections past a deadline or under the minimum rate; again in
+        ``SWEEP_S`` while any is open."""
         self.sweeping[0] = None
         now = self.loop.time()
+        waited = min(now - self.swept_at[0], MAX_SWEEP_GAP_S)
+        self.swept_at[0] = now
+        pace = self.limits.pace
         for connection in list(self.connections):
-            if isinstance(connection, GuardedProtocol):
-                connection._check(now)
+            if isinstance(connection, GuardedProtocol) and not connection._leaving:
+                connection._check(now, waited, pace)
         if self.connections:
             self._schedule_sweep()
 
-    def _check(self, now: float) -> None:
-        if self.transport.is_closing():
+    def _check(self, now: float, waited: float, pace: Pace) -> None:
+        transport = self.transport
+        if transport.get_write_buffer_size():  # an answer the client has not taken yet
+            taken = self._taken()
+            if not self._sending:
+                self._sending = True
+                self._download.restart(taken)
+            elif pace.on and (rate := self._download.wait(taken, waited, pace)) is not None:
+                log.info("closing a connection: its answer taken at %.1f bytes/s", rate)
+                self._leaving = True
+                transport.abort()  # nothing more can reach a client that does not read
+                return
+        else:
+            self._sending = False
+        if transport.is_closing():
             return
         cycle = self.cycle
         stopping = self._closing_at is not None and now >= self._closing_at
         if stopping and (cycle is None or cycle.response_complete):
-            self.transport.close()
+            self._drop()
             return
         if cycle is not None and not cycle.response_complete:  # a request in progress
-            self._state, self._since = cycle, now  # (its body has read_body's deadline)
+            self._state, self._since = cycle, now
+            if pace.on and self._awaiting_body(cycle):
+                rate = self._upload.wait(self._received, waited, pace)
+                if rate is not None:
+                    log.info("closing a connection: a body at %.1f bytes/s", rate)
+                    self._refuse(BodyTooSlow(rate, pace.min_rate_bytes_s, pace.window_s))
             return
         if cycle is not self._state:  # a request completed since the last look
             self._state, self._since = cycle, now
             return
         if now - self._since >= self.limits.header_timeout_s:
-            self.transport.write(_HEAD_TIMEOUT)
             log.info("closing a connection: no request within %ss", self.limits.header_timeout_s)
-            self.transport.close()
+            self._drop(_HEAD_TIMEOUT)
 
 
 def guarded_protocol(
@@ -251,7 +377,7 @@ def guarded_protocol(
     return type(
         "FnrtHttpProtocol",
         (GuardedProtocol,),
-        {"limits": limits, "lifecycle": lifecycle, "sweeping": [None]},
+        {"limits": limits, "lifecycle": lifecycle, "sweeping": [None], "swept_at": [0.0]},
     )
 
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import httpx
+import numpy as np
 import pytest
 
-from fnrt.runtime.http.connection import connection_cap
+from fnrt.runtime.http.connection import ConnectionLimits, connection_cap, guarded_protocol
 from support import LiveServer, gate, live_server, publish, wait_until, write_function
 
 BODY = b'{"x": [[1, 2, 3, 4]]}'
@@ -188,3 +195,199 @@ def test_a_request_whose_client_left_is_dropped_before_compute(
         assert r.status_code == 200
         metrics = c.get("/metrics").text
     assert 'fnrt_requests_total{function="counted",status="499"' in metrics
+
+
+# --- a minimum rate for bodies and answers, and whom the cap evicts ----------------------
+
+
+def paced_server(tmp_path: Path, **limits: object) -> contextlib.AbstractContextManager[LiveServer]:
+    """A server with ``echo`` deployed and the given connection limits."""
+
+    @contextlib.contextmanager
+    def serving() -> Iterator[LiveServer]:
+        with live_server(tmp_path, **limits) as srv:
+            folder = write_function(tmp_path / "src", "echo")
+            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            yield srv
+
+    return serving()
+
+
+def slow_head(length: int) -> bytes:
+    return (
+        b"POST /v1/functions/echo/invoke HTTP/1.1\r\nhost: t\r\n"
+        b"content-type: application/json\r\ncontent-length: " + str(length).encode() + b"\r\n\r\n"
+    )
+
+
+def protocols(server: LiveServer) -> list[Any]:
+    return list(server._server.server_state.connections)
+
+
+def test_a_body_under_the_minimum_rate_gets_408_saying_why(tmp_path: Path) -> None:
+    limits = {"min_body_rate_bytes_s": 100, "body_rate_window_s": 0.5}
+    with paced_server(tmp_path, **limits) as server, connect(server) as sock:
+        sock.sendall(slow_head(1000) + b"{")
+        started = time.monotonic()
+        answer = b""
+        sock.settimeout(0.1)
+        while not answer and time.monotonic() - started < 10:  # a byte every 0.1 s: 10 B/s
+            try:
+                answer = sock.recv(65536)
+            except TimeoutError:
+                sock.sendall(b" ")  # never a pause long enough for the 30 s body timeout
+        sock.settimeout(10)
+        answer += read_all(sock)
+        took_s = time.monotonic() - started
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer
+        error = json.loads(body)["error"]
+        assert "bytes/s over 0.5 s" in error and "minimum of 100 bytes/s" in error, error
+        assert "--min-body-rate-bytes-s" in error
+        assert took_s < 2.0  # one window (0.5 s) and a sweep or two
+        with server.client() as c:
+            assert c.post("/v1/functions/echo/invoke", json={"x": [[1, 2, 3, 4]]}).is_success
+            metrics = c.get("/metrics").text
+    assert 'status="408"' in metrics and 'status="499"' not in metrics  # logged as refused
+
+
+def test_a_body_above_the_minimum_rate_is_served(tmp_path: Path) -> None:
+    limits = {"min_body_rate_bytes_s": 100, "body_rate_window_s": 0.5}
+    body = b'{"x": [[1, 2, 3, 4]]' + b" " * 600 + b"}"  # 622 bytes in 1.5 s: 400 bytes/s
+    with paced_server(tmp_path, **limits) as server, connect(server) as sock:
+        sock.sendall(slow_head(len(body)))
+        for i in range(0, len(body), 40):
+            sock.sendall(body[i : i + 40])
+            time.sleep(0.1)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+
+
+def test_a_body_the_server_is_slow_to_read_is_not_judged(tmp_path: Path) -> None:
+    """Past 64 KiB uvicorn stops reading a body until the application asks for more:
+    that time is the server's, not the client's. A 1 MiB body sent at once to an
+    application that waits 1 s before reading is served, under a minimum of 1 MB/s
+    judged every 0.25 s."""
+    import asyncio
+
+    import uvicorn
+
+    async def late_reader(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await asyncio.sleep(1.0)  # busy elsewhere; reading is paused meanwhile
+        size, more = 0, True
+        while more:
+            message = await receive()
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(size).encode()})
+
+    limits = ConnectionLimits(min_body_rate_bytes_s=1_000_000, body_rate_window_s=0.25)
+    config = uvicorn.Config(
+        late_reader, loop="uvloop", http=guarded_protocol(limits), log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        port = listening.getsockname()[1]
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]})
+        thread.start()
+        try:
+            wait_until(lambda: server.started)
+            body = b"x" * (1 << 20)
+            r = httpx.post(f"http://127.0.0.1:{port}/", content=body, timeout=30)
+        finally:
+            server.should_exit = True
+            thread.join(30)
+    assert r.status_code == 200, r.text
+    assert r.text == str(len(body))
+
+
+def test_a_keep_alive_connection_is_not_evicted_while_slow_bodies_exist(tmp_path: Path) -> None:
+    """At the cap, new connections close slow bodies (408, saying why), never the
+    connection a behaving client keeps alive between two of its requests (it was the
+    first to go: the only one not busy)."""
+    limits = {"max_connections": 6, "min_body_rate_bytes_s": 500, "body_rate_window_s": 30}
+    request = HEAD + b"\r\n" + BODY
+    with paced_server(tmp_path, **limits) as server, connect(server) as kept:
+        kept.sendall(request)  # a behaving client: a request, answered, then a pause
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        slow = [connect(server) for _ in range(5)]  # the cap: 6
+        for sock in slow:
+            sock.sendall(slow_head(1000) + b"{")
+        pace = server.node.settings
+        assert pace.min_body_rate_bytes_s == 500
+        # each is judged slow once it has waited 0.5 s (the grace before a rate says anything)
+        wait_until(
+            lambda: sum(p._upload.waited_s >= 0.5 for p in protocols(server)) == 5,
+            timeout_s=20,
+        )
+        clients = [server.client() for _ in range(3)]  # three new clients at the cap,
+        for i, c in enumerate(clients):  # each kept alive: each closes a slow body
+            r = c.post("/v1/functions/echo/invoke", json={"x": [[i, 1, 2, 3]]})
+            assert r.status_code == 200
+        kept.sendall(request)  # the kept-alive connection is still there
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        for c in clients:  # and theirs too
+            assert c.post("/v1/functions/echo/invoke", json={"x": [[1, 1, 2, 3]]}).is_success
+            c.close()
+        answers = []
+        for sock in slow:
+            sock.settimeout(0.2)
+            try:
+                answers.append(sock.recv(65536))
+            except TimeoutError:
+                answers.append(b"")
+            sock.close()
+    evicted = [a for a in answers if a]
+    assert len(evicted) == 3, answers
+    for answer in evicted:
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        error = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+        assert "bytes/s" in error and "connection cap" in error
+
+
+@pytest.mark.parametrize("server", [30.0], indirect=True)
+def test_at_the_cap_a_silent_connection_goes_before_a_kept_alive_one(server: LiveServer) -> None:
+    with connect(server) as kept:
+        kept.sendall(HEAD + b"\r\n" + BODY)  # kept alive between requests, idle longest
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        silent = [connect(server) for _ in range(5)]  # the cap: 6; these never send a byte
+        wait_until(lambda: server.open_connections() == 6)
+        assert normal_request(server) == 200  # a 7th: a silent one goes
+        assert read_all(silent[0]) == b""  # the oldest of them
+        kept.sendall(HEAD + b"\r\n" + BODY)
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        for sock in silent:
+            sock.close()
+
+
+def test_an_answer_the_client_never_takes_is_cut_off(tmp_path: Path) -> None:
+    """A client that asks for a large answer and never reads it would hold its descriptor
+    and the unsent answer's memory for ever: closing waits for the answer to leave."""
+    import msgpack
+    import msgpack_numpy
+
+    limits = {"min_body_rate_bytes_s": 1000, "body_rate_window_s": 0.5, "header_timeout_s": 30}
+    x = np.ones((1 << 21, 4), np.float32)  # 32 MiB each way
+    body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
+    head = (
+        b"POST /v1/functions/echo/invoke HTTP/1.1\r\nhost: t\r\n"
+        b"content-type: application/msgpack\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+    )
+    with paced_server(tmp_path, **limits) as server:
+        before = server.open_connections()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes little at a time
+        sock.connect(("127.0.0.1", server.port))
+        with sock:
+            sock.sendall(head + body)  # and never reads the answer
+            wait_until(lambda: any(p._sending for p in protocols(server)), timeout_s=30)
+            started = time.monotonic()
+            wait_until(lambda: server.open_connections() == before, timeout_s=10)
+            assert time.monotonic() - started < 3.0  # a window (0.5 s) and a few sweeps
+        assert normal_request(server) == 200
