@@ -263,9 +263,13 @@ class DeployRejected(FnrtError):
 class CircuitOpen(Unavailable):
     """The version's circuit breaker is open and the function has no fallback."""
 
-    def __init__(self, function: str, version: str, retry_after_s: float) -> None:
+    def __init__(
+        self, function: str, version: str, retry_after_s: float, last_failure: str | None = None
+    ) -> None:
+        said = f" (the last failure: {last_failure})" if last_failure else ""
         super().__init__(
-            f"function '{function}' version {version} is failing: its circuit breaker is open",
+            f"function '{function}' version {version} is failing: its circuit breaker is open"
+            + said,
             function=function,
             version=version,
         )

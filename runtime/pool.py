@@ -127,8 +127,8 @@ class InstancePool:
         self.changed: Callable[[], None] = lambda: None
         #: Called when an instance died (its cause: ``signal``, ``timeout``...) or a load
         #: failed on the handler's side (``load``), with the clock time before which the
-        #: slot loads none again (the backoff): the breaker counts deaths in a row.
-        self.died: Callable[[str, float], None] = lambda cause, retry_at: None
+        #: slot loads none again (the backoff) and why: the breaker counts deaths in a row.
+        self.died: Callable[[str, float, str], None] = lambda cause, retry_at, reason: None
 
     # --- what it holds -----------------------------------------------------------------
 
@@ -272,7 +272,8 @@ class InstancePool:
             if isinstance(exc, FnrtError) and not isinstance(exc, InstanceLost):
                 stats.last_load_error = exc.message  # the store's or the manifest's: no backoff
                 raise
-            self._failed(slot, "load")  # the handler's own failure: the next load backs off
+            # the handler's own failure: the next load backs off
+            self._failed(slot, "load", describe_failure(exc))
             error_id = new_error_id()
             log.error(
                 "loading %s %s failed (error id %s)%s",
@@ -312,11 +313,11 @@ class InstancePool:
         )
         return instance
 
-    def _failed(self, slot: Slot, cause: str) -> None:
+    def _failed(self, slot: Slot, cause: str, reason: str) -> None:
         """One more failure in a row: the next load of the slot waits the backoff."""
         slot.failures += 1
         slot.retry_at = self._clock.now() + self._manifest.isolation.backoff_s(slot.failures)
-        self.died(cause, slot.retry_at)
+        self.died(cause, slot.retry_at, reason)
 
     # --- running -----------------------------------------------------------------------
 
@@ -419,7 +420,7 @@ class InstancePool:
             "%s %s lost instance %d: %s", self.name, self.version.version, slot.index, error.message
         )
         await asyncio.to_thread(instance.abandon)
-        self._failed(slot, error.cause)
+        self._failed(slot, error.cause, error.message)
         if not slot.retired:  # restart it now (after the backoff), not at the next request
             self.load_in_background(slot)
 

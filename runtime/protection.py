@@ -102,6 +102,7 @@ class Protection:
         self._max_failures = breaker.failed_inputs_kept
         self._max_failure_bytes = breaker.failed_inputs_bytes
         self.failure_bytes = 0
+        self.last_failure: str | None = None  # named by the open breaker's 503
         # The last result per input, answered while the breaker is open (fallback "cache").
         self.last_results = (
             ResultCache(breaker.cache_bytes, LAST_RESULT_TTL_S, clock)
@@ -113,24 +114,27 @@ class Protection:
         self.outcomes.record(now, False, latency_s)
         self.breaker.record(now, False)
 
-    def instance_lost(self, now: float, cause: str, retry_at: float) -> bool:
-        """An instance of the version died (``cause``), or its load failed on the
-        handler's side; none loads again before ``retry_at``. True when that opened
+    def instance_lost(self, now: float, cause: str, retry_at: float, reason: str) -> bool:
+        """An instance of the version died (``cause``, ``reason``), or its load failed on
+        the handler's side; none loads again before ``retry_at``. True when that opened
         the breaker (the requests queued for it are then refused: :meth:`refusal`).
         An instance given up because its batch was cancelled did not die of itself."""
         if cause == "stopped":
             return False
+        self.last_failure = reason
         return self.breaker.lost(now, retry_at)
 
     def refusal(self, function: str, version: str, now: float) -> CircuitOpen:
         """What a request gets while the breaker is open and no fallback answers:
         503, ``Retry-After`` the time until it may probe."""
-        return CircuitOpen(function, version, self.breaker.retry_after_s(now))
+        retry_after_s = self.breaker.retry_after_s(now)
+        return CircuitOpen(function, version, retry_after_s, self.last_failure)
 
     def failed(self, now: float, latency_s: float, error: FnrtError, inputs: Request) -> None:
         """Count a server-side failure against the version and keep its inputs."""
         if not isinstance(error, SERVER_FAILURES):
             return
+        self.last_failure = error.message
         self.outcomes.record(now, True, latency_s)
         self.breaker.record(now, True)
         if self._max_failures:

@@ -94,11 +94,11 @@ class Scheduler:
                 version, self.pool, clock, self.stats, events, admission, self.protection
             )
 
-    def _instance_lost(self, cause: str, retry_at: float) -> None:
+    def _instance_lost(self, cause: str, retry_at: float, reason: str) -> None:
         """An instance died: when that opens the breaker (a crash loop), every request
         queued for the version is refused now, not left waiting out the backoff."""
         now = self._clock.now()
-        if self.protection.instance_lost(now, cause, retry_at):
+        if self.protection.instance_lost(now, cause, retry_at, reason):
             refusal = self.protection.refusal(self.name, self.version.version, now)
             self.batcher.fail_queued(refusal)
 

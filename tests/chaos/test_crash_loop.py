@@ -96,6 +96,7 @@ def test_a_crash_loop_opens_the_breaker_for_queued_and_new_requests(tmp_path: Pa
         assert refused, "no request was refused once the breaker opened"
         for t, r in refused:
             assert "circuit breaker is open" in error_of(r)["error"]
+            assert "SIGSEGV" in error_of(r)["error"]  # the last failure, named
             assert int(r.headers["retry-after"]) >= 1
             assert t - died[-1][0] < 1.0, (t - died[-1][0], t - started)  # within 1 s of death 3
         # a new request is refused at once, while the function backs off
