@@ -42,13 +42,22 @@ from fnrt.runtime.http.admin import admin, query_int
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.resource import resource
 from fnrt.runtime.http.state import Node, node_of
-from fnrt.runtime.jobs.board import JobSpec, JobState, JobStatus, is_id, new_id
+from fnrt.runtime.jobs.board import (
+    MAX_CHUNKS,
+    JobSpec,
+    JobState,
+    JobStatus,
+    is_id,
+    new_id,
+    too_many_chunks,
+)
 from fnrt.runtime.jobs.records import (
     RecordFormat,
     check_records,
     format_of_media,
     format_of_name,
     iter_records,
+    more_records_than,
     negotiate_records,
 )
 
@@ -116,10 +125,15 @@ async def submit(request: Request) -> Response:
         settings, specs = node.settings, vm.manifest.inputs
 
         def write() -> int:  # in a thread: records read, checked and written a chunk at a time
+            most = MAX_CHUNKS * chunk_records  # refused before anything is written
             if spool is None:
+                if len(raw_records) > most:
+                    raise too_many_chunks(chunk_records)
                 records = iter(check_records(raw_records, specs))
             else:
                 assert record_format is not None
+                if more_records_than(spool, record_format, most):
+                    raise too_many_chunks(chunk_records)
                 records = iter_records(
                     spool,
                     record_format,

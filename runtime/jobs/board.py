@@ -92,6 +92,15 @@ def is_id(text: str) -> bool:
     return len(text) == ID_LENGTH and all(c in "0123456789abcdef" for c in text)
 
 
+def too_many_chunks(chunk_records: int) -> BadRequest:
+    """Why a job of more than ``MAX_CHUNKS`` chunks of ``chunk_records`` is refused."""
+    return BadRequest(
+        f"a job has at most {MAX_CHUNKS} chunks: this one has more than "
+        f"{MAX_CHUNKS * chunk_records} records; raise chunk_records",
+        chunk_records=chunk_records,
+    )
+
+
 def _chunk_key(job: str, kind: str, chunk: int) -> str:
     return f"{JOBS}{job}/{kind}/{chunk:06d}"
 
@@ -312,19 +321,12 @@ class JobBoard:
             count += 1
             if len(part) == chunk_records:
                 if chunk == MAX_CHUNKS:
-                    raise BadRequest(
-                        f"a job has at most {MAX_CHUNKS} chunks: this one has more than "
-                        f"{MAX_CHUNKS * chunk_records} records; raise chunk_records",
-                        chunk_records=chunk_records,
-                    )
+                    raise too_many_chunks(chunk_records)
                 self.store.put(_chunk_key(job, "in", chunk), encode_msgpack(_packed(part)))
                 chunk, part = chunk + 1, []
         if part:
             if chunk == MAX_CHUNKS:
-                raise BadRequest(
-                    f"a job has at most {MAX_CHUNKS} chunks: raise chunk_records",
-                    chunk_records=chunk_records,
-                )
+                raise too_many_chunks(chunk_records)
             self.store.put(_chunk_key(job, "in", chunk), encode_msgpack(_packed(part)))
         return count
 

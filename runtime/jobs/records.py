@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import orjson
 
@@ -52,6 +53,7 @@ __all__ = [
     "format_of_media",
     "format_of_name",
     "iter_records",
+    "more_records_than",
     "negotiate_records",
     "read_records",
 ]
@@ -88,6 +90,59 @@ def iter_records(
             yield from _checked(_jsonl(stream, max_line_bytes), specs)
         else:
             yield from _checked(_msgpack(stream, limits), specs)
+
+
+def more_records_than(path: Path, fmt: RecordFormat, limit: int) -> bool:
+    """Whether the file at ``path`` surely holds more than ``limit`` records: looked at
+    before anything of a job is written, far faster than reading it (newlines counted
+    in blocks, msgpack objects skipped unbuilt, an ``.npz``'s first dimension from its
+    headers). False when it does not, or when it is malformed: reading it says how."""
+    try:
+        if fmt is RecordFormat.NPZ:
+            return _npz_rows(path) > limit
+        with path.open("rb") as stream:
+            if fmt is RecordFormat.JSONL:
+                return _jsonl_more_than(stream, limit)
+            unpacker = msgpack.Unpacker(stream, max_buffer_size=64 << 20)
+            for _ in range(limit + 1):
+                unpacker.skip()
+            return True
+    except (msgpack.OutOfData, FnrtError):
+        return False
+    except Exception:  # anything a malformed file raises: its reading names the record
+        return False
+
+
+def _jsonl_more_than(stream: Any, limit: int) -> bool:
+    lines = 0
+    last = b"\n"
+    while block := stream.read(1 << 20):
+        lines += block.count(b"\n")
+        last = block[-1:]
+    lines += last != b"\n"
+    if lines <= limit:  # each record takes a line at least (blank lines are skipped)
+        return False
+    stream.seek(0)
+    records = 0
+    for line in stream:  # counted exactly: blank lines are no records
+        records += bool(line.strip())
+        if records > limit:
+            return True
+    return False
+
+
+def _npz_rows(path: Path) -> int:
+    """The first dimension of an ``.npz``'s first array, from its header (0 if none)."""
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            with archive.open(name) as member:
+                version = np.lib.format.read_magic(member)
+                if version == (1, 0):
+                    shape, _, _ = np.lib.format.read_array_header_1_0(member)
+                else:
+                    shape, _, _ = np.lib.format.read_array_header_2_0(member)
+            return int(shape[0]) if shape else 0
+    return 0
 
 
 def check_records(raw: Sequence[Any], specs: Mapping[str, TensorSpec]) -> list[Record]:

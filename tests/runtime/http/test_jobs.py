@@ -512,3 +512,41 @@ def test_a_generative_functions_records_get_whole_answers(tmp_path: Path) -> Non
     for line, start in zip(lines, (1, 10, 100), strict=True):
         counted = line["outputs"]["n"]  # the function's default: 50 new tokens, joined
         assert counted == list(range(start + 1, start + 51)), line
+
+
+def _body(fmt: str, records: list[dict[str, Any]]) -> tuple[bytes, str]:
+    if fmt == "inline":
+        return json.dumps({"records": records}).encode(), "application/json"
+    if fmt == "jsonl":
+        return "\n".join(json.dumps(r) for r in records).encode(), "application/x-ndjson"
+    if fmt == "msgpack":
+        packed = (
+            msgpack.packb({"x": np.asarray(r["x"], np.float32)}, default=msgpack_numpy.encode)
+            for r in records
+        )
+        return b"".join(packed), "application/vnd.fnrt.records+msgpack"
+    out = io.BytesIO()
+    np.savez(out, x=np.asarray([r["x"][0] for r in records], np.float32)[:, None, :])
+    return out.getvalue(), "application/x-npz"
+
+
+@pytest.mark.parametrize("fmt", ["inline", "jsonl", "msgpack", "npz"])
+def test_a_job_of_too_many_chunks_is_refused_at_once_and_writes_nothing(
+    server: LiveServer, tmp_path: Path, fmt: str
+) -> None:
+    body, media = _body(fmt, _records(10_001))  # one chunk a record: 10,001 chunks
+    with server.client() as c:
+        started = time.monotonic()
+        r = c.post(
+            "/v1/functions/echo/jobs",
+            params={"chunk_records": 1},
+            content=body,
+            headers={"content-type": media},
+        )
+        took_s = time.monotonic() - started
+    assert r.status_code == 400, error_of(r)
+    assert "at most 10000 chunks" in error_of(r)["error"]
+    assert took_s < 2.0, took_s  # was 4.9 s: 10,000 chunks written, then removed
+    jobs = tmp_path / "store" / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir())  # was: an empty jobs/<id>/in/
+    assert server.node.repository.store.list("jobqueue/") == []

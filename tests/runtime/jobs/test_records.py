@@ -24,6 +24,7 @@ from fnrt.runtime.jobs.records import (
     format_of_media,
     format_of_name,
     iter_records,
+    more_records_than,
     negotiate_records,
     read_records,
 )
@@ -140,3 +141,24 @@ def test_a_json_line_longer_than_an_invoke_body_is_refused_naming_it(tmp_path: P
     with pytest.raises(PayloadTooLarge, match=r"record 1 \(line 2\)") as raised:
         list(iter_records(path, RecordFormat.JSONL, SPECS, DEFAULT_LIMITS, max_line_bytes=1024))
     assert raised.value.fields["record"] == 1 and raised.value.fields["line"] == 2
+
+
+def test_more_records_than_counts_without_reading_the_records(tmp_path: Path) -> None:
+    line = b'{"x": [[1, 2, 3, 4]]}\n'
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_bytes(line * 3 + b"\n\n\n" + line.rstrip())  # 4 records, 3 blank lines
+    assert more_records_than(jsonl, RecordFormat.JSONL, 3)
+    assert not more_records_than(jsonl, RecordFormat.JSONL, 4)
+    assert not more_records_than(jsonl, RecordFormat.JSONL, 5)  # blank lines are no records
+    packed = tmp_path / "r.msgpack"
+    x = np.zeros((1, 4), np.float32)
+    packed.write_bytes(msgpack.packb({"x": x}, default=msgpack_numpy.encode) * 4)
+    assert more_records_than(packed, RecordFormat.MSGPACK, 3)
+    assert not more_records_than(packed, RecordFormat.MSGPACK, 4)
+    npz = tmp_path / "r.npz"
+    np.savez(npz, x=np.zeros((4, 1, 4), np.float32))
+    assert more_records_than(npz, RecordFormat.NPZ, 3)
+    assert not more_records_than(npz, RecordFormat.NPZ, 4)
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(b"not a zip")
+    assert not more_records_than(broken, RecordFormat.NPZ, 0)  # reading it will say why
