@@ -45,7 +45,7 @@ from fnrt.loader.environment import Environments
 from fnrt.loader.integrity import Verifier, bundle_files, tree_differences
 from fnrt.loader.repository import Repository
 from fnrt.loader.spares import SpareWorkers
-from fnrt.loader.staging import Staged, Stager
+from fnrt.loader.staging import Ahead, Staged, Stager
 from fnrt.loader.stepper import Stepper
 from fnrt.loader.streams import Lanes, lanes_for
 from fnrt.tracing.handler_spans import TraceParent, capture
@@ -117,6 +117,19 @@ class Instance:
     def stages(self) -> bool:
         """A handler with forward(): its requests' inputs must agree on rows."""
         return self.stager is not None
+
+    def stage_soon(self, batch: list[Request]) -> asyncio.Future[Staged]:
+        """Stage ``batch`` on the stager's host lane while this instance computes another."""
+        stager = self.stager
+        assert stager is not None
+        return asyncio.get_running_loop().run_in_executor(stager.host_lane, stager.stage, batch)
+
+    def run_staged_soon(
+        self, staged: Staged, trace: TraceParent | None = None
+    ) -> asyncio.Future[Ran]:
+        """:meth:`run_staged` on the instance's thread; the future of what it ran."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self.executor, self.run_staged, staged, trace)
 
     def run_staged(self, staged: Staged, trace: TraceParent | None = None) -> Ran:
         """Compute a batch the stager staged ahead on its host lane (this instance's thread)."""
@@ -247,8 +260,19 @@ class Runnable(Protocol):
         ...
 
     @property
-    def stager(self) -> Stager | None:
-        """Stages batches ahead on a host lane (a thread instance of a ``forward`` handler)."""
+    def stager(self) -> Ahead | None:
+        """Stages batches ahead while one computes: a host lane (a thread instance of a
+        ``forward`` handler) or a worker's second pair of arenas (every worker process)."""
+        ...
+
+    def stage_soon(self, batch: list[Request]) -> asyncio.Future[Staged]:
+        """Stage ``batch`` ahead (only when ``stager`` is set), while another computes."""
+        ...
+
+    def run_staged_soon(
+        self, staged: Staged, trace: TraceParent | None = None
+    ) -> asyncio.Future[Ran]:
+        """Run a batch staged ahead, from the event loop, as ``run_soon`` runs one."""
         ...
 
     def run_staged(self, staged: Staged, trace: TraceParent | None = None) -> Ran: ...

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,7 +47,7 @@ from fnrt.loader.channel import Channel, ChannelClosed
 from fnrt.loader.environment import Environment
 from fnrt.loader.instance import InstanceLoader, LoadTier, Ran, Runnable
 from fnrt.loader.spares import start_worker
-from fnrt.loader.staging import Staged, Stager
+from fnrt.loader.staging import Staged
 from fnrt.tracing.handler_spans import TraceParent
 
 log = logging.getLogger("fnrt.loader")
@@ -119,6 +120,47 @@ def _ran(responses: Arena, reply: dict[str, Any]) -> Ran:
     return Ran(results, float(reply["infer_s"]), float(reply["output_s"]), spans)
 
 
+#: The parent a batch sent ahead gives its handler's spans in the worker (its batch's
+#: span is made only when it runs): :func:`reparented` gives them the real one.
+AHEAD_TRACE: TraceParent = ("0" * 31 + "1", "0" * 15 + "1")
+
+
+def reparented(spans: list[dict[str, Any]], trace: TraceParent | None) -> list[dict[str, Any]]:
+    """Handler spans recorded under :data:`AHEAD_TRACE`, moved under ``trace`` (the
+    batch's span, made when it ran); none when the batch was not traced."""
+    if trace is None or not spans:
+        return []
+    trace_id, span_id = trace
+    placeholder = AHEAD_TRACE[1]
+    for span in spans:
+        span["trace_id"] = trace_id
+        if span["parent_span_id"] == placeholder:
+            span["parent_span_id"] = span_id
+    return spans
+
+
+class SentAhead:
+    """A worker's second pair of arenas, as the batcher sees it: a batch "staged" ahead
+    is written into the request arena the running batch does not use and sent at once,
+    so the worker starts on it as soon as it has answered the running one (and, a
+    ``forward`` handler, stages it on its host lane meanwhile)."""
+
+    def __init__(self, instance: ProcessInstance) -> None:
+        self.instance = instance
+
+    def release(self, staged: Staged) -> None:
+        """A batch sent ahead that will not be answered: its reply is read and dropped
+        (the channel stays in order), whatever it is."""
+        sent = staged.sent
+        if sent is not None:
+            sent.add_done_callback(_dropped)
+
+
+def _dropped(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "never retrieved" warning
+
+
 def _step_message(
     batch: StepBatch, trace: TraceParent | None
 ) -> tuple[dict[str, Any], list[Request]]:
@@ -168,8 +210,15 @@ class ProcessInstance:
         self._channel = channel
         self._workdir = workdir
         self._release = release
-        self._requests = Arena(workdir / "requests", create=True)
-        self._responses = Arena(workdir / "responses", create=True)
+        # Two arenas each way: batch k+1 is written into one while the worker computes
+        # batch k from the other (the n-th batch sent uses pair n % 2).
+        self._requests = [Arena(workdir / f"requests{i}", create=True) for i in (0, 1)]
+        self._responses = [Arena(workdir / f"responses{i}", create=True) for i in (0, 1)]
+        self._sent = 0  # messages with a batch sent so far
+        self._last: asyncio.Future[Any] | None = None  # the exchange sent last
+        self._using: list[asyncio.Future[Any] | None] = [None, None]  # per pair
+        self.stager: SentAhead | None = SentAhead(self)
+        self.sent_ahead = 0  # batches sent while another computed (for tests and benches)
         self._isolation = vm.manifest.isolation
         self._killed_for: tuple[str, str] | None = None  # set by the memory watch
         self._lost: InstanceLost | None = None
@@ -203,14 +252,16 @@ class ProcessInstance:
         """Send the load message; the worker's answer (blocking)."""
         start = {
             **start,
-            "requests": str(self._requests.path),
-            "responses": str(self._responses.path),
+            "requests": [str(arena.path) for arena in self._requests],
+            "responses": [str(arena.path) for arena in self._responses],
         }
         self._channel.send(start)
         return _checked(self._receive(max(LOAD_TIMEOUT_S, self._isolation.timeout_s)))
 
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
-        return _ran(self._responses, self._exchange({"op": "run", "trace": trace}, batch))
+        """One batch, blocking (the instance's thread; nothing in flight from the loop)."""
+        pair, reply = self._exchange({"op": "run", "trace": trace}, batch)
+        return _ran(self._responses[pair], reply)
 
     def run_soon(
         self, batch: list[Request], trace: TraceParent | None = None
@@ -222,16 +273,42 @@ class ProcessInstance:
         reply unread: the instance is then given up."""
         return self._soon({"op": "run", "trace": trace}, batch, _ran)
 
-    #: a worker stages each batch itself, one at a time (its arenas hold one batch)
-    stager: Stager | None = None
+    def stage_soon(self, batch: list[Request]) -> asyncio.Future[Staged]:
+        """Send ``batch`` ahead while the worker computes the one before: written into the
+        other request arena and its message sent now (the worker reads it as soon as it
+        has answered, with no round trip between). Its handler's spans are recorded
+        under :data:`AHEAD_TRACE`, moved under its batch's span when it runs."""
+        assert self.stager is not None
+        start = time.perf_counter()
+        sent = self._soon({"op": "run", "trace": AHEAD_TRACE}, batch, _ran)
+        self.sent_ahead += 1
+        rows = [0] * len(batch)  # the batcher counts its rows itself
+        staged = Staged(None, rows, {}, time.perf_counter() - start, self.stager, sent)
+        done: asyncio.Future[Staged] = asyncio.get_running_loop().create_future()
+        done.set_result(staged)
+        return done
+
+    def run_staged_soon(
+        self, staged: Staged, trace: TraceParent | None = None
+    ) -> asyncio.Future[Ran]:
+        """The reply to a batch sent ahead (:meth:`stage_soon`), its handler's spans under
+        ``trace``."""
+        sent: asyncio.Future[Ran] = staged.sent
+
+        async def ran() -> Ran:
+            done = await sent
+            return replace(done, spans=reparented(list(done.spans), trace))
+
+        return asyncio.ensure_future(ran())
 
     def run_staged(self, staged: Staged, trace: TraceParent | None = None) -> Ran:
-        raise RuntimeError("a worker process stages its batches itself")
+        raise RuntimeError("a batch sent ahead to a worker is awaited on the loop")
 
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped:
         """One step of a generative handler in the worker: the joining sequences' inputs
         through the request arena, their parameters and the leaving ids in the message."""
-        return _stepped(self._responses, self._exchange(*_step_message(batch, trace)))
+        pair, reply = self._exchange(*_step_message(batch, trace))
+        return _stepped(self._responses[pair], reply)
 
     def step_soon(
         self, batch: StepBatch, trace: TraceParent | None = None
@@ -246,30 +323,56 @@ class ProcessInstance:
         answer: Callable[[Arena, dict[str, Any]], R],
     ) -> asyncio.Task[R]:
         """Send ``message`` with ``arrays`` now; a task awaiting the reply on the loop,
-        which ``answer`` reads (from the response arena)."""
-        sent = self._lost is None and self._send(message, arrays)
-        deadline = time.monotonic() + (self._isolation.timeout_s or math.inf)
+        which ``answer`` reads (from the response arena).
+
+        Two exchanges may be in flight, one a pair of arenas: the n-th is sent at once
+        unless the (n-2)-th, which used its pair, is still unanswered (a third batch
+        waits for it), and reads its reply after the (n-1)-th has read its own (the
+        worker answers in order). Its ``timeout_s`` counts from when the one before
+        it was answered: the worker computes them one after the other."""
+        pair = self._sent & 1
+        self._sent += 1
+        before, using = self._last, self._using[pair]
+        sent: bool | None = None
+        if using is None or using.done():
+            sent = self._lost is None and self._send(pair, message, arrays)
+        timeout_s = self._isolation.timeout_s or math.inf
 
         async def answered() -> R:
-            return answer(self._responses, await self._reply_on_loop(sent, deadline))
+            nonlocal sent
+            if sent is None:  # a third batch: its pair frees when the first is answered
+                assert using is not None
+                await asyncio.wait((using,))
+                sent = self._lost is None and self._send(pair, message, arrays)
+            if before is not None and not before.done():
+                await asyncio.wait((before,))
+            reply = await self._reply_on_loop(sent, time.monotonic() + timeout_s)
+            return answer(self._responses[pair], reply)
 
-        return self._watched(asyncio.ensure_future(answered()))
+        task = self._watched(asyncio.ensure_future(answered()))
+        self._last = self._using[pair] = task
+        return task
 
-    def _exchange(self, message: dict[str, Any], arrays: list[Request]) -> dict[str, Any]:
-        """Send one message with ``arrays`` in the request arena; the worker's reply
-        (RemoteError if the handler raised there)."""
+    def _exchange(
+        self, message: dict[str, Any], arrays: list[Request]
+    ) -> tuple[int, dict[str, Any]]:
+        """Send one message with ``arrays`` in a request arena; the pair of arenas it used
+        and the worker's reply (RemoteError if the handler raised there)."""
         if self._lost is not None:
             raise self._lost
-        if not self._send(message, arrays):
+        pair = self._sent & 1
+        self._sent += 1
+        if not self._send(pair, message, arrays):
             raise self._died()
-        return _checked(self._receive(self._isolation.timeout_s or None))
+        return pair, _checked(self._receive(self._isolation.timeout_s or None))
 
-    def _send(self, message: dict[str, Any], arrays: list[Request]) -> bool:
-        """Write ``arrays`` into the request arena and send ``message`` with their layout;
-        False when the worker is gone."""
-        layout = self._requests.write(arrays)
+    def _send(self, pair: int, message: dict[str, Any], arrays: list[Request]) -> bool:
+        """Write ``arrays`` into the request arena ``pair`` and send ``message`` with their
+        layout (the worker answers into the response arena of the same pair); False
+        when the worker is gone."""
+        layout = self._requests[pair].write(arrays)
         try:
-            self._channel.send({**message, **layout})
+            self._channel.send({**message, **layout, "pair": pair})
         except ChannelClosed:
             return False
         return True
@@ -400,8 +503,8 @@ class ProcessInstance:
         self._stop.set()
         self._kill()
         self._channel.close()
-        self._requests.close()
-        self._responses.close()
+        for arena in (*self._requests, *self._responses):
+            arena.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
         self.executor.shutdown(wait=False)
         self._release()

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -68,15 +68,25 @@ class _Slot:
     busy: bool = False
 
 
+class Ahead(Protocol):
+    """What stages an instance's batches ahead: a :class:`Stager` (a thread instance of
+    a ``forward`` handler), or a worker process's second pair of arenas
+    (``process.SentAhead``): either gives back a batch it staged that will not run."""
+
+    def release(self, staged: Staged) -> None: ...
+
+
 @dataclass
 class Staged:
-    """A batch stacked (and, on a GPU, on its way to the device) in one of the slots."""
+    """A batch staged ahead: stacked (and, on a GPU, on its way to the device) in one of a
+    stager's slots, or (``sent``) written into a worker's second request arena and sent."""
 
-    slot: _Slot
+    slot: _Slot | None
     rows: list[int]  # each request's rows
     inputs: dict[str, Any]  # torch tensors over the slot's buffers
     stack_s: float
-    stager: Stager
+    stager: Ahead
+    sent: Any = None  # a worker's: the future of its reply
 
     def release(self) -> None:
         """Give the slot back without computing the batch (its instance was lost)."""
@@ -117,6 +127,7 @@ class Stager:
         start = time.perf_counter()
         rows = [len(request[self.first]) for request in batch]
         total = sum(rows)
+        self.lanes.bind()  # this thread's CUDA device is the instance's (cuda:1, say)
         slot = self._take_slot()
         try:
             tensors = {
@@ -168,6 +179,7 @@ class Stager:
         """Run ``forward`` on a staged batch once its copy is in, bring the outputs back and
         split them per request (the instance's thread; the slot is free again after)."""
         slot = staged.slot
+        assert slot is not None  # staged here
         lanes = self.lanes
         torch = self.torch
         try:
@@ -197,8 +209,10 @@ class Stager:
 
     def release(self, staged: Staged) -> None:
         """Give back the slot of a staged batch that will not be computed."""
-        staged.slot.staged.synchronize()
-        self._give_back(staged.slot)
+        slot = staged.slot
+        assert slot is not None  # staged here
+        slot.staged.synchronize()
+        self._give_back(slot)
 
     def _checked(self, outputs: Any, total: int) -> dict[str, Any]:
         if not isinstance(outputs, Mapping):

@@ -134,6 +134,10 @@ class Lanes:
         """The compute stream as torch sees it (None on the CPU)."""
         return None
 
+    def bind(self) -> None:
+        """Make the instance's device the calling thread's current one (CUDA keeps the
+        current device per thread: a host lane's thread starts on device 0)."""
+
     def host_buffer(self, nbytes: int) -> HostBuffer:
         return HostBuffer(np.empty(max(nbytes, 1), np.uint8))
 
@@ -222,6 +226,9 @@ class CudaLanes(Lanes):
 
     def event(self) -> Event:
         return CudaEvent()
+
+    def bind(self) -> None:
+        check(self._cudart.cudaSetDevice(self.device.index), "cudaSetDevice")
 
     def device_stream(self, torch: Any) -> Any:
         if self._torch_stream is None:

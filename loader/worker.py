@@ -31,12 +31,14 @@ import json
 import logging
 import os
 import pickle
+import queue
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -52,7 +54,8 @@ from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.channel import Channel, ChannelClosed
 from fnrt.loader.descendants import TOKEN_VARIABLE, become_subreaper, start_keeper, sweep
 from fnrt.loader.imports import from_site, site_roots
-from fnrt.loader.instance import Built, build_handler, run_checked
+from fnrt.loader.instance import Built, Ran, build_handler, run_checked
+from fnrt.loader.staging import Stager
 from fnrt.tracing.handler_spans import capture
 
 log = logging.getLogger("fnrt.worker")
@@ -173,8 +176,8 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
         key: LocalArtifact(key, Path(path), digest, int(size), device)
         for key, (path, digest, size) in start["artifacts"].items()
     }
-    requests = Arena(Path(start["requests"]), create=False)
-    responses = Arena(Path(start["responses"]), create=False)
+    requests = [Arena(Path(path), create=False) for path in start["requests"]]
+    responses = [Arena(Path(path), create=False) for path in start["responses"]]
     try:
         built = build_handler(vm, Path(start["code_dir"]), artifacts, device)
     except Exception as exc:
@@ -196,11 +199,12 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
             "modules": installed_imports(before, sites),
         }
     )
-    while True:
-        try:
-            message = channel.recv()
-        except ChannelClosed:
-            return 0
+    messages: Iterator[tuple[dict[str, Any], Any]] = (
+        _staging_ahead(channel, built.stager, requests)
+        if built.stager is not None
+        else _in_turn(channel)
+    )
+    for message, staged in messages:
         if message["op"] == "close":
             if built.unload is not None:
                 try:
@@ -210,23 +214,80 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
                     return 1
             channel.send({"ok": True})
             return 0
+        pair = message["pair"]
         trace = message.get("trace")
         if message["op"] == "step":
-            channel.send(_step(built, requests, responses, message, trace))
+            channel.send(_step(built, requests[pair], responses[pair], message, trace))
             continue
-        batch = cast(list[Request], requests.read(message, copy=False))
         try:
             with capture((trace[0], trace[1]) if trace else None) as spans:
-                ran = run_checked(built.call, vm, batch)
+                if built.stager is None:
+                    batch = cast(list[Request], requests[pair].read(message, copy=False))
+                    ran = run_checked(built.call, vm, batch)
+                    del batch  # the request arena is the server's to overwrite now
+                else:
+                    ran = _computed(built.stager, staged)
         except Exception as exc:
             channel.send(_failure(exc))
             continue
-        del batch  # the request arena is the server's to overwrite now
-        layout = responses.write(ran.results)
+        layout = responses[pair].write(ran.results)
         reply = {"ok": True, "infer_s": ran.infer_s, "output_s": ran.output_s, **layout}
         if spans:  # only a traced batch whose handler made spans has any
             reply["spans"] = spans
         channel.send(reply)
+    return 0
+
+
+def _in_turn(channel: Channel) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Each message as it comes (the next one waits in the socket meanwhile, its batch
+    in the other request arena), until the server closes the channel."""
+    while True:
+        try:
+            yield channel.recv(), None
+        except ChannelClosed:
+            return
+
+
+def _staging_ahead(
+    channel: Channel, stager: Stager, requests: list[Arena]
+) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Each message with its batch staged (a ``forward`` handler): a thread of its own
+    (the stager's host lane) reads the messages and stages each batch as it comes,
+    stacked into a slot (page-locked on a GPU) and its copy to the device queued on the
+    copy stream, while this thread computes the one before. What came: (message, the
+    staged batch or the exception that staging raised)."""
+    came: queue.SimpleQueue[tuple[dict[str, Any], Any] | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        while True:
+            try:
+                message = channel.recv()
+            except ChannelClosed:
+                came.put(None)
+                return
+            staged: Any = None
+            if message["op"] == "run":
+                try:
+                    batch = requests[message["pair"]].read(message, copy=False)
+                    staged = stager.stage(cast(list[Request], batch))
+                    del batch  # stacked into the slot: the arena is the server's again
+                except Exception as exc:
+                    staged = exc
+            came.put((message, staged))
+            if message["op"] == "close":
+                return
+
+    threading.Thread(target=read, name="fnrt-stage", daemon=True).start()
+    while (item := came.get()) is not None:
+        yield item
+
+
+def _computed(stager: Stager, staged: Any) -> Ran:
+    """A batch the reading thread staged: computed on the instance's streams, checked."""
+    if isinstance(staged, BaseException):
+        raise staged
+    results, times = stager.compute(staged)
+    return Ran(results, times.compute_s, times.output_s)
 
 
 def _step(

@@ -333,20 +333,16 @@ class InstancePool:
         return await self._on_instance(slot, instance, instance.run_soon(batch, trace))
 
     async def stage(self, instance: Runnable, batch: list[Request]) -> Staged:
-        """Stack a batch and start its copy to the device on the instance's host lane
-        (a handler with ``forward``), while the instance may be computing another."""
-        stager = instance.stager
-        assert stager is not None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(stager.host_lane, stager.stage, batch)
+        """Stage a batch ahead while the instance may be computing another: stacked and on
+        its way to the device on its host lane (a thread instance of a handler with
+        ``forward``), or written into a worker's second request arena and sent."""
+        return await instance.stage_soon(batch)
 
     async def run_staged(
         self, slot: Slot, instance: Runnable, staged: Staged, trace: TraceParent | None = None
     ) -> Ran:
         """Compute a batch staged ahead, as :meth:`run` runs one."""
-        loop = asyncio.get_running_loop()
-        ran = loop.run_in_executor(instance.executor, instance.run_staged, staged, trace)
-        return await self._on_instance(slot, instance, ran)
+        return await self._on_instance(slot, instance, instance.run_staged_soon(staged, trace))
 
     async def step(
         self, slot: Slot, instance: Runnable, batch: StepBatch, trace: TraceParent | None = None

@@ -250,3 +250,177 @@ def test_two_workers_of_one_model_share_its_weight_pages(tmp_path: Path) -> None
     finally:
         for w in workers:
             w.close()
+
+
+# --- two arenas each way: a batch sent while the one before computes -------------------------
+
+
+def test_two_batches_in_flight_each_get_their_own_answer_and_a_third_waits(
+    tmp_path: Path,
+) -> None:
+    """The second batch is written into the other request arena and sent while the first
+    computes; a third waits for the first's pair of arenas; replies come back in order,
+    each read from its own response arena."""
+    instance = _start(tmp_path)
+
+    async def three() -> list[Ran]:
+        first = instance.run_soon([_x(10, 3)])
+        second = instance.run_soon([_x(11, 2), _x(12)])
+        third = instance.run_soon([_x(13, 1 << 17)])  # grows its arenas while the others fly
+        return list(await asyncio.gather(first, second, third))
+
+    try:
+        first, second, third = asyncio.run(three())
+        np.testing.assert_array_equal(first.results[0]["y"], np.full((3, 4), 20, np.float32))
+        np.testing.assert_array_equal(second.results[0]["y"], np.full((2, 4), 22, np.float32))
+        np.testing.assert_array_equal(second.results[1]["y"], np.full((1, 4), 24, np.float32))
+        assert float(third.results[0]["y"].sum()) == 26 * 4 * (1 << 17)
+        assert instance.run_timed([_x(14)]).results[0]["y"][0, 0] == 28.0  # still in step
+    finally:
+        instance.close()
+
+
+def test_a_failed_batch_does_not_take_the_one_sent_after_it(tmp_path: Path) -> None:
+    instance = _start(tmp_path)
+
+    async def both() -> tuple[BaseException | Ran, BaseException | Ran]:
+        failing = instance.run_soon([_x(5)])  # the handler raises ValueError
+        after = instance.run_soon([_x(15)])
+        done = await asyncio.gather(failing, after, return_exceptions=True)
+        return done[0], done[1]
+
+    try:
+        failed, ran = asyncio.run(both())
+        assert isinstance(failed, RemoteError)
+        assert isinstance(ran, Ran)
+        assert ran.results[0]["y"][0, 0] == 30.0
+    finally:
+        instance.close()
+
+
+def test_a_batch_sent_ahead_and_released_leaves_the_channel_in_order(tmp_path: Path) -> None:
+    """The batcher gives back a batch it sent ahead when it will not run it (the batch
+    before failed, say): its reply is read and dropped, so the next batch gets its own."""
+    instance = _start(tmp_path)
+
+    async def run() -> Ran:
+        running = instance.run_soon([_x(16)])
+        staged = await instance.stage_soon([_x(17)])
+        assert staged.stager is instance.stager
+        staged.release()
+        await running
+        return await instance.run_soon([_x(18)])
+
+    try:
+        assert asyncio.run(run()).results[0]["y"][0, 0] == 36.0
+        assert instance.sent_ahead == 1
+    finally:
+        instance.close()
+
+
+def test_a_worker_that_dies_fails_the_batch_sent_after_it_too(tmp_path: Path) -> None:
+    instance = _start(tmp_path)
+
+    async def both() -> list[BaseException | Ran]:
+        dying = instance.run_soon([_x(2)])  # os._exit(1)
+        after = instance.run_soon([_x(19)])
+        return list(await asyncio.gather(dying, after, return_exceptions=True))
+
+    try:
+        dying, after = asyncio.run(both())
+        assert isinstance(dying, InstanceLost) and dying.cause == "exit"
+        assert isinstance(after, InstanceLost)
+        assert not instance.alive
+    finally:
+        instance.close()
+
+
+FORWARD_HANDLER = """
+import time
+
+
+class Staged:
+    def load(self, artifacts, device):
+        pass
+
+    def forward(self, inputs):
+        time.sleep(0.002)  # long enough for the next batch to arrive while this computes
+        x = inputs["x"]
+        return {"y": x * 2 + 1}
+"""
+
+FORWARD_MANIFEST = """
+name = "{name}"
+handler = "handler:Staged"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 2] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 2] }}
+
+[batching]
+max_batch_size = 8
+max_wait_ms = 2
+
+[scaling]
+max_instances = 1
+max_queue = 1024
+
+[isolation]
+mode = "process"
+"""
+
+
+def test_400_concurrent_requests_to_a_forward_handler_in_a_worker_each_get_their_own_answer(
+    tmp_path: Path,
+) -> None:
+    """The default mode's overlap, end to end: a ``forward`` handler in a worker process,
+    400 requests at once through a live server. While the worker computes batch k, the
+    batcher sends batch k+1 into the worker's second request arena and the worker stages
+    it on its host lane; every request gets the answer to its own input."""
+    import httpx
+
+    from support import live_server
+
+    folder = write_function(tmp_path / "src", "staged", FORWARD_HANDLER, FORWARD_MANIFEST)
+    with live_server(tmp_path) as srv:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+
+        async def all_at_once() -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=400)
+            async with httpx.AsyncClient(base_url=srv.url, limits=limits, timeout=60) as client:
+                return list(
+                    await asyncio.gather(
+                        *(
+                            client.post(
+                                "/v1/functions/staged/invoke",
+                                json={"x": [[float(i), -float(i)], [0.5, float(i)]]},
+                            )
+                            for i in range(400)
+                        )
+                    )
+                )
+
+        responses = asyncio.run(all_at_once())
+        for i, response in enumerate(responses):
+            assert response.status_code == 200, response.text
+            assert response.json()["y"] == [[2.0 * i + 1, -2.0 * i + 1], [2.0, 2.0 * i + 1]]
+        instances = srv.call(srv.registry.get("staged")).loaded_instances()
+        assert len(instances) == 1 and isinstance(instances[0], ProcessInstance)
+        assert instances[0].stages  # the worker stages its batches itself (forward)
+        assert instances[0].sent_ahead > 0  # batches went into the second arena
+
+
+def test_the_spans_of_a_batch_sent_ahead_move_under_its_batch_span() -> None:
+    from fnrt.loader.process import AHEAD_TRACE, reparented
+
+    trace = ("ab" * 16, "cd" * 8)
+    spans = [
+        {"trace_id": AHEAD_TRACE[0], "span_id": "1" * 16, "parent_span_id": AHEAD_TRACE[1]},
+        {"trace_id": AHEAD_TRACE[0], "span_id": "2" * 16, "parent_span_id": "1" * 16},
+    ]
+    moved = reparented(spans, trace)
+    assert [s["trace_id"] for s in moved] == [trace[0]] * 2
+    assert [s["parent_span_id"] for s in moved] == [trace[1], "1" * 16]  # the child keeps its own
+    assert reparented(spans, None) == []  # the batch was not traced: nothing to record
