@@ -131,10 +131,16 @@ def test_slow_bodies_leave_room_for_normal_requests(tmp_path: Path) -> None:
         assert statuses.count(200) >= 49, statuses  # was 45 of 50 503 and 3 ReadError
         assert open_files < 1024 - 128  # the reserve stayed free
         assert "Too many open files" not in "".join(server.log)
-        # every slow body is answered 408, saying why, within its window or to make room
+        # every slow body held is answered 408, saying why, within its window or to make
+        # room; one that came while every connection held had not yet waited long enough
+        # to be judged was refused 503 (busy) at once
         assert not trickle.open, f"{len(trickle.open)} slow bodies still open"
-        assert trickle.answers and trickle.resets < SLOW // 10, (trickle.resets, asked_s)
+        assert trickle.resets < SLOW // 10, (trickle.resets, asked_s)
+        too_slow = 0
         for answer in trickle.answers:
             head, _, body = answer.partition(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 408"), answer
-            assert "bytes/s" in json.loads(body)["error"]
+            assert head.startswith((b"HTTP/1.1 408", b"HTTP/1.1 503")), answer
+            if head.startswith(b"HTTP/1.1 408"):
+                assert "bytes/s" in json.loads(body)["error"]
+                too_slow += 1
+        assert too_slow >= SLOW // 2, (too_slow, len(trickle.answers))
