@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from fnrt.functions.dtypes import BFLOAT16, OBJECT, is_numeric
-from fnrt.functions.errors import BadRequest, FnrtError, UnsupportedMediaType
+from fnrt.functions.errors import BadOutput, BadRequest, FnrtError, UnsupportedMediaType
 from fnrt.functions.limits import DEFAULT_LIMITS, TensorLimits, check_response, check_shape
 
 
@@ -258,8 +258,10 @@ class NotJsonText(BadRequest):
         )
 
 
-class NotJsonNumber(BadRequest):
-    """NaN and the infinities cannot travel in JSON: it has no literal for them."""
+class NotJsonNumber(BadOutput):
+    """NaN and the infinities cannot travel in JSON: it has no literal for them. An
+    output that holds them is the function's doing (weights gone bad, a division by
+    zero), not the request's: a server error (500)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(

@@ -221,6 +221,11 @@ class CorruptBlob(FnrtError):
         )
 
 
+class BadOutput(FnrtError):
+    """A handler's output cannot be sent as it is (NaN or infinite values in JSON, say):
+    the server's fault, not the request's (500)."""
+
+
 class LoadError(FnrtError):
     """The handler's ``load`` raised; ``error_id`` points at the logged traceback."""
 
@@ -308,6 +313,14 @@ class InstanceStopped(Unavailable):
 
     def __init__(self, function: str, reason: str) -> None:
         super().__init__(f"function '{function}': {reason}; retry", function=function)
+
+
+class WeightsChanged(InstanceStopped):
+    """A file a loaded instance maps changed on disk under it (503): what it computed
+    after that is not served; the instance is replaced from a verified copy."""
+
+    def __init__(self, function: str, reason: str) -> None:
+        super().__init__(function, f"{reason}; its answer was not served")
 
 
 class HandlerTimeout(InstanceLost, DeadlineExceeded):

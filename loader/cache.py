@@ -44,6 +44,9 @@ from fnrt.loader.stores.base import Written
 
 log = logging.getLogger("fnrt.cache")
 
+#: The mode of a blob in the cache: instances map it, so nobody writes to it.
+READ_ONLY = 0o444
+
 #: Writes the blob into the given (temporary) path, telling ``Written`` of each range
 #: as it lands (the hash follows them).
 Fetch = Callable[[Path, Written], None]
@@ -157,6 +160,7 @@ class BlobCache:
                     raise IntegrityError(digest, found.sha256)
                 with tmp.open("rb+") as f:
                     os.fsync(f.fileno())
+                os.chmod(tmp, READ_ONLY)  # instances map it: nobody writes to it
                 os.replace(tmp, path)
                 write_record(path.with_suffix(".ok"), path, found.xxh3)
             finally:

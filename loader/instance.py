@@ -42,8 +42,17 @@ from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.cache import BlobCache
 from fnrt.loader.environment import Environments
-from fnrt.loader.integrity import Verifier, bundle_files, tree_differences
+from fnrt.loader.integrity import (
+    Record,
+    Verifier,
+    bundle_files,
+    identity,
+    quick_digest,
+    read_record,
+    tree_differences,
+)
 from fnrt.loader.repository import Repository
+from fnrt.loader.scrub import Mapped, Scrubber, Watch
 from fnrt.loader.spares import SpareWorkers
 from fnrt.loader.staging import Ahead, Staged, Stager
 from fnrt.loader.stepper import Stepper
@@ -319,6 +328,8 @@ class InstanceLoader:
         self.environments = Environments(Path(cache_dir) / "envs")  # [environment] builds
         #: workers started ahead for process isolation (None: each cold start starts one)
         self.spares: SpareWorkers | None = None
+        #: watches the files loaded instances map (None: nothing watches them)
+        self.scrubber: Scrubber | None = None
         #: each code bundle's files and their xxh3, read from it once (``code_dir``)
         self._bundle_files: dict[str, dict[str, str]] = {}
 
@@ -344,6 +355,33 @@ class InstanceLoader:
             self.blob_cache.pin(ref.digest)
             fetches.pinned.append(ref.digest)
         return result.path
+
+    def mapped_files(self, vm: VersionManifest) -> list[Mapped]:
+        """The blobs of ``vm``'s artifacts as verified at its load (their records): what
+        its instances map, for the scrub to watch. Call it after a load (blocking)."""
+        found = []
+        for ref in vm.artifacts.values():
+            for file in ref.files:
+                local = self.repository.blob_path(file.digest)
+                if local is not None:
+                    path, record = local, self.verifier.root / file.digest
+                elif self.blob_cache is not None:
+                    path = self.blob_cache.path(file.digest)
+                    record = path.with_suffix(".ok")
+                else:
+                    continue
+                known = read_record(record)
+                if known is None:  # verified without a record (an older cache): now
+                    known = Record(identity(path), quick_digest(path))
+                found.append(Mapped(path, file.digest, known.identity, known.xxh3))
+        return found
+
+    def watch_files(self, vm: VersionManifest) -> Watch | None:
+        """Watch the files an instance of ``vm`` maps (after its load; blocking), or None
+        when nothing watches them (no scrubber)."""
+        if self.scrubber is None:
+            return None
+        return self.scrubber.watch(self.mapped_files(vm))
 
     def unpin(self, digests: list[str]) -> None:
         if self.blob_cache is not None:

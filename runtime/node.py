@@ -23,8 +23,10 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.leftovers import remove_leftovers
 from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
 from fnrt.loader.repository import Repository
+from fnrt.loader.scrub import Scrubber, ScrubConfig
 from fnrt.loader.spares import SpareWorkers
 from fnrt.loader.stores import FileStore, open_store
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.access import InvokeKeys
 from fnrt.runtime.batcher import Admission
 from fnrt.runtime.clock import Clock, SystemClock
@@ -91,6 +93,8 @@ class Node:
         if spares is not None and spares.known:  # and what the store's functions import
             spares.refill(now=True)
         self.lifecycle.warming = set(warming)
+        if self.loader.scrubber is not None:  # the files loaded instances map
+            self.loader.scrubber.start()
         self.sweeper.start()
         self.jobs.start()
         self.lifecycle.started()
@@ -121,6 +125,8 @@ class Node:
         await self.drain(timeout_s)
         await self.registry.close()
         await self.splits.close()
+        if self.loader.scrubber is not None:
+            await asyncio.to_thread(self.loader.scrubber.close)
         spares = self.loader.spares
         if spares is not None:  # last: a worker it started dies with its thread
             await asyncio.to_thread(spares.close)
@@ -168,6 +174,9 @@ def build_node(
                 remembered=cache_dir / "spares" / "imports.json",
             )
     repository = loader.repository
+    if loader.scrubber is None:
+        scrub = ScrubConfig(settings.scrub_interval_s, settings.scrub_rate_bytes_s)
+        loader.scrubber = Scrubber(scrub)
     if keeper is None and learn_keep_alive:
         keeper = Keeper(
             Path(loader.cache_dir) / "prewarm" / "history.json",

@@ -32,12 +32,14 @@ from fnrt.functions.errors import (
     InstanceLost,
     InstanceStopped,
     LoadError,
+    WeightsChanged,
 )
 from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable
 from fnrt.loader.memory import MakeRoom
+from fnrt.loader.scrub import Watch
 from fnrt.loader.staging import Staged
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, PrewarmOutcome, StartKind
@@ -49,6 +51,9 @@ log = logging.getLogger("fnrt.pool")
 
 #: Builds one instance of a version on the executor's thread (``launch`` by default).
 LoadInstance = Callable[[VersionManifest, Executor], Runnable]
+#: Starts watching the files a version's instance maps, after its load (blocking; None:
+#: nothing watches them). ``InstanceLoader.watch_files``.
+WatchFiles = Callable[[VersionManifest], Watch | None]
 R = TypeVar("R")
 
 
@@ -84,6 +89,7 @@ class Slot:
     worker: asyncio.Task[None] | None = field(default=None, repr=False)  # the batcher's
     running_future: asyncio.Future[Any] | None = field(default=None, repr=False)  # its batch
     stop_reason: str | None = None  # why its running batch is being stopped (stop_running)
+    watch: Watch | None = None  # the files its instance maps (loader/scrub.py)
 
     @property
     def primary(self) -> bool:
@@ -104,8 +110,10 @@ class InstancePool:
         *,
         in_thread: bool = False,
         device_room: Callable[[], bool] | None = None,
+        watch_files: WatchFiles | None = None,
     ) -> None:
         self.version = version
+        self._watch_files = watch_files
         self._device_room = device_room  # None: no cap on instances sharing the GPU
         #: its handler has forward (known from its first load): admission checks rows
         self.stages = False
@@ -121,6 +129,7 @@ class InstancePool:
         self._deep_since: float | None = None
         self._prewarmed_at: float | None = None  # a pre-warmed instance no call has used yet
         self._background: set[asyncio.Future[Runnable]] = set()
+        self._retiring: set[asyncio.Future[None]] = set()  # instances whose files changed
         # A worker bounds its own batches; a thread's are bounded here.
         self._thread_timeout_s = self._manifest.isolation.timeout_s if in_thread else 0.0
         #: Called when slots change (one retired): the batcher's workers look again.
@@ -228,6 +237,9 @@ class InstancePool:
         it would have replaced it, and the batch waits for the new one."""
         instance = slot.instance
         if instance is not None:
+            if slot.watch is not None and slot.watch.check() is not None:
+                await self._retire_changed(slot, instance, reload=False)
+                return await self.ensure(slot)
             if instance.alive:
                 return instance
             lost = await asyncio.to_thread(instance.ended)
@@ -288,6 +300,8 @@ class InstancePool:
             raise error from exc
         finally:
             slot.loading = None
+        if self._watch_files is not None:
+            await self._watch(slot, instance, loop)
         slot.instance = instance
         stats.last_load_error = None
         # A full collection walks every object torch and the model made (~100 ms
@@ -312,6 +326,50 @@ class InstancePool:
             instance.timings_s["total_s"],
         )
         return instance
+
+    async def _watch(self, slot: Slot, instance: Runnable, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch the files the new instance maps; a change found retires it at once."""
+        assert self._watch_files is not None
+        watch = await asyncio.to_thread(self._watch_files, self.version)
+        if watch is None:
+            return
+        slot.watch = watch
+
+        def changed(reason: str) -> None:  # from the scrub's thread
+            loop.call_soon_threadsafe(self._changed_under, slot, instance)
+
+        watch.on_change = changed
+
+    def _changed_under(self, slot: Slot, instance: Runnable) -> None:
+        """A file the instance maps changed: an idle instance is retired now (a running
+        one when its batch ends, whose answers are not served)."""
+        if slot.instance is instance and not slot.running:
+            future = asyncio.ensure_future(self._retire_changed(slot, instance, reload=True))
+            self._retiring.add(future)
+            future.add_done_callback(self._retiring.discard)
+
+    async def _retire_changed(self, slot: Slot, instance: Runnable, *, reload: bool) -> None:
+        """Stop using an instance whose mapped files changed; load again (from a verified
+        copy: the disk cache fetches it again, a folder store refuses a changed blob)."""
+        if slot.instance is not instance:
+            return
+        watch, slot.instance, slot.watch = slot.watch, None, None
+        reason = watch.reason if watch is not None and watch.reason else "its files changed"
+        self._unwatch(watch)
+        self._stats.restarts["changed"] += 1
+        self._stats.last_restart_reason = reason
+        self._events.lost(self.version, "changed")
+        log.error(
+            "%s %s retired instance %d: %s", self.name, self.version.version, slot.index, reason
+        )
+        await asyncio.to_thread(_release, instance)
+        self.changed()
+        if reload and not slot.retired:
+            self.load_in_background(slot)
+
+    def _unwatch(self, watch: Watch | None) -> None:
+        if watch is not None:
+            watch.close()
 
     def _failed(self, slot: Slot, cause: str, reason: str) -> None:
         """One more failure in a row: the next load of the slot waits the backoff."""
@@ -363,6 +421,10 @@ class InstancePool:
                     raise HandlerTimeout(self.name, "", self._thread_timeout_s) from None
             else:
                 result = await ran
+            if slot.watch is not None and slot.watch.check() is not None:
+                changed = slot.watch.reason or ""  # found before the batch ended (or now)
+                await self._retire_changed(slot, instance, reload=True)
+                raise WeightsChanged(self.name, changed)
         except InstanceLost as exc:
             await self._lose(slot, instance, exc)
             raise
@@ -396,6 +458,8 @@ class InstancePool:
     async def _stopped(self, slot: Slot, instance: Runnable) -> None:
         if slot.instance is instance:
             slot.instance = None
+            self._unwatch(slot.watch)
+            slot.watch = None
         self._stats.unloads += 1
         log.warning(
             "%s %s: stopped instance %d while it ran a batch",
@@ -409,6 +473,8 @@ class InstancePool:
     async def _lose(self, slot: Slot, instance: Runnable, error: InstanceLost) -> None:
         if slot.instance is instance:
             slot.instance = None
+            self._unwatch(slot.watch)
+            slot.watch = None
         self._stats.restarts[error.cause] += 1
         self._stats.last_restart_reason = error.message
         self._events.lost(self.version, error.cause)
@@ -470,6 +536,8 @@ class InstancePool:
         instance, slot.instance = slot.instance, None
         if instance is None:
             return
+        self._unwatch(slot.watch)
+        slot.watch = None
         self._stats.unloads += 1
         if self._prewarmed_at is not None and slot.primary:  # loaded ahead, never used
             self._prewarmed_at = None

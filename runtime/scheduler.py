@@ -33,7 +33,7 @@ from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, NoEvents
 from fnrt.runtime.intake import Admission
 from fnrt.runtime.outcomes import OutcomeWindow
-from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance
+from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance, WatchFiles
 from fnrt.runtime.protection import Failure, Protection, Served
 from fnrt.runtime.queue import Outputs, Priority
 from fnrt.runtime.result_cache import ResultCache, SharedResults
@@ -62,6 +62,7 @@ class Scheduler:
         isolation: IsolationMode = DEFAULT_ISOLATION,
         redis: Any = None,
         device_room: Callable[[], bool] | None = None,
+        watch_files: WatchFiles | None = None,
     ) -> None:
         self.version = version
         self.name = version.name  # fixed: read on every request
@@ -78,6 +79,7 @@ class Scheduler:
             make_room,
             in_thread=isolation is THREAD,
             device_room=device_room,
+            watch_files=watch_files,
         )
         self.protection = Protection(version.manifest, clock, redis=redis, version=version.version)
         self.pool.died = self._instance_lost
@@ -336,4 +338,5 @@ class SchedulerFactory:
             isolation=kind,
             redis=self.redis,
             device_room=self.device_room,
+            watch_files=self.loader.watch_files,
         )

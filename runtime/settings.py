@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -46,6 +46,17 @@ class ServerSettings:
     s3_region: str | None = None
     s3_part_size_bytes: int = 16 * 1024 * 1024
     s3_concurrency: int = 8
+    #: bounds on waiting for an S3 store (docs/hardening.md): a connect, a silence
+    #: while an answer is awaited, one operation with its retries (a download: without a
+    #: byte arriving), a whole download
+    store_connect_timeout_s: float = 2.0
+    store_read_timeout_s: float = 5.0
+    store_deadline_s: float = 15.0
+    store_download_deadline_s: float = 1800.0
+    #: the mapped weight files' check (loader/scrub.py): how often each is stat'ed, and
+    #: how fast they are read again through xxh3 (0: no re-reading)
+    scrub_interval_s: float = 10.0
+    scrub_rate_bytes_s: int = 64 * 1024 * 1024
     admin_token: str | None = None
     invoke_keys_file: Path | None = None  # JSON: {"function" or "*": [keys]}
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call ("*": any)
@@ -132,6 +143,16 @@ class ServerSettings:
             raise ValueError("min_body_rate_bytes_s: must be >= 0 (0: no minimum)")
         if not self.body_rate_window_s > 0:
             raise ValueError("body_rate_window_s: must be > 0")
+        try:
+            self.s3_config()
+        except ValueError as exc:  # S3Config names its field: name the setting
+            found, _, why = str(exc).partition(":")
+            prefix = "s3_" if found in ("part_size_bytes", "concurrency") else "store_"
+            raise ValueError(f"{prefix}{found}:{why}") from None
+        if not self.scrub_interval_s > 0:
+            raise ValueError("scrub_interval_s: must be > 0")
+        if self.scrub_rate_bytes_s < 0:
+            raise ValueError("scrub_rate_bytes_s: must be >= 0 (0: no re-reading)")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections: must be at least 1")
         if self.fd_reserve < 0:
@@ -178,8 +199,14 @@ class ServerSettings:
         return int(0.9 * total_bytes)
 
     def s3_config(self) -> S3Config:
-        return s3_config(
-            self.s3_endpoint, self.s3_region, self.s3_part_size_bytes, self.s3_concurrency
+        return replace(
+            s3_config(
+                self.s3_endpoint, self.s3_region, self.s3_part_size_bytes, self.s3_concurrency
+            ),
+            connect_timeout_s=self.store_connect_timeout_s,
+            read_timeout_s=self.store_read_timeout_s,
+            deadline_s=self.store_deadline_s,
+            download_deadline_s=self.store_download_deadline_s,
         )
 
     @property

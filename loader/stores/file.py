@@ -27,6 +27,8 @@ from fnrt.loader.stores.base import (
 )
 
 _CHUNK = 1024 * 1024
+#: The mode of a blob: instances map blobs where they lie, so nobody writes to them.
+READ_ONLY = 0o444
 
 
 def _etag(data: bytes) -> str:
@@ -69,7 +71,8 @@ class FileStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write_atomic(self, path: Path, chunks: Iterable[bytes]) -> None:
-        write_atomic(path, chunks)
+        blob = path.relative_to(self.root).parts[0] == "blobs"
+        write_atomic(path, chunks, READ_ONLY if blob else None)
 
     def put(
         self, key: str, data: bytes, *, if_match: str | None = None, if_absent: bool = False
@@ -170,8 +173,9 @@ class FileStore:
         return f"FileStore({self.uri})"
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
-    """Write ``path`` whole or not at all: a temporary name beside it, fsync'd, renamed."""
+def write_atomic(path: Path, chunks: Iterable[bytes], mode: int | None = None) -> None:
+    """Write ``path`` whole or not at all: a temporary name beside it, fsync'd, renamed
+    (given ``mode``, it has that mode before it takes the name)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # the writer's pid in the name: a node removes those of dead writers at start
     prefix = f".{path.name}.{os.getpid()}."
@@ -182,6 +186,8 @@ def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

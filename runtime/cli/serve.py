@@ -93,6 +93,31 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
 @port_option
 @setting("store", help="object store: a folder, file://PATH or s3://bucket/prefix")
 @setting("s3_endpoint", help="S3-compatible endpoint URL, e.g. MinIO")
+@setting(
+    "store_connect_timeout_s", type=DURATION, help="an S3 store's TCP connect must open within it"
+)
+@setting(
+    "store_read_timeout_s",
+    type=DURATION,
+    help="the longest an S3 store may stay silent while an answer is awaited or arrives",
+)
+@setting(
+    "store_deadline_s",
+    type=DURATION,
+    help="one S3 store operation, retries included (a download: the longest without a "
+    "byte); past it the operation fails naming the store (a cold start: 503)",
+)
+@setting("store_download_deadline_s", type=DURATION, help="one whole download from an S3 store")
+@setting(
+    "scrub_interval_s",
+    type=DURATION,
+    help="how often the weight files loaded instances map are checked for changes (a stat)",
+)
+@setting(
+    "scrub_rate_bytes_s",
+    type=SIZE,
+    help="how fast mapped weight files are read again through xxh3, per second (0: never)",
+)
 @setting("disk_cache_bytes", type=SIZE, help="L2 disk cache budget")
 @setting(
     "memory_budget_bytes",

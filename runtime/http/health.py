@@ -34,11 +34,20 @@ async def not_ready(request: Request) -> tuple[str, str] | None:
     warming = lifecycle.still_warming()
     if warming:
         return "starting", f"{warming} function(s) that load at start are still loading"
+    store = node.repository.store.uri
     try:  # one conditional GET (a 304 while nothing changed)
         await asyncio.wait_for(node.registry.store_answers(), STORE_CHECK_TIMEOUT_S)
+    except TimeoutError:
+        return "unavailable", f"store {store}: no answer within {STORE_CHECK_TIMEOUT_S:g} s"
     except Exception as exc:
-        return "unavailable", f"store: {exc or type(exc).__name__}"
+        return "unavailable", f"store {store}: {_reason(exc)}"
     return None
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, never empty (a timeout's ``str`` is)."""
+    message = getattr(exc, "message", None) or str(exc)
+    return message if message else repr(exc)
 
 
 async def readyz(request: Request) -> JSONResponse:

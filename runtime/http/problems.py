@@ -18,6 +18,7 @@ from fnrt.runtime.pool import new_error_id
 log = logging.getLogger("fnrt.http")
 
 _STATUS: list[tuple[type[e.FnrtError], int]] = [
+    (e.BadOutput, 500),
     (e.BadRequest, 400),
     (e.IntegrityError, 400),
     (e.Unauthorized, 401),

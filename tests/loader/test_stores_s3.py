@@ -244,8 +244,8 @@ def test_a_store_frozen_during_a_conditional_write_fails_within_the_deadline(
 
 
 def test_bounds_are_checked() -> None:
-    with pytest.raises(ValueError, match="deadline_s: must be at least"):
-        S3Config(connect_timeout_s=2, read_timeout_s=5, deadline_s=6)
+    with pytest.raises(ValueError, match="deadline_s: must be > 0"):
+        S3Config(deadline_s=0)
     with pytest.raises(ValueError, match="read_timeout_s: must be > 0"):
         S3Config(read_timeout_s=0)
 

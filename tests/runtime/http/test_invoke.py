@@ -340,7 +340,7 @@ def test_json_never_loses_a_number_without_a_word(server: LiveServer) -> None:
         assert r.status_code == 200  # msgpack carries NaN as it is
         json_answer = {**msgpack_headers, "accept": "application/json"}
         r = c.post("/v1/functions/echo/invoke", content=body, headers=json_answer)
-        assert r.status_code == 400
+        assert r.status_code == 500  # the output's fault (weights gone bad), not the request's
         assert error_of(r)["error"].startswith("output 'y' holds NaN or infinite values")
         oip = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1e39] * 4}]}
         r = c.post("/v2/models/echo/infer", json=oip)
