@@ -523,7 +523,9 @@ class IsolationConfig:
     none) kills a worker whose resident memory passes it.
     """
 
-    mode: Literal["", "thread", "process"] = ""  # "": the node's default
+    #: "process": a worker process per instance; "thread": a thread of the server; "": the
+    #: node's default (fnrt serve --isolation: process unless set)
+    mode: Literal["", "thread", "process"] = ""
     #: a batch running past it gets 504 and the instance is replaced (0: none)
     timeout_s: Seconds = 0.0
     memory_limit_bytes: Annotated[Int, Field(ge=0)] = 0  # 0: no limit
