@@ -5,6 +5,8 @@ draining, the functions that load at start warm, the store answers) and
 from __future__ import annotations
 
 import asyncio
+import weakref
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,12 +38,33 @@ async def not_ready(request: Request) -> tuple[str, str] | None:
         return "starting", f"{warming} function(s) that load at start are still loading"
     store = node.repository.store.uri
     try:  # one conditional GET (a 304 while nothing changed)
-        await asyncio.wait_for(node.registry.store_answers(), STORE_CHECK_TIMEOUT_S)
+        await asyncio.wait_for(asyncio.shield(_store_check(node)), STORE_CHECK_TIMEOUT_S)
     except TimeoutError:
         return "unavailable", f"store {store}: no answer within {STORE_CHECK_TIMEOUT_S:g} s"
     except Exception as exc:
         return "unavailable", f"store {store}: {_reason(exc)}"
     return None
+
+
+#: The store check under way, per node: probes that arrive while the store hangs wait
+#: for that one (a thread each would pile up in the default executor for as long as
+#: the store's deadline).
+_checks: weakref.WeakKeyDictionary[Any, asyncio.Future[None]] = weakref.WeakKeyDictionary()
+
+
+def _store_check(node: Any) -> asyncio.Future[None]:
+    check = _checks.get(node)
+    if check is None or check.done():
+        check = asyncio.ensure_future(node.registry.store_answers())
+        check.add_done_callback(_retrieved)
+        _checks[node] = check
+    return check
+
+
+def _retrieved(check: asyncio.Future[None]) -> None:
+    """Take the error of a check nobody waited for to the end (it is the next probe's)."""
+    if not check.cancelled():
+        check.exception()
 
 
 def _reason(exc: BaseException) -> str:

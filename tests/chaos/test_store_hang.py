@@ -7,6 +7,7 @@ import hashlib
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from fnrt.runtime.clock import ManualClock
 from support import (
     WEIGHTED_HANDLER,
     WEIGHTED_MANIFEST,
+    LiveServer,
     error_of,
     live_server,
     make_node,
@@ -42,6 +44,11 @@ def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoProcess]:
         yield server
 
 
+def _probe(srv: LiveServer) -> int:
+    with srv.client() as c:
+        return c.get("/readyz").status_code
+
+
 def test_a_cold_invoke_on_a_frozen_store_is_503_within_the_deadline(
     tmp_path: Path, moto: MotoProcess
 ) -> None:
@@ -55,7 +62,9 @@ def test_a_cold_invoke_on_a_frozen_store_is_503_within_the_deadline(
     repository = Repository(moto.store("fnrt", "fns", **BOUNDS))
     cache = BlobCache(CacheConfig(tmp_path / "cache"))
     loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"), cache)
-    node = make_node(tmp_path, ManualClock(), loader=loader, isolation="thread")
+    node = make_node(
+        tmp_path, ManualClock(), loader=loader, isolation="thread", watch_interval_s=3600
+    )
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
         assert c.post("/v1/functions/weighted/invoke", json=X).json() == {"y": [[8, 9, 10, 11]]}
         assert c.post("/v1/functions/weighted/unload").json()["unloaded"]
@@ -79,6 +88,12 @@ def test_a_cold_invoke_on_a_frozen_store_is_503_within_the_deadline(
             reason = ready.json()["error"]
             # was: "store: " (a timeout's empty message)
             assert reason.startswith("store s3://fnrt/fns: ") and len(reason) > 40, reason
+            # probes that come while the store hangs wait for the one check under way
+            sent = repository.store.requests["GetObject"]
+            with ThreadPoolExecutor(5) as pool:
+                probes = list(pool.map(lambda _: _probe(srv), range(5)))
+            assert probes == [503] * 5
+            assert repository.store.requests["GetObject"] - sent <= 2  # one check, one retry
         finally:
             moto.thaw()
         r = c.post("/v1/functions/weighted/invoke", json=X)  # the store is back: so is it

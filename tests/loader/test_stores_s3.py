@@ -195,8 +195,11 @@ def test_a_connect_that_never_opens_fails_within_the_deadline(
 def test_a_store_frozen_mid_download_fails_within_the_deadline(
     frozen_moto: MotoProcess, tmp_path: Path
 ) -> None:
-    store = _bucket(frozen_moto, "middownload")
-    data = os.urandom(12 * MiB)
+    frozen_moto.thaw()
+    frozen_moto.make_bucket("middownload")
+    # parts larger than what the sockets' buffers hold: the freeze stops each part midway
+    store = frozen_moto.store("middownload", **HANG, part_size_bytes=16 * MiB)
+    data = os.urandom(32 * MiB + 1)
     store.put("blobs/sha256/big", data)
     froze: list[float] = []
 
