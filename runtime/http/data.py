@@ -19,7 +19,9 @@ methods a 405 with ``Allow``).
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -124,13 +126,16 @@ def request_options(headers: Mapping[str, str]) -> tuple[Priority | None, float 
     if TIMEOUT_HEADER in headers:
         text = headers[TIMEOUT_HEADER]
         try:
-            timeout_s = float(text) / 1000.0
+            timeout_ms = float(text)
         except ValueError:
             raise BadRequest(
                 f"{TIMEOUT_HEADER}: {text!r} is not a number of milliseconds"
             ) from None
-        if not timeout_s > 0:
+        if not 0 < timeout_ms < math.inf:
             raise BadRequest(f"{TIMEOUT_HEADER}: must be > 0")
+        # any value > 0 the document allows (5e-324 too: it expires at once, 504); never
+        # 0 s, which would read as no deadline at all
+        timeout_s = max(timeout_ms / 1000.0, sys.float_info.min)
     return priority, timeout_s
 
 

@@ -285,12 +285,22 @@ def _v1_jobs() -> dict[str, Schema]:
             "timings": {"type": "object"},
         },
     }
-    record = {"type": "object", "description": "input name -> tensor, as an invoke's body"}
+    record = {
+        "type": "object",
+        "minProperties": 1,
+        "description": "input name -> tensor, as an invoke's body",
+    }
     submit = {
         "type": "object",
+        # records inline or an object of the store: the server refuses a body with neither
+        "anyOf": [{"required": ["records"]}, {"required": ["input"]}],
         "properties": {
-            "records": {"type": "array", "items": record},
-            "input": {"type": "string", "description": "a key of the server's store"},
+            "records": {"type": "array", "items": record, "minItems": 1},
+            "input": {
+                "type": "string",
+                "minLength": 1,
+                "description": "a key of the server's store",
+            },
             "chunk_records": {"type": "integer", "minimum": 1, "maximum": 100_000},
             "webhook": {"type": "string", "format": "uri"},
             "version": {"type": "string"},
@@ -617,7 +627,7 @@ def _components() -> Schema:
                 "properties": {
                     "id": {"type": "string"},
                     "parameters": parameters,
-                    "inputs": {"type": "array", "items": infer_input},
+                    "inputs": {"type": "array", "items": infer_input, "minItems": 1},
                     "outputs": {
                         "type": "array",
                         "items": {
@@ -712,7 +722,8 @@ def function_invoke_path(manifest: Manifest) -> Schema:
             "parameters": list(INVOKE_HEADERS),
             "requestBody": {
                 "required": True,
-                "content": {JSON: {"schema": request}, MSGPACK: {"schema": {}}},
+                # msgpack: the same map (arrays as nested lists, or msgpack_numpy's maps)
+                "content": {JSON: {"schema": request}, MSGPACK: {"schema": request}},
             },
             "responses": {
                 "200": {
@@ -727,12 +738,16 @@ def function_invoke_path(manifest: Manifest) -> Schema:
 
 def tensor_schema(spec: TensorSpec) -> Schema:
     """The JSON form of a tensor: nested arrays as deep as its shape (fixed dimensions as
-    item counts), elements bounded by its dtype."""
+    item counts), elements bounded by its dtype. A free dimension (-1) with dimensions
+    inside it holds at least one item: an empty list has no inner shape to match (``[]``
+    for ``[-1, 64]`` is shape ``[0]``, which the server refuses, 422)."""
     schema = _element(spec.dtype)
-    for dim in reversed(spec.shape):
+    for depth, dim in reversed(list(enumerate(spec.shape))):
         level: Schema = {"type": "array", "items": schema}
         if dim >= 0:
             level["minItems"] = level["maxItems"] = dim
+        elif depth < len(spec.shape) - 1:
+            level["minItems"] = 1
         schema = level
     return schema
 

@@ -109,6 +109,7 @@ INVOKE_HEADERS = [
 
 def invoke_path() -> Schema:
     tensors = {"type": "object", "additionalProperties": True}
+    inputs = {**tensors, "minProperties": 1}  # every function takes an input at least
     return {
         "post": {
             "summary": "Invoke a function",
@@ -119,7 +120,7 @@ def invoke_path() -> Schema:
             "requestBody": {
                 "required": True,
                 "content": {
-                    JSON: {"schema": tensors, "example": {"x": X_EXAMPLE}},
+                    JSON: {"schema": inputs, "example": {"x": X_EXAMPLE}},
                     MSGPACK: {"schema": {}},
                 },
             },

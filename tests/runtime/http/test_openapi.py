@@ -82,8 +82,10 @@ y = {{ dtype = "float32", shape = [-1, 10] }}
 """
 
 
-def schemathesis_run(url: str, *selection: str) -> subprocess.CompletedProcess[str]:
-    config = Path(__file__).parent / "schemathesis.toml"
+def schemathesis_run(
+    url: str, *selection: str, config: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    config = config or Path(__file__).parent / "schemathesis.toml"
     argv = [str(Path(sys.executable).parent / "st"), "--config-file", str(config)]
     argv += ["run", f"{url}/openapi.json", "--checks", "all"]
     argv += ["--max-examples", "10", "--seed", "1", "--workers", "1", *selection]
@@ -118,7 +120,8 @@ def test_tensor_schemas_follow_the_declared_dtype_and_shape() -> None:
     from fnrt.runtime.http.openapi import tensor_schema
 
     x = tensor_schema(TensorSpec("float32", (-1, 4)))
-    assert x["type"] == "array" and "minItems" not in x  # the batch: any length
+    # the batch: any length but 0 (an empty list has no rows of 4 to match)
+    assert x["type"] == "array" and x["minItems"] == 1 and "maxItems" not in x
     row = x["items"]
     assert (row["minItems"], row["maxItems"], row["items"]["type"]) == (4, 4, "number")
     assert row["items"]["maximum"] == float(np.finfo(np.float32).max)
@@ -154,3 +157,54 @@ def test_each_served_function_has_its_own_schemas_and_docs_page(tmp_path: Path) 
         page = c.get("/docs")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert 'url: "/openapi.json"' in page.text and "swagger-ui" in page.text
+
+
+def test_a_served_functions_document_says_all_it_accepts(tmp_path: Path) -> None:
+    """Every request schemathesis makes from ``invoke_mlp``'s schemas as valid is served
+    (2xx), or refused only for what no schema can say: a pinned version that is not
+    stored (404), a body past the server's limit (413). Before, it allowed ``{"x": []}``
+    (422), any msgpack body (400) and ``x-fnrt-timeout-ms: 5e-324`` (400)."""
+    strict = tmp_path / "strict.toml"
+    strict.write_text(
+        '[checks.positive_data_acceptance]\nexpected-statuses = ["2xx", "404", "413"]\n'
+    )
+    folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
+    with live_server(tmp_path, max_body_bytes=1 << 20) as srv:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        done = schemathesis_run(srv.url, "--include-operation-id", "invoke_mlp", config=strict)
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+        assert " passed" in done.stdout and "failed" not in done.stdout
+
+
+def test_the_document_and_the_server_agree_on_deadlines_and_empty_inputs(tmp_path: Path) -> None:
+    """What the generic schemas allow, the server takes (a deadline it cannot keep is a
+    504, not a 400), and what they refuse, it refuses: deadlines that are not > 0, no
+    inputs, an OIP request without tensors, a job without records."""
+    import jsonschema
+
+    folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
+    body = {"x": [[0.5] * 64]}
+    with live_server(tmp_path) as srv, srv.client() as c:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        doc = c.get("/openapi.json").json()
+        invoke = doc["paths"]["/v1/functions/{name}/invoke"]["post"]
+        (header,) = [p for p in invoke["parameters"] if p["name"] == "x-fnrt-timeout-ms"]
+        for ms in (-1.0, 0.0, 5e-324, 1e-300, 0.25, 1.0, 1000.0, 1e300):
+            r = c.post("/v1/functions/mlp/invoke", json=body, headers={header["name"]: repr(ms)})
+            valid = jsonschema.Draft202012Validator(header["schema"]).is_valid(ms)
+            assert (r.status_code != 400) == valid, (ms, r.status_code, r.text)
+            assert r.status_code in ((200, 504) if valid else (400,)), (ms, r.status_code)
+        generic = invoke["requestBody"]["content"]["application/json"]["schema"]
+        infer = doc["components"]["schemas"]["InferRequest"]
+        submit = doc["paths"]["/v1/functions/{name}/jobs"]["post"]["requestBody"]
+        submit = submit["content"]["application/json"]["schema"]
+        refused = [
+            ("/v1/functions/mlp/invoke", generic, {}),
+            ("/v2/models/mlp/infer", infer, {"inputs": []}),
+            ("/v1/functions/mlp/jobs", submit, {}),
+            ("/v1/functions/mlp/jobs", submit, {"records": []}),
+            ("/v1/functions/mlp/jobs", submit, {"input": ""}),
+        ]
+        for path, schema, sent in refused:
+            assert not jsonschema.Draft202012Validator(schema).is_valid(sent), (path, sent)
+            assert c.post(path, json=sent).status_code in (400, 422), (path, sent)
