@@ -142,7 +142,7 @@ def manifest_page() -> str:
             rows.append(f"| `{key}` | {kind} | `{default}` | {_cell(what)} |")
         return rows
 
-    out += ["## The top level\n", *table("Manifest", schema["properties"], ("handler",)), ""]
+    out += ["## The top level\n", *table("Manifest", schema["properties"], ("name", "handler")), ""]
     for key, spec in schema["properties"].items():
         ref = spec.get("$ref") or next(
             (s["$ref"] for s in spec.get("anyOf", []) if "$ref" in s), None
