@@ -222,8 +222,8 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "drain_delay_s",
     type=DURATION,
     help="after SIGTERM, /readyz answers 503 at once but the node goes on accepting and "
-    "serving this long, so load balancers drop it first; set it to the time your "
-    "endpoints take to update, about 5 on Kubernetes",
+    "serving this long, so load balancers drop it first: 2 behind nginx, and 2 after a "
+    "5 s preStop on Kubernetes (docs/fleet.md)",
 )
 @setting(
     "watch_interval_s",
