@@ -378,6 +378,8 @@ class S3Store:
                 answers = [response] if response is not None else []
 
                 def op() -> None:  # a retry GETs the range again
+                    if failed.is_set():  # a part not started when another failed for good
+                        raise _Stopped("another part of the download failed")
                     body = (answers.pop() if answers else get(start, end))["Body"]
                     offset = start
                     while chunk := body.read(_STREAM_CHUNK):
