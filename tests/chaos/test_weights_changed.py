@@ -53,11 +53,13 @@ mode = "{mode}"
 def overwrite_in_place(path: Path, size: int = 16 * 1024) -> None:
     """The issue's repro: overwrite 16 KiB where it lies, then put the mtime back."""
     st = path.stat()
-    fd = os.open(path, os.O_WRONLY)  # root here: 0444 does not stop it
+    os.chmod(path, 0o644)  # as its owner may (root needs not)
+    fd = os.open(path, os.O_WRONLY)
     try:
         os.pwrite(fd, bytes([200]) * size, 0)
     finally:
         os.close(fd)
+    os.chmod(path, st.st_mode)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
