@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from fnrt.runtime import scheduler as sched
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PLAIN = '''
@@ -222,7 +224,7 @@ def pipeline(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> N
                     try:
                         result = await measure(scheduler, 1, request, config)
                     finally:
-                        await scheduler.close()
+                        await sched.close(scheduler)
                     if round_:
                         figures[mode].append(result)
 

@@ -24,6 +24,7 @@ from fnrt.functions.errors import FnrtError
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import Manifest
 from fnrt.functions.version import VersionManifest
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.scheduler import Scheduler
 
 
@@ -115,7 +116,7 @@ async def measure(
     """Drive ``scheduler`` with ``config.clients`` closed-loop clients: first until its
     ``level`` instances are loaded and ``warmup_s`` has passed, then for ``duration_s``."""
     loop = asyncio.get_running_loop()
-    await scheduler.warm()
+    await sched.warm(scheduler)
     latencies: list[float] = []
     errors = 0
     measuring = False
@@ -126,7 +127,7 @@ async def measure(
         while not stop:
             start = time.perf_counter()
             try:
-                await scheduler.submit(request)
+                await sched.submit(scheduler, request)
             except FnrtError:
                 if measuring:
                     errors += 1
@@ -139,7 +140,7 @@ async def measure(
         deadline = loop.time() + config.warmup_s
         give_up = deadline + 120.0  # loads of a large model on a busy device
         while loop.time() < deadline or (
-            len(scheduler.loaded_instances()) < level and loop.time() < give_up
+            len(scheduler.pool.loaded_instances()) < level and loop.time() < give_up
         ):
             await asyncio.sleep(0.05)
         measuring = True
@@ -176,7 +177,7 @@ async def sweep(
         try:
             result = await measure(scheduler, level, request, config)
         finally:
-            await scheduler.close()
+            await sched.close(scheduler)
         results.append(result)
         if progress is not None:
             progress(result)

@@ -19,6 +19,7 @@ from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import now_iso
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.deployment import Deployed, cut_over, store_version
 from fnrt.runtime.registry import Registry
@@ -75,7 +76,7 @@ class Deployer:
                 if entry is None or vm.version not in entry.routing.traffic:
                     if entry is not None:
                         entry.schedulers.pop(vm.version, None)
-                    registry.background(candidate.close())
+                    registry.background(sched.close(candidate))
                 raise
             if entry is None:  # first version: routed below, with its instance
                 routing = await asyncio.to_thread(cut_over, repository, vm)
@@ -83,7 +84,7 @@ class Deployer:
                 spare = entry.schedulers.get(vm.version)
                 entry.schedulers[vm.version] = candidate
                 if spare is not None and spare is not candidate:
-                    registry.background(spare.close())
+                    registry.background(sched.close(spare))
                 return Deployed(vm.name, vm.version, created, routing, checks=checks)
         chosen = RolloutPolicy(policy or config.policy)
         if entry is None:

@@ -107,12 +107,12 @@ class Node:
         await self.jobs.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while any(s.outstanding or s.activity().busy for s in self.schedulers()):
+        while any(_busy(s) for s in self.schedulers()):
             if loop.time() >= deadline:
-                busy = [s.key for s in self.schedulers() if s.outstanding or s.activity().busy]
+                busy = [s.key for s in self.schedulers() if _busy(s)]
                 log.warning("shutdown: cutting off %s after %.1f s", ", ".join(busy), timeout_s)
                 for scheduler in self.schedulers():
-                    scheduler.stop("the server is shutting down")
+                    sched.stop(scheduler, "the server is shutting down")
                 return False
             await asyncio.sleep(0.05)
         return True
@@ -139,7 +139,12 @@ class Node:
         """Warm instances and queue depth of every version held here (for /metrics)."""
         return [
             FunctionState(
-                s.name, s.version.version, s.instances, s.queued, s.pool.running, s.active
+                s.name,
+                s.version.version,
+                s.pool.instances,
+                s.batcher.queued,
+                s.pool.running,
+                s.sequencer.active if s.sequencer else 0,
             )
             for s in self.schedulers()
         ]
@@ -198,7 +203,7 @@ def build_node(
         )
         if settings.gpu_concurrency:
             cap = settings.gpu_concurrency
-            device_room = lambda: sum(s.instances for s in node.schedulers()) < cap  # noqa: E731
+            device_room = lambda: sum(s.pool.instances for s in node.schedulers()) < cap  # noqa: E731
     factory = SchedulerFactory(
         loader,
         clock,
@@ -267,3 +272,8 @@ def invoke_keys(settings: ServerSettings) -> InvokeKeys | None:
     if settings.invoke_keys_file is None:
         return None
     return InvokeKeys.load(settings.invoke_keys_file, settings.admin_token)
+
+
+def _busy(s: Scheduler) -> bool:
+    """A version with requests outstanding or an instance at work."""
+    return bool(sched.outstanding(s)) or sched.activity(s).busy

@@ -28,6 +28,7 @@ from fnrt.functions.manifest import NAME_PATTERN
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.repository import Repository
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 from fnrt.runtime.served import ServedFunction
@@ -130,7 +131,8 @@ class Registry:
                 await entry.canary.cancel("the server is stopping")
         schedulers = self.loaded()
         self._functions = {}
-        await asyncio.gather(*(s.close() for s in schedulers), *self._tasks, return_exceptions=True)
+        closing = (sched.close(s) for s in schedulers)
+        await asyncio.gather(*closing, *self._tasks, return_exceptions=True)
 
     # --- finding versions --------------------------------------------------------------
 
@@ -202,7 +204,7 @@ class Registry:
         """
         entry = await self.entry(name)
         scheduler = entry.schedulers.get(version)
-        if scheduler is not None and not scheduler.closing:
+        if scheduler is not None and not scheduler.batcher.closing:
             return scheduler
         vm = await asyncio.to_thread(self.repository.get_version, name, version)
         return self.held(entry, vm)
@@ -210,7 +212,7 @@ class Registry:
     def held(self, entry: ServedFunction, vm: VersionManifest) -> Scheduler:
         """The open scheduler ``entry`` holds for ``vm``, made if there is none."""
         scheduler = entry.schedulers.get(vm.version)
-        if scheduler is None or scheduler.closing:
+        if scheduler is None or scheduler.batcher.closing:
             scheduler = entry.schedulers[vm.version] = self.new_scheduler(vm)
         return scheduler
 
@@ -270,7 +272,7 @@ class Registry:
         Called with the lock held.
         """
         for version in routing.traffic:
-            if version not in entry.schedulers or entry.schedulers[version].closing:
+            if version not in entry.schedulers or entry.schedulers[version].batcher.closing:
                 vm = await asyncio.to_thread(self.repository.get_version, entry.name, version)
                 scheduler = self.held(entry, vm)
                 if routing.traffic[version]:  # traffic is on its way: load it now
@@ -339,7 +341,7 @@ class Registry:
             return
         if entry.canary is not None:
             await entry.canary.cancel("the function was deleted")
-        await asyncio.gather(*(s.close() for s in entry.schedulers.values()))
+        await asyncio.gather(*(sched.close(s) for s in entry.schedulers.values()))
 
     # --- what it holds -----------------------------------------------------------------
 
@@ -354,7 +356,7 @@ class Registry:
             "description": manifest.description,
             "size_bytes": scheduler.version.size_bytes,
             "manifest": manifest.to_dict(),
-            "instance": scheduler.describe(),
+            "instance": sched.describe(scheduler),
             "traffic": dict(entry.routing.traffic),
             "previous": list(entry.routing.previous),
             "rollout": entry.rollout_view(),
@@ -399,7 +401,7 @@ class Registry:
             entry = self._functions.get(name)
             if entry is not None:
                 vm = entry.primary.version
-                summary = (vm.version, entry.primary.state.value, entry.routing.traffic)
+                summary = (vm.version, entry.primary.pool.state.value, entry.routing.traffic)
                 description = vm.manifest.description
             elif name in read:
                 routing, stored = read[name]
@@ -455,6 +457,6 @@ class Registry:
 
 async def warm_logged(scheduler: Scheduler) -> None:
     try:
-        await scheduler.warm()
+        await sched.warm(scheduler)
     except Exception as exc:
         log.error("preloading %s failed: %s", scheduler.name, exc)

@@ -27,6 +27,7 @@ from fnrt.functions.errors import DeployRejected, FnrtError
 from fnrt.functions.manifest import RolloutConfig
 from fnrt.functions.tensors import coerce_request
 from fnrt.loader.instance import InstanceLoader
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.scheduler import Scheduler
 from fnrt.runtime.traffic import Verdict, canary_traffic, judge_canary
@@ -58,7 +59,7 @@ async def prepare(scheduler: Scheduler, loader: InstanceLoader) -> dict[str, Any
         return DeployRejected(vm.name, vm.version, reason)
 
     try:
-        await scheduler.warm()
+        await sched.warm(scheduler)
     except FnrtError as exc:
         raise rejected(f"it failed to load: {exc.message}") from None
     checks: dict[str, Any] = {"loaded": True}
@@ -67,7 +68,7 @@ async def prepare(scheduler: Scheduler, loader: InstanceLoader) -> dict[str, Any
         try:
             warmups = _requests(code / config.warmup_file, "warmup_file")
             for raw in warmups:
-                await scheduler.submit(coerce_request(specs, _inputs_of(raw)))
+                await sched.submit(scheduler, coerce_request(specs, _inputs_of(raw)))
         except (FnrtError, ValueError, TypeError) as exc:
             raise rejected(f"warm-up failed: {_why(exc)}") from None
         checks["warmup_requests"] = len(warmups)
@@ -77,7 +78,7 @@ async def prepare(scheduler: Scheduler, loader: InstanceLoader) -> dict[str, Any
             for i, probe in enumerate(probes):
                 if not isinstance(probe, Mapping) or not isinstance(probe.get("outputs"), Mapping):
                     raise ValueError(f"probe {i} needs 'inputs' and 'outputs' objects")
-                served = await scheduler.submit(coerce_request(specs, _inputs_of(probe)))
+                served = await sched.submit(scheduler, coerce_request(specs, _inputs_of(probe)))
                 mismatch = compare(served.outputs, probe["outputs"], config)
                 if mismatch:
                     raise ValueError(f"probe {i}: {mismatch}")
@@ -220,8 +221,8 @@ class Canary:
                     now = self.clock.now()
                     judgement = judge_canary(
                         self.config,
-                        self.baseline.outcomes.summary(started),
-                        self.candidate.outcomes.summary(started),
+                        self.baseline.protection.outcomes.summary(started),
+                        self.candidate.protection.outcomes.summary(started),
                         started,
                         now,
                     )

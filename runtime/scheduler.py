@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,20 +22,16 @@ from fnrt.functions.errors import Unavailable
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.instance import InstanceLoader, Runnable
+from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.memory import MakeRoom
 from fnrt.loader.process import launch
 from fnrt.runtime.batcher import Batcher
-from fnrt.runtime.batching import CostModel, RateEstimator
-from fnrt.runtime.breaker import Breaker
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, NoEvents
 from fnrt.runtime.intake import Admission
-from fnrt.runtime.outcomes import OutcomeWindow
-from fnrt.runtime.pool import InstancePool, InstanceState, LoadInstance, WatchFiles
-from fnrt.runtime.protection import Failure, Protection, Served
+from fnrt.runtime.pool import InstancePool, LoadInstance, WatchFiles
+from fnrt.runtime.protection import Protection, Served
 from fnrt.runtime.queue import Outputs, Priority
-from fnrt.runtime.result_cache import ResultCache, SharedResults
 from fnrt.runtime.scaling import Activity
 from fnrt.runtime.sequencer import Sequencer
 from fnrt.runtime.stats import Stats
@@ -48,7 +43,12 @@ PROCESS = IsolationMode.PROCESS
 
 
 class Scheduler:
-    """The pool, batcher and guard state of one function version."""
+    """One function version's parts, wired once: a plain record. Its pool (slots,
+    instances), its queue (``batcher``: a :class:`Batcher`, or the :class:`Sequencer`
+    of a generative version, also ``sequencer``), its guards' state (``protection``) and
+    stats. What the parts do together are this module's functions (:func:`describe`,
+    :func:`unload`, ...); the record itself answers only the memory budgets, which
+    evict versions by it (``fnrt.loader.memory.Resident``)."""
 
     def __init__(
         self,
@@ -66,7 +66,7 @@ class Scheduler:
     ) -> None:
         self.version = version
         self.name = version.name  # fixed: read on every request
-        self._clock = clock
+        self.clock = clock
         self.isolation = isolation  # where this version's instances run
         self.stats = Stats()
         events = events or NoEvents()
@@ -86,96 +86,24 @@ class Scheduler:
         # A generative version's requests are sequences, stepped by a continuous batcher.
         self.batcher: Batcher | Sequencer
         self.sequencer: Sequencer | None = None
-        self._requests: Batcher | None = None  # the request batcher (not generative)
         if version.manifest.generative:
             self.batcher = self.sequencer = Sequencer(
                 version, self.pool, clock, self.stats, events, admission, self.protection
             )
         else:
-            self.batcher = self._requests = Batcher(
+            self.batcher = Batcher(
                 version, self.pool, clock, self.stats, events, admission, self.protection
             )
 
     def _instance_lost(self, cause: str, retry_at: float, reason: str) -> None:
         """An instance died: when that opens the breaker (a crash loop), every request
         queued for the version is refused now, not left waiting out the backoff."""
-        now = self._clock.now()
+        now = self.clock.now()
         if self.protection.instance_lost(now, cause, retry_at, reason):
             refusal = self.protection.refusal(self.name, self.version.version, now)
             self.batcher.fail_queued(refusal)
 
-    # --- what it is --------------------------------------------------------------------
-
-    @property
-    def state(self) -> InstanceState:
-        return self.pool.state
-
-    @property
-    def queued(self) -> int:
-        return self.batcher.queued
-
-    @property
-    def closing(self) -> bool:
-        return self.batcher.closing
-
-    @property
-    def instances(self) -> int:
-        return self.pool.instances
-
-    def loaded_instances(self) -> list[Runnable]:
-        return self.pool.loaded_instances()
-
-    @property
-    def instance_bytes(self) -> int:
-        return self.pool.instance_bytes
-
-    @property
-    def default_priority(self) -> Priority:
-        return self.batcher.default_priority
-
-    @property
-    def cost(self) -> CostModel:
-        return self.batcher.cost
-
-    @property
-    def arrivals(self) -> RateEstimator:
-        return self.batcher.arrivals
-
-    @property
-    def breaker(self) -> Breaker:
-        return self.protection.breaker
-
-    @property
-    def outcomes(self) -> OutcomeWindow:
-        return self.protection.outcomes
-
-    @property
-    def failures(self) -> deque[Failure]:
-        return self.protection.failures
-
-    @property
-    def result_cache(self) -> ResultCache | SharedResults | None:
-        return self.protection.result_cache
-
-    @property
-    def last_results(self) -> ResultCache | None:
-        return self.protection.last_results
-
-    @property
-    def active(self) -> int:
-        """Sequences of a generative version in a step batch now (0 for others)."""
-        return self.sequencer.active if self.sequencer is not None else 0
-
-    @property
-    def outstanding(self) -> int:
-        """Requests not answered yet: queued, and a generative version's running sequences
-        (between its steps no batch runs, yet the version is busy)."""
-        return self.batcher.queued + self.active
-
-    def activity(self) -> Activity:
-        return self.pool.activity(self.outstanding)
-
-    # --- as a memory resident (fnrt.loader.memory) ---------------------------------------
+    # --- as a memory resident (fnrt.loader.memory: what the budgets evict by) -------------
 
     @property
     def key(self) -> str:
@@ -191,114 +119,130 @@ class Scheduler:
 
     @property
     def last_active_s(self) -> float:
-        return self.activity().last_active_s
+        return activity(self).last_active_s
 
     @property
     def busy(self) -> bool:
-        activity = self.activity()
-        return activity.busy or activity.queued > 0
+        found = activity(self)
+        return found.busy or found.queued > 0
 
     async def evict(self) -> None:
-        await self.scale_to_zero(self._clock.now(), force=True)
+        await scale_to_zero(self, self.clock.now(), force=True)
 
-    # --- serving -----------------------------------------------------------------------
 
-    def submit(
-        self,
-        inputs: Request,
-        *,
-        priority: Priority | None = None,
-        alone: bool = False,
-    ) -> Awaitable[Served]:
-        """Queue ``inputs`` with no guards (a job's record, a canary's probe, a sweep's
-        load): what waits for the answer. Data routes go through ``Gateway.submit``.
-        ``alone``: run it in a batch of its own (a job record tried again after its
-        batch failed, so it fails only for its own sake)."""
-        intake = self.batcher
-        call = intake.call(inputs, self._clock.now(), priority, scheduler=self, alone=alone)
-        return intake.submit(call)
+# --- what the version's parts do together (functions of the record, not its methods) ---
 
-    def submit_block(self, records: Sequence[Request]) -> Awaitable[list[Outputs]]:
-        """Queue a block of job records (at most a batch; see :meth:`Batcher.submit_block`)
-        at job priority; what waits for their outputs. A generative version takes its
-        records one by one (:meth:`submit`)."""
-        batcher = self._requests
-        if batcher is None:
-            raise TypeError(f"function '{self.name}' is generative: submit its records one by one")
-        return batcher.submit_block(list(records))
 
-    async def warm(self) -> None:
-        """Load the first instance now if there is none (shares a load under way)."""
-        await self.pool.ensure(self.pool.slots[0])
+def outstanding(s: Scheduler) -> int:
+    """Requests not answered yet: queued, and a generative version's running sequences
+    (between its steps no batch runs, yet the version is busy)."""
+    return s.batcher.queued + (s.sequencer.active if s.sequencer is not None else 0)
 
-    async def prewarm(self) -> bool:
-        """Load ahead of a predicted call; False when it was loaded already."""
-        if self.closing:
-            return False
-        return await self.pool.prewarm()
 
-    async def scale_to_zero(
-        self, now: float, *, force: bool = False, keep_primary: bool = False
-    ) -> bool:
-        """Drop idle instances (see :meth:`InstancePool.scale_to_zero`)."""
-        return await self.pool.scale_to_zero(
-            now, self.outstanding, force=force, keep_primary=keep_primary
-        )
+def activity(s: Scheduler) -> Activity:
+    """The version as a whole: any instance loaded, any busy, what is outstanding."""
+    return s.pool.activity(outstanding(s))
 
-    async def unload(self, wait_s: float) -> tuple[bool, int]:
-        """Scale to zero now, waiting up to ``wait_s`` for running batches to finish and
-        stopping those that do not (503 for their requests). Whether any instance was
-        unloaded, and the batches stopped."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s  # real time: this waits on running handlers
-        dropped = await self.scale_to_zero(self._clock.now(), force=True)
-        while self.pool.instances and self.activity().busy and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-            dropped |= await self.scale_to_zero(self._clock.now(), force=True)
-        stopped = self.pool.stop_running("unloaded while its batch ran")
-        settle = loop.time() + 1.0
-        while self.activity().busy and loop.time() < settle:  # the stopped batches unwind
-            await asyncio.sleep(0.01)
-        dropped |= await self.scale_to_zero(self._clock.now(), force=True)
-        return dropped or stopped > 0, stopped
 
-    def stop(self, reason: str) -> None:
-        """Cut off everything now: queued requests and running batches answer 503
-        (``reason``), running instances are abandoned. For a shutdown past its time."""
-        self.batcher.closing = True
-        self.batcher.fail_queued(Unavailable(f"function '{self.name}': {reason}; retry"))
-        self.pool.stop_running(reason)
-        self.batcher.wake()
+def submit(
+    s: Scheduler, inputs: Request, *, priority: Priority | None = None, alone: bool = False
+) -> Awaitable[Served]:
+    """Queue ``inputs`` with no guards (a job's record, a canary's probe, a sweep's load):
+    what waits for the answer. Data routes go through ``Gateway.submit``. ``alone``: run
+    it in a batch of its own (a job record tried again after its batch failed, so it
+    fails only for its own sake)."""
+    call = s.batcher.call(inputs, s.clock.now(), priority, scheduler=s, alone=alone)
+    return s.batcher.submit(call)
 
-    async def close(self) -> None:
-        """Stop taking requests, finish the queued ones, then unload."""
-        await self.batcher.close()
-        await self.pool.close()
 
-    def describe(self) -> dict[str, Any]:
-        per_item, fixed = self.cost.coefficients()
-        now = self._clock.now()
-        last_active = self.activity().last_active_s
-        return {
-            "version": self.version.version,
-            "isolation": self.isolation.value,
-            "state": self.state.value,
-            "instances": self.instances,
-            "queued": self.queued,
-            "running": self.pool.running,
-            "queued_by_priority": self.batcher.depth_by_priority(),
-            "idle_s": round(max(now - last_active, 0.0), 3),
-            "instance_bytes": self.instance_bytes,
-            "device_bytes": self.device_bytes,
-            "cost_model": {
-                "per_item_ms": round(per_item * 1000, 4),
-                "fixed_ms": round(fixed * 1000, 4),
-            },
-            "arrival_rate_per_s": round(self.arrivals.rate_per_s(now), 3),
-            **self.stats.describe(),
-            **self.protection.describe(now),
-            **({"generation": self.sequencer.describe()} if self.sequencer is not None else {}),
-        }
+def submit_block(s: Scheduler, records: Sequence[Request]) -> Awaitable[list[Outputs]]:
+    """Queue a block of job records (at most a batch; see :meth:`Batcher.submit_block`) at
+    job priority; what waits for their outputs. A generative version takes its records
+    one by one (:func:`submit`)."""
+    if s.sequencer is not None:
+        raise TypeError(f"function '{s.name}' is generative: submit its records one by one")
+    assert isinstance(s.batcher, Batcher)
+    return s.batcher.submit_block(list(records))
+
+
+async def warm(s: Scheduler) -> None:
+    """Load the first instance now if there is none (shares a load under way)."""
+    await s.pool.ensure(s.pool.slots[0])
+
+
+async def prewarm(s: Scheduler) -> bool:
+    """Load ahead of a predicted call; False when it was loaded already (or closing)."""
+    if s.batcher.closing:
+        return False
+    return await s.pool.prewarm()
+
+
+async def scale_to_zero(
+    s: Scheduler, now: float, *, force: bool = False, keep_primary: bool = False
+) -> bool:
+    """Drop idle instances (see :meth:`InstancePool.scale_to_zero`)."""
+    return await s.pool.scale_to_zero(now, outstanding(s), force=force, keep_primary=keep_primary)
+
+
+async def unload(s: Scheduler, wait_s: float) -> tuple[bool, int]:
+    """Scale to zero now, waiting up to ``wait_s`` for running batches to finish and
+    stopping those that do not (503 for their requests). Whether any instance was
+    unloaded, and the batches stopped."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s  # real time: this waits on running handlers
+    dropped = await scale_to_zero(s, s.clock.now(), force=True)
+    while s.pool.instances and activity(s).busy and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+        dropped |= await scale_to_zero(s, s.clock.now(), force=True)
+    stopped = s.pool.stop_running("unloaded while its batch ran")
+    settle = loop.time() + 1.0
+    while activity(s).busy and loop.time() < settle:  # the stopped batches unwind
+        await asyncio.sleep(0.01)
+    dropped |= await scale_to_zero(s, s.clock.now(), force=True)
+    return dropped or stopped > 0, stopped
+
+
+def stop(s: Scheduler, reason: str) -> None:
+    """Cut off everything now: queued requests and running batches answer 503
+    (``reason``), running instances are abandoned. For a shutdown past its time."""
+    s.batcher.closing = True
+    s.batcher.fail_queued(Unavailable(f"function '{s.name}': {reason}; retry"))
+    s.pool.stop_running(reason)
+    s.batcher.wake()
+
+
+async def close(s: Scheduler) -> None:
+    """Stop taking requests, finish the queued ones, then unload."""
+    await s.batcher.close()
+    await s.pool.close()
+
+
+def describe(s: Scheduler) -> dict[str, Any]:
+    """The version as ``GET /v1/functions/{name}`` shows it."""
+    batcher, pool = s.batcher, s.pool
+    per_item, fixed = batcher.cost.coefficients()
+    now = s.clock.now()
+    last_active = activity(s).last_active_s
+    return {
+        "version": s.version.version,
+        "isolation": s.isolation.value,
+        "state": pool.state.value,
+        "instances": pool.instances,
+        "queued": batcher.queued,
+        "running": pool.running,
+        "queued_by_priority": batcher.depth_by_priority(),
+        "idle_s": round(max(now - last_active, 0.0), 3),
+        "instance_bytes": pool.instance_bytes,
+        "device_bytes": pool.device_bytes,
+        "cost_model": {
+            "per_item_ms": round(per_item * 1000, 4),
+            "fixed_ms": round(fixed * 1000, 4),
+        },
+        "arrival_rate_per_s": round(batcher.arrivals.rate_per_s(now), 3),
+        **s.stats.describe(),
+        **s.protection.describe(now),
+        **({"generation": s.sequencer.describe()} if s.sequencer is not None else {}),
+    }
 
 
 @dataclass(frozen=True)

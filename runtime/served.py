@@ -58,9 +58,11 @@ class ServedFunction:
                 "version": version,
                 "created_at": vm.created_at,
                 "share": self.routing.traffic.get(version, 0),
-                "state": scheduler.state.value if scheduler is not None else "cold",
+                "state": scheduler.pool.state.value if scheduler is not None else "cold",
                 "requests": scheduler.stats.requests if scheduler is not None else 0,
-                "breaker": scheduler.breaker.state.value if scheduler is not None else "closed",
+                "breaker": (
+                    scheduler.protection.breaker.state.value if scheduler is not None else "closed"
+                ),
             }
             if version in self.left_at:
                 row["rollback_window_left_s"] = round(
@@ -81,7 +83,7 @@ class ServedFunction:
         for scheduler in self.schedulers.values():
             if version is not None and scheduler.version.version != version:
                 continue
-            for failure in scheduler.failures:
+            for failure in scheduler.protection.failures:
                 out.append(
                     {
                         "version": scheduler.version.version,

@@ -29,6 +29,7 @@ from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.formats import onnx as onnx_format
 from fnrt.loader.instance import Instance, InstanceLoader, LoadTier
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 
 log = logging.getLogger("fnrt.split")
@@ -188,7 +189,7 @@ class Splits:
         vm = split.vm
         key = (vm.name, vm.version, k)
         scheduler = self._tails.get(key)
-        if scheduler is None or scheduler.closing:
+        if scheduler is None or scheduler.batcher.closing:
             cuts, providers = split.cuts, self._loader.device.onnx_providers
 
             def load(vm: VersionManifest, executor: Executor) -> Instance:
@@ -204,8 +205,8 @@ class Splits:
         related = [s for (n, v, _), s in self._tails.items() if (n, v) == (name, version)]
         related += [s for s in self._table.versions_of(name) if s.version.version == version]
         for scheduler in related:
-            per_item_s, _ = scheduler.cost.coefficients()
-            wait += scheduler.queued * per_item_s * 1000.0
+            per_item_s, _ = scheduler.batcher.cost.coefficients()
+            wait += scheduler.batcher.queued * per_item_s * 1000.0
         return wait
 
     def schedulers(self) -> list[Scheduler]:
@@ -221,11 +222,12 @@ class Splits:
         their tails are idle and unloaded (a device may still send to one a while)."""
         unloaded = []
         for key, scheduler in list(self._tails.items()):
-            if await scheduler.scale_to_zero(now):
+            if await sched.scale_to_zero(scheduler, now):
                 unloaded.append(scheduler.name)
-            if key[:2] not in held and scheduler.instances == 0 and not scheduler.queued:
+            idle = scheduler.pool.instances == 0 and not scheduler.batcher.queued
+            if key[:2] not in held and idle:
                 del self._tails[key]
-                await scheduler.close()
+                await sched.close(scheduler)
         active = {tail[:2] for tail in self._tails}
         for version in list(self._versions):
             if version not in held and version not in active:
@@ -234,7 +236,7 @@ class Splits:
 
     async def close(self) -> None:
         tails, self._tails = list(self._tails.values()), {}
-        await asyncio.gather(*(s.close() for s in tails), return_exceptions=True)
+        await asyncio.gather(*(sched.close(s) for s in tails), return_exceptions=True)
 
 
 def _check(point: Point, activation: np.ndarray[Any, Any]) -> None:

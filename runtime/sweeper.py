@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.memory import MemoryBudget
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.pool import InstanceState
 from fnrt.runtime.prewarm.keeper import Keeper
@@ -97,7 +98,7 @@ class Sweeper:
                     del entry.left_at[version]
                     if scheduler is not None and version not in entry.routing.traffic:
                         del entry.schedulers[version]
-                        registry.background(scheduler.close())
+                        registry.background(sched.close(scheduler))
                         unloaded.append(entry.name)
             for version, scheduler in list(entry.schedulers.items()):
                 if version in entry.left_at:
@@ -105,7 +106,7 @@ class Sweeper:
                 learned = self.keeper is not None and scheduler is entry.primary
                 policy = Policy(scheduler.version.manifest.scaling.keep_alive_policy)
                 learned = learned and policy is not Policy.FIXED
-                if await scheduler.scale_to_zero(now, keep_primary=learned):
+                if await sched.scale_to_zero(scheduler, now, keep_primary=learned):
                     unloaded.append(scheduler.name)
                 if learned and await self._keep(scheduler, policy, now):
                     unloaded.append(scheduler.name)
@@ -128,11 +129,11 @@ class Sweeper:
     async def _keep(self, scheduler: Scheduler, policy: Policy, now: float) -> bool:
         """Act on the keeper's plan for a function's first instance; True if unloaded."""
         assert self.keeper is not None
-        activity = scheduler.activity()
+        activity = sched.activity(scheduler)
         if activity.busy or activity.queued:
             return False
         scaling = scheduler.version.manifest.scaling
-        if activity.loaded and scheduler.instances <= scaling.min_instances:
+        if activity.loaded and scheduler.pool.instances <= scaling.min_instances:
             return False
         idle_for = max(now - activity.last_active_s, 0.0)
         instance_bytes = scheduler.stats.last_load_bytes or scheduler.version.size_bytes
@@ -147,7 +148,7 @@ class Sweeper:
             lead_s=prewarm_lead_s(scheduler.stats.last_load_timings_s.get("total_s", 0.0)),
         )
         if action.unload:
-            return await scheduler.scale_to_zero(now, force=True)
+            return await sched.scale_to_zero(scheduler, now, force=True)
         if action.prewarm:
             self._registry.background(self._prewarm(scheduler))
         return False
@@ -162,7 +163,7 @@ class Sweeper:
             if self._memory.fits(needed) and (
                 gpu is None or gpu.fits(stats.last_load_device_bytes or size)
             ):
-                if await scheduler.prewarm():
+                if await sched.prewarm(scheduler):
                     log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
             else:
                 await asyncio.to_thread(self._loader.prefetch, scheduler.version)

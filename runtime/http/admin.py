@@ -22,6 +22,7 @@ from fnrt.functions.errors import BadRequest, FnrtError, Unauthorized
 from fnrt.functions.manifest import NAME_PATTERN, ROLLOUT_POLICIES
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.loader.integrity import Fingerprinting
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.resource import Endpoint, resource
 from fnrt.runtime.http.state import node_of
@@ -238,12 +239,12 @@ async def delete(request: Request) -> Response:
 async def warm(request: Request) -> Response:
     """Load the function's instance now instead of at the first invoke."""
     scheduler = await node_of(request).registry.get(request.path_params["name"])
-    await scheduler.warm()
+    await sched.warm(scheduler)
     return JSONResponse(
         {
             "name": scheduler.name,
             "version": scheduler.version.version,
-            "state": scheduler.state.value,
+            "state": scheduler.pool.state.value,
         }
     )
 
@@ -256,12 +257,12 @@ async def unload(request: Request) -> Response:
     node = node_of(request)
     wait_s = query_int(request, "wait_s", UNLOAD_WAIT_S, 0, 3600)
     scheduler = await node.registry.get(request.path_params["name"])
-    unloaded, stopped = await scheduler.unload(wait_s)
+    unloaded, stopped = await sched.unload(scheduler, wait_s)
     body = {
         "name": scheduler.name,
         "unloaded": unloaded,
         "stopped_batches": stopped,
-        "state": scheduler.state.value,
+        "state": scheduler.pool.state.value,
     }
     return JSONResponse(body)
 

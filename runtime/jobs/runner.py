@@ -37,6 +37,7 @@ from fnrt.functions.errors import (
     VersionRetired,
 )
 from fnrt.functions.generation import join_chunks
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.jobs.board import (
     JobBoard,
     JobState,
@@ -309,9 +310,11 @@ class JobRunner:
                 if scheduler.sequencer is not None:
                     return [await self._generate(scheduler, records[0])]
                 if alone:
-                    served = await scheduler.submit(records[0], priority=Priority.JOB, alone=True)
+                    served = await sched.submit(
+                        scheduler, records[0], priority=Priority.JOB, alone=True
+                    )
                     return [ok_outcome(served.outputs)]
-                return [ok_outcome(o) for o in await scheduler.submit_block(records)]
+                return [ok_outcome(o) for o in await sched.submit_block(scheduler, records)]
             except Overloaded as exc:
                 await asyncio.sleep(min(max(exc.retry_after_s, 0.05), 1.0))
             except VersionRetired:  # swapped out between choice and queue: ask again
@@ -322,7 +325,7 @@ class JobRunner:
 
     async def _generate(self, scheduler: Scheduler, record: Record) -> Outcome:
         """A generative function's answer to one record: every chunk, joined."""
-        served = await scheduler.submit(record, priority=Priority.JOB)
+        served = await sched.submit(scheduler, record, priority=Priority.JOB)
         assert served.stream is not None
         chunks = [chunk async for chunk in served.stream]
         return ok_outcome(join_chunks(scheduler.version.manifest.outputs, chunks))

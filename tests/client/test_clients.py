@@ -24,6 +24,7 @@ from fnrt.client import (
     Unreachable,
 )
 from fnrt.functions.codec import Format as CodecFormat
+from fnrt.runtime import scheduler as sched
 from support import (
     ECHO_HANDLER,
     LiveServer,
@@ -147,7 +148,8 @@ def test_a_deadline_passed_in_the_queue_is_a_deadline_error(
         first = threading.Thread(target=fnrt.invoke, args=("gated",), kwargs={"x": X})
         first.start()
         scheduler = server.call(server.registry.get("gated"))
-        wait_until(lambda: scheduler.activity().busy and scheduler.queued == 0)  # running
+        # running, nothing queued
+        wait_until(lambda: sched.activity(scheduler).busy and scheduler.batcher.queued == 0)
         try:
             with pytest.raises(DeadlineError) as info:
                 fnrt.invoke("gated", x=X, deadline_s=0.2)
@@ -166,7 +168,7 @@ def test_a_full_queue_is_retried_after_retry_after(tmp_path: Path, server: LiveS
     def sleep(seconds: float) -> None:
         waits.append(seconds)
         release.set()  # the queue drains while the client waits
-        wait_until(lambda: scheduler.queued == 0)
+        wait_until(lambda: scheduler.batcher.queued == 0)
 
     with Client(server.url, sleep=sleep) as fnrt, Client(server.url, retry=NO_RETRY) as other:
         busy = [
@@ -174,9 +176,10 @@ def test_a_full_queue_is_retried_after_retry_after(tmp_path: Path, server: LiveS
             for _ in range(2)
         ]
         busy[0].start()
-        wait_until(lambda: scheduler.activity().busy and scheduler.queued == 0)  # running
+        # running, nothing queued
+        wait_until(lambda: sched.activity(scheduler).busy and scheduler.batcher.queued == 0)
         busy[1].start()
-        wait_until(lambda: scheduler.queued == 1)
+        wait_until(lambda: scheduler.batcher.queued == 1)
         with pytest.raises(OverloadedError) as refused:
             fnrt.invoke("gated", x=X, idempotent=False)  # never sent twice
         assert waits == []

@@ -110,7 +110,7 @@ def test_weights_are_mapped_not_copied(server: LiveServer) -> None:
     with httpx.Client(base_url=server.url) as c:
         c.post("/v1/functions/mlp/invoke", json={"x": sample().tolist()})
     scheduler = server.call(server.registry.get("mlp"))
-    (instance,) = scheduler.loaded_instances()
+    (instance,) = scheduler.pool.loaded_instances()
     assert isinstance(instance, ProcessInstance)  # the default isolation
     path = server.node.repository.blob_path(instance.version.artifacts["weights"].digest)
     assert str(path) in Path(f"/proc/{instance.pid}/maps").read_text()
@@ -123,7 +123,7 @@ def test_weights_are_views_of_the_file_in_thread_mode(tmp_path: Path, built: Pat
         with httpx.Client(base_url=server.url) as c:
             c.post("/v1/functions/mlp/invoke", json={"x": sample().tolist()})
         scheduler = server.call(server.registry.get("mlp"))
-        (instance,) = scheduler.loaded_instances()
+        (instance,) = scheduler.pool.loaded_instances()
         weight = instance.call.model[0].weight  # type: ignore[attr-defined]
         assert not weight.untyped_storage().resizable()  # from_numpy over the memmap
         path = server.node.repository.blob_path(instance.version.artifacts["weights"].digest)

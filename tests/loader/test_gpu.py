@@ -304,7 +304,7 @@ def test_a_load_past_the_gpu_budget_evicts_the_least_recently_used(tmp_path: Pat
         assert c.post("/v1/functions/big-b/invoke", json=x).status_code == 200
         b = srv.call(srv.registry.get("big-b"))
         assert b.device_bytes >= 256 << 20
-        assert a.loaded_instances() == [] and a.device_bytes == 0  # evicted for b
+        assert a.pool.loaded_instances() == [] and a.device_bytes == 0  # evicted for b
         assert node.gpu_memory.used_bytes() == b.device_bytes
 
 
@@ -360,7 +360,7 @@ def test_gpu_concurrency_caps_the_instances_sharing_the_gpu(tmp_path: Path) -> N
                 ]
                 pending = asyncio.ensure_future(asyncio.gather(*calls))
                 while not pending.done():
-                    most = max(most, scheduler.instances)
+                    most = max(most, scheduler.pool.instances)
                     await asyncio.sleep(0.01)
                 assert all(r.status_code == 200 for r in pending.result())
 

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from fnrt.edge.activation import pack, read_outputs
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.gateway import Target
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.scheduler import Scheduler
@@ -139,7 +140,7 @@ def test_a_version_retired_under_a_request_hands_it_to_its_successor(
         _deploy(srv, cnn)
         assert send(c).status_code == 200
         stale = _chosen(srv, target)
-        srv.call(stale.close())  # it retired after this request chose it
+        srv.call(sched.close(stale))  # it retired after this request chose it
         gateway = srv.node.gateway
         choose = gateway.choose
         calls: list[Scheduler] = []

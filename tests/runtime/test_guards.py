@@ -20,6 +20,7 @@ from test_pool import Loads
 from fnrt.functions.errors import CircuitOpen, HandlerFailed, VersionRetired
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.gateway import Gateway, Target
 from fnrt.runtime.queue import Call
@@ -110,7 +111,7 @@ def test_a_default_version_is_queued_with_no_coroutine_and_told_to_the_keeper(
         assert keeper.calls == ["g"]
         # the breaker counted it, per batch, where it was answered
         assert scheduler.protection.outcomes.summary(0.0).requests == 1
-        await scheduler.close()
+        await sched.close(scheduler)
 
     asyncio.run(scenario())
 
@@ -126,7 +127,7 @@ def test_the_result_cache_answers_repeated_inputs_without_computing(tmp_path: Pa
         assert np.array_equal(first.outputs["y"], second.outputs["y"])
         assert scheduler.stats.batches == 1  # computed once
         assert scheduler.stats.totals.cache_hit.count == 1
-        await scheduler.close()
+        await sched.close(scheduler)
 
     asyncio.run(scenario())
 
@@ -146,7 +147,7 @@ def test_an_open_breaker_answers_known_inputs_from_the_last_results(tmp_path: Pa
         with pytest.raises(CircuitOpen):
             await _ask(gateway, scheduler, 5)  # never computed: no last result
         assert scheduler.stats.batches == 3
-        await scheduler.close()
+        await sched.close(scheduler)
 
     asyncio.run(scenario())
 
@@ -158,7 +159,7 @@ def test_a_retired_version_names_its_successor_unless_pinned(tmp_path: Path) -> 
         new = _scheduler(tmp_path / "new", clock, Loads(), name="g")
         table = Table(g=old)
         gateway = Gateway(table, None, clock)  # type: ignore[arg-type]
-        await old.close()  # retired: admission refuses
+        await sched.close(old)  # retired: admission refuses
         with pytest.raises(VersionRetired):
             gateway.submit(gateway.call(old, _x(1)))
         with pytest.raises(VersionRetired):  # the routing still names it: no other
@@ -169,6 +170,6 @@ def test_a_retired_version_names_its_successor_unless_pinned(tmp_path: Path) -> 
             await gateway.successor(Target("g", version="v-1"), old)
         served = await _ask(gateway, new, 4)
         assert float(served.outputs["y"][0, 0]) == 8.0  # Loads' default handler doubles
-        await new.close()
+        await sched.close(new)
 
     asyncio.run(scenario())

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fnrt.runtime import scheduler as sched
 from support import gate, live_server, publish, wait_until, write_function
 
 HANDLER = """
@@ -62,15 +63,15 @@ def _deploy(srv: Any, tmp_path: Path, timeout_s: float = 0) -> Any:
 def test_a_full_batch_is_staged_while_the_last_one_computes(tmp_path: Path) -> None:
     with live_server(tmp_path) as srv, ThreadPoolExecutor(8) as pool:
         scheduler = _deploy(srv, tmp_path)
-        (instance,) = scheduler.loaded_instances()
+        (instance,) = scheduler.pool.loaded_instances()
         slots = instance.stager._slots
         held = pool.submit(_post, srv.url, -1.0)
-        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.queued == 0)
+        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.batcher.queued == 0)
         full = [pool.submit(_post, srv.url, float(i)) for i in range(4)]
         wait_until(lambda: all(slot.busy for slot in slots))  # staged ahead
-        assert scheduler.queued == 0
+        assert scheduler.batcher.queued == 0
         rest = [pool.submit(_post, srv.url, float(10 + i)) for i in range(2)]
-        wait_until(lambda: scheduler.queued == 2)  # below a full batch: nothing taken early
+        wait_until(lambda: scheduler.batcher.queued == 2)  # below a full batch: nothing taken early
         gate("hold").set()
         assert held.result().json()["y"] == [[-2.0, 2.0]]
         for i, future in enumerate(full):
@@ -87,7 +88,7 @@ def test_a_batch_staged_on_an_instance_that_is_lost_runs_on_its_replacement(
 ) -> None:
     with live_server(tmp_path) as srv, ThreadPoolExecutor(8) as pool:
         scheduler = _deploy(srv, tmp_path, timeout_s=1)
-        (instance,) = scheduler.loaded_instances()
+        (instance,) = scheduler.pool.loaded_instances()
         held = pool.submit(_post, srv.url, -1.0)  # never let go: past its timeout
         wait_until(lambda: any(slot.busy for slot in instance.stager._slots))
         full = [pool.submit(_post, srv.url, float(i)) for i in range(4)]
@@ -97,7 +98,8 @@ def test_a_batch_staged_on_an_instance_that_is_lost_runs_on_its_replacement(
             assert answer.status_code == 200, answer.text
             assert answer.json()["y"] == [[2.0 * i, 2.0]]
         assert not instance.alive
-        assert scheduler.loaded_instances() and scheduler.loaded_instances()[0] is not instance
+        loaded = scheduler.pool.loaded_instances()
+        assert loaded and loaded[0] is not instance
 
 
 SLOW = """
@@ -129,7 +131,7 @@ def test_a_pipelined_function_still_scales_up_under_load(tmp_path: Path) -> None
         srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         scheduler = srv.call(srv.registry.get("staged"))
         calls = [pool.submit(_post, srv.url, float(i)) for i in range(400)]
-        wait_until(lambda: scheduler.instances == 2, timeout_s=20)
+        wait_until(lambda: scheduler.pool.instances == 2, timeout_s=20)
         assert all(call.result().status_code == 200 for call in calls)
 
 
@@ -148,11 +150,11 @@ def test_after_job_records_alone_live_requests_are_not_staged_behind_more_jobs(
 
     with live_server(tmp_path) as srv, ThreadPoolExecutor(8) as pool:
         scheduler = _deploy(srv, tmp_path)  # one live call: long enough ago below
-        (instance,) = scheduler.loaded_instances()
+        (instance,) = scheduler.pool.loaded_instances()
         slots = instance.stager._slots
 
         async def submit(records: list[dict[str, Any]]) -> Any:
-            return await scheduler.submit_block(records)
+            return await sched.submit_block(scheduler, records)
 
         # no live arrivals lately: a second block is staged while the first holds
         import time
@@ -160,7 +162,7 @@ def test_after_job_records_alone_live_requests_are_not_staged_behind_more_jobs(
         time.sleep(1.5)
         gate("hold").clear()
         held = pool.submit(srv.call, submit(block(-1.0)))
-        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.queued == 0)
+        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.batcher.queued == 0)
         behind = pool.submit(srv.call, submit(block(5.0)))
         wait_until(lambda: all(slot.busy for slot in slots))
         gate("hold").set()
@@ -173,9 +175,9 @@ def test_after_job_records_alone_live_requests_are_not_staged_behind_more_jobs(
         assert scheduler.batcher.arrivals.rate_per_s(scheduler.batcher._clock.now()) > 1.0
         gate("hold").clear()
         held = pool.submit(srv.call, submit(block(-1.0)))
-        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.queued == 0)
+        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.batcher.queued == 0)
         live = [pool.submit(_post, srv.url, float(i)) for i in range(4)]
-        wait_until(lambda: scheduler.queued == 4)
+        wait_until(lambda: scheduler.batcher.queued == 4)
         time.sleep(0.2)
         assert sum(slot.busy for slot in slots) == 1
         gate("hold").set()

@@ -67,7 +67,7 @@ def test_deploy_invoke_scale_to_zero_invoke_again(tmp_path: Path) -> None:
         node = srv.node
         srv.call(node.deployer.deploy(publish(node.repository, folder)))
         scheduler = srv.call(node.registry.get("tracked"))
-        assert scheduler.state.value == "cold"  # nothing loads at deploy
+        assert scheduler.pool.state.value == "cold"  # nothing loads at deploy
         assert gates.loads == []
 
         with srv.client() as c:
@@ -78,7 +78,7 @@ def test_deploy_invoke_scale_to_zero_invoke_again(tmp_path: Path) -> None:
 
             clock.advance(299)
             assert srv.call(node.sweeper.sweep()) == []
-            assert scheduler.state.value == "warm"
+            assert scheduler.pool.state.value == "warm"
 
             clock.advance(1)
             assert srv.call(node.sweeper.sweep()) == ["tracked"]
@@ -122,8 +122,8 @@ def test_concurrent_first_invokes_share_one_load(tmp_path: Path) -> None:
                 for i in range(16)
             ]
             assert gate("load-started").wait(30)
-            wait_until(lambda: scheduler.queued == 16)  # all 16 arrived while loading
-            assert scheduler.state.value == "loading"
+            wait_until(lambda: scheduler.batcher.queued == 16)  # all 16 arrived while loading
+            assert scheduler.pool.state.value == "loading"
             gate("load").set()
             results = [f.result() for f in futures]
         assert [r.status_code for r in results] == [200] * 16
@@ -179,7 +179,7 @@ def test_redeploy_swaps_version_and_old_one_unloads_after_the_rollback_window(
         assert r.json()["y"] == [[3, 4, 5, 6]]
         assert r.headers["x-fnrt-version"] == second.version
         old = srv.call(node.registry.get_version("tracked", first.version))
-        assert old.state.value == "warm"  # kept for a rollback
+        assert old.pool.state.value == "warm"  # kept for a rollback
         srv.call(node.sweeper.sweep())
         assert not gate("unloaded").is_set()
         clock.advance(601)  # past rollback_window_s (600 by default)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import ManualClock
 from support import (
     LiveServer,
@@ -109,13 +110,13 @@ def test_flush_by_size_and_by_time(tmp_path: Path) -> None:
     ):
         deploy(srv, tmp_path, max_batch_size=4, max_wait_ms=50)
         scheduler = srv.call(srv.registry.get("rec"))
-        srv.call(scheduler.warm())
+        srv.call(sched.warm(scheduler))
         # two requests: not full, so they wait for max_wait_ms of clock time
         first = [pool.submit(c.post, "/v1/functions/rec/invoke", json=body(i)) for i in (1, 2)]
-        wait_until(lambda: scheduler.queued == 2)
+        wait_until(lambda: scheduler.batcher.queued == 2)
         assert calls() == []
         clock.advance(0.049)
-        assert calls() == [] and scheduler.queued == 2
+        assert calls() == [] and scheduler.batcher.queued == 2
         clock.advance(0.002)
         assert [f.result().status_code for f in first] == [200, 200]
         assert sorted(calls()[0]) == [1.0, 2.0]
@@ -145,7 +146,7 @@ def test_priority_ordering_under_a_backlog(tmp_path: Path) -> None:
                     headers={"x-fnrt-priority": prio},
                 )
             )
-            wait_until(lambda n=i: scheduler.queued == n)
+            wait_until(lambda n=i: scheduler.batcher.queued == n)
         assert c.get("/v1/functions/rec").json()["instance"]["queued_by_priority"] == {
             "high": 1,
             "normal": 2,
@@ -178,7 +179,7 @@ def test_deadline_expiry_drops_before_compute_with_504(tmp_path: Path) -> None:
         patient = pool.submit(
             c.post, "/v1/functions/rec/invoke", json=body(8), headers={"x-fnrt-timeout-ms": "5000"}
         )
-        wait_until(lambda: scheduler.queued == 2)
+        wait_until(lambda: scheduler.batcher.queued == 2)
         clock.advance(0.05)
         r = late.result()
         assert r.status_code == 504 and "deadline passed" in r.json()["error"]
@@ -211,14 +212,15 @@ def test_429_under_overload_while_health_answers(tmp_path: Path) -> None:
         held = [pool.submit(c.post, "/v1/functions/a/invoke", json=body(0))]
         assert gate("entered").wait(10)
         held += [pool.submit(c.post, "/v1/functions/a/invoke", json=body(i)) for i in range(3)]
-        wait_until(lambda: a.queued == 3)
+        wait_until(lambda: a.batcher.queued == 3)
         r = c.post("/v1/functions/a/invoke", json=body(9))
         assert r.status_code == 429 and "a' has 3 requests queued" in r.json()["error"]
         assert int(r.headers["retry-after"]) >= 1
         held.append(pool.submit(c.post, "/v1/functions/b/invoke", json=body(0)))
-        wait_until(lambda: b.queued == 0 and b.activity().busy)  # loaded, running, held
+        # loaded, running, held
+        wait_until(lambda: b.batcher.queued == 0 and sched.activity(b).busy)
         held += [pool.submit(c.post, "/v1/functions/b/invoke", json=body(i)) for i in (1, 2)]
-        wait_until(lambda: b.queued == 2)
+        wait_until(lambda: b.batcher.queued == 2)
         assert node.admission.queued == 5  # 3 for a, 2 for b
         r = c.post("/v1/functions/b/invoke", json=body(9))
         assert r.status_code == 429 and "the server has 5 requests queued" in r.json()["error"]
@@ -258,7 +260,8 @@ def test_scale_up_to_max_instances_and_back_down(tmp_path: Path) -> None:
         deploy(srv, tmp_path, max_batch_size=1, max_instances=2)
         scheduler = srv.call(srv.registry.get("rec"))
         futures = [pool.submit(c.post, "/v1/functions/rec/invoke", json=body(i)) for i in range(4)]
-        wait_until(lambda: scheduler.instances == 2)  # the queue stayed deep: a second instance
+        # the queue stayed deep: a second instance
+        wait_until(lambda: scheduler.pool.instances == 2)
         wait_until(lambda: gates.active[1] == 2)  # type: ignore[attr-defined]  # both ran at once
         gate("release").set()
         assert [f.result().status_code for f in futures] == [200] * 4
@@ -266,10 +269,10 @@ def test_scale_up_to_max_instances_and_back_down(tmp_path: Path) -> None:
         assert c.get("/v1/functions/rec").json()["instance"]["instances"] == 2
         clock.advance(30)  # the extra instance idles out first
         srv.call(srv.node.sweeper.sweep())
-        assert scheduler.instances == 1
+        assert scheduler.pool.instances == 1
         clock.advance(270)  # then the last one, after keep_alive_s
         srv.call(srv.node.sweeper.sweep())
-        assert scheduler.instances == 0 and scheduler.state.value == "cold"
+        assert scheduler.pool.instances == 0 and scheduler.pool.state.value == "cold"
 
 
 ADAPTIVE = """
@@ -293,13 +296,13 @@ def test_adaptive_refuses_what_cannot_finish_in_time(tmp_path: Path) -> None:
         srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         scheduler = srv.call(srv.registry.get("adaptive"))
         for n in (1, 2, 4, 8):  # what the handler has been measured to cost: 10 ms an item
-            scheduler.cost.observe(n, 0.010 * n)
+            scheduler.batcher.cost.observe(n, 0.010 * n)
         blocker = pool.submit(c.post, "/v1/functions/adaptive/invoke", json=body(0))
         assert gate("entered").wait(10)
         queued = [
             pool.submit(c.post, "/v1/functions/adaptive/invoke", json=body(i)) for i in range(5)
         ]
-        wait_until(lambda: scheduler.queued == 5)
+        wait_until(lambda: scheduler.batcher.queued == 5)
         # batches of 5 (50 ms) fit half the target; 5 ahead + this one = 2 batches = 100 ms: fits
         assert (
             c.get("/v1/functions/adaptive").json()["instance"]["cost_model"]["per_item_ms"] == 10.0
@@ -307,7 +310,7 @@ def test_adaptive_refuses_what_cannot_finish_in_time(tmp_path: Path) -> None:
         more = [
             pool.submit(c.post, "/v1/functions/adaptive/invoke", json=body(i)) for i in range(5)
         ]
-        wait_until(lambda: scheduler.queued == 10)
+        wait_until(lambda: scheduler.batcher.queued == 10)
         r = c.post("/v1/functions/adaptive/invoke", json=body(99))  # 3 batches = 150 ms > 100
         assert r.status_code == 503
         assert (
@@ -317,11 +320,11 @@ def test_adaptive_refuses_what_cannot_finish_in_time(tmp_path: Path) -> None:
         record = {"x": np.array([[7.0, 0, 0, 0]], np.float32)}
 
         async def block() -> Any:
-            return await scheduler.submit_block([record])
+            return await sched.submit_block(scheduler, [record])
 
         assert srv.loop is not None
         job = asyncio.run_coroutine_threadsafe(block(), srv.loop)
-        wait_until(lambda: scheduler.queued == 11)
+        wait_until(lambda: scheduler.batcher.queued == 11)
         gate("release").set()
         assert all(f.result().status_code == 200 for f in [blocker, *queued, *more])
         assert job.result(10)[0]["y"].tolist() == [[7.0, 0, 0, 0]]

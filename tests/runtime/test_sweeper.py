@@ -28,19 +28,19 @@ def test_a_cold_function_is_passed_by_until_it_is_called_again(
         srv.call(node.deployer.deploy(publish(node.repository, folder)))
         scheduler = srv.call(node.registry.get("f"))
         visits: set[float] = set()  # the clock's time of each sweep that looked at it
-        scale = scheduler.scale_to_zero
+        scale = scheduler.pool.scale_to_zero
 
-        async def counted(now: float, **kw: Any) -> bool:
+        async def counted(now: float, queued: int, **kw: Any) -> bool:
             visits.add(now)
-            return await scale(now, **kw)
+            return await scale(now, queued, **kw)
 
-        monkeypatch.setattr(scheduler, "scale_to_zero", counted)
+        monkeypatch.setattr(scheduler.pool, "scale_to_zero", counted)
         assert c.post("/v1/functions/f/invoke", json={"x": X}).status_code == 200
         srv.call(node.sweeper.sweep())
         assert len(visits) == 1  # warm: looked at
         clock.advance(61)  # the minute of the call is over
         srv.call(node.sweeper.sweep())
-        assert scheduler.state.value == "cold" and len(visits) == 2
+        assert scheduler.pool.state.value == "cold" and len(visits) == 2
         for _ in range(5):  # cold, nothing planned: passed by
             clock.advance(1)
             srv.call(node.sweeper.sweep())

@@ -98,7 +98,7 @@ def test_memory_budget_evicts_the_least_recently_used_idle_instance(
     with live_server(tmp_path / "node", node=node) as srv:
         assert invoke(srv, "a")[0] == 200
         assert invoke(srv, "b")[0] == 200
-        states = lambda: {s.name: s.state.value for s in node.schedulers()}  # noqa: E731
+        states = lambda: {s.name: s.pool.state.value for s in node.schedulers()}  # noqa: E731
         assert states() == {"a": "warm", "b": "warm"}  # "c" is not held until called
         assert invoke(srv, "c")[0] == 200  # 3 x 400 kB > 900 kB: "a" goes
         assert states() == {"a": "cold", "b": "warm", "c": "warm"}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fnrt.runtime import scheduler as sched
 from fnrt.tracing.export import MemoryExporter
 from fnrt.tracing.recorder import Span, SpanKind, StatusCode
 from support import (
@@ -123,11 +124,11 @@ def test_one_batch_span_links_every_request_it_served(
     first = threading.Thread(target=call)  # takes the instance; the rest queue behind it
     first.start()
     scheduler = server.call(server.registry.get("echo"))
-    wait_until(lambda: scheduler.activity().busy)
+    wait_until(lambda: sched.activity(scheduler).busy)
     rest = [threading.Thread(target=call) for _ in range(5)]
     for t in rest:
         t.start()
-    wait_until(lambda: scheduler.queued == 5)
+    wait_until(lambda: scheduler.batcher.queued == 5)
     gate("release").set()
     for t in [first, *rest]:
         t.join()

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fnrt.functions.errors import BadRequest
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.http.admin import admin
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.health import not_ready
@@ -71,7 +72,7 @@ async def model_ready(request: Request) -> Response:
     failing = [
         s.stats.last_load_error
         for s in registry.versions_of(name)
-        if s.version.version == vm.version and s.stats.last_load_error and not s.instances
+        if s.version.version == vm.version and s.stats.last_load_error and not s.pool.instances
     ]
     body: dict[str, Any] = {"name": name, "version": vm.version, "ready": not failing}
     if failing:
@@ -135,7 +136,7 @@ async def repository_load(request: Request) -> Response:
             "fnrt loads what `fnrt deploy` published: config and file overrides are not supported"
         )
     scheduler = await node_of(request).registry.get(request.path_params["name"])
-    await scheduler.warm()
+    await sched.warm(scheduler)
     return JSONResponse(_state(scheduler))
 
 
@@ -145,7 +146,7 @@ async def repository_unload(request: Request) -> Response:
     await _control_body(request)
     node = node_of(request)
     scheduler = await node.registry.get(request.path_params["name"])
-    await scheduler.scale_to_zero(node.clock.now(), force=True)
+    await sched.scale_to_zero(scheduler, node.clock.now(), force=True)
     return JSONResponse(_state(scheduler))
 
 
@@ -153,7 +154,7 @@ def _state(scheduler: Scheduler) -> dict[str, Any]:
     return {
         "name": scheduler.name,
         "version": scheduler.version.version,
-        "state": scheduler.state.value,
+        "state": scheduler.pool.state.value,
     }
 
 

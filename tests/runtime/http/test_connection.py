@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.http.connection import ConnectionLimits, connection_cap, guarded_protocol
 from support import LiveServer, gate, live_server, publish, wait_until, write_function
 
@@ -181,14 +182,14 @@ def test_a_request_whose_client_left_is_dropped_before_compute(
         leaving = [connect(server) for _ in range(4)]  # the cap is 6: the test's 2 + 4
         for sock in leaving:
             sock.sendall(head + body)
-        wait_until(lambda: scheduler.queued == 4)
+        wait_until(lambda: scheduler.batcher.queued == 4)
         open_before = server.open_connections()
         for sock in leaving:  # they give up while queued
             sock.close()
         wait_until(lambda: server.open_connections() == open_before - 4)  # the server saw it
         release.set()
         assert first.result().status_code == 200
-        wait_until(lambda: scheduler.queued == 0 and not scheduler.activity().busy)
+        wait_until(lambda: scheduler.batcher.queued == 0 and not sched.activity(scheduler).busy)
         assert fnrt_test_gates.calls == [1]  # none of the 4 was computed (was 4 of 4)
         assert scheduler.stats.abandoned == 4
         r = c.post("/v1/functions/counted/invoke", json={"x": [[2.0]]})

@@ -15,6 +15,7 @@ import msgpack
 import msgpack_numpy
 import pytest
 
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.cli.main import main
 from support import (
     COUNTER_HANDLER,
@@ -449,9 +450,10 @@ def test_a_drain_waits_for_running_sequences_between_their_steps(server: LiveSer
     body = {"x": [0], "parameters": {"max_new_tokens": 25, "delay_ms": 20}}
     thread = threading.Thread(target=lambda: answers.append(httpx.post(url(server), json=body)))
     thread.start()
-    wait_until(lambda: server.node.schedulers()[0].active == 1)
+    wait_until(lambda: server.node.schedulers()[0].sequencer.active == 1)
     assert server.call(server.node.drain(10.0)) is True
-    assert server.node.schedulers()[0].outstanding == 0  # it returned once the sequence ended
+    # it returned once the sequence ended
+    assert sched.outstanding(server.node.schedulers()[0]) == 0
     thread.join()
     assert answers[0].json()["outputs"]["n"][-1] == 25
 
@@ -488,11 +490,11 @@ def test_a_high_priority_request_joins_before_earlier_normal_ones(tmp_path: Path
 
         first = threading.Thread(target=ask, args=("running", "normal", 20))
         first.start()
-        wait_until(lambda: srv.node.schedulers()[0].active == 1)
+        wait_until(lambda: srv.node.schedulers()[0].sequencer.active == 1)
         later = [threading.Thread(target=ask, args=(f"normal{i}", "normal", 3)) for i in range(2)]
         for t in later:
             t.start()
-        wait_until(lambda: srv.node.schedulers()[0].queued == 2)
+        wait_until(lambda: srv.node.schedulers()[0].batcher.queued == 2)
         high = threading.Thread(target=ask, args=("high", "high", 3))
         high.start()
         for t in (first, *later, high):

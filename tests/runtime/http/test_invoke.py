@@ -10,6 +10,7 @@ import msgpack_numpy
 import numpy as np
 import pytest
 
+from fnrt.runtime import scheduler as sched
 from support import LiveServer, error_of, gate, live_server, publish, wait_until, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
@@ -227,14 +228,14 @@ def test_slow_handler_stalls_neither_health_nor_other_functions(
     with server.client() as c, ThreadPoolExecutor(4) as pool:
         first = pool.submit(c.post, "/v1/functions/slow/invoke", json={"x": X})
         scheduler = server.call(server.registry.get("slow"))
-        wait_until(lambda: scheduler.activity().busy and scheduler.queued == 0)
+        wait_until(lambda: sched.activity(scheduler).busy and scheduler.batcher.queued == 0)
         # the handler is blocked: health checks and other functions still answer
         assert c.get("/healthz").status_code == 200
         assert c.get("/readyz").status_code == 200
         assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200
         # fill the queue (2), then the next request is refused with 429 + Retry-After
         queued = [pool.submit(c.post, "/v1/functions/slow/invoke", json={"x": X}) for _ in range(2)]
-        wait_until(lambda: scheduler.queued == 2)
+        wait_until(lambda: scheduler.batcher.queued == 2)
         r = c.post("/v1/functions/slow/invoke", json={"x": X})
         assert r.status_code == 429
         assert int(r.headers["retry-after"]) >= 1

@@ -172,10 +172,10 @@ def test_idle_tails_scale_to_zero(tmp_path: Path, cnn: Path) -> None:
         r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
         assert r.status_code == 200
         (tail,) = srv.node.splits.schedulers()
-        assert tail.instances == 1
+        assert tail.pool.instances == 1
         clock.advance(301)  # past keep_alive_s
         srv.call(srv.node.sweeper.sweep())
-        assert tail.instances == 0
+        assert tail.pool.instances == 0
         r = c.post("/v1/functions/cnn-split/split/0", content=pack(X), headers=MSGPACK)
         assert r.status_code == 200 and r.headers.get("x-fnrt-cold-start") == "l2"
 

@@ -19,6 +19,7 @@ from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Instance
 from fnrt.loader.stores import FileStore
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import SystemClock
 from fnrt.runtime.jobs.board import JobBoard, JobSpec, JobState, new_id
 from fnrt.runtime.jobs.runner import JobConfig, JobRunner
@@ -78,7 +79,7 @@ def test_a_job_runs_in_blocks_and_a_failing_record_fails_alone(tmp_path: Path) -
         # job records never count for the breaker: they did not pass the gateway
         assert scheduler.protection.outcomes.summary(0.0).requests == 0
         assert scheduler.stats.errors >= 2  # the failed block, then the record alone
-        await scheduler.close()
+        await sched.close(scheduler)
 
     asyncio.run(scenario())
     status = board.status(spec.id)

@@ -43,13 +43,13 @@ def test_a_periodic_function_is_prewarmed_before_its_next_call(tmp_path: Path) -
         call()
         clock.advance(5 * 60)
         srv.call(node.sweeper.sweep())
-        assert scheduler.state.value == "cold"
+        assert scheduler.pool.state.value == "cold"
         clock.advance(24 * 60 + 30)  # 30 s before the predicted minute: not yet, the
         srv.call(node.sweeper.sweep())  # lead is the load's time and 5 s (it takes ~0)
-        assert scheduler.state.value == "cold"
+        assert scheduler.pool.state.value == "cold"
         clock.advance(27)
         srv.call(node.sweeper.sweep())
-        wait_until(lambda: scheduler.state.value == "warm")
+        wait_until(lambda: scheduler.pool.state.value == "warm")
         clock.advance(30)
         headers = call()
         assert "x-fnrt-cold-start" not in headers
@@ -80,15 +80,15 @@ def test_prewarming_never_takes_memory_from_a_warm_function(tmp_path: Path) -> N
             srv.call(node.sweeper.sweep())
         c.post("/v1/functions/job/invoke", json={"x": X})
         c.post("/v1/functions/busy/invoke", json={"x": X})
-        node.memory.budget_bytes = busy.instance_bytes + 1  # no room for both
+        node.memory.budget_bytes = busy.pool.instance_bytes + 1  # no room for both
         clock.advance(5 * 60)
         srv.call(node.sweeper.sweep())
         c.post("/v1/functions/busy/invoke", json={"x": X})  # busy stays in use
         clock.advance(24 * 60 + 57)
         srv.call(node.sweeper.sweep())
         srv.call(node.sweeper.sweep())
-        assert busy.state.value == "warm"  # not evicted for a pre-warm
-        assert job.state.value == "cold"  # only its files were fetched (L2)
+        assert busy.pool.state.value == "warm"  # not evicted for a pre-warm
+        assert job.pool.state.value == "cold"  # only its files were fetched (L2)
 
 
 def test_the_history_survives_a_restart(tmp_path: Path) -> None:

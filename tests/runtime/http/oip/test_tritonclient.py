@@ -291,12 +291,12 @@ def test_repository_load_and_unload_map_onto_warm_and_scale_to_zero(
 ) -> None:
     scheduler = server.call(server.registry.get("echo"))
     client.load_model("echo")
-    assert scheduler.state.value == "warm"
+    assert scheduler.pool.state.value == "warm"
     index = {e["name"]: e for e in client.get_model_repository_index()}
     assert index["echo"]["state"] == "READY"
     assert index["echo"]["version"] == scheduler.version.version
     client.unload_model("echo")
-    assert scheduler.state.value == "cold"
+    assert scheduler.pool.state.value == "cold"
     assert (
         "scaled to zero"
         in {e["name"]: e for e in client.get_model_repository_index()}["echo"]["reason"]
@@ -343,7 +343,7 @@ class Gated:
                 pool.submit(http.post, "/v1/functions/gated/invoke", json={"x": [[1, 1, 1, 1]]})
                 for _ in range(2)
             ]
-            support.wait_until(lambda: scheduler.queued == 5)
+            support.wait_until(lambda: scheduler.batcher.queued == 5)
             gate("go").set()
             assert first.result(30).status_code == 200
             for f in infers:
