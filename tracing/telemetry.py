@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 
 from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
@@ -16,9 +21,63 @@ class Telemetry:
     tracing: Tracing = field(default_factory=Tracing)
     metrics: Metrics = field(default_factory=lambda: Metrics(gpu=False))
     access: AccessLog | None = None
+    #: requests ended since the last :meth:`flush` (a turn of the event loop ago at most)
+    ended: list[Ended] = field(default_factory=list)
+
+    def request(
+        self,
+        route: str,
+        function: str,
+        version: str,
+        status: int,
+        seconds: float,
+        cold_start: str | None,
+        trace: tuple[str, str] | None,
+    ) -> None:
+        """One request ended: its metrics and its request-log line are made with the
+        others that ended in the same turn of the event loop (the answers of a batch),
+        at the end of it (:meth:`flush`). An append a request."""
+        ended = self.ended
+        if not ended:
+            asyncio.get_running_loop().call_soon(self.flush)
+        ms = round(seconds * 1000, 3)  # as the request log shows it
+        ended.append((route, function, version, status, ms, cold_start, trace, seconds))
+
+    def flush(self) -> None:
+        """The metrics and log lines of the requests ended since the last flush: counted
+        per label set and per histogram bucket with ``Counter`` and ``map`` (no Python
+        frame an item), the log lines queued at once."""
+        ended, self.ended = self.ended, []
+        if not ended:
+            return
+        values = self.metrics.requests.values
+        for (function, version, status), n in Counter(map(_LABELS, ended)).items():
+            labels = (function, version, str(status))
+            values[labels] = values.get(labels, 0.0) + n
+        histogram = self.metrics.request_seconds
+        functions = set(map(_FUNCTION, ended))
+        for function in functions:
+            mine = ended if len(functions) == 1 else [e for e in ended if e[1] == function]
+            seconds = list(map(_SECONDS, mine))
+            child = histogram.child((function,))
+            for bucket, n in Counter(map(bisect_left, repeat(histogram.bounds), seconds)).items():
+                child[bucket] += n
+            child[-1] += sum(seconds)
+        if self.access is not None:
+            self.access.requests(ended)
 
     def close(self) -> None:
         """Export the spans and write the log lines still buffered."""
+        self.flush()
         self.tracing.shutdown()
         if self.access is not None:
             self.access.close()
+
+
+#: A request as it ended: route, function, version, status, milliseconds (rounded as
+#: the request log writes them), the tier of its cold start, its trace's and span's ids,
+#: seconds.
+Ended = tuple[str, str, str, int, float, "str | None", "tuple[str, str] | None", float]
+_LABELS = itemgetter(1, 2, 3)
+_FUNCTION = itemgetter(1)
+_SECONDS = itemgetter(7)

@@ -1,9 +1,11 @@
 """What the data path reports about each request: metrics, its server span, a log line.
 
-Invokes and infers are served as raw ASGI (see :mod:`fnrt.runtime.http.invoke`),
+Invokes and infers are served as raw ASGI (see :mod:`fnrt.runtime.http.data`),
 so they report here rather than through middleware: :func:`begin` opens the
-request's span, :func:`end` closes it and records the request's metrics and
-its JSON line in the request log.
+request's span, :func:`end` closes it and hands the request to the telemetry,
+which makes its metrics and its JSON line in the request log together with
+those of every request that ended in the same turn of the event loop (the
+answers of one batch): ``Telemetry.request`` is an append a request.
 """
 
 from __future__ import annotations
@@ -45,18 +47,15 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
     if telemetry is None:
         return
     seconds = time.perf_counter() - trail.started_s
-    telemetry.metrics.request(trail.function, trail.version, status, seconds)
     span = trail.span
     if span is not None:  # (an unsampled one ends with nothing to export)
         span.finish(status, trail.function, trail.version, trail.cold_tier)
-    access = telemetry.access
-    if access is not None:
-        access.request(
-            trail.route,
-            trail.function,
-            trail.version,
-            status,
-            seconds,
-            trail.cold_tier,
-            None if span is None else ids(span),
-        )
+    telemetry.request(  # its metrics and log line: with the batch's, at the turn's end
+        trail.route,
+        trail.function,
+        trail.version,
+        status,
+        seconds,
+        trail.cold_tier,
+        None if span is None else ids(span),
+    )

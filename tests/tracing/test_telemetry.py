@@ -1,0 +1,54 @@
+"""Requests' metrics and log lines made per turn of the event loop (``Telemetry.request``
+then ``flush``) are those made one request at a time (``Metrics.request``,
+``AccessLog.request``)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import orjson
+
+from fnrt.tracing.access import AccessLog
+from fnrt.tracing.metrics import Metrics
+from fnrt.tracing.telemetry import Telemetry
+
+ENDED: list[tuple[str, str, str, int, float, str | None, tuple[str, str] | None]] = [
+    ("/v1/functions/{name}/invoke", "a", "v-1", 200, 0.0012, None, None),
+    ("/v1/functions/{name}/invoke", "a", "v-1", 200, 0.0450, None, None),
+    ("/v1/functions/{name}/invoke", "a", "v-1", 429, 0.0001, None, None),
+    ("/v2/models/{name}/infer", "b", "v-9", 200, 1.5, "L2", ("ab" * 16, "cd" * 8)),
+]
+
+
+def _lines(stream: io.BytesIO) -> list[dict[str, Any]]:
+    lines = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    for line in lines:
+        del line["ts"]  # the clock's
+    return lines
+
+
+def test_a_turns_requests_make_what_each_request_made_alone() -> None:
+    one_by_one, together = io.BytesIO(), io.BytesIO()
+    alone = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(one_by_one, 60.0))
+    batched = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(together, 60.0))
+    for route, function, version, status, seconds, cold, trace in ENDED:
+        alone.metrics.request(function, version, status, seconds)
+        assert alone.access is not None
+        alone.access.request(route, function, version, status, seconds, cold, trace)
+
+    async def turn() -> None:
+        for ended in ENDED:
+            batched.request(*ended)
+        assert len(batched.ended) == 4  # nothing made yet: an append each
+        await asyncio.sleep(0)  # the end of the turn
+        assert batched.ended == []
+
+    asyncio.run(turn())
+    assert batched.metrics.requests.values == alone.metrics.requests.values
+    assert batched.metrics.request_seconds.series == alone.metrics.request_seconds.series
+    alone.close()
+    batched.close()
+    assert sorted(_lines(together), key=str) == sorted(_lines(one_by_one), key=str)
+    assert {"cold_start": "L2", "trace_id": "ab" * 16}.items() <= _lines(together)[-1].items()
