@@ -271,10 +271,9 @@ class CircuitOpen(Unavailable):
     def __init__(
         self, function: str, version: str, retry_after_s: float, last_failure: str | None = None
     ) -> None:
-        said = f" (the last failure: {last_failure})" if last_failure else ""
+        why = f" (the last failure: {last_failure})" if last_failure else ""
         super().__init__(
-            f"function '{function}' version {version} is failing: its circuit breaker is open"
-            + said,
+            f"function '{function}' version {version} is failing: its circuit breaker is open{why}",
             function=function,
             version=version,
         )

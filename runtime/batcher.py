@@ -28,6 +28,7 @@ from fnrt.runtime.batching import (
     job_pause_s,
     predicted_finish_s,
 )
+from fnrt.runtime.breaker import BreakerState
 from fnrt.runtime.events import StartKind
 from fnrt.runtime.intake import Admission, Intake
 from fnrt.runtime.pool import Slot, run_failure
@@ -186,7 +187,21 @@ class Batcher(Intake):
                     Unavailable(f"{self.name}: stopped before the batch ran"),
                 )
             raise
+        if ahead is not None and not instance.alive:
+            refused = self._refused()
+            if refused is not None:  # not run on the next instance: refused as if queued
+                ahead[1].release()
+                self._fail(ahead[0].batch, ahead[0].rows, refused)
+                return None
         return ahead
+
+    def _refused(self) -> FnrtError | None:
+        """CircuitOpen while the version's breaker is open (its instances die in a row):
+        a batch staged ahead on an instance that died is refused with the queue."""
+        protection = self._protection
+        if protection is None or protection.breaker.state is not BreakerState.OPEN:
+            return None
+        return protection.refusal(self.name, self.version.version, self._clock.now())
 
     async def _stage_ahead(
         self, slot: Slot, instance: Runnable, run: asyncio.Future[None], running: Taken
