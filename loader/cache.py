@@ -35,6 +35,7 @@ from fnrt.functions.version import check_digest
 from fnrt.loader.integrity import (
     Trailing,
     fingerprint,
+    read_only,
     read_record,
     recheck,
     write_record,
@@ -189,6 +190,7 @@ class BlobCache:
         if known is not None and recheck(record, path, known):
             return True
         if known is None:  # first seen (or an older record): the full check
+            read_only(path)  # instances map it (a blob cached before blobs were made so)
             found = fingerprint(path)
             if found.sha256 == digest:
                 write_record(record, path, found.xxh3)

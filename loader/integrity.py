@@ -188,6 +188,15 @@ def write_record(record: Path, path: Path, xxh3: str) -> None:
     os.replace(tmp, record)
 
 
+def read_only(path: Path) -> None:
+    """Take the write permissions off a file instances will map (best effort: a file
+    of another owner keeps its mode). Its ctime changes: call it before recording it."""
+    with contextlib.suppress(OSError):
+        mode = path.stat().st_mode
+        if mode & 0o222:
+            os.chmod(path, mode & ~0o222)
+
+
 def recheck(record: Path, path: Path, known: Record) -> bool:
     """Whether ``path`` still holds what ``known`` verified: by its identity (a ``stat``),
     else by reading it through xxh3 (then the record takes its new identity)."""
@@ -215,6 +224,7 @@ class Verifier:
             if recheck(record, path, known):
                 return
             raise CorruptBlob(digest, str(path), "changed since it was verified")
+        read_only(path)  # a blob written before blobs were made so: first, then hashed
         found = fingerprint(path)
         if found.sha256 != digest:
             raise CorruptBlob(digest, str(path), f"it hashes to sha256:{found.sha256}")

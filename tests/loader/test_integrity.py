@@ -118,3 +118,17 @@ def test_a_write_that_failed_stops_the_hashing_and_a_short_file_is_an_error(
     with pytest.raises(OSError, match="ended at byte 10"):
         hashing.result()
     hashing.close()
+
+
+def test_a_blob_first_verified_is_made_read_only(tmp_path: Path) -> None:
+    """A blob written before fnrt wrote them 0444 (an older store) loses its write bits
+    at its first verification, before it is hashed and recorded: the record holds."""
+    data = b"weights" * 1000
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    os.chmod(path, 0o664)
+    verifier = Verifier(tmp_path / "verified")
+    verifier.check(path, hashlib.sha256(data).hexdigest())
+    assert path.stat().st_mode & 0o777 == 0o444
+    record = integrity.read_record(tmp_path / "verified" / hashlib.sha256(data).hexdigest())
+    assert record is not None and record.unchanged(path)  # not read again at the next load
