@@ -89,8 +89,11 @@ def test_weights_changed_in_a_folder_store_are_never_served(tmp_path: Path, mode
         assert c.get("/healthz").status_code == 200
 
 
-def test_a_batch_that_ends_after_its_weights_changed_is_not_served(tmp_path: Path) -> None:
-    folder = _mapped(tmp_path, "thread")
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_batch_that_ends_after_its_weights_changed_is_not_served(
+    tmp_path: Path, mode: str
+) -> None:
+    folder = _mapped(tmp_path, mode)
     with live_server(tmp_path, scrub_interval_s=3600) as srv, srv.client() as c:
         srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
         assert c.post("/v1/functions/mapped/invoke", json=X).json() == RIGHT
