@@ -51,12 +51,13 @@ from fnrt.loader.integrity import (
     read_record,
     tree_differences,
 )
+from fnrt.loader.placement import Placement
 from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Mapped, Scrubber, Watch
 from fnrt.loader.spares import SpareWorkers
 from fnrt.loader.staging import Ahead, Staged, Stager
 from fnrt.loader.stepper import Stepper
-from fnrt.loader.streams import Lanes, lanes_for
+from fnrt.loader.streams import Lanes, lanes_for, warm_libraries
 from fnrt.tracing.handler_spans import TraceParent, capture
 
 log = logging.getLogger("fnrt.loader")
@@ -99,6 +100,7 @@ class Instance:
     stepper: Stepper | None = None  # a generative handler's
     stager: Stager | None = None  # a handler with forward(): batches can be staged ahead
     device_bytes: int = 0  # held in device memory (``size_bytes``: in host memory)
+    device: Device = field(default_factory=Device)  # where it runs: a GPU of the node, or the CPU
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
@@ -235,6 +237,7 @@ class Runnable(Protocol):
     timings_s: dict[str, float]
     size_bytes: int  # held in host memory
     device_bytes: int  # held in device memory (a GPU's)
+    device: Device  # where it runs
     tier: LoadTier
 
     @property
@@ -328,6 +331,8 @@ class InstanceLoader:
         self.environments = Environments(Path(cache_dir) / "envs")  # [environment] builds
         #: workers started ahead for process isolation (None: each cold start starts one)
         self.spares: SpareWorkers | None = None
+        #: the node's GPUs when it has several to choose from (None: ``device`` alone)
+        self.placement: Placement | None = None
         #: watches the files loaded instances map (None: nothing watches them)
         self.scrubber: Scrubber | None = None
         #: each code bundle's files and their xxh3, read from it once (``code_dir``)
@@ -475,11 +480,17 @@ class InstanceLoader:
         """
         start = time.perf_counter()
         files = self.materialise(vm)
+        device = self.device_for(vm)
+        artifacts = files.artifacts
+        if device != self.device:  # placed on another of the node's GPUs
+            artifacts = {k: replace(a, device=device) for k, a in artifacts.items()}
         try:
-            built = build_handler(vm, files.code_dir, files.artifacts, self.device)
+            built = build_handler(vm, files.code_dir, artifacts, device)
         except BaseException:
             self.unpin(files.pinned)
             raise
+        finally:
+            self.placed(device, vm)
         pinned = files.pinned
         unload = built.unload
 
@@ -506,7 +517,21 @@ class InstanceLoader:
             built.stepper,
             built.stager,
             built.device_bytes,
+            device,
         )
+
+    def device_for(self, vm: VersionManifest) -> Device:
+        """The device a new instance of ``vm`` goes to: the GPU with the most free budget
+        when the node has several (``placement``), else the node's one device. Counted
+        there until :meth:`placed`."""
+        if self.placement is None:
+            return self.device
+        return self.placement.choose(vm.size_bytes)
+
+    def placed(self, device: Device, vm: VersionManifest) -> None:
+        """The load :meth:`device_for` placed has ended (its instance counts now, if any)."""
+        if self.placement is not None:
+            self.placement.placed(device, vm.size_bytes)
 
 
 @dataclass(frozen=True)
@@ -582,6 +607,8 @@ def _built(
         if load is not None:
             on_stream(device, _run)(loop, load, artifacts, device)
         unload = getattr(handler, "unload", None)
+    if lanes is not None and lanes.on_gpu:  # cuBLAS's workspace: counted, not a batch's
+        on_stream(device, warm_libraries)(device)
     load_s = time.perf_counter() - mark
     size, device_size = held(handler)
     if not size + device_size:  # an onnxruntime session hides its tensors: the weights' size

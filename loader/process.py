@@ -39,7 +39,7 @@ from fnrt.functions.errors import (
     Unavailable,
 )
 from fnrt.functions.generation import StepBatch, Stepped
-from fnrt.functions.handler import Request
+from fnrt.functions.handler import Device, Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
@@ -203,7 +203,9 @@ class ProcessInstance:
         self.executor = executor
         self.timings_s: dict[str, float] = {}
         self.size_bytes = 0
-        self.device_bytes = 0
+        self.device_bytes = 0  # its handler's tensors and its context_bytes
+        self.context_bytes = 0  # the worker's CUDA context and workspaces, measured
+        self.device = Device()  # where it runs: the GPU placement chose, or the CPU
         self.stages = False
         self.tier = LoadTier.L2
         self._process = process
@@ -547,7 +549,8 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         workdir,
         lambda: loader.unpin(files.pinned),
     )
-    device = loader.device
+    device = loader.device_for(vm)
+    instance.device = device
     try:
         reply = instance.start(
             {
@@ -567,14 +570,19 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         if spares is not None:
             spares.refill()
         raise
+    finally:
+        loader.placed(device, vm)
     if spares is not None:  # after the load, not during it: its imports would slow it
         if environment is None:
             spares.learn(reply.get("modules", ()))
         else:
             spares.learn_environment(environment, reply.get("modules", ()))
         spares.refill()
-    instance.size_bytes = int(reply["size_bytes"])
-    instance.device_bytes = int(reply.get("device_bytes", 0))
+    # A worker's page-locked ring counts in host memory; its CUDA context, cuBLAS's
+    # workspace and torch's cache, measured in the worker, count on its GPU.
+    instance.size_bytes = int(reply["size_bytes"]) + int(reply.get("pinned_bytes", 0))
+    instance.device_bytes = int(reply.get("device_bytes", 0)) + int(reply.get("context_bytes", 0))
+    instance.context_bytes = int(reply.get("context_bytes", 0))
     instance.stages = bool(reply.get("staged", False))
     instance.tier = files.tier
     instance.timings_s = {
@@ -585,11 +593,12 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         "total_s": time.perf_counter() - start,
     }
     log.info(
-        "worker %d%s serves %s %s",
+        "worker %d%s serves %s %s on %s",
         instance.pid,
         " (a spare)" if spare else "",
         vm.name,
         vm.version,
+        device,
     )
     return instance
 

@@ -18,6 +18,7 @@ over in the same order.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -290,6 +291,19 @@ def pinned_buffer(nbytes: int) -> HostBuffer:
             cudart.cudaFreeHost(pointer)
 
     return HostBuffer(np.ctypeslib.as_array(raw), pinned=True, _free=free)
+
+
+def warm_libraries(device: Device) -> None:
+    """Make at the load what a first batch on the instance's compute stream would make
+    (cuBLAS's workspace for that stream, torch's first blocks), so that the memory the
+    load measures holds it and the first batch does not wait for it. Nothing on the
+    CPU or without torch."""
+    torch = sys.modules.get("torch")
+    if torch is None or device.kind != "cuda" or not device.stream:
+        return
+    with torch.inference_mode(), torch.cuda.stream(device.torch_stream):
+        a = torch.ones((64, 64), device=device.torch)
+        (a @ a).sum().item()
 
 
 def lanes_for(device: Device) -> Lanes:

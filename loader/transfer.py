@@ -78,6 +78,13 @@ _rings: dict[tuple[str, TransferConfig], _Ring] = {}
 _rings_lock = threading.Lock()
 
 
+def pinned_ring_bytes() -> int:
+    """Page-locked host memory this process's rings hold (kept for the process): what
+    the host budget counts for a worker that loaded weights to a GPU."""
+    with _rings_lock:
+        return sum(ring.whole.nbytes for ring in _rings.values() if ring.whole.pinned)
+
+
 def _ring(lanes: Lanes, config: TransferConfig) -> _Ring:
     key = (str(lanes.device) if lanes.on_gpu else "cpu", config)
     with _rings_lock:

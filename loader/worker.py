@@ -53,9 +53,11 @@ from fnrt.loader.arena import Arena, shm_dir
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.channel import Channel, ChannelClosed
 from fnrt.loader.descendants import TOKEN_VARIABLE, become_subreaper, start_keeper, sweep
+from fnrt.loader.device import context_cost, free_bytes_now, process_device_bytes
 from fnrt.loader.imports import from_site, site_roots
 from fnrt.loader.instance import Built, Ran, build_handler, run_checked
 from fnrt.loader.staging import Stager
+from fnrt.loader.transfer import pinned_ring_bytes
 from fnrt.tracing.handler_spans import capture
 
 log = logging.getLogger("fnrt.worker")
@@ -178,8 +180,10 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
     }
     requests = [Arena(Path(path), create=False) for path in start["requests"]]
     responses = [Arena(Path(path), create=False) for path in start["responses"]]
+    free_before = free_bytes_now(device)  # before this process's CUDA context exists
     try:
         built = build_handler(vm, Path(start["code_dir"]), artifacts, device)
+        on_device = process_device_bytes(device, free_before)  # context, workspaces, cache
     except Exception as exc:
         channel.send(_failure(exc))
         return 1
@@ -193,6 +197,8 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
             "pid": os.getpid(),
             "size_bytes": built.size_bytes,
             "device_bytes": built.device_bytes,
+            "context_bytes": context_cost(on_device, built.device_bytes),
+            "pinned_bytes": pinned_ring_bytes(),
             "staged": built.stager is not None,
             "import_s": built.import_s,
             "load_s": built.load_s,

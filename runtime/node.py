@@ -13,15 +13,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from fnrt.functions.handler import Device
 from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.cache import BlobCache, CacheConfig
-from fnrt.loader.device import detect_device, device_memory_bytes
+from fnrt.loader.device import choose_devices, device_memory_bytes
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.leftovers import remove_leftovers
 from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
+from fnrt.loader.placement import Placement
 from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Scrubber, ScrubConfig
 from fnrt.loader.spares import SpareWorkers
@@ -167,11 +171,13 @@ def build_node(
     """
     clock = clock or SystemClock()
     telemetry = telemetry or Telemetry()
+    devices: list[Device] = []
     if loader is None:
         repository = Repository(open_store(settings.store, settings.s3_config()))
         cache_dir = Path(settings.cache_dir)
         blobs = BlobCache(CacheConfig(cache_dir, settings.disk_cache_bytes))
-        loader = InstanceLoader(repository, cache_dir, detect_device(settings.device), blobs)
+        devices = choose_devices(settings.device)  # DeviceRefused: a GPU that is not there
+        loader = InstanceLoader(repository, cache_dir, devices[0], blobs)
         if settings.spare_workers:
             loader.spares = SpareWorkers(
                 settings.spare_workers,
@@ -196,14 +202,15 @@ def build_node(
     memory = MemoryBudget(settings.memory_budget, lambda: node.schedulers())
     gpu_memory: MemoryBudget | None = None
     device_room = None
-    if loader.device.kind == "cuda":
-        total = device_memory_bytes(loader.device.index)
-        gpu_memory = MemoryBudget(
-            settings.gpu_memory_budget(total), lambda: node.schedulers(), device_bytes
+    if loader.device.kind == "cuda":  # each GPU its budget and cap; a load goes to the freest
+        gpus = devices or [loader.device]
+        budgets = {d.index: settings.gpu_memory_budget(device_memory_bytes(d.index)) for d in gpus}
+        gpu_memory = MemoryBudget(sum(budgets.values()), lambda: node.schedulers(), device_bytes)
+        loader.placement = Placement(
+            gpus, budgets, lambda: on_devices(node.schedulers()), settings.gpu_concurrency
         )
         if settings.gpu_concurrency:
-            cap = settings.gpu_concurrency
-            device_room = lambda: sum(s.pool.instances for s in node.schedulers()) < cap  # noqa: E731
+            device_room = loader.placement.has_room
     factory = SchedulerFactory(
         loader,
         clock,
@@ -259,12 +266,30 @@ def build_node(
         jobs=jobs,
     )
     telemetry.metrics.watch(node.function_states)
+    telemetry.metrics.watch_devices(lambda: instance_devices(node.schedulers()))
     telemetry.metrics.watch_store(lambda: repository.store.requests)
     telemetry.metrics.watch_jobs(lambda: jobs.queued_records, lambda: jobs.running)
     spares = loader.spares
     if spares is not None:
         telemetry.metrics.watch_spares(lambda: spares.ready, lambda: spares.taken)
     return node
+
+
+def on_devices(schedulers: Iterable[Any]) -> Iterator[tuple[Device, int]]:
+    """(device, device bytes) of every loaded instance: what placement counts per GPU."""
+    for s in schedulers:
+        for instance in s.pool.loaded_instances():
+            yield instance.device, instance.device_bytes
+
+
+def instance_devices(schedulers: Iterable[Any]) -> list[tuple[str, str, str, int]]:
+    """(function, version, device, instances there) of every loaded version (/metrics)."""
+    rows: dict[tuple[str, str, str], int] = {}
+    for s in schedulers:
+        for instance in s.pool.loaded_instances():
+            key = (s.version.name, s.version.version, str(instance.device))
+            rows[key] = rows.get(key, 0) + 1
+    return [(*key, count) for key, count in rows.items()]
 
 
 def invoke_keys(settings: ServerSettings) -> InvokeKeys | None:

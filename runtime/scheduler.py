@@ -234,6 +234,7 @@ def describe(s: Scheduler) -> dict[str, Any]:
         "idle_s": round(max(now - last_active, 0.0), 3),
         "instance_bytes": pool.instance_bytes,
         "device_bytes": pool.device_bytes,
+        "devices": [str(i.device) for i in pool.loaded_instances()],
         "cost_model": {
             "per_item_ms": round(per_item * 1000, 4),
             "fixed_ms": round(fixed * 1000, 4),

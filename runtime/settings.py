@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from fnrt.functions.limits import TensorLimits
+from fnrt.loader.device import parse_device
 from fnrt.loader.stores.s3 import S3Config
 from fnrt.tracing.setup import TraceConfig, trace_config_from_env
 
@@ -95,7 +96,7 @@ class ServerSettings:
     isolation: str = "process"  # where instances run unless a manifest says: process, thread
     spare_workers: int = 1  # worker processes started ahead of cold starts (process isolation)
     worker_imports: tuple[str, ...] = ()  # modules spare workers import ahead (and learned ones)
-    device: str = "auto"
+    device: str = "auto"  # auto, cpu, cuda (every visible GPU) or cuda:1,cuda:3
     log_level: str = "info"
     log_json: bool = False
     request_log: bool = True  # one JSON line per request (fnrt.access, info)
@@ -122,8 +123,7 @@ class ServerSettings:
         for name in self.worker_imports:
             if not all(part.isidentifier() for part in name.split(".")):
                 raise ValueError(f"worker_imports: {name!r} is not a module name")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device: {self.device!r} is not auto, cpu or cuda")
+        parse_device(self.device)  # ValueError naming device
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("ssl_certfile and ssl_keyfile: give both, or neither")
         if self.admin_token == "":
@@ -192,7 +192,7 @@ class ServerSettings:
         return int(0.6 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
     def gpu_memory_budget(self, total_bytes: int) -> int:
-        """The GPU's budget in bytes for a device of ``total_bytes``: as set, else 90% of
+        """Each GPU's budget in bytes for a device of ``total_bytes``: as set, else 90% of
         it (the rest is the CUDA contexts', cuBLAS's and the staging buffers')."""
         if self.gpu_memory_budget_bytes is not None:
             return self.gpu_memory_budget_bytes

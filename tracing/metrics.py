@@ -246,6 +246,25 @@ class _GpuCollector:
         yield total
 
 
+#: (function, version, device, instances there) of each loaded version.
+DeviceSource = Callable[[], Iterable[tuple[str, str, str, int]]]
+
+
+class _DeviceCollector:
+    def __init__(self, source: DeviceSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        on = GaugeMetricFamily(
+            "fnrt_instances_on_device",
+            "Loaded instances by the device they run on (cpu, cuda:0, ...)",
+            labels=["function", "version", "device"],
+        )
+        for function, version, device, count in self._source():
+            on.add_metric([function, version, device], count)
+        yield on
+
+
 def _gpu_collector() -> _GpuCollector | None:
     try:
         collector = _GpuCollector()
@@ -390,6 +409,10 @@ class Metrics:
     def watch(self, state: StateSource) -> None:
         """Report ``state()`` (warm instances, queue depth) at every scrape."""
         self.registry.register(_StateCollector(state))
+
+    def watch_devices(self, source: DeviceSource) -> None:
+        """Report each loaded version's instances by device at every scrape."""
+        self.registry.register(_DeviceCollector(source))
 
     def watch_store(self, requests: Callable[[], Mapping[str, int]]) -> None:
         """Report the store's request counts by operation at every scrape."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from fnrt.loader.device import DeviceRefused, choose_devices, describe_choice, parse_device
 from fnrt.runtime.cli.options import (
     DURATION,
     LOG_LEVEL,
@@ -128,13 +129,14 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
 @setting(
     "gpu_memory_budget_bytes",
     type=SIZE,
-    default_text="90% of the GPU's",
-    help="GPU memory for loaded instances (on a GPU), least recently used evicted beyond it",
+    default_text="90% of each GPU's",
+    help="each GPU's memory for loaded instances (their tensors and their workers' CUDA "
+    "contexts, measured), least recently used evicted beyond it",
 )
 @setting(
     "gpu_concurrency",
     type=int,
-    help="instances sharing the GPU, all functions together (0: no cap); "
+    help="instances sharing each GPU, all functions together (0: no cap); "
     "fnrt bench-concurrency measures the best",
 )
 @setting(
@@ -283,7 +285,14 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "beside those the functions' code imports and loads here were seen to import; given, a "
     "spare starts with the server",
 )
-@setting("device", type=click.Choice(["auto", "cpu", "cuda"]), help="where instances run")
+@setting(
+    "device",
+    type=str,
+    metavar="auto|cpu|cuda|cuda:N,...",
+    help="where instances run: cuda uses every visible GPU (each instance on the one with "
+    "the most free budget), cuda:1,cuda:3 those; auto is every GPU when fnrt[gpu] is "
+    "installed and one is visible, else the CPU. cuda on a machine without either is refused",
+)
 @flag(
     "jobs",
     "--jobs/--no-jobs",
@@ -369,9 +378,19 @@ def serve(**options: Any) -> int:
             file=sys.stderr,
         )
         return STARTUP_FAILURE
+    try:  # a GPU asked for and not there: one line naming the extra or the cause
+        devices = choose_devices(settings.device)
+    except DeviceRefused as exc:
+        sock.close()
+        print(f"error: {exc.message}", file=sys.stderr)
+        return STARTUP_FAILURE
     app = build_app(settings)
     port = sock.getsockname()[1]
-    print(f"fnrt: serving store {settings.store} on http://{settings.host}:{port}", file=sys.stderr)
+    print(
+        f"fnrt: serving store {settings.store} on http://{settings.host}:{port}; "
+        f"instances on {describe_choice(parse_device(settings.device), devices)}",
+        file=sys.stderr,
+    )
     server = make_server(app, settings)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it stopped on
         server.run(sockets=[sock])

@@ -23,7 +23,7 @@ from test_dashboard import exported_names
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "kubernetes"
-OVERLAYS = ("keda", "knative")
+OVERLAYS = ("keda", "knative", "gpu")
 KUBERNETES_VERSION = "1.32.0"
 CRDS = {
     "keda.sh/v1alpha1/ScaledObject": "keda.sh_scaledobjects.yaml",
@@ -212,3 +212,23 @@ def test_the_kubernetes_doc_names_objects_each_overlay_has() -> None:
                 ]
                 assert int(forward[2]) in [p["port"] for p in service["spec"]["ports"]]
     assert checked >= 4
+
+
+def test_the_gpu_overlay_asks_for_a_gpu_and_runs_the_image_with_fnrt_gpu() -> None:
+    docs = render("gpu")
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == 1
+    (settings,) = [d for d in docs if d["kind"] == "ConfigMap" and "FNRT_STORE" in d["data"]]
+    assert settings["data"]["FNRT_DEVICE"] == "cuda"  # no GPU given: refused, not the CPU
+    assert "nodeSelector" not in pod and "tolerations" not in pod  # the cluster's to choose
+    patch = (K8S / "overlays" / "gpu" / "gpu.yaml").read_text()
+    assert "# nodeSelector:" in patch and "# tolerations:" in patch  # but shown, commented
+    tag = container["image"].rsplit(":", 1)[1]
+    # the image it names is built by the Dockerfile's one documented GPU line
+    dockerfile = (ROOT / "infra" / "docker" / "Dockerfile").read_text()
+    (line,) = [line for line in dockerfile.splitlines() if f"-t fnrt:{tag} " in line]
+    assert line.startswith("#   docker build ")  # one line to copy, with no index named
+    assert "gpu" in line.split("FNRT_EXTRAS=")[1].split()[0].split(",")

@@ -406,7 +406,7 @@ def test_400_concurrent_requests_to_a_forward_handler_in_a_worker_each_get_their
         for i, response in enumerate(responses):
             assert response.status_code == 200, response.text
             assert response.json()["y"] == [[2.0 * i + 1, -2.0 * i + 1], [2.0, 2.0 * i + 1]]
-        instances = srv.call(srv.registry.get("staged")).loaded_instances()
+        instances = srv.call(srv.registry.get("staged")).pool.loaded_instances()
         assert len(instances) == 1 and isinstance(instances[0], ProcessInstance)
         assert instances[0].stages  # the worker stages its batches itself (forward)
         assert instances[0].sent_ahead > 0  # batches went into the second arena

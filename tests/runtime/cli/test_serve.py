@@ -155,6 +155,8 @@ def test_every_setting_is_an_option_with_its_variable_declared_once(
         text, expected = _value_for(option, tmp_path)
         if name == "host":
             text, expected = "127.0.0.2", "127.0.0.2"
+        if name == "device":  # a list of GPUs (checked at start against what is visible)
+            text, expected = "cuda:1,cuda:3", "cuda:1,cuda:3"
         if name in ("ssl_certfile", "ssl_keyfile"):  # one needs the other
             monkeypatch.setenv("FNRT_SSL_CERTFILE", text)
             monkeypatch.setenv("FNRT_SSL_KEYFILE", text)
