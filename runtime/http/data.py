@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError, VersionRetired
-from fnrt.functions.headers import PRIORITY_HEADER, TIMEOUT_HEADER
+from fnrt.functions.headers import (
+    FUNCTION_HEADER,
+    PRIORITY_HEADER,
+    TIMEOUT_HEADER,
+    VERSION_HEADER,
+)
 from fnrt.runtime.gateway import Target
 from fnrt.runtime.http.body import ClientGone, Receive, client_of
 from fnrt.runtime.http.observe import Trail, begin, end
@@ -40,7 +45,10 @@ from fnrt.tracing.spans import fail, traceresponse
 
 Scope = MutableMapping[str, Any]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-Answer = tuple[bytes, str, dict[str, str]]  # body, media type, extra headers
+#: Response headers encoded for ASGI, as :func:`answered_by` makes them.
+RawHeaders = list[tuple[bytes, bytes]]
+#: body, media type, extra headers (or, encoded, the content type and extra headers)
+Answer = tuple[bytes, str, "dict[str, str] | RawHeaders"]
 
 #: What metrics and logs record for a request whose client left before the answer.
 CLIENT_GONE = 499
@@ -145,6 +153,25 @@ def answering(call: Call) -> Scheduler:
     return scheduler
 
 
+_ENCODED: dict[tuple[str, str, str], RawHeaders] = {}
+
+
+def answered_by(function: str, version: str, media_type: str) -> RawHeaders:
+    """The headers of an answer computed by ``function``'s ``version`` (no cache hit, no
+    fallback, no cold start), encoded once per version and media type."""
+    key = (function, version, media_type)
+    found = _ENCODED.get(key)
+    if found is None:
+        if len(_ENCODED) > 4096:  # versions come and go: forget them all now and then
+            _ENCODED.clear()
+        found = _ENCODED[key] = [
+            (b"content-type", media_type.encode()),
+            (FUNCTION_HEADER.encode(), function.encode("latin-1")),
+            (VERSION_HEADER.encode(), version.encode("latin-1")),
+        ]
+    return found
+
+
 def header_map(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
@@ -245,8 +272,11 @@ async def serve_raw(
             failed.media_type,
             failed.headers,
         )
-    raw = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
-    raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
+    if isinstance(extra, list):  # encoded already: the content type and who answered
+        raw = [*extra, (b"content-length", str(len(body)).encode())]
+    else:
+        raw = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
+        raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
     trace_header = traceresponse(span)
     if trace_header is not None:
         raw.append(trace_header)

@@ -32,6 +32,7 @@ from fnrt.runtime.http.data import (
     Incoming,
     Scope,
     Send,
+    answered_by,
     answering,
     data_route,
     entry,
@@ -126,6 +127,14 @@ class Invoke:
             started_ns = time.time_ns()
             out = encode(served.outputs, reply, limits)
             span.encoded = (started_ns, time.time_ns(), len(out))
+        if served.cold_tier is None and not served.cached and served.fallback is None:
+            scheduler = call.scheduler  # who answered, as usual: its headers encoded once
+            media_type = reply.media_type
+            return (
+                out,
+                media_type,
+                answered_by(scheduler.name, scheduler.version.version, media_type),
+            )
         return out, reply.media_type, served_headers(call, served)
 
     def error_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
