@@ -124,8 +124,12 @@ def main() -> None:
         traced = ("--trace", "otlp", "--trace-endpoint", collector, "--trace-sample", "1.0")
         fnrt("traced", *traced)
         if args.baseline != "none":
-            overlay = checkout(args.baseline, work)
-            fnrt("base", environ=env | {"PYTHONPATH": str(overlay)})
+            try:
+                overlay = checkout(args.baseline, work)
+            except subprocess.CalledProcessError as exc:  # a shallow clone, say
+                print(f"no baseline: git archive {args.baseline} failed: {exc.stderr!r}")
+            else:
+                fnrt("base", environ=env | {"PYTHONPATH": str(overlay)})
         for name, start in (("bare", start_bare), ("lean", start_lean)):
             url, proc = start(example, weights, env)
             procs.append(proc)
