@@ -1,22 +1,39 @@
 """The GPU path, measured against the plain ways, in one run (runs on the CPU too).
 
-    python bench/gpu.py [--device auto|cpu|cuda] [--only pipeline,load,sweep]
+    python bench/gpu.py [--device auto|cpu|cuda] [--only pipeline,memory,load,sweep]
+                        [--isolation process|thread] [--functions 8]
                         [--rounds 3] [--duration-s 4] [--load-gib 1.25] [--out FILE.json]
                         [--plot FILE.png]
     python bench/gpu.py --replot FILE.json [--plot FILE.png]
 
-Three parts, each printing its figures as ratios against a baseline measured in
+On a GPU machine, what #43 leaves to run (from the checkout, with its .venv; the onnx
+extra's CPU onnxruntime and onnxruntime-gpu are one module, so the CPU one goes first):
+
+    .venv/bin/pip install -c constraints.txt -e '.[torch,gpu,s3,dev]' \
+      && .venv/bin/pip uninstall -y onnxruntime onnxruntime-gpu \
+      && .venv/bin/pip install -c constraints.txt onnxruntime-gpu \
+      && .venv/bin/python bench/gpu.py --device cuda --only pipeline,memory --out gpu.json \
+      && .venv/bin/python -m pytest -m gpu -rs -p no:cacheprovider tests
+
+Four parts, each printing its figures as ratios against a baseline measured in
 the same run:
 
 - **pipeline**: a batch-heavy MLP (each request 32 rows of 4,096 features on a
-  GPU) served by an in-process node through the real batcher, under a closed
-  loop of 128 clients. fnrt's staged path (a handler with ``forward``: pinned
-  buffers, a copy and a compute stream, batch k+1 stacked and copied while batch
-  k computes) against the same model in a plain ``__call__`` that stacks into
-  pageable memory and runs on the default stream. Throughput and p99, the median
-  of ``--rounds`` interleaved rounds after one round that warms both. On the
-  CPU the same two handlers show what the overlap of stacking and compute is
-  worth there.
+  GPU) served by a node through the real batcher, in worker processes by
+  default (``--isolation``), under a closed loop of 128 clients. fnrt's staged
+  path (a handler with ``forward``: pinned buffers, a copy and a compute
+  stream, batch k+1 sent into the worker's second arena and staged there while
+  batch k computes) against the same model in a plain ``__call__`` that stacks
+  into pageable memory and runs on the default stream. Throughput and p99, the
+  median of ``--rounds`` interleaved rounds after one round that warms both,
+  and how many batches were sent ahead. On the CPU the same two handlers show
+  what the overlap of stacking and compute is worth there.
+- **memory**: ``--functions`` (8) functions loaded at once, one worker each:
+  the node's GPU budget in use (tensors plus each worker's measured CUDA
+  context and workspaces) against the device memory NVML counts as used since
+  before the first worker started (the figure ``cudaMemGetInfo`` gives, read
+  without a CUDA context in this process, which is not the workers'), and each
+  worker's context. On the CPU: the budget's 0 and the host side.
 - **load**: a ``--load-gib`` safetensors file from the disk cache into device
   memory: fnrt's parallel reads through a pinned ring
   (``loader/transfer.py``) against ``torch.load(...).to(device)``,
@@ -130,7 +147,7 @@ max_wait_ms = 2
 max_queue = 4096
 
 [isolation]
-mode = "thread"
+mode = "{isolation}"
 """
 
 
@@ -173,14 +190,22 @@ def publish(node: Any, folder: Path) -> Any:
 # --- pipeline ------------------------------------------------------------------------------
 
 
-def write_model(root: Path, name: str, cls: str, handler: str, sizes: dict[str, int]) -> Path:
+def write_model(
+    root: Path,
+    name: str,
+    cls: str,
+    handler: str,
+    sizes: dict[str, int],
+    isolation: str = "process",
+) -> Path:
     import torch
 
     folder = root / name
     folder.mkdir(parents=True)
     (folder / "handler.py").write_text(textwrap.dedent(handler))
     (folder / "net.py").write_text(NET.format(**sizes))
-    (folder / "fnrt.toml").write_text(MANIFEST.format(name=name, cls=cls, **sizes))
+    manifest = MANIFEST.format(name=name, cls=cls, isolation=isolation, **sizes)
+    (folder / "fnrt.toml").write_text(manifest)
     namespace: dict[str, Any] = {}
     exec(NET.format(**sizes), namespace)  # the same network both sides, seeded
     torch.manual_seed(0)
@@ -206,13 +231,15 @@ def pipeline(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> N
     rows = sizes.pop("rows")
     tmp = Path(tempfile.mkdtemp(prefix="fnrt-bench-gpu-"))
     try:
+        isolation = args.isolation
         folders = {
-            "plain": write_model(tmp / "fns", "plain", "Plain", PLAIN, {**sizes}),
-            "staged": write_model(tmp / "fns", "staged", "Staged", STAGED, {**sizes}),
+            "plain": write_model(tmp / "fns", "plain", "Plain", PLAIN, {**sizes}, isolation),
+            "staged": write_model(tmp / "fns", "staged", "Staged", STAGED, {**sizes}, isolation),
         }
-        node = make_node(tmp, device)
+        node = make_node(tmp, device, isolation=isolation)
         config = SweepConfig(levels=(1,), clients=128, warmup_s=1.0, duration_s=args.duration_s)
         figures: dict[str, list[Any]] = {"plain": [], "staged": []}
+        ahead = {"plain": 0, "staged": 0}  # batches sent into a worker's second arena
 
         async def run() -> None:
             vms = {k: publish(node, f) for k, f in folders.items()}
@@ -223,6 +250,8 @@ def pipeline(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> N
                     scheduler = factory(vms[mode])
                     try:
                         result = await measure(scheduler, 1, request, config)
+                        for instance in scheduler.pool.loaded_instances():
+                            ahead[mode] += getattr(instance, "sent_ahead", 0)
                     finally:
                         await sched.close(scheduler)
                     if round_:
@@ -235,8 +264,9 @@ def pipeline(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> N
     p99 = {m: statistics.median(r.p99_ms for r in rs) for m, rs in figures.items()}
     errors = sum(r.errors for rs in figures.values() for r in rs)
     print(
-        f"\npipeline on {device}: {rows} rows x {sizes['features']} float32 per request, "
-        f"batches of {sizes['batch']}, 128 clients, median of {args.rounds} rounds"
+        f"\npipeline on {device}, {args.isolation} isolation: {rows} rows x "
+        f"{sizes['features']} float32 per request, batches of {sizes['batch']}, 128 clients, "
+        f"median of {args.rounds} rounds"
     )
     print(f"  {'':32} {'requests/s':>12} {'p99 ms':>9}")
     print(f"  {'pageable + default stream':32} {rps['plain']:12.0f} {p99['plain']:9.2f}")
@@ -246,14 +276,100 @@ def pipeline(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> N
         f"p99 {p99['staged'] / p99['plain']:.2f}x"
         f"  (errors: {errors})"
     )
+    if args.isolation == "process":
+        print(f"  batches sent ahead into a worker's second arena: {ahead}")
     report["pipeline"] = {
         "device": str(device),
+        "isolation": args.isolation,
+        "sent_ahead": ahead,
         "rows": rows,
         **sizes,
         "rounds": {m: [r.to_dict() for r in rs] for m, rs in figures.items()},
         "throughput_ratio": rps["staged"] / rps["plain"],
         "p99_ratio": p99["staged"] / p99["plain"],
     }
+
+
+# --- memory --------------------------------------------------------------------------------
+
+
+def nvml_used_bytes(device: Any) -> int | None:
+    """Device memory in use, all processes (NVML: no CUDA context made here)."""
+    if device.kind != "cuda":
+        return None
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(device.index)
+    return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+
+
+def memory(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> None:
+    """``--functions`` functions loaded at once: the GPU budget against what the device
+    says is used (within 5% is #43's bar), and each worker's measured context."""
+    gpu = device.kind == "cuda"
+    small = {"features": 64, "hidden": 128, "batch": 8}
+    sizes = {"features": 1024, "hidden": 2048, "batch": 32} if gpu else small
+    tmp = Path(tempfile.mkdtemp(prefix="fnrt-bench-memory-"))
+    rows: list[dict[str, Any]] = []
+    try:
+        names = [f"fn{i}" for i in range(args.functions)]
+        folders = [
+            write_model(tmp / "fns", n, "Staged", STAGED, {**sizes}, args.isolation) for n in names
+        ]
+        node = make_node(tmp, device, isolation=args.isolation)
+        before = nvml_used_bytes(device)  # before any worker touched the GPU
+
+        async def run() -> int | None:
+            vms = [publish(node, f) for f in folders]
+            schedulers = [node.registry.schedulers(vm) for vm in vms]
+            try:
+                await asyncio.gather(*(sched.warm(s) for s in schedulers))
+                for s in schedulers:
+                    for instance in s.pool.loaded_instances():
+                        rows.append(
+                            {
+                                "function": s.version.name,
+                                "device": str(instance.device),
+                                "device_bytes": instance.device_bytes,
+                                "context_bytes": getattr(instance, "context_bytes", 0),
+                                "host_bytes": instance.size_bytes,
+                            }
+                        )
+                return nvml_used_bytes(device)  # all loaded
+            finally:
+                await asyncio.gather(*(sched.close(s) for s in schedulers))
+
+        loaded = asyncio.run(run())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    budget = sum(r["device_bytes"] for r in rows)
+    host = sum(r["host_bytes"] for r in rows)
+    print(f"\nmemory on {device}, {args.isolation} isolation: {len(rows)} instances loaded")
+    print(f"  {'function':10} {'device':8} {'device MiB':>11} {'context MiB':>12} {'host MiB':>9}")
+    for r in rows:
+        print(
+            f"  {r['function']:10} {r['device']:8} {r['device_bytes'] / 2**20:11.1f} "
+            f"{r['context_bytes'] / 2**20:12.1f} {r['host_bytes'] / 2**20:9.1f}"
+        )
+    print(f"  GPU budget in use: {budget / 2**20:.1f} MiB; host budget: {host / 2**20:.1f} MiB")
+    entry: dict[str, Any] = {
+        "device": str(device),
+        "isolation": args.isolation,
+        "instances": rows,
+        "budget_bytes": budget,
+        "host_bytes": host,
+    }
+    if before is not None and loaded is not None:
+        used = loaded - before
+        ratio = budget / used if used else float("nan")
+        verdict = "within 5%" if abs(ratio - 1) <= 0.05 else "NOT within 5%"
+        print(
+            f"  device memory used since before the first worker (NVML, = cudaMemGetInfo's "
+            f"total - free): {used / 2**20:.1f} MiB; budget / used = {ratio:.3f} ({verdict})"
+        )
+        entry |= {"device_used_bytes": used, "budget_over_used": ratio}
+    report["memory"] = entry
 
 
 # --- load ----------------------------------------------------------------------------------
@@ -494,7 +610,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--only", default="pipeline,load,sweep")
+    parser.add_argument("--only", default="pipeline,memory,load,sweep")
+    parser.add_argument("--isolation", default="process", choices=["process", "thread"])
+    parser.add_argument("--functions", type=int, default=8, help="memory: functions loaded")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration-s", type=float, default=4.0)
     parser.add_argument("--load-gib", type=float, default=1.25)
@@ -510,7 +628,7 @@ def main() -> None:
         return
     device = device_of(args.device)
     report: dict[str, Any] = {}
-    parts = {"pipeline": pipeline, "load": load, "sweep": sweep}
+    parts = {"pipeline": pipeline, "memory": memory, "load": load, "sweep": sweep}
     for name in args.only.split(","):
         started = time.perf_counter()
         try:

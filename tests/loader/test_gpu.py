@@ -366,3 +366,101 @@ def test_gpu_concurrency_caps_the_instances_sharing_the_gpu(tmp_path: Path) -> N
 
         asyncio.run(flood())
     assert most == 2  # it scaled up, to the cap and not to max_instances = 4
+
+
+# --- #43: worker processes that overlap, GPU memory counted, every GPU ----------------------
+
+FORWARD = """
+import torch
+from fnrt.functions import Handler
+
+
+class Forward(Handler):
+    def load(self, artifacts, device):
+        self.w = torch.full((2, 2), 0.0, device=device.torch) + torch.eye(2, device=device.torch)
+
+    def forward(self, inputs):
+        x = inputs["x"]
+        return {"y": (x @ self.w) * 2 + 1}
+"""
+
+FORWARD_MANIFEST = """
+name = "{name}"
+handler = "handler:Forward"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 2] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 2] }}
+
+[batching]
+max_batch_size = 8
+max_wait_ms = 2
+
+[scaling]
+max_instances = 1
+max_queue = 1024
+
+[isolation]
+mode = "process"
+"""
+
+
+def test_400_staged_requests_in_a_worker_on_the_gpu_each_get_their_own_answer(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from fnrt.loader.process import ProcessInstance
+
+    folder = write_function(tmp_path / "src", "fwd", FORWARD, FORWARD_MANIFEST)
+    with live_server(tmp_path, node=_gpu_node(tmp_path)) as srv:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+
+        async def all_at_once() -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=400)
+            async with httpx.AsyncClient(base_url=srv.url, limits=limits, timeout=60) as client:
+                body = lambda i: {"x": [[float(i), -float(i)]]}  # noqa: E731
+                posts = (client.post("/v1/functions/fwd/invoke", json=body(i)) for i in range(400))
+                return list(await asyncio.gather(*posts))
+
+        for i, response in enumerate(asyncio.run(all_at_once())):
+            assert response.status_code == 200, response.text
+            assert response.json()["y"] == [[2.0 * i + 1, -2.0 * i + 1]]
+        (instance,) = srv.call(srv.registry.get("fwd")).pool.loaded_instances()
+        assert isinstance(instance, ProcessInstance) and instance.sent_ahead > 0
+        assert str(instance.device) == "cuda:0"
+
+
+def test_a_workers_cuda_context_is_measured_into_the_gpu_budget(tmp_path: Path) -> None:
+    folder = write_function(tmp_path / "src", "fwd", FORWARD, FORWARD_MANIFEST)
+    before = _device_used_bytes()
+    node = _gpu_node(tmp_path)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        assert c.post("/v1/functions/fwd/invoke", json={"x": [[1.0, 2.0]]}).status_code == 200
+        (instance,) = srv.call(srv.registry.get("fwd")).pool.loaded_instances()
+        used = _device_used_bytes() - before
+        assert instance.context_bytes > 64 << 20  # a CUDA context is hundreds of MiB
+        counted = node.gpu_memory.used_bytes()
+        assert counted >= instance.context_bytes
+        assert abs(counted - used) <= 0.05 * used, (counted >> 20, used >> 20)
+        assert c.get("/v1/functions/fwd").json()["instance"]["devices"] == ["cuda:0"]
+
+
+def test_instances_go_to_the_gpu_with_the_most_free_budget(tmp_path: Path) -> None:
+    from fnrt.loader.device import cuda_device_count
+    from fnrt.runtime.node import build_node
+    from support import node_settings
+
+    if cuda_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    node = build_node(node_settings(tmp_path, device="cuda", isolation="process"))
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        for name in ("a", "b"):
+            folder = write_function(tmp_path / "src", name, FORWARD, FORWARD_MANIFEST)
+            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            assert c.post(f"/v1/functions/{name}/invoke", json={"x": [[1.0, 2.0]]}).is_success
+        devices = {c.get(f"/v1/functions/{n}").json()["instance"]["devices"][0] for n in "ab"}
+    assert devices == {"cuda:0", "cuda:1"}  # the second went to the emptier GPU
