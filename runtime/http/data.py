@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,7 +36,7 @@ from fnrt.functions.headers import (
 )
 from fnrt.runtime.gateway import Target
 from fnrt.runtime.http.body import ClientGone, Receive, client_of
-from fnrt.runtime.http.observe import Trail, begin, end
+from fnrt.runtime.http.observe import end, server_span
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.protection import Served
@@ -61,12 +62,17 @@ class Incoming:
     node: Node
     headers: Mapping[str, str]
     params: tuple[str | None, ...]  # the path's parameters, in the route's order
-    trail: Trail
     receive: Receive
-    priority: Priority | None  # from the headers (a body's may add to them)
-    timeout_s: float | None
-    client: Client | None
+    route: str  # the route's path template: its name in metrics, logs and spans
+    started_s: float  # time.perf_counter() when it began
+    span: Any  # its server span, when tracing is on
+    priority: Priority | None = None  # from the headers (a body's may add to them)
+    timeout_s: float | None = None
+    client: Client | None = None
     reply: Any = None  # the route's choice of answer format, made before the body is read
+    function: str = ""  # what it reached, for its metrics, log line and span (a Trail)
+    version: str = ""
+    cold_tier: str | None = None
 
     def call(
         self,
@@ -83,7 +89,7 @@ class Incoming:
             inputs,
             priority if self.priority is None else self.priority,
             timeout_s if self.timeout_s is None else self.timeout_s,
-            span=self.trail.span,
+            span=self.span,
             client=self.client,
             **extra,
         )
@@ -181,8 +187,8 @@ def open_request(
 ) -> Incoming:
     """The request's HTTP side: its headers, its span opened (``end`` closes it)."""
     headers = header_map(scope)
-    trail = begin(node.telemetry, route.path, scope, headers)
-    return Incoming(node, headers, params, trail, receive, None, None, None)
+    span = server_span(node.telemetry, route.path, scope, headers)
+    return Incoming(node, headers, params, receive, route.path, time.perf_counter(), span)
 
 
 async def submit_data(route: DataSource, incoming: Incoming) -> tuple[Any, Call, Served]:
@@ -202,7 +208,7 @@ async def submit_data(route: DataSource, incoming: Incoming) -> tuple[Any, Call,
     scheduler = gateway.choose_now(target)
     if scheduler is None:
         scheduler = await gateway.choose(target)
-    trail = incoming.trail
+    trail = incoming  # what it reached, for its metrics, log line and span
     trail.function, trail.version = scheduler.name, scheduler.version.version
     call = route.decode(incoming, body, scheduler)
     try:
@@ -233,11 +239,10 @@ async def serve_data(
 ) -> None:
     """Answer one request of ``route`` on the raw ASGI interface."""
     incoming = open_request(node, route, params, scope, receive)
-    trail = incoming.trail
     status = await serve_raw(
-        _answer(route, incoming), scope, send, route.error_headers(incoming.headers), trail.span
+        _answer(route, incoming), scope, send, route.error_headers(incoming.headers), incoming.span
     )
-    end(node.telemetry, trail, status)
+    end(node.telemetry, incoming, status)
 
 
 async def serve_raw(

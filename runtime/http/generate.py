@@ -249,7 +249,7 @@ async def _serve_generate(
         status = await _serve(route, incoming, scope, send)
     except (ClientGone, ClientLeft):
         status = CLIENT_GONE
-    end(node.telemetry, incoming.trail, status)
+    end(node.telemetry, incoming, status)
 
 
 GENERATE = entry(ROUTE, generate_route(Generate()))
@@ -282,7 +282,7 @@ async def serve_generate(
 
 async def _serve(route: Generate, incoming: Incoming, scope: Scope, send: Send) -> int:
     headers = incoming.headers
-    trail = incoming.trail
+    trail = incoming
     node = incoming.node
     try:
         body, call, served = await submit_data(route, incoming)

@@ -118,9 +118,9 @@ class Invoke:
         reply = incoming.reply
         limits = incoming.node.settings.tensor_limits
         if served.stream is not None:  # a generative function: its whole result
-            outputs, headers_out = await whole_result(call, served, incoming.trail)
+            outputs, headers_out = await whole_result(call, served, incoming)
             return encode(outputs, reply, limits), reply.media_type, headers_out
-        span = incoming.trail.span
+        span = incoming.span
         if span is None or not span.recording:
             out = encode(served.outputs, reply, limits)
         else:  # its encode span

@@ -1,7 +1,7 @@
 """What the data path reports about each request: metrics, its server span, a log line.
 
 Invokes and infers are served as raw ASGI (see :mod:`fnrt.runtime.http.data`),
-so they report here rather than through middleware: :func:`begin` opens the
+so they report here rather than through middleware: :func:`server_span` opens the
 request's span, :func:`end` closes it and hands the request to the telemetry,
 which makes its metrics and its JSON line in the request log together with
 those of every request that ended in the same turn of the event loop (the
@@ -12,35 +12,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fnrt.tracing.spans import ids
 from fnrt.tracing.telemetry import Telemetry
 
 
-@dataclass
-class Trail:
-    """What one request reached, filled in as it is served."""
+class Trail(Protocol):
+    """What one request reached, filled in as it is served (a data route's ``Incoming``)."""
 
     route: str
-    started_s: float
-    function: str = ""
-    version: str = ""
-    cold_tier: str | None = None
-    span: Any = None
+    started_s: float  # time.perf_counter() when it began
+    function: str
+    version: str
+    cold_tier: str | None
+    span: Any  # its server span, when tracing is on
 
 
-def begin(
+def server_span(
     telemetry: Telemetry | None,
     route: str,
     scope: MutableMapping[str, Any],
     headers: Mapping[str, str],
-) -> Trail:
-    trail = Trail(route, time.perf_counter())
-    if telemetry is not None:
-        trail.span = telemetry.tracing.server_span(scope["method"], route, scope["path"], headers)
-    return trail
+) -> Any:
+    """The request's server span (None without telemetry)."""
+    if telemetry is None:
+        return None
+    return telemetry.tracing.server_span(scope["method"], route, scope["path"], headers)
 
 
 def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:

@@ -88,7 +88,7 @@ class SplitTail:
     async def answer(
         self, incoming: Incoming, body: Activation, call: Call, served: Served
     ) -> Answer:
-        span = incoming.trail.span
+        span = incoming.span
         if span is not None:
             span.set_attribute("fnrt.split", call.split)
             span.set_attribute("fnrt.split.bytes", body.size)

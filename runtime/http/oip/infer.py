@@ -89,7 +89,7 @@ class Infer:
         outputs: Any = served.outputs
         extra = None
         if served.stream is not None:  # a generative function: its whole result
-            outputs, extra = await whole_result(call, served, incoming.trail)
+            outputs, extra = await whole_result(call, served, incoming)
         out, json_length = encode_response(
             scheduler.name,
             scheduler.version.version,
