@@ -23,6 +23,13 @@ accounting of ``fnrt simulate``). Three checks:
    3 days (periodic timers, bursty HTTP over a daily cycle, rare functions,
    daily jobs: what time-of-day and the forecast need days for).
 
+4. **The node's memory as a cache.** Half A's days (the sample's half A and a
+   synthetic day of each shape) on one node whose memory holds 25%, 50% and
+   100% of a fixed 10-minute keep-alive's peak: ``auto`` as planned and
+   ``auto`` filling free memory (``--fill-memory``) against FaasCache's
+   Greedy-Dual and LRU; the goal is at most 0.8x Greedy-Dual's cold starts and
+   0.6x LRU's (the better of the two ``auto`` runs).
+
 It exits 1 when a check fails. ``--plot`` draws the sample's curves.
 """
 
@@ -35,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fnrt.runtime.prewarm.node import compare, fixed_peak_gb
 from fnrt.runtime.prewarm.policies import Policy, PolicyConfig
 from fnrt.runtime.prewarm.report import plot
 from fnrt.runtime.prewarm.simulator import Outcome, simulate
@@ -181,6 +189,39 @@ def frontier(title: str, trace: Trace, workers: int, png: str | None) -> bool:
     return ok
 
 
+SHARES = (0.25, 0.5, 1.0)  # node budgets, of fixed 10 minutes' peak memory
+GOAL_GD, GOAL_LRU = 0.8, 0.6
+
+
+def node_memory(synthetic_functions: int, synthetic_days: int) -> bool:
+    """4. Each half of the sample and a synthetic day of each shape (seeds 100+) on one node
+    whose memory holds 25%, 50% and 100% of fixed 10 minutes' peak: ``auto`` (as planned,
+    and filling free memory) against Greedy-Dual and LRU."""
+    print(
+        "\n4. one node's memory as a cache: cold starts of auto (as planned / filling free "
+        "memory)\n   over Greedy-Dual's and LRU's, at budgets of fixed 10 minutes' peak "
+        f"(goal <= {GOAL_GD}x and <= {GOAL_LRU}x)"
+    )
+    head = f"   {'day':<46} {'budget':>7}  {'auto/GD':>11}  {'auto/LRU':>11}"
+    print(head + "  cold: auto, fill, GD, LRU")
+    ok = True
+    for name, trace in {**days(synthetic_functions, synthetic_days)[0]}.items():
+        peak = fixed_peak_gb(trace)
+        for share in SHARES:
+            cold = {o.policy: o.cold_starts for o in compare(trace, [share * peak])}
+            gd, lru = cold["greedy_dual"], cold["lru"]
+            best = min(cold["auto"], cold["auto_fill"])
+            good = best <= GOAL_GD * gd and best <= GOAL_LRU * lru
+            ok &= good
+            a, fill = cold["auto"], cold["auto_fill"]
+            print(
+                f"   {name:<46} {share:>6.0%}  {a / gd:>4.2f}/{fill / gd:<4.2f}x"
+                f"  {a / lru:>4.2f}/{fill / lru:<4.2f}x  {a:,}, {fill:,}, {gd:,}, {lru:,}"
+                + ("" if good else "  not met")
+            )
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -190,7 +231,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the frontier's trace")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
-        "--checks", default="1,2,3", help="which checks to run (comma-separated numbers)"
+        "--checks", default="1,2,3,4", help="which checks to run (comma-separated numbers)"
     )
     parser.add_argument("--plot", metavar="PNG", help="draw the sample's frontier here")
     args = parser.parse_args()
@@ -211,6 +252,8 @@ def main() -> None:
             args.workers,
             args.plot,
         )
+    if 4 in checks:
+        ok &= node_memory(args.synthetic, args.days)
     if 3 in checks:
         made = synthetic(args.synthetic, days=3, seed=args.seed)
         title = f"3. the frontier on a synthetic trace (3 days, {args.synthetic:,} functions)"

@@ -2,18 +2,25 @@
 
 Instances (in threads or worker processes) hold memory until they are
 unloaded: host memory, and on a GPU device memory too, each with a budget of
-its own (``--memory-budget-bytes``, ``--gpu-memory-budget-bytes``). Before a
-load, :meth:`MemoryBudget.make_room` unloads the least recently used idle
-holders until the load fits; busy ones (running, loading,
-or with requests queued) are never evicted, and if they alone fill the
-budget the load goes ahead over it. The choice is the pure
-:func:`~fnrt.loader.cache.choose_evictions`, shared with the disk cache.
+its own (``--memory-budget-bytes``, ``--gpu-memory-budget-bytes``). The node's
+memory is a cache of warm functions: before a load,
+:meth:`MemoryBudget.make_room` unloads the idle holders worth least until the
+load fits, each one's worth the expected price of the cold start it saves per
+GB·minute it will yet be held (its keep-alive plan's, from the keeper:
+:class:`~fnrt.runtime.prewarm.policies.Worth`), not how recently it was used;
+those with no plan go first, least recently used first. Busy ones (running,
+loading, or with requests queued) are never evicted, and if they alone fill the
+budget the load goes ahead over it; a pre-warm evicts only instances worth less
+than it will be, never one pre-warmed for a call that is due. The choice is the
+pure :func:`evictions` (over :func:`~fnrt.loader.cache.choose_evictions`, shared
+with the disk cache), which ``fnrt simulate --node-memory-gb`` runs too.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from fnrt.loader.cache import choose_evictions
@@ -42,6 +49,32 @@ class Resident(Protocol):
     async def evict(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Held:
+    """One holder of memory as an eviction sees it."""
+
+    key: str
+    size: int  # bytes
+    worth: float  # what keeping it is worth (see the module docstring): least goes first
+    last_active_s: float  # among equals, the least recently used goes first
+    pinned: bool = False  # busy, or loaded ahead for a call that is due: never evicted
+
+
+def evictions(budget: int, needed: int, held: Iterable[Held]) -> list[str]:
+    """Which to evict, in order, so ``needed`` more fits ``budget`` (as much as can be
+    freed when the pinned ones alone fill it): the server's budget and the simulator's
+    node both decide here."""
+    order = sorted(held, key=lambda h: (h.worth, h.last_active_s, h.key))
+    pinned = {h.key for h in order if h.pinned}
+    return choose_evictions(budget, needed, [(h.key, h.size) for h in order], pinned)
+
+
+#: What a resident is worth keeping, and whether it was pre-warmed for a call now due.
+Appraise = Callable[["Resident"], tuple[float, bool]]
+#: Told of each eviction: the victim's key and why ("budget").
+Evicted = Callable[[str, str], None]
+
+
 def host_bytes(resident: Resident) -> int:
     return resident.resident_bytes
 
@@ -59,10 +92,14 @@ class MemoryBudget:
         budget_bytes: int | None,
         residents: Callable[[], Iterable[Resident]],
         measure: Callable[[Resident], int] = host_bytes,
+        appraise: Appraise | None = None,
+        evicted: Evicted | None = None,
     ) -> None:
         self.budget_bytes = budget_bytes
         self._residents = residents
         self._measure = measure
+        self.appraise = appraise  # None: all worth the same (least recently used first)
+        self.evicted = evicted
 
     def used_bytes(self) -> int:
         return sum(self._measure(r) for r in self._residents())
@@ -71,25 +108,39 @@ class MemoryBudget:
         """Whether ``needed_bytes`` more fit without evicting anything."""
         return self.budget_bytes is None or self.used_bytes() + needed_bytes <= self.budget_bytes
 
-    async def make_room(self, loading: str, needed_bytes: int) -> None:
-        """Unload least-recently-used idle residents so ``needed_bytes`` fits the budget."""
+    def held(self, loading: str, below: float | None = None) -> list[Held]:
+        """Every other resident holding memory, as :func:`evictions` weighs them; with
+        ``below`` (a pre-warm's worth), those worth as much and those pre-warmed for a
+        call that is due are kept too (a pre-warm never takes another's place)."""
+        measure, appraise = self._measure, self.appraise
+        out = []
+        for r in self._residents():
+            size = measure(r)
+            if r.key == loading or not size:
+                continue
+            worth, due = appraise(r) if appraise is not None else (0.0, False)
+            keep = below is not None and (due or worth >= below)
+            out.append(Held(r.key, size, worth, r.last_active_s, r.busy or keep))
+        return out
+
+    async def make_room(self, loading: str, needed_bytes: int, below: float | None = None) -> None:
+        """Unload the idle residents worth least so ``needed_bytes`` fits the budget
+        (``below``: only those worth less than that, e.g. for a pre-warm)."""
         if self.budget_bytes is None:
             return
-        measure = self._measure
-        others = [r for r in self._residents() if r.key != loading and measure(r)]
-        others.sort(key=lambda r: r.last_active_s)
-        victims = set(
-            choose_evictions(
-                self.budget_bytes,
-                needed_bytes,
-                [(r.key, measure(r)) for r in others],
-                {r.key for r in others if r.busy},
-            )
-        )
-        for resident in others:
-            if resident.key in victims:
-                log.info("evicting %s to make room for %s", resident.key, loading)
-                await resident.evict()
+        residents = {r.key: r for r in self._residents()}
+        held = self.held(loading, below)
+        victims = evictions(self.budget_bytes, needed_bytes, held)
+        freed = sum(h.size for h in held if h.key in set(victims))
+        if below is not None and sum(h.size for h in held) - freed + needed_bytes > (
+            self.budget_bytes
+        ):
+            return  # a pre-warm that would not fit anyway takes nobody's place
+        for key in victims:
+            log.info("evicting %s to make room for %s (reason: budget)", key, loading)
+            await residents[key].evict()
+            if self.evicted is not None:
+                self.evicted(key, "budget")
 
 
 #: Called before a load with ("name/version", host bytes, device bytes it expects to need).

@@ -260,6 +260,8 @@ def build_node(
             clock,
             keeper,
             gpu_memory=gpu_memory,
+            evicted=lambda _key, why: telemetry.metrics.evictions.labels(reason=why).inc(),
+            fill_memory=settings.fill_memory,
             sweep_interval_s=settings.sweep_interval_s,
             watch_interval_s=settings.watch_interval_s,
         ),

@@ -85,6 +85,8 @@ class ServerSettings:
     #: instance kept loaded (the same on every workload), or GB·s of idle memory when set
     cold_start_price_mean_s: float = 4000.0
     cold_start_price_gb_s: float | None = None
+    #: keep idle instances past their plans while the memory budget has room
+    fill_memory: bool = False
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     redis_url: str | None = None  # the shared result cache (redis://host:6379/0)
     jobs: bool = True  # take chunks of asynchronous jobs (runtime/jobs/)

@@ -2,10 +2,13 @@
 
 Every ``sweep_interval_s`` the sweeper scales idle instances to zero as their
 keep-alive policies say (a learned policy's plan may also pre-warm a function
-ahead of its predicted call), closes versions whose rollback window passed,
-and sweeps split tails; every ``watch_interval_s`` it asks the registry to
-pick up routing other nodes wrote. Histories of the keep-alive keeper are
-saved every minute.
+ahead of its predicted call; each unload is logged and counted with its
+reason: "plan", unloaded early to be loaded again ahead, or "idle", its
+keep-alive over; the memory budget's evictions are "budget", in the order of
+what the keeper says each instance is worth, :meth:`Sweeper.appraise`), closes
+versions whose rollback window passed, and sweeps split tails; every
+``watch_interval_s`` it asks the registry to pick up routing other nodes wrote.
+Histories of the keep-alive keeper are saved every minute.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.memory import MemoryBudget
@@ -54,7 +58,17 @@ class Sweeper:
         sweep_interval_s: float = 1.0,
         watch_interval_s: float = 1.0,
         gpu_memory: MemoryBudget | None = None,
+        evicted: Callable[[str, str], None] | None = None,
+        fill_memory: bool = False,
     ) -> None:
+        self._evicted = evicted
+        #: keep instances past their plans while the memory budget has room (a load
+        #: that needs it evicts the least worth), and let a pre-warm evict those worth
+        #: less than it
+        self.fill_memory = fill_memory
+        memory.evicted = self.evicted
+        if keeper is not None:
+            memory.appraise = self.appraise
         self._registry = registry
         self._gpu_memory = gpu_memory
         self._splits = splits
@@ -126,6 +140,32 @@ class Sweeper:
             return False
         return all(s.pool.state is InstanceState.COLD for s in entry.schedulers.values())
 
+    def evicted(self, key: str, reason: str) -> None:
+        """One instance unloaded for ``reason`` (budget, plan or idle): counted."""
+        if self._evicted is not None:
+            self._evicted(key, reason)
+
+    def appraise(self, resident: Any) -> tuple[float, bool]:
+        """What keeping ``resident`` (a version's scheduler) is worth to the memory budget,
+        and whether it must stay: its ``auto`` plan's worth, the keeper's, as ``fnrt
+        simulate --node-memory-gb`` weighs it; other policies' are all alike (the least
+        recently used goes first)."""
+        keeper = self.keeper
+        if keeper is None:
+            return 0.0, False
+        scaling = resident.version.manifest.scaling
+        policy = Policy(scaling.keep_alive_policy)
+        if policy is not Policy.AUTO:
+            return 0.0, False
+        instance_bytes = resident.stats.last_load_bytes or resident.version.size_bytes
+        return keeper.weigh(
+            resident.name,
+            policy,
+            memory_gb=instance_bytes / 2**30,
+            config=keeper.priced(scaling.cold_start_price_gb_s, scaling.cold_start_price_s),
+            kept=self.fill_memory,
+        )
+
     async def _keep(self, scheduler: Scheduler, policy: Policy, now: float) -> bool:
         """Act on the keeper's plan for a function's first instance; True if unloaded."""
         assert self.keeper is not None
@@ -147,8 +187,14 @@ class Sweeper:
             config=self.keeper.priced(scaling.cold_start_price_gb_s, scaling.cold_start_price_s),
             lead_s=prewarm_lead_s(scheduler.stats.last_load_timings_s.get("total_s", 0.0)),
         )
+        if action.unload and self.fill_memory and self._memory.fits(0):
+            return False  # kept while the budget has room: evicted by worth when it has not
         if action.unload:
-            return await sched.scale_to_zero(scheduler, now, force=True)
+            if await sched.scale_to_zero(scheduler, now, force=True):
+                log.info("unloading %s (reason: %s)", scheduler.name, action.why)
+                self.evicted(scheduler.key, action.why)
+                return True
+            return False
         if action.prewarm:
             self._registry.background(self._prewarm(scheduler))
         return False
@@ -160,6 +206,19 @@ class Sweeper:
         needed = stats.last_load_bytes or size
         gpu = self._gpu_memory
         try:
+            if self.fill_memory and self.keeper is not None and not self._memory.fits(needed):
+                # room from the instances worth less than this one when its call is due
+                scaling = scheduler.version.manifest.scaling
+                due, _ = self.keeper.weigh(
+                    scheduler.name,
+                    Policy.AUTO,
+                    memory_gb=needed / 2**30,
+                    config=self.keeper.priced(
+                        scaling.cold_start_price_gb_s, scaling.cold_start_price_s
+                    ),
+                    ahead=True,
+                )
+                await self._memory.make_room(scheduler.key, needed, below=due)
             if self._memory.fits(needed) and (
                 gpu is None or gpu.fits(stats.last_load_device_bytes or size)
             ):

@@ -375,6 +375,13 @@ class Metrics:
             ["function", "outcome"],
             registry=r,
         )
+        self.evictions = Counter(
+            "fnrt_evictions",
+            "Instances unloaded, by reason: budget (memory for a load, the least worth "
+            "first), plan (early, to be pre-warmed again) or idle (keep-alive over)",
+            ["reason"],
+            registry=r,
+        )
         self.instance_restarts = Counter(
             "fnrt_instance_restarts",
             "Instances replaced after they died or were killed, by cause "

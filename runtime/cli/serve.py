@@ -248,6 +248,12 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "higher keeps functions loaded longer and pre-warms wider (fewer cold starts, more "
     "memory); a manifest's [scaling] cold_start_price_gb_s or cold_start_price_s overrides it",
 )
+@flag(
+    "fill_memory",
+    help="keep idle instances past their keep-alive plans while the memory budget has "
+    "room, evicting the least worth when a load needs it (a pre-warm may evict those "
+    "worth less than it): the budget is a cache of warm functions, filled",
+)
 @setting(
     "cold_start_price_gb_s",
     type=click.FloatRange(min=0),

@@ -112,7 +112,14 @@ PLOT_PRICES_MEAN_S = (1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
     help="how a fleet routes calls  [default: hash,round_robin]",
 )
 @click.option(
-    "--node-memory-gb", type=float, default=32.0, show_default=True, help="L1 budget per node"
+    "--node-memory-gb",
+    "node_memory_lists",
+    type=Listed(click.STRING),
+    multiple=True,
+    metavar="GB[,GB...]",
+    help="without --nodes: compare the policies on one node at each memory budget (GB, or "
+    "a share of the fixed 10-minute keep-alive's peak: 25%,50%,100%); with --nodes: the L1 "
+    "budget per node  [default with --nodes: 32]",
 )
 @click.option(
     "--node-disk-gb", type=float, default=200.0, show_default=True, help="L2 budget per node"
@@ -136,7 +143,7 @@ def simulate(
     workers: int,
     node_lists: tuple[list[int], ...],
     routing_lists: tuple[list[str], ...],
-    node_memory_gb: float,
+    node_memory_lists: tuple[list[str], ...],
     node_disk_gb: float,
     plot: str | None,
 ) -> int:
@@ -152,6 +159,11 @@ def simulate(
     --memory-sigma, --rate and --burstiness say. auto runs once per price of a cold
     start (--price-mean-s, or --price-gb-s); --plot draws its curve against the fixed
     keep-alives'.
+
+    With --node-memory-gb (and no --nodes), it compares auto, fixed 10 minutes,
+    FaasCache's Greedy-Dual and LRU on one node whose memory holds that much,
+    each budget in turn: cold starts, evictions by reason (budget, plan, idle),
+    memory; --plot draws cold starts against the budget.
 
     With --nodes, it replays the trace over a fleet instead: each node with its
     own memory (L1) and disk (L2) budgets and the keep-alive policy on the calls
@@ -196,11 +208,17 @@ def simulate(
     chosen = flat(policy_names)
     policies = [Policy(p) for p in chosen] if chosen else list(Policy)
     nodes = flat(node_lists)
+    budgets = flat(node_memory_lists)
     if nodes:
+        if len(budgets) > 1:
+            raise FnrtError("a fleet has one --node-memory-gb")
+        memory_gb = _gigabytes(budgets[0]) if budgets else 32.0
         fleet = Fleet(
-            nodes, flat(routing_lists) or ["hash", "round_robin"], node_memory_gb, node_disk_gb
+            nodes, flat(routing_lists) or ["hash", "round_robin"], memory_gb, node_disk_gb
         )
         return _fleet(fleet, trace, policies if chosen else [], plot)
+    if budgets:
+        return _node(trace, budgets, plot)
     started = time.perf_counter()
     outcomes = run_policies(
         trace,
@@ -219,6 +237,42 @@ def simulate(
     )
     if plot:
         print(f"plot: {draw(outcomes, Path(plot))}")
+    return 0
+
+
+def _gigabytes(text: str, peak_gb: float | None = None) -> float:
+    """``40`` (GB) or, given the fixed keep-alive's peak, ``50%`` of it."""
+    try:
+        if text.endswith("%"):
+            if peak_gb is None:
+                raise FnrtError(f"--node-memory-gb {text}: a share needs no --nodes")
+            value = float(text[:-1]) / 100 * peak_gb
+        else:
+            value = float(text)
+    except ValueError:
+        raise FnrtError(
+            f"--node-memory-gb: {text!r} is not a number of GB or a share (50%)"
+        ) from None
+    if not value > 0:
+        raise FnrtError(f"--node-memory-gb: {text!r} must be more than 0")
+    return value
+
+
+def _node(trace: Any, budgets: list[str], plot: str | None) -> int:
+    from fnrt.runtime.prewarm.node import compare, fixed_peak_gb
+    from fnrt.runtime.prewarm.report import node_plot, node_table
+
+    started = time.perf_counter()
+    peak = fixed_peak_gb(trace)
+    outcomes = compare(trace, [_gigabytes(b, peak) for b in budgets])
+    print(node_table(outcomes))
+    print(
+        f"\n{trace.counts.shape[0]:,} functions x {trace.minutes:,} minutes, one node; fixed "
+        f"10 minutes' peak with no budget: {peak:,.1f} GB; {len(outcomes)} runs in "
+        f"{time.perf_counter() - started:.1f}s"
+    )
+    if plot:
+        print(f"plot: {node_plot(outcomes, Path(plot))}")
     return 0
 
 

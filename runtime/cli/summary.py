@@ -5,6 +5,7 @@ A pure function of the server's describe document (``--json`` prints that whole)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -143,10 +144,20 @@ def _loads(inst: Mapping[str, Any]) -> str:
 
 def _scaling(s: Mapping[str, Any], keep_alive: Mapping[str, Any]) -> str:
     policy = keep_alive.get("policy", s.get("keep_alive_policy", ""))
-    return (
+    text = (
         f"instances {s.get('min_instances', 0)}..{s.get('max_instances', 1)}, "
         f"queue {s.get('max_queue')}, keep-alive {policy} (keep_alive_s {s.get('keep_alive_s')})"
     )
+    if keep_alive.get("why"):  # the learned plan: why, and when
+        text += f"; plan: {keep_alive['why']}, {keep_alive.get('plan', '')}"
+        for key, label in (
+            ("unload_after_unix_s", "warm until"),
+            ("prewarm_at_unix_s", "next pre-warm"),
+        ):
+            if keep_alive.get(key):
+                when = time.strftime("%H:%M:%S", time.gmtime(keep_alive[key]))
+                text += f", {label} {when} UTC"
+    return text
 
 
 def _batching(b: Mapping[str, Any]) -> str:

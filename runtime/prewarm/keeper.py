@@ -22,7 +22,7 @@ from typing import Any
 
 from fnrt.loader.stores.file import write_atomic
 from fnrt.runtime.prewarm.history import History
-from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, decide
+from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, Worth, decide, weigh, worth
 
 log = logging.getLogger("fnrt.prewarm")
 
@@ -44,6 +44,7 @@ class Action:
 
     unload: bool = False
     prewarm: bool = False
+    why: str = ""  # an unload's reason: "plan" (early, loaded again ahead) or "idle"
 
 
 class Keeper:
@@ -66,6 +67,7 @@ class Keeper:
         self._priced: dict[tuple[float | None, float | None], PolicyConfig] = {}
         self._fixed: set[str] = set()  # kept by the manifest's keep_alive_s: nothing to plan
         self._sizes: dict[str, float] = {}  # each planned function's instance, GB
+        self._worth: dict[str, tuple[Plan, Worth, Worth]] = {}  # plan's, and kept past it
         if path is not None and path.is_file():
             self._load(path)
 
@@ -183,11 +185,11 @@ class Keeper:
         if policy is Policy.FIXED:
             self._settle(name)  # its minute is over: into the history, nothing pending
             self._fixed.add(name)
-            return Action(unload=loaded and now - idle_since_unix >= keep_alive_s)
+            return Action(unload=loaded and now - idle_since_unix >= keep_alive_s, why="idle")
         self._fixed.discard(name)
         plan = self.plan(name, policy, memory_gb=memory_gb, config=config)
         if plan is None or plan.why.startswith("fixed"):  # not enough known: the manifest's
-            return Action(unload=loaded and now - idle_since_unix >= keep_alive_s)
+            return Action(unload=loaded and now - idle_since_unix >= keep_alive_s, why="idle")
         history = self.histories[name]
         last = (history.last_minute or 0) * 60.0
         first, end = plan.loaded  # minutes after the last call's minute with it loaded
@@ -200,10 +202,42 @@ class Keeper:
         self._unload_after[name] = unload_at
         if loaded:
             early = plan.prewarm_after_min > 0 and now < load_from  # unload now, back later
-            return Action(unload=early or now >= unload_at)
+            return Action(unload=early or now >= unload_at, why="plan" if early else "idle")
         # Load ahead only for a predicted call: an instance unloaded by hand (or evicted)
         # under a keep-loaded plan stays unloaded until it is called.
         return Action(prewarm=plan.prewarm_after_min > 0 and load_from <= now < unload_at)
+
+    def weigh(
+        self,
+        name: str,
+        policy: Policy,
+        *,
+        memory_gb: float = 1.0,
+        config: PolicyConfig | None = None,
+        kept: bool = False,
+        ahead: bool = False,
+    ) -> tuple[float, bool]:
+        """What keeping ``name``'s loaded instance is worth now, and whether it must stay
+        (:func:`~fnrt.runtime.prewarm.policies.weigh`, as ``fnrt simulate`` weighs it);
+        ``kept``: the node keeps instances past their plans while memory is free;
+        ``ahead``: what a pre-warm's instance will be worth as its window opens."""
+        plan = self.plan(name, policy, memory_gb=memory_gb, config=config)
+        history = self.histories.get(name)
+        if plan is None or history is None or history.last_minute is None:
+            return 0.0, False
+        cached = self._worth.get(name)
+        if cached is None or cached[0] is not plan:
+            priced = self.at_mean(config or self.config)
+            cached = (
+                plan,
+                worth(priced, history, plan, memory_gb),
+                worth(priced, history, plan, memory_gb, cached=True),
+            )
+            self._worth[name] = cached
+        if ahead:
+            return cached[1].at(cached[1].first - 1), False
+        idle_min = int(self.wall() // 60) - history.last_minute
+        return weigh(cached[1], idle_min, cached[2] if kept else None)
 
     def knows(self, name: str) -> bool:
         """Whether ``name`` has a history (a node serves it from the start, so the sweep
@@ -227,6 +261,17 @@ class Keeper:
         history = self.histories.get(name)
         if history is not None:
             out["idle_samples"] = history.samples
+        cached = self._plans.get(name)
+        if cached is not None and name not in self._fixed:
+            plan = cached[1]
+            out["why"] = plan.why  # the rule that decided: cost, forecast, time of day...
+            first, last = plan.loaded
+            out["plan"] = (
+                f"loaded minutes {first}-{last} after the last call"
+                + (" (unloaded at once, pre-warmed ahead)" if plan.prewarm_after_min else "")
+                if last >= first
+                else "unloaded at once"
+            )
         return out
 
     # --- persistence ------------------------------------------------------------------

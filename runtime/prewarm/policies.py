@@ -377,6 +377,96 @@ def auto(config: PolicyConfig, history: History, now: int, memory_gb: float = 1.
     return replace(plan, instances=instances) if instances > 1 else plan
 
 
+@dataclass(frozen=True)
+class Worth:
+    """What holding a loaded instance is worth, minute by minute after its last call: the
+    expected price of the cold start it saves per GB·minute it will yet be held
+    (Greedy-Dual-Size-Frequency's cost * frequency / size, from the plan and the idle
+    times seen instead of a count). The node's memory keeps the instances worth most
+    when it is short: the server's budget and ``fnrt simulate --node-memory-gb`` both
+    order evictions by :meth:`at`.
+
+    ``below[d]``: idle periods (and prior) whose next call came at most ``d`` minutes
+    after the last; ``below_d[d]``: the same weighted by ``d``; ``total``: all of them,
+    those past the histogram included.
+    """
+
+    below: np.ndarray
+    below_d: np.ndarray
+    total: float
+    first: int  # the plan's loaded minutes after the call
+    last: int
+    cold_gb_min: float
+    memory_gb: float
+
+    def at(self, idle_min: int) -> float:
+        """Worth ``idle_min`` minutes after the last call (0 once the plan's window is past:
+        the first to go)."""
+        e = max(int(idle_min), 0)
+        if e >= self.last:
+            return 0.0
+        top = len(self.below) - 1
+        below, below_d = self.below, self.below_d
+        rest = self.total - float(below[min(e, top)])  # periods still open after e minutes
+        if rest <= 0:
+            return 0.0
+        start, end = max(self.first, e + 1), min(self.last, top)
+        hit = float(below[end] - below[start - 1]) if end >= start else 0.0
+        # minutes it is held from now: to the call when it falls in the window, else to
+        # the window's end
+        within = float(below[min(self.last, top)] - below[min(e, top)])
+        called = float(below_d[min(self.last, top)] - below_d[min(e, top)]) - e * within
+        held = called + (rest - within) * (self.last - e)
+        return hit * self.cold_gb_min / (self.memory_gb * max(held, rest))
+
+    def about_to_serve(self, idle_min: int) -> bool:
+        """Loaded ahead for its predicted call, and that call is due now: a pre-warm's
+        instance that must not be evicted before the call it was loaded for."""
+        return self.first > 1 and self.first <= idle_min + 1 <= self.last
+
+
+def worth(
+    config: PolicyConfig,
+    history: History,
+    plan: Plan,
+    memory_gb: float = 1.0,
+    *,
+    cached: bool = False,
+) -> Worth:
+    """:class:`Worth` of an instance under ``plan``, from ``history`` (and the prior).
+    ``cached``: the node keeps it past its plan while memory is free (a budget it
+    fills): worth counts every call it may still catch, to the histogram's end."""
+    counts, beyond = idle_counts(config, history)
+    memory_gb = max(memory_gb, config.min_instance_gb)
+    first, last = plan.loaded
+    if cached:
+        first, last = 1, len(counts) - 1
+    return Worth(
+        np.cumsum(counts),
+        np.cumsum(counts * np.arange(len(counts))),
+        float(counts.sum()) + beyond,
+        first,
+        last,
+        config.cold_start_gb_min(memory_gb),
+        memory_gb,
+    )
+
+
+def weigh(plan: Worth, idle_min: int, kept: Worth | None = None) -> tuple[float, bool]:
+    """What keeping a loaded instance ``idle_min`` minutes after its last call is worth,
+    and whether it must stay, as the node's memory decides evictions (the server's
+    budget and ``fnrt simulate --node-memory-gb`` both ask here): its plan's worth
+    while in its window (before a pre-warm's window: nothing, it comes back ahead);
+    past it, when the node keeps instances in free memory (``kept``: their
+    :func:`worth` with ``cached``), a worth far below any planned one, in the same
+    order; a pre-warmed instance whose predicted call is due always stays."""
+    e = max(int(idle_min), 0)
+    value = plan.at(e) if e + 1 >= plan.first else 0.0
+    if value <= 0 and kept is not None:
+        value = kept.at(e) * 1e-9
+    return value, plan.about_to_serve(e)
+
+
 POLICIES = {
     Policy.FIXED: fixed,
     Policy.HISTOGRAM: histogram,

@@ -9,6 +9,7 @@ from typing import Any
 
 from fnrt.functions.extras import require
 from fnrt.runtime.prewarm.fleet import FleetOutcome
+from fnrt.runtime.prewarm.node import NodeOutcome
 from fnrt.runtime.prewarm.simulator import Outcome
 
 
@@ -156,3 +157,61 @@ def _pyplot() -> Any:
     matplotlib = require("matplotlib", "--plot")
     matplotlib.use("Agg")
     return require("matplotlib.pyplot", "--plot")
+
+
+def node_table(outcomes: Sequence[NodeOutcome]) -> str:
+    """One row per (budget, policy): cold starts, evictions by reason, memory."""
+    head = ["budget GB", "policy", "cold starts", "cold %", "vs auto"]
+    head += ["evicted: budget", "plan", "idle", "pre-warms", "idle GB-h", "peak GB"]
+    rows = [head]
+    autos = {o.budget_gb: o.cold_starts for o in outcomes if o.policy == "auto"}
+    for o in outcomes:
+        base = autos.get(o.budget_gb)
+        rows.append(
+            [
+                "none" if o.budget_gb is None else f"{o.budget_gb:,.1f}",
+                o.policy,
+                f"{o.cold_starts:,}",
+                f"{o.cold_percent:.3f}",
+                f"{o.cold_starts / base:.2f}x" if base else "",
+                f"{o.evictions['budget']:,}",
+                f"{o.evictions['plan']:,}",
+                f"{o.evictions['idle']:,}",
+                f"{o.prewarms:,}",
+                f"{o.idle_gb_minutes / 60:,.0f}",
+                f"{o.peak_gb:,.1f}",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 1 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    )
+
+
+def node_plot(outcomes: Sequence[NodeOutcome], path: Path, title: str = "") -> Path:
+    """Cold starts against the node's memory budget, one line per policy."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy in dict.fromkeys(o.policy for o in outcomes):
+        points = sorted(
+            (o.budget_gb, o.cold_starts)
+            for o in outcomes
+            if o.policy == policy and o.budget_gb is not None
+        )
+        if points:
+            ax.plot(*zip(*points, strict=True), "o-", label=policy)
+    ax.set_xlabel("node memory budget, GB")
+    ax.set_ylabel("cold starts")
+    ax.set_yscale("log")
+    ax.set_title(title or "the node's memory as a cache: cold starts by budget")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

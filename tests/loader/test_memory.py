@@ -93,3 +93,26 @@ def test_a_torch_module_counts_its_weights_buffers_and_own_attributes() -> None:
     net.register_forward_hook(lambda *args: None)  # a hook table walks nothing
     assert held(net) == (640, 0)
     assert held({"model": net, "again": net.layers}) == (640, 0)
+
+
+def test_with_an_appraiser_the_least_worth_goes_first_and_a_prewarm_takes_less() -> None:
+    held = [Held("a", 300, 1.0), Held("b", 300, 2.0), Held("c", 300, 3.0)]
+    worth = {"a": (5.0, False), "b": (0.1, False), "c": (4.0, True)}  # c: pre-warmed, due
+    reasons: list[tuple[str, str]] = []
+    budget = MemoryBudget(
+        1000,
+        lambda: held,
+        appraise=lambda r: worth[r.key],
+        evicted=lambda key, why: reasons.append((key, why)),
+    )
+    asyncio.run(budget.make_room("new", 200))
+    # least recently used would take a; b is worth least
+    assert [h.evicted for h in held] == [False, True, False]
+    assert reasons == [("b", "budget")]
+    # a pre-warm worth 4.5 takes only what is worth less, and never a due pre-warm: c
+    # (worth 4.0, due) stays, a (5.0) stays: nothing it may take, so nothing is taken
+    asyncio.run(budget.make_room("ahead", 600, below=4.5))
+    assert [h.evicted for h in held] == [False, True, False]
+    asyncio.run(budget.make_room("ahead", 600, below=6.0))  # worth more than a: a goes
+    assert [h.evicted for h in held] == [True, True, False]
+    assert [h.key for h in budget.held("new")] == ["c"]

@@ -76,3 +76,36 @@ def test_a_restarted_node_serves_what_it_learned_and_reads_the_rest_on_call(
         assert held == ["early", "learned"]  # "idle" costs this node nothing yet
         assert c.post("/v1/functions/idle/invoke", json={"x": X}).status_code == 200
         assert sorted(e.name for e in restarted.registry.entries()) == ["early", "idle", "learned"]
+
+
+def test_the_memory_budget_evicts_by_plan_not_recency_and_says_why(tmp_path: Path) -> None:
+    clock = ManualClock(start=0.0)
+    wall = 1_800_000_000.0  # a minute boundary
+    keeper = Keeper(tmp_path / "history.json", wall=lambda: wall + clock.now())
+    node = make_node(tmp_path, clock, keeper=keeper)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        for name in ("tick", "once", "new"):
+            folder = write_function(tmp_path, name, manifest=ECHO_MANIFEST)
+            srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        tick, once = (srv.call(node.registry.get(n)) for n in ("tick", "once"))
+
+        def call(name: str) -> None:
+            assert c.post(f"/v1/functions/{name}/invoke", json={"x": X}).status_code == 200
+
+        for _ in range(12):  # tick: every 3 minutes, its next call minutes away
+            call("tick")
+            clock.advance(3 * 60)
+            srv.call(node.sweeper.sweep())
+        call("tick")
+        clock.advance(60)
+        call("once")  # once: called a single time, after tick
+        clock.advance(60)
+        srv.call(node.sweeper.sweep())
+        assert tick.pool.state.value == "warm" and once.pool.state.value == "warm"
+        node.memory.budget_bytes = tick.resident_bytes + once.resident_bytes + 1  # two fit
+        call("new")  # least recently used would drop tick; its plan says it is due
+        assert tick.pool.state.value == "warm" and once.pool.state.value == "cold"
+        metrics = c.get("/metrics").text
+        assert 'fnrt_evictions_total{reason="budget"} 1.0' in metrics
+        keep = c.get("/v1/functions/tick").json()["keep_alive"]
+        assert keep["why"] == "cost" and keep["plan"].startswith("loaded minutes 1-")

@@ -58,3 +58,19 @@ def test_auto_runs_once_per_price_and_plots_its_curve(
     assert out.count("auto ") == 5 and png.stat().st_size > 10_000
     assert main([*base, "--price-gb-s", "-5"]) == 2
     assert "Invalid value for '--price-gb-s'" in capsys.readouterr().err
+
+
+def test_node_memory_compares_every_policy_at_each_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["simulate", "--synthetic", "40", "--days", "1", "--seed", "3"]
+    png = tmp_path / "node.png"
+    assert main([*base, "--node-memory-gb", "50%,100%", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[1:11]]
+    assert [r[1] for r in rows] == ["auto", "auto_fill", "fixed", "greedy_dual", "lru"] * 2
+    assert "fixed 10 minutes' peak with no budget" in out and png.stat().st_size > 10_000
+    assert main([*base, "--node-memory-gb", "2.5"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "2.5"
+    assert main([*base, "--node-memory-gb", "lots"]) == 1
+    assert "'lots' is not a number of GB or a share" in capsys.readouterr().err

@@ -1,0 +1,283 @@
+"""One node's memory as a cache of warm functions: keep-alive policies under a budget.
+
+The node holds one instance per function, at minute granularity, as
+:mod:`~fnrt.runtime.prewarm.simulator` does, but in a memory of
+``budget_gb``: a cold start that does not fit evicts idle instances first, in
+the order :func:`fnrt.loader.memory.evictions` gives (the server's own
+decision), each weighed as its policy says:
+
+- ``auto``: its plan's :class:`~fnrt.runtime.prewarm.policies.Worth` (the
+  expected price of the cold start it saves per GB·minute it will yet be
+  held); a pre-warm evicts only instances worth less than it will be, never
+  one pre-warmed for a call that is due.
+  Plans unload instances early ("plan") and at their window's end ("idle") and
+  pre-warm them, only into free memory, as the server does.
+- ``auto_fill``: the same, on a node that keeps instances past their plans
+  while its budget has room (``fnrt serve --fill-memory``): it holds the memory
+  it was given, and evicts first those past their plans (least worth first),
+  then by worth; a pre-warm may evict instances worth less than the one it
+  loads.
+- ``fixed``: a 10-minute keep-alive ("idle"); under the budget, the least
+  recently used goes first (what the server did before plans weighed in).
+- ``lru``: kept until evicted, least recently used first.
+- ``greedy_dual``: FaasCache's Greedy-Dual-Size-Frequency keep-alive
+  (Fuerst and Sharma, ASPLOS 2021): kept until evicted, lowest priority first,
+  ``priority = clock + frequency * cost / size`` set at each call (frequency:
+  the calls since it was loaded; cost: a cold start's, 1 here, as every cold
+  start counts the same; size: its memory), and on each eviction the clock
+  becomes the highest priority evicted.
+
+A run of busy minutes is never evicted; when the busy ones alone fill the
+budget a load goes over it, as in the server. ``budget_gb=None``: no bound
+(then ``auto`` and ``fixed`` give exactly :func:`~fnrt.runtime.prewarm.
+simulator.simulate_one`'s figures).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from fnrt.loader.memory import Held, evictions
+from fnrt.runtime.prewarm.history import History
+from fnrt.runtime.prewarm.policies import Policy, PolicyConfig, Worth, decide, weigh, worth
+from fnrt.runtime.prewarm.simulator import _instance_gb, _runs, mean_instance_gb
+from fnrt.runtime.prewarm.trace import Trace
+
+#: The policies a node's memory is compared under.
+NODE_POLICIES = ("auto", "auto_fill", "fixed", "greedy_dual", "lru")
+GB = 2**30
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """One policy on one node of ``budget_gb`` (None: unbounded) over a trace."""
+
+    policy: str
+    budget_gb: float | None
+    invocations: int
+    cold_starts: int
+    evictions: dict[str, int]  # by reason: budget, plan, idle
+    idle_gb_minutes: float  # memory loaded with no call running
+    peak_gb: float
+    prewarms: int
+    prewarms_skipped: int  # no free memory: not loaded ahead
+    order: list[tuple[int, str]] = field(default_factory=list)  # (minute, function) evicted
+
+    @property
+    def cold_percent(self) -> float:
+        return 100.0 * self.cold_starts / max(self.invocations, 1)
+
+
+@dataclass
+class _Held:
+    last_call: int  # the minute of its last call
+    freq: int = 0  # greedy_dual: calls since loaded
+    priority: float = 0.0  # greedy_dual
+    worth: Worth | None = None  # auto
+    token: int = 0  # its pending unload/pre-warm, by plan
+
+
+def simulate_node(
+    trace: Trace,
+    policy: str,
+    budget_gb: float | None,
+    config: PolicyConfig | None = None,
+    *,
+    record: bool = False,
+) -> NodeOutcome:
+    """Replay ``trace`` on one node under ``policy`` (one of :data:`NODE_POLICIES`);
+    ``record``: keep the order of budget evictions (minute, function)."""
+    if policy not in NODE_POLICIES:
+        raise ValueError(f"policy: {policy!r} is not one of {', '.join(NODE_POLICIES)}")
+    if budget_gb is not None and not budget_gb > 0:
+        raise ValueError("budget_gb: must be > 0")
+    config = config or PolicyConfig()
+    if config.mean_instance_gb is None:
+        config = replace(config, mean_instance_gb=mean_instance_gb(trace))
+    fill = policy == "auto_fill" and budget_gb is not None
+    planned = policy in ("auto", "auto_fill", "fixed")
+    memory = trace.memory_mb / 1024 if trace.memory_mb is not None else None
+    functions = trace.counts.shape[0]
+    gb = [_instance_gb(memory, f) for f in range(functions)]
+    size = [max(1, int(g * GB)) for g in gb]
+    budget = None if budget_gb is None else int(budget_gb * GB)
+    starts: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    ends: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    invocations = 0
+    for f in range(functions):
+        firsts, lasts, sums = _runs(trace.counts[f])
+        for first, last, calls in zip(firsts.tolist(), lasts.tolist(), sums.tolist(), strict=True):
+            starts[first].append((f, calls))
+            ends[last].append((f, first, calls))
+            invocations += calls
+    histories: dict[int, History] = {}
+    loaded: dict[int, _Held] = {}
+    tokens: dict[int, int] = defaultdict(int)
+    running: set[int] = set()
+    ahead: set[int] = set()  # loaded by a pre-warm, not yet called
+    timers: list[tuple[int, int, int, str]] = []  # (minute, function, token, what)
+    used = running_bytes = 0
+    peak = 0
+    cold = prewarms = skipped = 0
+    evicted: dict[str, int] = {"budget": 0, "plan": 0, "idle": 0}
+    order: list[tuple[int, str]] = []
+    idle = 0.0
+    clock = 0.0  # greedy_dual
+    minutes = trace.minutes
+    agenda = sorted(set(starts) | set(ends))
+    t_prev = -1
+
+    def unload(f: int, reason: str) -> None:
+        nonlocal used
+        del loaded[f]
+        ahead.discard(f)
+        used -= size[f]
+        evicted[reason] += 1
+
+    def appraise(f: int, held: _Held, now: int, below: float | None = None) -> Held:
+        """What keeping ``f`` is worth now, as the server's budget weighs it (``below``: for
+        a pre-warm worth that much, see :meth:`fnrt.loader.memory.MemoryBudget.held`)."""
+        pinned = f in running
+        value = 0.0  # fixed, lru: all the same, least recently used first
+        if policy == "greedy_dual":
+            value = held.priority
+        elif held.worth is not None:  # auto
+            plan = _due_worth.get(f, held.worth) if fill else held.worth
+            value, due = weigh(plan, now - held.last_call, held.worth if fill else None)
+            pinned = pinned or (below is not None and due)
+        pinned = pinned or (below is not None and value >= below)
+        return Held(str(f), size[f], value, float(held.last_call), pinned)
+
+    def step(t: int) -> None:
+        """Unloads and pre-warms the timers set for minute ``t``."""
+        nonlocal used, peak, prewarms, skipped
+        while timers and timers[0][0] <= t:
+            _, f, token, what = heapq.heappop(timers)
+            if token != tokens[f] or f in running:
+                continue
+            if what == "prewarm":
+                if f in loaded:
+                    continue
+                if fill and budget is not None and used + size[f] > budget:
+                    plan_worth = _due_worth.get(f)
+                    if plan_worth is not None:
+                        value = plan_worth.at(plan_worth.first - 1)  # as its window opens
+                        weighed = [appraise(g, h, t, value) for g, h in loaded.items()]
+                        freed = evictions(budget, size[f], weighed)
+                        if used - sum(size[int(k)] for k in freed) + size[f] <= budget:
+                            for key in freed:
+                                unload(int(key), "budget")
+                                if record:
+                                    order.append((t, trace.functions[int(key)]))
+                if budget is None or used + size[f] <= budget:
+                    last_call = histories[f].last_minute or 0
+                    loaded[f] = _Held(last_call, worth=_plan_worth.get(f), token=token)
+                    ahead.add(f)
+                    used += size[f]
+                    peak = max(peak, used)
+                    prewarms += 1
+                else:
+                    skipped += 1
+            elif f in loaded:
+                unload(f, what)
+
+    _plan_worth: dict[int, Worth] = {}
+    _due_worth: dict[int, Worth] = {}  # fill: the plan's own window, for its pre-warm
+    for t in [*agenda, minutes]:
+        # the minutes between events: timers fire, memory sits idle
+        while timers and timers[0][0] < t:
+            m = timers[0][0]
+            if m > t_prev + 1:
+                idle += (used - running_bytes) * (m - t_prev - 1) / GB
+                t_prev = m - 1
+            step(m)
+        if t > t_prev + 1:
+            idle += (used - running_bytes) * (t - t_prev - 1) / GB
+        if t >= minutes:
+            break
+        step(t)
+        for f, calls in starts.get(t, ()):
+            tokens[f] += 1  # its pending plan is void
+            held = loaded.get(f)
+            if held is None:
+                cold += 1
+                if budget is not None and used + size[f] > budget:
+                    candidates = [appraise(g, h, t) for g, h in loaded.items()]
+                    victims = evictions(budget, size[f], candidates)
+                    for key in victims:
+                        g = int(key)
+                        if policy == "greedy_dual":
+                            clock = max(clock, loaded[g].priority)
+                        unload(g, "budget")
+                        if record:
+                            order.append((t, trace.functions[g]))
+                held = loaded[f] = _Held(t)
+                used += size[f]
+                peak = max(peak, used)
+            ahead.discard(f)
+            held.freq += calls
+            running.add(f)
+            running_bytes += size[f]
+        idle += (used - running_bytes) / GB
+        for f, first, calls in ends.get(t, ()):
+            running.discard(f)
+            running_bytes -= size[f]
+            held = loaded[f]
+            held.last_call = t
+            if policy == "greedy_dual":
+                held.priority = clock + held.freq * 1.0 / gb[f]
+            if not planned:
+                continue
+            history = histories.setdefault(f, History())
+            history.record_run(first, t, calls)
+            kind = Policy.FIXED if policy == "fixed" else Policy.AUTO
+            plan = decide(kind, config, history, t, gb[f])
+            token = tokens[f] = tokens[f] + 1
+            if kind is Policy.AUTO:
+                held.worth = _plan_worth[f] = worth(config, history, plan, gb[f], cached=fill)
+                if fill:
+                    _due_worth[f] = worth(config, history, plan, gb[f])
+            begin, end = plan.loaded
+            if fill:  # kept while memory is free; loaded again ahead when evicted
+                if plan.prewarm_after_min and end >= begin:
+                    heapq.heappush(timers, (t + begin, f, token, "prewarm"))
+                continue
+            if plan.prewarm_after_min or end < 1:
+                heapq.heappush(timers, (t + 1, f, token, "plan"))
+                if plan.prewarm_after_min and end >= begin:
+                    heapq.heappush(timers, (t + begin, f, token, "prewarm"))
+                    heapq.heappush(timers, (t + end + 1, f, token, "idle"))
+            else:
+                heapq.heappush(timers, (t + end + 1, f, token, "idle"))
+        t_prev = t
+    return NodeOutcome(
+        policy,
+        budget_gb,
+        invocations,
+        cold,
+        evicted,
+        idle,
+        peak / GB,
+        prewarms,
+        skipped,
+        order,
+    )
+
+
+def compare(
+    trace: Trace,
+    budgets_gb: Sequence[float | None],
+    policies: Sequence[str] = NODE_POLICIES,
+    config: PolicyConfig | None = None,
+) -> list[NodeOutcome]:
+    """Every policy at every budget (in that order)."""
+    return [simulate_node(trace, p, b, config) for b in budgets_gb for p in policies]
+
+
+def fixed_peak_gb(trace: Trace, config: PolicyConfig | None = None) -> float:
+    """The peak memory of a fixed 10-minute keep-alive with no budget: what budgets given
+    as a share (``50%``) are shares of."""
+    return simulate_node(trace, "fixed", None, config).peak_gb

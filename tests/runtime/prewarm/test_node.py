@@ -1,0 +1,86 @@
+"""One node's memory as a cache of warm functions: the policies under a budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnrt.runtime.prewarm.history import History
+from fnrt.runtime.prewarm.node import NODE_POLICIES, compare, fixed_peak_gb, simulate_node
+from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, worth
+from fnrt.runtime.prewarm.simulator import simulate_one
+from fnrt.runtime.prewarm.trace import Trace, synthetic
+
+
+def made(calls: dict[str, list[int]], memory_mb: dict[str, float], minutes: int = 60) -> Trace:
+    names = list(calls)
+    counts = np.zeros((len(names), minutes), dtype=np.int32)
+    for i, name in enumerate(names):
+        counts[i, calls[name]] = 1
+    memory = np.array([memory_mb[n] for n in names], dtype=float)
+    return Trace(names, names, ["http"] * len(names), counts, memory)
+
+
+def test_with_no_budget_the_node_is_the_simulator() -> None:
+    trace = synthetic(50, days=2, seed=3)
+    for name, policy in (("fixed", Policy.FIXED), ("auto", Policy.AUTO)):
+        alone = simulate_one(trace, policy, PolicyConfig())
+        node = simulate_node(trace, name, None)
+        assert node.cold_starts == alone.cold_starts, name
+        assert node.idle_gb_minutes == pytest.approx(alone.idle_gb_minutes), name
+        assert node.evictions["budget"] == 0
+
+
+def test_greedy_dual_keeps_the_small_frequent_function_that_lru_drops() -> None:
+    # FaasCache (Fuerst and Sharma, ASPLOS 2021), section 4: priority = clock +
+    # frequency x cost / size, so a small function called often outranks a large one
+    # called once more recently, which is what LRU keeps. a: 1 GB, called at minutes 0
+    # and 2; b: 2 GB, at 4; c: 1 GB, at 6; a again at 8. 3 GB hold two of them.
+    trace = made({"a": [0, 2, 8], "b": [4], "c": [6]}, {"a": 1024, "b": 2048, "c": 1024})
+    gd = simulate_node(trace, "greedy_dual", 3.0, record=True)
+    lru = simulate_node(trace, "lru", 3.0, record=True)
+    # a's priority 0 + 2/1 = 2 against b's 0 + 1/2: b goes (the clock becomes 0.5)
+    assert gd.order == [(6, "b")] and gd.cold_starts == 3  # a's third call is warm
+    assert lru.order == [(6, "a"), (8, "b")] and lru.cold_starts == 4
+    # the clock from b's eviction (0.5) counts in what is called after it: when b comes
+    # back at 10, c (0.5 + 1/1) goes, not a (0.5 + 3/1: three calls since loaded)
+    again = made({"a": [0, 2, 8], "b": [4, 10], "c": [6]}, {"a": 1024, "b": 2048, "c": 1024})
+    assert simulate_node(again, "greedy_dual", 3.0, record=True).order == [
+        (6, "b"),
+        (10, "c"),
+    ]
+
+
+def test_auto_evicts_by_its_plans_not_by_recency() -> None:
+    # tick: called every 3 minutes all along (its next call is minutes away); once: called
+    # a single time just now (nothing says it comes back). A cold start of new needs one
+    # of their places: LRU drops tick, auto drops once.
+    tick = list(range(0, 60, 3))
+    trace = made(
+        {"tick": tick, "once": [40], "new": [41]}, {"tick": 1024, "once": 1024, "new": 1024}
+    )
+    assert simulate_node(trace, "lru", 2.0, record=True).order[0] == (41, "tick")
+    assert simulate_node(trace, "auto", 2.0, record=True).order[0] == (41, "once")
+
+
+def test_a_prewarmed_instance_is_kept_for_the_call_it_was_loaded_for() -> None:
+    h = History()
+    for i in range(20):
+        h.record(i * 30)
+    plan = Plan(30, 2)  # loaded again for minutes 30..31 after the call
+    w = worth(PolicyConfig(), h, plan, 1.0)
+    assert [w.about_to_serve(e) for e in (5, 28, 29, 30, 31)] == [False, False, True, True, False]
+    assert w.at(29) > w.at(5) > 0 and w.at(31) == 0  # due soon: worth most; past it: nothing
+    assert not worth(PolicyConfig(), h, Plan(0, 40), 1.0).about_to_serve(29)  # kept, not ahead
+
+
+def test_under_a_budget_auto_has_the_fewest_cold_starts() -> None:
+    trace = synthetic(80, days=1, seed=7)
+    peak = fixed_peak_gb(trace)
+    for share in (0.5, 1.0):
+        cold = {o.policy: o.cold_starts for o in compare(trace, [share * peak])}
+        assert set(cold) == set(NODE_POLICIES)
+        peers = min(cold["fixed"], cold["greedy_dual"], cold["lru"])
+        assert max(cold["auto"], cold["auto_fill"]) < peers, (share, cold)
+    with pytest.raises(ValueError, match="policy"):
+        simulate_node(trace, "mru", 1.0)
