@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from fnrt.functions.errors import FunctionNotFound
@@ -59,6 +58,7 @@ class Registry:
         imports_seen: Callable[[Iterable[str]], object] | None = None,
     ) -> None:
         self._keeper = keeper
+        self.keeper = keeper  # what the admin views show of a function's keep-alive plan
         #: told what the versions read at the start import (``VersionManifest.imports``)
         self._imports_seen = imports_seen
         self.repository = repository
@@ -226,11 +226,6 @@ class Registry:
             return held.version
         return await asyncio.to_thread(self.repository.get_version, name, version)
 
-    async def stored_versions(self, name: str) -> list[str]:
-        """Every version id of ``name`` in the store; FunctionNotFound if it has none."""
-        await self.entry(name)
-        return await asyncio.to_thread(self.repository.list_versions, name)
-
     def new_scheduler(self, vm: VersionManifest) -> Scheduler:
         """A scheduler of ``vm`` (loading now when it keeps instances at all times)."""
         scheduler = self._schedulers(vm)
@@ -343,101 +338,7 @@ class Registry:
             await entry.canary.cancel("the function was deleted")
         await asyncio.gather(*(sched.close(s) for s in entry.schedulers.values()))
 
-    # --- what it holds -----------------------------------------------------------------
-
-    async def describe(self, name: str) -> dict[str, Any]:
-        entry = await self.entry(name)
-        scheduler = entry.primary
-        versions = await asyncio.to_thread(self.repository.list_versions, name)
-        manifest = scheduler.version.manifest
-        return {
-            "name": name,
-            "version": scheduler.version.version,
-            "description": manifest.description,
-            "size_bytes": scheduler.version.size_bytes,
-            "manifest": manifest.to_dict(),
-            "instance": sched.describe(scheduler),
-            "traffic": dict(entry.routing.traffic),
-            "previous": list(entry.routing.previous),
-            "rollout": entry.rollout_view(),
-            "versions": versions,
-            "keep_alive": {
-                "policy": manifest.scaling.keep_alive_policy,
-                **(self._keeper.planned(name) if self._keeper is not None else {}),
-            },
-        }
-
-    async def versions(self, name: str) -> dict[str, Any]:
-        """Every stored version with its share, state here and breaker; the rollout."""
-        entry = await self.entry(name)
-        stored = await asyncio.to_thread(self.repository.list_versions, name)
-        manifests = {}
-        for version in stored:
-            try:
-                manifests[version] = await self.version_manifest(name, version)
-            except Exception:
-                continue
-        return entry.listing(manifests, self.clock.now())
-
-    async def failures(self, name: str, version: str | None = None) -> list[dict[str, Any]]:
-        """The kept failed requests of ``name`` (one version, or all), newest first."""
-        return (await self.entry(name)).failures(version)
-
-    async def summaries(
-        self, limit: int | None = None, after: str = ""
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """Name, serving version, state and description of the ``limit`` functions after
-        ``after`` (all: None), and the name to list after next (None at the end). A
-        function this node has not served yet is read, not loaded: it is cold."""
-        names = await asyncio.to_thread(
-            self.repository.list_functions, after, None if limit is None else limit + 1
-        )
-        more = limit is not None and len(names) > limit
-        names = names[:limit] if limit is not None else names
-        unread = [n for n in names if n not in self._functions]
-        read = await asyncio.to_thread(self._read_serving, unread) if unread else {}
-        out = []
-        for name in names:
-            entry = self._functions.get(name)
-            if entry is not None:
-                vm = entry.primary.version
-                summary = (vm.version, entry.primary.pool.state.value, entry.routing.traffic)
-                description = vm.manifest.description
-            elif name in read:
-                routing, stored = read[name]
-                summary = (routing.primary, "cold", routing.traffic)
-                description = str(stored["manifest"].get("description", ""))
-            else:
-                continue  # deleted meanwhile, or unreadable
-            version, state, traffic = summary
-            out.append(
-                {
-                    "name": name,
-                    "version": version,
-                    "state": state,
-                    "traffic": dict(traffic),
-                    "description": description,
-                }
-            )
-        return out, (names[-1] if more and names else None)
-
-    def _read_serving(self, names: list[str]) -> dict[str, tuple[Routing, dict[str, Any]]]:
-        """Each function's routing and serving version as stored (blocking; a few
-        threads, so a page over S3 waits for a few round trips, not one per read)."""
-
-        def read(name: str) -> tuple[Routing, dict[str, Any]] | None:
-            try:
-                routing, _ = self.repository.get_routing(name)
-                return routing, self.repository.read_version(name, routing.primary)
-            except FunctionNotFound:
-                return None  # deleted meanwhile
-            except Exception as exc:  # one unreadable function must not fail the listing
-                log.warning("cannot list %s: %s", name, exc)
-                return None
-
-        with ThreadPoolExecutor(min(8, len(names)), thread_name_prefix="fnrt-list") as pool:
-            found = dict(zip(names, pool.map(read, names), strict=True))
-        return {name: got for name, got in found.items() if got is not None}
+    # --- what it holds (the admin views of it are views.py's) -----------------------
 
     def loaded(self) -> list[Scheduler]:
         """Every version scheduler on this node: primary versions first."""

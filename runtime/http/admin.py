@@ -23,6 +23,7 @@ from fnrt.functions.manifest import NAME_PATTERN, ROLLOUT_POLICIES
 from fnrt.functions.version import VersionManifest, check_digest
 from fnrt.loader.integrity import Fingerprinting
 from fnrt.runtime import scheduler as sched
+from fnrt.runtime import views
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.resource import Endpoint, resource
 from fnrt.runtime.http.state import node_of
@@ -140,7 +141,9 @@ async def deploy(request: Request) -> Response:
 @admin
 async def versions(request: Request) -> Response:
     """Every stored version with its share of traffic, state and breaker; the rollout."""
-    return JSONResponse(await node_of(request).registry.versions(request.path_params["name"]))
+    return JSONResponse(
+        await views.versions(node_of(request).registry, request.path_params["name"])
+    )
 
 
 @admin
@@ -180,7 +183,9 @@ async def failures(request: Request) -> Response:
     name = request.path_params["name"]
     limit = query_int(request, "limit", FAILURES_PAGE, 1, FAILURES_PAGE_MAX)
     offset = query_int(request, "offset", 0, 0, 1 << 31)
-    kept = await node_of(request).registry.failures(name, request.query_params.get("version"))
+    kept = await views.failures(
+        node_of(request).registry, name, request.query_params.get("version")
+    )
     page = kept[offset : offset + limit]
     after = offset + len(page)
     body = {
@@ -216,7 +221,7 @@ async def list_functions(request: Request) -> Response:
     cursor = request.query_params.get("cursor")
     if cursor is not None and not NAME_PATTERN.match(cursor):
         raise BadRequest(f"?cursor={cursor!r} is not a function name (use next_cursor)")
-    functions, after = await node_of(request).registry.summaries(limit, cursor or "")
+    functions, after = await views.summaries(node_of(request).registry, limit, cursor or "")
     return JSONResponse({"functions": functions, "next_cursor": after})
 
 
@@ -225,7 +230,9 @@ LIST_PAGE, LIST_PAGE_MAX = 100, 1000
 
 @admin
 async def describe(request: Request) -> Response:
-    return JSONResponse(await node_of(request).registry.describe(request.path_params["name"]))
+    return JSONResponse(
+        await views.describe(node_of(request).registry, request.path_params["name"])
+    )
 
 
 @admin

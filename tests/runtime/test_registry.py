@@ -13,6 +13,7 @@ from pathlib import Path
 from fnrt.functions.routing import Routing
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
+from fnrt.runtime import views
 from fnrt.runtime.clock import ManualClock
 from support import (
     ECHO_HANDLER,
@@ -269,7 +270,7 @@ def test_a_watch_reads_the_feed_then_only_the_functions_that_moved(tmp_path: Pat
         other.put_version(versions[f"f{i}"])
         other.update_routing(f"f{i}", lambda _, v=versions[f"f{i}"].version: Routing({v: 100}))
     with live_server(tmp_path, node=node) as srv:
-        listed, after = srv.call(node.registry.summaries())
+        listed, after = srv.call(views.summaries(node.registry))
         assert len(listed) == 30 and after is None and not node.registry.entries()  # not held
         for i in range(30):  # each called once: served here since
             srv.call(node.registry.get(f"f{i}"))
@@ -289,7 +290,7 @@ def test_a_watch_reads_the_feed_then_only_the_functions_that_moved(tmp_path: Pat
 
         other.delete_function("f3")
         assert srv.call(node.registry.watch()) == ["f3"]
-        assert "f3" not in [s["name"] for s in srv.call(node.registry.summaries())[0]]
+        assert "f3" not in [s["name"] for s in srv.call(views.summaries(node.registry))[0]]
         with srv.client() as c:
             gets = store.requests["GetObject"]
             assert (

@@ -16,6 +16,7 @@ import pytest
 
 from fnrt.functions.errors import DeployRejected
 from fnrt.functions.routing import Routing
+from fnrt.runtime import views
 from support import (
     LiveServer,
     gate,
@@ -124,7 +125,7 @@ def clients(srv: LiveServer, count: int, name: str) -> Iterator[list[Call]]:
 
 
 def rollout_state(srv: LiveServer, name: str) -> str:
-    status = srv.call(srv.registry.versions(name))["rollout"] or {}
+    status = srv.call(views.versions(srv.registry, name))["rollout"] or {}
     return str(status.get("state", ""))
 
 
@@ -196,7 +197,7 @@ def test_a_canary_that_errors_is_rolled_back_on_its_own(tmp_path: Path) -> None:
             wait_until(lambda: rollout_state(srv, "model") == "rolled_back", 30)
             back = time.monotonic()
             wait_until(lambda: sum(c.started > back for c in calls) > 100, 30)
-        status = srv.call(srv.registry.versions("model"))["rollout"]
+        status = srv.call(views.versions(srv.registry, "model"))["rollout"]
         assert status["to"] == v2 and "error rate" in status["reason"]
         routing, _ = srv.node.repository.get_routing("model")
         assert routing.traffic == {v1: 100}

@@ -22,7 +22,7 @@ MAX_METHODS = 25
 #: count may only go down. Keep this list empty where it can be.
 NOT_YET = {
     ("pool.py", "InstancePool"): 34,  # slots, loads, runs, scaling, file watches
-    ("registry.py", "Registry"): 34,  # the table, routing, the store's feed, admin views
+    ("registry.py", "Registry"): 28,  # the table, routing, the store's feed (views: views.py)
 }
 
 

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from fnrt.functions.errors import BadRequest
 from fnrt.runtime import scheduler as sched
+from fnrt.runtime import views
 from fnrt.runtime.http.admin import admin
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.health import not_ready
@@ -61,7 +62,7 @@ async def model(request: Request) -> Response:
     registry = node_of(request).registry
     name, version = request.path_params["name"], _version(request)
     vm = await registry.version_manifest(name, version)
-    versions = [vm.version] if version is not None else await registry.stored_versions(name)
+    versions = [vm.version] if version is not None else await views.stored_versions(registry, name)
     return JSONResponse(model_metadata(vm, versions))
 
 
@@ -110,7 +111,7 @@ async def repository_index(request: Request) -> Response:
     body = await _control_body(request)
     registry = node_of(request).registry
     entries = []
-    summaries, _ = await registry.summaries()  # all of them: Triton's index does not page
+    summaries, _ = await views.summaries(registry)  # all of them: Triton's index does not page
     for summary in summaries:
         state = summary["state"]
         entry = {
