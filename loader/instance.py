@@ -480,6 +480,7 @@ class InstanceLoader:
         """
         start = time.perf_counter()
         files = self.materialise(vm)
+        materialised = time.perf_counter()
         device = self.device_for(vm)
         artifacts = files.artifacts
         if device != self.device:  # placed on another of the node's GPUs
@@ -500,6 +501,7 @@ class InstanceLoader:
             self.unpin(pinned)
 
         timings = {
+            "files_s": materialised - start,  # fetch_s and verify_s are parts of it
             "fetch_s": files.timings_s["fetch_s"],
             "verify_s": files.timings_s["verify_s"],
             "import_s": built.import_s,

@@ -518,6 +518,15 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     The files are materialised here (fetched, verified, pinned in the disk
     cache); the worker maps them itself. RemoteError if the handler's import or
     ``load`` raised, InstanceLost if the worker died or was killed while loading.
+
+    ``timings_s`` has the stages of the cold start, which add up to its
+    ``total_s``: environment_s (its [environment] ready), files_s (materialised:
+    fetch_s and verify_s are part of it), worker_s (a spare taken or a process
+    started), import_s and load_s (in the worker: the handler's imports, its
+    ``load`` with the weights mapped), setup_s (the rest of the load message's
+    round trip: sending it, the worker's unpickling and arenas, and, with no
+    spare ready, the new process's own start: its interpreter and fnrt's
+    imports) and after_s (what the server does with the reply).
     """
     start = time.perf_counter()
     try:  # before the files are pinned: a first build on this node may take long
@@ -526,7 +535,9 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         raise Unavailable(
             f"function '{vm.name}': its environment cannot be built on this node: {exc.message}"
         ) from None
+    ready = time.perf_counter()
     files = loader.materialise(vm)
+    materialised = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix=f"fnrt-{vm.name}-", dir=shm_dir()))
     spares = loader.spares
     key = environment.key if environment is not None else None
@@ -551,6 +562,7 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     )
     device = loader.device_for(vm)
     instance.device = device
+    sent = time.perf_counter()
     try:
         reply = instance.start(
             {
@@ -572,6 +584,7 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         raise
     finally:
         loader.placed(device, vm)
+    replied = time.perf_counter()
     if spares is not None:  # after the load, not during it: its imports would slow it
         if environment is None:
             spares.learn(reply.get("modules", ()))
@@ -585,12 +598,19 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     instance.context_bytes = int(reply.get("context_bytes", 0))
     instance.stages = bool(reply.get("staged", False))
     instance.tier = files.tier
+    import_s, load_s = float(reply["import_s"]), float(reply["load_s"])
+    done = time.perf_counter()
     instance.timings_s = {
+        "environment_s": ready - start,
+        "files_s": materialised - ready,
         "fetch_s": files.timings_s["fetch_s"],
         "verify_s": files.timings_s["verify_s"],
-        "import_s": float(reply["import_s"]),
-        "load_s": float(reply["load_s"]),
-        "total_s": time.perf_counter() - start,
+        "worker_s": sent - materialised,
+        "import_s": import_s,
+        "load_s": load_s,
+        "setup_s": max(replied - sent - import_s - load_s, 0.0),
+        "after_s": done - replied,
+        "total_s": done - start,
     }
     log.info(
         "worker %d%s serves %s %s on %s",

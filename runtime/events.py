@@ -177,6 +177,10 @@ class TelemetryEvents:
     ) -> None:
         total_s = instance.timings_s["total_s"]
         self.telemetry.metrics.load(vm.name, instance.tier, instance.size_bytes, total_s)
+        stages = self.telemetry.metrics.load_stage_seconds
+        for stage, seconds in instance.timings_s.items():
+            if stage != "total_s":
+                stages.labels(stage.removesuffix("_s")).observe(seconds)
         self._loads[(vm.name, vm.version)] = (
             started_ns,
             ended_ns,

@@ -352,6 +352,14 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.load_stage_seconds = Histogram(
+            "fnrt_load_stage_duration_seconds",
+            "Time in each stage of a cold start (environment, files, worker, import, "
+            "load, setup, after; fetch and verify are parts of files)",
+            ["stage"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.tier_hits = Counter(
             "fnrt_cache_hits",
             "Loads answered by each tier: l1 (a loaded instance), l2 (disk), l3 (store)",

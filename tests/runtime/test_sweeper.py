@@ -107,5 +107,6 @@ def test_the_memory_budget_evicts_by_plan_not_recency_and_says_why(tmp_path: Pat
         assert tick.pool.state.value == "warm" and once.pool.state.value == "cold"
         metrics = c.get("/metrics").text
         assert 'fnrt_evictions_total{reason="budget"} 1.0' in metrics
+        assert 'fnrt_load_stage_duration_seconds_count{stage="files"} 3.0' in metrics
         keep = c.get("/v1/functions/tick").json()["keep_alive"]
         assert keep["why"] == "cost" and keep["plan"].startswith("loaded minutes 1-")
