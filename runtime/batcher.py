@@ -122,6 +122,14 @@ class Batcher(Intake):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if ahead is not None and self.closing and slot.instance is None:
+                # its instance was stopped (a shutdown past its time) or lost while the
+                # version closes: the batch staged (or sent) ahead is cut off, not rerun
+                ahead[1].release()
+                error = Unavailable(f"function '{self.name}': stopped before the batch ran; retry")
+                self._fail(ahead[0].batch, ahead[0].rows, error)
+                ahead = None
+                continue
             try:
                 instance = await pool.ensure(slot)
             except FnrtError as exc:
