@@ -14,8 +14,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fnrt.functions.handler import Device
+from fnrt.loader.memory import MemoryBudget, Resident, device_bytes
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,12 @@ class Placement:
         with self._lock:
             return place(self.rooms(), self.cap) is not None
 
+    def peek(self) -> Device:
+        """The device :meth:`choose` would give now (nothing is counted)."""
+        with self._lock:
+            rooms = self.rooms()
+            return place(rooms, self.cap) or place(rooms) or self.devices[0]
+
     def choose(self, expected_bytes: int) -> Device:
         """The device for a load expected to take ``expected_bytes`` there, counted as
         placed until :meth:`placed` (the most free one even when all are at their cap:
@@ -112,3 +120,39 @@ class Placement:
                 }
                 for r in self.rooms()
             ]
+
+
+def bytes_on(resident: Resident, index: int) -> int:
+    """What ``resident``'s loaded instances hold on GPU ``index``."""
+    pool = getattr(resident, "pool", None)  # a version's scheduler (runtime/scheduler.py)
+    if pool is None:
+        return 0
+    instances: list[Any] = pool.loaded_instances()
+    return sum(i.device_bytes for i in instances if i.device.index == index)
+
+
+class GpuBudgets(MemoryBudget):
+    """The GPU budget of a node with one GPU or more: the sum of each GPU's budget (what
+    ``used_bytes`` and ``fits`` weigh), but a load makes room on the GPU placement would
+    give it, evicting only what is held there, until it fits that GPU's own budget."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        residents: Callable[[], Iterable[Resident]],
+    ) -> None:
+        super().__init__(sum(placement.budget_bytes.values()), residents, device_bytes)
+        self.placement = placement
+        self.per_device = {
+            d.index: MemoryBudget(
+                placement.budget_bytes[d.index],
+                residents,
+                lambda r, index=d.index: bytes_on(r, index),  # type: ignore[misc]
+            )
+            for d in placement.devices
+        }
+
+    async def make_room(self, loading: str, needed_bytes: int, below: float | None = None) -> None:
+        budget = self.per_device[self.placement.peek().index]
+        budget.appraise, budget.evicted = self.appraise, self.evicted
+        await budget.make_room(loading, needed_bytes, below)

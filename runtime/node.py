@@ -24,8 +24,8 @@ from fnrt.loader.cache import BlobCache, CacheConfig
 from fnrt.loader.device import choose_devices, device_memory_bytes
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.leftovers import remove_leftovers
-from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
-from fnrt.loader.placement import Placement
+from fnrt.loader.memory import MemoryBudget, room_maker
+from fnrt.loader.placement import GpuBudgets, Placement
 from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Scrubber, ScrubConfig
 from fnrt.loader.spares import SpareWorkers
@@ -205,10 +205,10 @@ def build_node(
     if loader.device.kind == "cuda":  # each GPU its budget and cap; a load goes to the freest
         gpus = devices or [loader.device]
         budgets = {d.index: settings.gpu_memory_budget(device_memory_bytes(d.index)) for d in gpus}
-        gpu_memory = MemoryBudget(sum(budgets.values()), lambda: node.schedulers(), device_bytes)
         loader.placement = Placement(
             gpus, budgets, lambda: on_devices(node.schedulers()), settings.gpu_concurrency
         )
+        gpu_memory = GpuBudgets(loader.placement, lambda: node.schedulers())
         if settings.gpu_concurrency:
             device_room = loader.placement.has_room
     factory = SchedulerFactory(

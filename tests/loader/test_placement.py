@@ -83,3 +83,62 @@ def test_describe_and_metrics_name_the_device_of_every_instance(
         metrics = c.get("/metrics").text
         line = f'fnrt_instances_on_device{{device="cpu",function="echo",version="{version}"}} 1.0'
         assert line in metrics, [m for m in metrics.splitlines() if "on_device" in m]
+
+
+class _Instance:
+    def __init__(self, index: int, nbytes: int) -> None:
+        self.device = Device("cuda", index)
+        self.device_bytes = nbytes
+
+
+class _Pool:
+    def __init__(self, instances: list[_Instance]) -> None:
+        self.instances = instances
+
+    def loaded_instances(self) -> list[_Instance]:
+        return self.instances
+
+
+class _Version:
+    """A loaded version as the budgets see it (runtime/scheduler.py's Resident view)."""
+
+    def __init__(self, key: str, on: dict[int, int], last_active_s: float) -> None:
+        self.key = key
+        self.pool = _Pool([_Instance(i, n) for i, n in on.items()])
+        self.last_active_s = last_active_s
+        self.busy = False
+        self.resident_bytes = 0
+        self.evicted = False
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(i.device_bytes for i in self.pool.instances)
+
+    async def evict(self) -> None:
+        self.evicted = True
+        self.pool.instances = []
+
+
+def test_a_load_makes_room_on_the_gpu_it_will_go_to_only() -> None:
+    import asyncio
+
+    from fnrt.loader.placement import GpuBudgets
+
+    versions = [
+        _Version("old-on-0", {0: 30 * GIB}, last_active_s=1.0),
+        _Version("older-on-1", {1: 20 * GIB}, last_active_s=0.5),  # the LRU, but elsewhere
+        _Version("new-on-0", {0: 30 * GIB}, last_active_s=2.0),
+    ]
+    gpus = [Device("cuda", 0), Device("cuda", 1)]
+    held = lambda: [(i.device, i.device_bytes) for v in versions for i in v.pool.instances]  # noqa: E731
+    placement = Placement(gpus, {0: 80 * GIB, 1: 40 * GIB}, held)
+    budgets = GpuBudgets(placement, lambda: versions)  # type: ignore[arg-type]
+    assert budgets.budget_bytes == 120 * GIB and budgets.used_bytes() == 80 * GIB
+    assert placement.peek() == Device("cuda", 1)  # 20 free against 20: fewer instances
+    versions[2].pool.instances.append(_Instance(0, 1))  # now cuda:0 has less free
+    asyncio.run(budgets.make_room("loading", 30 * GIB))  # cuda:1 has 20 of its 40 free
+    assert [v.key for v in versions if v.evicted] == ["older-on-1"]  # only what is there
+    versions[1].pool.instances = [_Instance(1, 35 * GIB)]
+    versions[1].evicted = False
+    asyncio.run(budgets.make_room("loading", 30 * GIB))  # cuda:0 now: 20 free of 80
+    assert [v.key for v in versions if v.evicted] == ["old-on-0"]  # the LRU on cuda:0
