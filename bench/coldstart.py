@@ -19,8 +19,9 @@ are deployed to two fnrt servers: one on a local store, one on an S3 endpoint
   with a tuned ``TransferConfig`` (16 threads, 16 MiB parts);
 - the raw read throughput of the cached file (what the L2 path approaches);
 - once each, a node's first cold start of the model: after its deploy to that
-  node, on a new node started on the store the model is deployed to (a new
-  cache: nothing learned there), and on such a node with ``--spare-workers 0``
+  node (the torch model, and its ONNX export under onnxruntime), on a new node
+  started on the store the model is deployed to (a new cache: nothing learned
+  there), and on such a node with ``--spare-workers 0``
   (every cold start starts a Python and imports torch). Each waits 4 s first, as
   a node started ahead of its traffic would: a node learns what the model's code
   imports at its deploy (``loader/imports.py``), and its spare worker imports it;
@@ -252,6 +253,9 @@ def main() -> None:
         time.sleep(SPARE_READY_S)
         elapsed, t, _ = local.cold_invoke("wide", x)
         firsts["after its deploy"] = (elapsed, t["verify_s"])
+        time.sleep(SPARE_READY_S)  # the spare it took is replaced
+        elapsed, t, _ = local.cold_invoke("wide-onnx", x)
+        firsts["onnxruntime, after its deploy"] = (elapsed, t["verify_s"])
         if in_environment is not None:
             time.sleep(SPARE_READY_S)
             elapsed, t, _ = local.cold_invoke("wide-env", x)
@@ -267,7 +271,7 @@ def main() -> None:
             new.stop()  # and its workers with it, before anything else is measured
         for server in servers:  # first loads: imports, page cache
             for name in ("wide", "wide-onnx"):
-                if (server, name) != (local, "wide"):
+                if server is not local:  # the local node's came after their deploys
                     server.cold_invoke(name, x)
 
         from fnrt.loader.repository import blob_key
