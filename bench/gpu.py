@@ -324,8 +324,9 @@ def memory(args: argparse.Namespace, device: Any, report: dict[str, Any]) -> Non
             vms = [publish(node, f) for f in folders]
             schedulers = [node.registry.schedulers(vm) for vm in vms]
             try:
-                await asyncio.gather(*(sched.warm(s) for s in schedulers))
-                for s in schedulers:
+                for s in schedulers:  # one at a time: where NVML cannot see a worker's pid
+                    await sched.warm(s)  # (a container's pid namespace), it measures the
+                for s in schedulers:  # device's free memory before and after its load
                     for instance in s.pool.loaded_instances():
                         rows.append(
                             {
