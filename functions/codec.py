@@ -22,7 +22,13 @@ import numpy as np
 import orjson
 
 from fnrt.functions.dtypes import BFLOAT16, OBJECT, is_numeric
-from fnrt.functions.errors import BadOutput, BadRequest, FnrtError, UnsupportedMediaType
+from fnrt.functions.errors import (
+    BadOutput,
+    BadRequest,
+    FnrtError,
+    TensorTooLarge,
+    UnsupportedMediaType,
+)
 from fnrt.functions.limits import DEFAULT_LIMITS, TensorLimits, check_response, check_shape
 
 
@@ -175,11 +181,69 @@ def decode_msgpack(body: bytes, limits: TensorLimits = DEFAULT_LIMITS) -> dict[s
     hook = _DEFAULT_HOOK if limits is DEFAULT_LIMITS else _hook(limits)
     try:
         obj = msgpack.unpackb(body, object_hook=hook, raw=False, strict_map_key=False)
+    except TensorTooLarge as exc:
+        raise _named(body, limits) or exc from None
     except FnrtError:
         raise
     except Exception as exc:
         raise BadRequest(f"body is not valid msgpack: {exc}") from None
     return _top_level(obj)
+
+
+class _Refused:
+    """An array map past the limits, held in place of the array while a refused body is
+    read again to find the input that holds it."""
+
+    def __init__(self, error: TensorTooLarge, shape: list[int]) -> None:
+        self.error, self.shape = error, shape
+
+
+def _named(body: bytes, limits: TensorLimits) -> TensorTooLarge | None:
+    """The TensorTooLarge of ``body``'s first array past ``limits``, naming its input.
+
+    msgpack decodes an array's map before the map that names it, so the first pass
+    refuses it nameless; this second pass (a refused body only, no array allocated)
+    keeps each refusal in place and looks for it under the top-level keys."""
+
+    def hook(obj: dict[Any, Any]) -> Any:
+        if _ND in obj or "nd" in obj:
+            shape = _field(obj, _SHAPE)
+            if not isinstance(shape, list | tuple):
+                return None
+            try:
+                check_shape(None, shape, limits)
+            except TensorTooLarge as exc:
+                return _Refused(exc, list(shape))
+            return None  # within the limits: not needed to name the refused one
+        return obj
+
+    try:
+        obj = msgpack.unpackb(body, object_hook=hook, raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    for name, value in obj.items():
+        found = _find_refused(value)
+        if found is not None:
+            try:
+                check_shape(str(name), found.shape, limits)
+            except TensorTooLarge as exc:
+                return exc
+    return None
+
+
+def _find_refused(value: Any) -> _Refused | None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Refused):
+            return item
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return None
 
 
 class Readable(Protocol):
@@ -327,9 +391,28 @@ def _top_level(obj: Any) -> dict[str, Any]:
 
 
 def decode(body: bytes, fmt: Format, limits: TensorLimits = DEFAULT_LIMITS) -> dict[str, Any]:
-    """A body in ``fmt`` as ``{name: value}`` (JSON arrays are bounded by their bytes;
-    msgpack shapes by ``limits``)."""
-    return decode_json(body) if fmt is Format.JSON else decode_msgpack(body, limits)
+    """A body in ``fmt`` as ``{name: value}``; TensorTooLarge, naming the input, for an
+    array whose shape is past ``limits`` (JSON bodies are also bounded by their bytes)."""
+    if fmt is not Format.JSON:
+        return decode_msgpack(body, limits)
+    inputs = decode_json(body)
+    for name, value in inputs.items():
+        if type(value) is list:
+            check_shape(name, json_shape(value), limits)
+    return inputs
+
+
+def json_shape(value: list[Any]) -> list[int]:
+    """The shape nested lists declare, read down their first elements (a ragged list
+    is refused later, when it is made an array)."""
+    shape = []
+    item: Any = value
+    while type(item) is list:
+        shape.append(len(item))
+        if not item:
+            break
+        item = item[0]
+    return shape
 
 
 def encode(payload: Mapping[str, Any], fmt: Format, limits: TensorLimits = DEFAULT_LIMITS) -> bytes:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
+import orjson
 import pytest
 
-from fnrt.functions.codec import Format, decode_msgpack, encode
+from fnrt.functions.codec import Format, decode, decode_msgpack, encode
 from fnrt.functions.errors import ResponseTooLarge, TensorTooLarge
 from fnrt.functions.limits import TensorLimits, cells, check_shape, json_bytes
 
@@ -38,6 +39,35 @@ def test_the_server_limit_is_the_one_applied() -> None:
     assert decode_msgpack(body)["x"].shape == (1000, 0)
     with pytest.raises(TensorTooLarge):
         decode_msgpack(body, TensorLimits(max_elements=999))
+
+
+def test_a_refused_msgpack_array_names_its_input() -> None:
+    # msgpack decodes the array before the map that names it: the refusal still says
+    # which input it was (the body's error and its `input` field)
+    body = msgpack.packb({"a": empty_array([3, 0]), "x": {"deep": [empty_array([1000, 3])]}})
+    with pytest.raises(TensorTooLarge) as info:
+        decode_msgpack(body, TensorLimits(max_elements=100))
+    assert str(info.value).startswith("input 'x' of shape [1000, 3]: more than the server's")
+    assert info.value.fields["input"] == "x"
+    deep = msgpack.packb({"y": empty_array([1] * 40)})
+    with pytest.raises(
+        TensorTooLarge, match=r"^input 'y' of shape \[1, .*40 dimensions, the limit"
+    ):
+        decode(deep, Format.MSGPACK)
+
+
+def test_a_json_body_is_held_to_the_element_limit_too() -> None:
+    limits = TensorLimits(max_elements=100)
+    body = orjson.dumps({"x": [[1.0, 2.0, 3.0]] * 200})
+    with pytest.raises(TensorTooLarge) as info:
+        decode(body, Format.JSON, limits)
+    assert str(info.value).startswith("input 'x' of shape [200, 3]: more than the server's limit")
+    assert decode(orjson.dumps({"x": [[1.0, 2.0, 3.0]] * 33}), Format.JSON, limits)["x"]
+    nested: object = 1.0
+    for _ in range(40):
+        nested = [nested]
+    with pytest.raises(TensorTooLarge, match="40 dimensions, the limit is 32"):
+        decode(orjson.dumps({"x": nested, "n": 3}), Format.JSON)
 
 
 def test_a_json_answer_is_sized_before_it_is_encoded() -> None:
