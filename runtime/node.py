@@ -32,11 +32,11 @@ from fnrt.loader.spares import SpareWorkers
 from fnrt.loader.stores import FileStore, open_store
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.access import InvokeKeys
-from fnrt.runtime.batcher import Admission
 from fnrt.runtime.clock import Clock, SystemClock
 from fnrt.runtime.deployer import Deployer
 from fnrt.runtime.events import TelemetryEvents
 from fnrt.runtime.gateway import Gateway
+from fnrt.runtime.intake import Admission
 from fnrt.runtime.jobs.board import JobBoard, node_id
 from fnrt.runtime.jobs.runner import JobConfig, JobRunner
 from fnrt.runtime.lifecycle import Lifecycle
