@@ -13,6 +13,8 @@ import functools
 import importlib
 import importlib.metadata
 import json
+import shlex
+import sys
 from types import ModuleType
 from urllib.parse import unquote, urlparse
 
@@ -65,15 +67,19 @@ def require(module: str, purpose: str, extra: str | None = None) -> ModuleType:
 def install_command(extra: str) -> str:
     """The pip command that adds ``extra`` to this fnrt, as it was installed.
 
+    It names this interpreter's pip (``<sys.executable> -m pip``): a bare ``pip``,
+    outside an activated virtualenv, is another Python's and would install there.
+
     pip records where a package came from in ``direct_url.json``: a checkout
     (``-e`` when editable) or a wheel file is named by its path, with the extra;
     an install pip did not record a source for is told the checkout's form.
     """
     source = install_source()
+    pip = f"{shlex.quote(sys.executable)} -m pip install"
     if source is None:
-        return f"pip install '<fnrt checkout or wheel>[{extra}]'"
+        return f"{pip} '<fnrt checkout or wheel>[{extra}]'"
     path, editable = source
-    return f"pip install {'-e ' if editable else ''}'{path}[{extra}]'"
+    return f"{pip} {'-e ' if editable else ''}'{path}[{extra}]'"
 
 
 @functools.cache
@@ -104,7 +110,7 @@ def install_source() -> tuple[str, bool] | None:
 
 
 def install_hint(error: ImportError) -> str:
-    """``; pip install '<source>[torch]'`` when ``error`` is a module an extra
+    """``; <python> -m pip install '<source>[torch]'`` when ``error`` is a module an extra
     provides, else ''."""
     name = (error.name or "").split(".", 1)[0]
     extra = EXTRA_OF.get(name)

@@ -106,7 +106,14 @@ def import_ahead(names: list[str]) -> None:
         try:
             importlib.import_module(name)
         except Exception as exc:  # anything an import raises
-            log.warning("could not import %s ahead: %s", name, exc)
+            log.info(
+                "a spare worker did not import %s ahead (%s): --worker-imports names it, "
+                "or handlers served before with this --cache-dir imported it (noted in its "
+                "spares/imports.json); harmless unless a handler needs it, and then that "
+                "handler's load says why",
+                name,
+                exc,
+            )
 
 
 #: What a spare rehearses a cold start with: a manifest, and its handler's code.

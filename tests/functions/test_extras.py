@@ -107,4 +107,12 @@ def test_the_hint_names_the_checkout_this_fnrt_was_installed_from() -> None:
     # the suite runs on `make test`'s editable install of this checkout (`pip install -e`);
     # fnrt is on no public index, so `pip install 'fnrt[plot]'` would install nothing of ours
     root = Path(__file__).resolve().parents[2]
-    assert install_command("plot") == f"pip install -e '{root}[plot]'"
+    assert install_command("plot") == f"{sys.executable} -m pip install -e '{root}[plot]'"
+
+
+def test_the_hint_names_this_interpreters_pip_not_a_bare_pip() -> None:
+    # a bare `pip`, outside an activated virtualenv, is another Python's: the hint runs
+    # this interpreter's pip, so the extra lands next to the fnrt that asked for it
+    command = install_command("s3")
+    assert command.startswith(f"{sys.executable} -m pip install "), command
+    assert not command.startswith("pip "), command
