@@ -9,7 +9,8 @@
   maps it to (runtime/http/problems.py), and every place the code raises it, with
   the words it passes;
 - metrics.md: every series of tracing/, with its type, labels and help text;
-- cli.md: every command's --help, from click.
+- cli.md: every command's --help, from click, and the bounds ``fnrt serve`` checks
+  its options against (ServerSettings' and TensorLimits' ``__post_init__``).
 
 tests/docs/test_reference.py fails when a page on disk is not what this writes.
 """
@@ -401,6 +402,8 @@ def cli_page() -> str:
             return
         title = " ".join(path)
         out.extend([f"## `{title}`\n", "```text", command.get_help(ctx).rstrip(), "```\n"])
+        if title == "fnrt serve":
+            out.extend(_bounds_table(command))
         if isinstance(command, click.Group):
             for name in command.list_commands(ctx):
                 sub = command.get_command(ctx, name)
@@ -409,6 +412,56 @@ def cli_page() -> str:
 
     walk(cli, ["fnrt"], None)
     return "\n".join(out)
+
+
+#: Where the settings' bounds are checked: (file, class) whose __post_init__ raises
+#: ValueError("field: must ..."), and the setting a field of it is given as.
+BOUNDED = (("runtime/settings.py", "ServerSettings"), ("functions/limits.py", "TensorLimits"))
+SETTING_OF = {"max_elements": "max_tensor_elements"}
+
+
+def serve_bounds() -> dict[str, str]:
+    """setting -> its bound ("must be at least 1024"), from the ``raise
+    ValueError("field: must ...")`` lines of the settings' ``__post_init__``."""
+    bounds: dict[str, str] = {}
+    for rel, class_name in BOUNDED:
+        tree = ast.parse((ROOT / rel).read_text(), rel)
+        for cls in ast.walk(tree):
+            if not (isinstance(cls, ast.ClassDef) and cls.name == class_name):
+                continue
+            for node in ast.walk(cls):
+                called = getattr(node, "func", None)
+                if not (isinstance(node, ast.Call) and getattr(called, "id", "") == "ValueError"):
+                    continue
+                text = _render(node.args[0]) if node.args else None
+                if text is None or ": must " not in text:
+                    continue
+                fields, _, bound = text.partition(": must ")
+                for name in fields.split(", "):
+                    bounds.setdefault(SETTING_OF.get(name, name), f"must {bound}")
+    return bounds
+
+
+def _bounds_table(command: Any) -> list[str]:
+    """The bounds of ``fnrt serve``'s options, as a table after its --help."""
+    options = {p.name: p for p in command.params if p.name}
+    rows = []
+    for name, bound in sorted(serve_bounds().items()):
+        param = options.get(name)
+        if param is None:
+            continue
+        env = getattr(param, "envvar", None)
+        flag = param.opts[0]
+        rows.append(f"| `{flag}` | {f'`{env}`' if env else ''} | {_cell(bound)} |")
+    return [
+        "The bounds of its options: `fnrt serve` checks each before it starts, and",
+        "exits with one line naming it otherwise (`error: max_json_body_bytes: must be",
+        "at least 1024`).\n",
+        "| option | variable | bound |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 PAGES: dict[str, Callable[[], str]] = {

@@ -3,13 +3,17 @@ and what gen.py reads from the source agrees with the running objects."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from fnrt.functions import errors
 from fnrt.runtime.http import problems
+from fnrt.runtime.settings import ServerSettings
 from fnrt.tracing.metrics import FunctionState, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,3 +56,25 @@ def test_every_series_the_registry_serves_is_in_the_table() -> None:
     }
     listed = {name for name, *_ in _gen().metric_series()}
     assert served and served <= listed, served - listed
+
+
+def test_the_cli_page_gives_each_serve_bound_the_settings_check() -> None:
+    # `fnrt serve --max-json-body-bytes 1000` exits on a bound --help did not say:
+    # the page lists each bound read from the settings' checks, and each one listed
+    # is the one a running ServerSettings enforces
+    gen = _gen()
+    bounds = gen.serve_bounds()
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    for flag in ("max-json-body-bytes", "max-response-bytes", "max-body-bytes", "max-job-bytes"):
+        name = flag.replace("-", "_")
+        assert bounds[name] == "must be at least 1024", bounds
+        row = f"| `--{flag}` | `FNRT_{name.upper()}` | must be at least 1024 |"
+        assert row in page, row
+        fields = {f.name for f in dataclasses.fields(ServerSettings)}
+        assert name in fields
+        ServerSettings(**{name: 1024})
+        with pytest.raises(ValueError, match=f"^{name}: must be at least 1024$"):
+            ServerSettings(**{name: 1023})
+    assert bounds["max_tensor_elements"] == "must be at least 1"
+    with pytest.raises(ValueError, match="must be at least 1"):
+        ServerSettings(max_tensor_elements=0)
