@@ -26,6 +26,7 @@ from fnrt.runtime.batching import (
     adaptive_plan,
     flush_delay_s,
     job_pause_s,
+    may_send_ahead,
     predicted_finish_s,
 )
 from fnrt.runtime.breaker import BreakerState
@@ -149,6 +150,13 @@ class Batcher(Intake):
             staged: Staged | None = None
             if ahead is not None:
                 (taken, staged), ahead = ahead, None
+                # its requests whose deadline passed while the batch before it ran longer
+                # than predicted (may_send_ahead): 504 now, whatever the instance computes
+                now = self._clock.now()
+                for call in taken.batch:
+                    deadline = call.deadline
+                    if deadline is not None and now >= deadline and not call.future.done():
+                        self._expire(call, now)
                 if staged.stager is not instance.stager:  # its instance was lost meanwhile
                     staged.release()
                     staged = None
@@ -180,10 +188,11 @@ class Batcher(Intake):
         stage the next batch when the queue holds a full one (:meth:`_stage_ahead`).
         Below a full batch nothing is taken early, so batches are as large as without
         the pipeline. The batch staged ahead, if any: the next turn runs it."""
+        started = self._clock.now()
         run = asyncio.ensure_future(
             self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks, staged)
         )
-        ahead = await self._stage_ahead(slot, instance, run, taken)
+        ahead = await self._stage_ahead(slot, instance, run, taken, started)
         try:
             await run
         except BaseException:
@@ -212,12 +221,19 @@ class Batcher(Intake):
         return protection.refusal(self.name, self.version.version, self._clock.now())
 
     async def _stage_ahead(
-        self, slot: Slot, instance: Runnable, run: asyncio.Future[None], running: Taken
+        self,
+        slot: Slot,
+        instance: Runnable,
+        run: asyncio.Future[None],
+        running: Taken,
+        started: float,
     ) -> tuple[Taken, Staged] | None:
-        """While ``run`` (of ``running``) goes, take the next batch once the plan says
-        flush a full one now, and stage it; None if ``run`` ended first. Nothing is staged
-        after a batch of job records alone while live requests arrive: the slot pauses
-        for them after it (``job_pause_s``), as without the pipeline."""
+        """While ``run`` (of ``running``, since ``started``) goes, take the next batch
+        once the plan says flush a full one now, and stage it; None if ``run`` ended
+        first. Nothing is staged after a batch of job records alone while live requests
+        arrive: the slot pauses for them after it (``job_pause_s``), as without the
+        pipeline; nor while a request it would take may reach its deadline before
+        ``run`` ends (``may_send_ahead``): it waits in the queue, answered 504 on time."""
         if _job_only(running) and job_pause_s(1.0, self.arrivals.rate_per_s(self._clock.now())):
             return None
         while not run.done():
@@ -226,6 +242,12 @@ class Batcher(Intake):
             now = self._clock.now()
             plan = self._plan(now)
             if plan.wait_s <= 1e-6 and self._queue.rows >= plan.size:
+                if not may_send_ahead(
+                    self._queue.earliest_deadline(plan.size),
+                    now,
+                    self._left_s(running, started, now),
+                ):
+                    return None
                 taken = self._take(plan.size, now)
                 if not taken.batch:
                     continue
@@ -245,6 +267,13 @@ class Batcher(Intake):
             await asyncio.wait((run, woken), return_when=asyncio.FIRST_COMPLETED)
             woken.cancel()
         return None
+
+    def _left_s(self, running: Taken, started: float, now: float) -> float | None:
+        """What the batch running since ``started`` is predicted still to take (None:
+        the cost model has seen no batch yet)."""
+        if not self.cost.fitted:
+            return None
+        return max(self.cost.predict(running.rows) - (now - started), 0.0)
 
     def _fail(self, batch: list[Call], rows: int, error: BaseException) -> None:
         self._settle_failed(batch, error, self._clock.now())

@@ -150,6 +150,24 @@ def predicted_finish_s(
     return rounds * cost.predict(size)
 
 
+def may_send_ahead(
+    earliest_deadline: float | None, now: float, running_left_s: float | None
+) -> bool:
+    """Whether a batch may be sent (or staged) ahead, to run the moment the batch
+    computing now ends, with no further look at its requests' deadlines.
+
+    Only when none of them can pass before then: ``earliest_deadline`` (the soonest
+    of the requests it would take; None: none has one) later than ``now`` plus
+    ``running_left_s``, what the batch computing is predicted still to take (None:
+    no prediction yet, so a request with a deadline waits in the queue, where its
+    deadline is watched and it is answered 504 on time)."""
+    if earliest_deadline is None:
+        return True
+    if running_left_s is None:
+        return False
+    return earliest_deadline > now + running_left_s
+
+
 #: While live requests arrive, a batch of job records alone is followed by a pause
 #: this many times its length (a live request ends it at once): jobs take at most
 #: ``1 / (1 + JOB_YIELD)`` of an instance's time from live traffic, and all of it

@@ -13,6 +13,7 @@ queue and ``now``; the scheduler owns the asyncio side.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
@@ -221,6 +222,17 @@ class RequestQueue:
             if pending.alone:
                 break
         return Taken(batch, expired, removed, abandoned, size, blocks)
+
+    def earliest_deadline(self, size: int) -> float | None:
+        """The soonest deadline among the first ``size`` requests of each class (what a
+        take of ``size`` rows may remove); None when none of them has one."""
+        soonest: float | None = None
+        for q in self._classes:
+            for call in itertools.islice(q, size):
+                deadline = call.deadline
+                if deadline is not None and (soonest is None or deadline < soonest):
+                    soonest = deadline
+        return soonest
 
     def due(self, now: float) -> tuple[list[Call], float | None]:
         """Queued calls past their deadline and not answered yet (they stay queued: a

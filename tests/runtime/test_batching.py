@@ -103,3 +103,14 @@ def test_rate_estimator() -> None:
         rate.arrive(t * 0.01)
     assert abs(rate.rate_per_s(0.1) - 100) < 1
     assert rate.rate_per_s(1.1) < 1.01  # a second without arrivals lowers it
+
+
+def test_a_batch_is_sent_ahead_only_when_no_deadline_in_it_can_pass_first() -> None:
+    from fnrt.runtime.batching import may_send_ahead
+
+    assert may_send_ahead(None, now=10.0, running_left_s=None)  # no deadline: always
+    assert may_send_ahead(None, now=10.0, running_left_s=5.0)
+    assert not may_send_ahead(11.0, now=10.0, running_left_s=None)  # nothing predicted yet
+    assert not may_send_ahead(10.25, now=10.0, running_left_s=1.0)  # passes while k runs
+    assert not may_send_ahead(11.0, now=10.0, running_left_s=1.0)  # passes as k ends
+    assert may_send_ahead(11.5, now=10.0, running_left_s=1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,6 @@ def test_after_job_records_alone_live_requests_are_not_staged_behind_more_jobs(
             return await sched.submit_block(scheduler, records)
 
         # no live arrivals lately: a second block is staged while the first holds
-        import time
 
         time.sleep(1.5)
         gate("hold").clear()
@@ -219,3 +219,76 @@ def test_a_request_whose_inputs_disagree_on_rows_is_its_own_422(tmp_path: Path, 
         assert bad.status_code == 422, bad.text
         assert "'k' has 3 rows and 'x' 2" in bad.text
         assert c.post(url, json=good).status_code == 200  # nothing else failed
+
+
+SLEEPY = """
+import time
+
+
+class Sleepy:
+    def forward(self, inputs):
+        x = inputs["x"]
+        if float(x[0, 0]) < 0:  # a batch led by a negative value takes that many seconds
+            time.sleep(-float(x[0, 0]))
+        return {"y": x * 2}
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_request_that_would_expire_behind_the_running_batch_is_not_sent_ahead(
+    tmp_path: Path, mode: str
+) -> None:
+    """A batch sent (or staged) ahead runs the moment the one computing ends, with no
+    further look at deadlines; so a request whose deadline may pass before then (by
+    what batches have taken) stays queued, and is answered 504 at its deadline, not
+    200 after the batch ahead of it."""
+    manifest = (
+        MANIFEST.replace("Staged", "Sleepy")
+        .replace('mode = "thread"', f'mode = "{mode}"')
+        .replace("max_batch_size = 4", "max_batch_size = 1")  # one request: a full batch
+    )
+    with live_server(tmp_path) as srv, ThreadPoolExecutor(4) as pool:
+        folder = write_function(tmp_path / "src", "staged", SLEEPY, manifest, timeout_s=0)
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        for _ in range(2):  # loaded; its batches take 0.6 s
+            assert _post(srv.url, -0.6).status_code == 200
+        scheduler = srv.call(srv.registry.get("staged"))
+        slow = pool.submit(_post, srv.url, -0.6)
+        wait_until(lambda: scheduler.pool.running == 1)
+        sent = time.monotonic()
+        late = httpx.post(
+            f"{srv.url}/v1/functions/staged/invoke",
+            json={"x": [[3.0, 1.0]]},
+            headers={"x-fnrt-timeout-ms": "150"},
+            timeout=30,
+        )
+        waited = time.monotonic() - sent
+        assert late.status_code == 504, late.text
+        assert waited < 0.45  # at its deadline, not after the batch ahead of it
+        assert slow.result().status_code == 200
+        assert _post(srv.url, 4.0).json()["y"] == [[8.0, 2.0]]  # and serving on
+
+
+def test_a_request_sent_ahead_whose_deadline_passed_meanwhile_is_a_504(tmp_path: Path) -> None:
+    """Where the prediction was wrong (a batch far slower than those before it), a
+    request sent ahead is answered 504 when its turn comes, not with a late 200."""
+    manifest = MANIFEST.replace("Staged", "Sleepy").replace(
+        "max_batch_size = 4", "max_batch_size = 1"
+    )
+    with live_server(tmp_path) as srv, ThreadPoolExecutor(4) as pool:
+        folder = write_function(tmp_path / "src", "staged", SLEEPY, manifest, timeout_s=0)
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        for _ in range(3):  # fast batches: nothing predicts the slow one
+            assert _post(srv.url, 1.0).status_code == 200
+        scheduler = srv.call(srv.registry.get("staged"))
+        slow = pool.submit(_post, srv.url, -1.0)
+        wait_until(lambda: scheduler.pool.running == 1)
+        late = httpx.post(
+            f"{srv.url}/v1/functions/staged/invoke",
+            json={"x": [[3.0, 1.0]]},
+            headers={"x-fnrt-timeout-ms": "200"},
+            timeout=30,
+        )
+        assert late.status_code == 504, late.text
+        assert slow.result().status_code == 200
+        assert _post(srv.url, 4.0).json()["y"] == [[8.0, 2.0]]

@@ -120,3 +120,17 @@ def test_clients_cannot_ask_for_the_job_class() -> None:
     assert Priority.parse(" Low ") is Priority.LOW
     with pytest.raises(ValueError, match="not high, normal or low"):
         Priority.parse("job")
+
+
+def test_earliest_deadline_looks_at_what_a_take_of_that_size_may_remove() -> None:
+    loop = asyncio.new_event_loop()
+    q = RequestQueue(aging_s=1.0)
+    assert q.earliest_deadline(4) is None
+    q.push(pending(loop, "a", 0.0, Priority.NORMAL))
+    q.push(pending(loop, "b", 0.0, Priority.NORMAL, deadline=5.0))
+    q.push(pending(loop, "c", 0.0, Priority.NORMAL, deadline=2.0))  # third in its class
+    q.push(pending(loop, "h", 0.0, Priority.HIGH, deadline=3.0))
+    assert q.earliest_deadline(1) == 3.0  # the heads of each class
+    assert q.earliest_deadline(2) == 3.0
+    assert q.earliest_deadline(3) == 2.0
+    loop.close()
