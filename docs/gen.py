@@ -396,7 +396,14 @@ def cli_page() -> str:
 
     def walk(command: click.Command, path: list[str], parent: click.Context | None) -> None:
         ctx = click.Context(
-            command, info_name=path[-1], parent=parent, terminal_width=88, max_content_width=88
+            command,
+            info_name=path[-1],
+            parent=parent,
+            terminal_width=88,
+            max_content_width=88,
+            # as `fnrt` names them (click keeps a command's help option from its first
+            # context: without this the page would depend on whether main() ran first)
+            help_option_names=cli.context_settings.get("help_option_names"),
         )
         if command.hidden:
             return
