@@ -51,14 +51,14 @@ class Trickle:
     def tick(self) -> None:
         with self._lock:
             socks = list(self.open.values())
-        poller = select.poll()
         for sock in socks:
+            # asked of each socket right before its byte, not once for all: an answer
+            # that lands while a tick walks 1,000 sockets is read, not sent a byte
+            # after the server closed (the kernel would reset it and drop the answer)
+            poller = select.poll()
             poller.register(sock, select.POLLIN)
-        answered = {fd for fd, _ in poller.poll(0)}
-        for sock in socks:
-            fd = sock.fileno()
             try:
-                if fd in answered:  # read the answer before sending more (a send would reset)
+                if poller.poll(0):  # read the answer before sending more (a send would reset)
                     self._finish(sock, self._read_answer(sock))
                 else:
                     sock.sendall(b" ")
@@ -135,7 +135,11 @@ def test_slow_bodies_leave_room_for_normal_requests(tmp_path: Path) -> None:
         # room; one that came while every connection held had not yet waited long enough
         # to be judged was refused 503 (busy) at once
         assert not trickle.open, f"{len(trickle.open)} slow bodies still open"
-        assert trickle.resets < SLOW // 10, (trickle.resets, asked_s)
+        # the connections beyond what the server holds open (1,024 less its reserve of 128)
+        # are refused 503 as they come, before their head is sent: the head then meets a
+        # closed socket and the kernel resets it; any other reset is a byte that raced a 408
+        beyond = SLOW - (1024 - 128)
+        assert trickle.resets < beyond + SLOW // 20, (trickle.resets, asked_s)
         too_slow = 0
         for answer in trickle.answers:
             head, _, body = answer.partition(b"\r\n\r\n")

@@ -58,6 +58,7 @@ def test_l3_then_l2_then_l1(
         assert instance["cold_starts"] == {"l3": 1, "l2": 1}
         assert instance["last_load_tier"] == "l2"
         assert set(instance["last_load_timings_s"]) == {
+            "files_s",
             "fetch_s",
             "verify_s",
             "import_s",
