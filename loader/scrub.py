@@ -244,10 +244,11 @@ class Scrubber:
             started = self._clock()
             try:
                 self.stat_all()
-                if rate:  # one interval's worth, paced over it
-                    budget = int(rate * self.config.interval_s)
-                    read = 0
-                    while read < budget and not self._stop.is_set():
+                if rate:  # one interval's worth, paced over it, and one round at most:
+                    budget = int(rate * self.config.interval_s)  # small files are read
+                    read = 0  # once an interval, not again and again at the full rate
+                    rounds = self.rounds
+                    while read < budget and self.rounds == rounds and not self._stop.is_set():
                         step = self.read_some(min(_CHUNK, budget - read))
                         if step == 0:
                             break

@@ -236,6 +236,8 @@ class Batcher(Intake):
         ``run`` ends (``may_send_ahead``): it waits in the queue, answered 504 on time."""
         if _job_only(running) and job_pause_s(1.0, self.arrivals.rate_per_s(self._clock.now())):
             return None
+        wake = self._wake
+        run.add_done_callback(lambda _: wake.set())
         while not run.done():
             if self.closing or slot.retired or not instance.alive:
                 return None
@@ -259,13 +261,15 @@ class Batcher(Intake):
                     continue
                 return taken, staged
             self._wake.clear()
-            woken = asyncio.ensure_future(  # an arrival, or the plan's wait running out
-                self._clock.wait(self._wake, plan.wait_s)
-                if plan.wait_s > 1e-6
-                else self._wake.wait()
-            )
-            await asyncio.wait((run, woken), return_when=asyncio.FIRST_COMPLETED)
-            woken.cancel()
+            if run.done():
+                break
+            # an arrival, the plan's wait running out, or the run's end (it sets the same
+            # event): awaited here, not in a task of its own raced against ``run`` (two
+            # tasks and a wait a batch, on every batch of a worker process)
+            if plan.wait_s > 1e-6:
+                await self._clock.wait(self._wake, plan.wait_s)
+            else:
+                await self._wake.wait()
         return None
 
     def _left_s(self, running: Taken, started: float, now: float) -> float | None:

@@ -124,14 +124,14 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "memory_budget_bytes",
     type=SIZE,
     default_text="60% of RAM",
-    help="memory for loaded instances, least recently used evicted beyond it",
+    help="memory for loaded instances; beyond it the idle ones worth least by their keep-alive plans are evicted",
 )
 @setting(
     "gpu_memory_budget_bytes",
     type=SIZE,
     default_text="90% of each GPU's",
     help="each GPU's memory for loaded instances (their tensors and their workers' CUDA "
-    "contexts, measured), least recently used evicted beyond it",
+    "contexts, measured); beyond it the idle ones worth least are evicted",
 )
 @setting(
     "gpu_concurrency",
