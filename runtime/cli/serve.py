@@ -124,7 +124,8 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "memory_budget_bytes",
     type=SIZE,
     default_text="60% of RAM",
-    help="memory for loaded instances; beyond it the idle ones worth least by their keep-alive plans are evicted",
+    help="memory for loaded instances; beyond it the idle ones worth least by their "
+    "keep-alive plans are evicted",
 )
 @setting(
     "gpu_memory_budget_bytes",
