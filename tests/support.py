@@ -160,6 +160,31 @@ restart_backoff_s = 0.05
 """
 
 
+#: A ``forward`` handler (its class ``cls``) in a worker process: x and y float32
+#: [-1, 2], batches of up to 8, one instance and a deep queue.
+FORWARD_WORKER_MANIFEST = """
+name = "{name}"
+handler = "handler:{cls}"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 2] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 2] }}
+
+[batching]
+max_batch_size = 8
+max_wait_ms = 2
+
+[scaling]
+max_instances = 1
+max_queue = 1024
+
+[isolation]
+mode = "process"
+"""
+
+
 ECHO_MANIFEST = """
 name = "{name}"
 handler = "handler:Echo"

@@ -31,14 +31,7 @@ def table(outcomes: Sequence[Outcome]) -> str:
             row += [f"{o.idle_gb_minutes / 60:,.0f}"]
         row += [f"{o.prewarms:,}", f"{o.prewarms_unused:,}"]
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join(
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    )
+    return _aligned(rows)
 
 
 def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
@@ -104,14 +97,7 @@ def fleet_table(outcomes: Sequence[FleetOutcome]) -> str:
     """One row per fleet run: cold starts by tier, fetches, memory, imbalance."""
     rows = [list(outcomes[0].row())] if outcomes else [[]]
     rows += [list(o.row().values()) for o in outcomes]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    )
+    return _aligned(rows)
 
 
 def fleet_plot(outcomes: Sequence[FleetOutcome], path: Path) -> Path:
@@ -144,6 +130,19 @@ def fleet_plot(outcomes: Sequence[FleetOutcome], path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _aligned(rows: Sequence[Sequence[str]], left: int = 0) -> str:
+    """``rows`` as a text table: each column as wide as its widest cell, column
+    ``left`` flush left and the others right (numbers)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    )
 
 
 def _twos_and_fives(value: float, _: object) -> str:
@@ -182,14 +181,7 @@ def node_table(outcomes: Sequence[NodeOutcome]) -> str:
                 f"{o.peak_gb:,.1f}",
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join(
-        "  ".join(
-            c.ljust(w) if i == 1 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    )
+    return _aligned(rows, left=1)
 
 
 def node_plot(outcomes: Sequence[NodeOutcome], path: Path, title: str = "") -> Path:

@@ -21,7 +21,7 @@ from fnrt.loader.repository import Repository
 from fnrt.loader.stores.file import FileStore
 from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.telemetry import Telemetry
-from support import live_server, make_node, publish, write_function
+from support import FORWARD_WORKER_MANIFEST, live_server, make_node, publish, write_function
 
 pytestmark = pytest.mark.gpu
 
@@ -384,28 +384,6 @@ class Forward(Handler):
         return {"y": (x @ self.w) * 2 + 1}
 """
 
-FORWARD_MANIFEST = """
-name = "{name}"
-handler = "handler:Forward"
-
-[inputs]
-x = {{ dtype = "float32", shape = [-1, 2] }}
-
-[outputs]
-y = {{ dtype = "float32", shape = [-1, 2] }}
-
-[batching]
-max_batch_size = 8
-max_wait_ms = 2
-
-[scaling]
-max_instances = 1
-max_queue = 1024
-
-[isolation]
-mode = "process"
-"""
-
 
 def test_400_staged_requests_in_a_worker_on_the_gpu_each_get_their_own_answer(
     tmp_path: Path,
@@ -414,7 +392,9 @@ def test_400_staged_requests_in_a_worker_on_the_gpu_each_get_their_own_answer(
 
     from fnrt.loader.process import ProcessInstance
 
-    folder = write_function(tmp_path / "src", "fwd", FORWARD, FORWARD_MANIFEST)
+    folder = write_function(
+        tmp_path / "src", "fwd", FORWARD, FORWARD_WORKER_MANIFEST, cls="Forward"
+    )
     with live_server(tmp_path, node=_gpu_node(tmp_path)) as srv:
         srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
 
@@ -434,7 +414,9 @@ def test_400_staged_requests_in_a_worker_on_the_gpu_each_get_their_own_answer(
 
 
 def test_a_workers_cuda_context_is_measured_into_the_gpu_budget(tmp_path: Path) -> None:
-    folder = write_function(tmp_path / "src", "fwd", FORWARD, FORWARD_MANIFEST)
+    folder = write_function(
+        tmp_path / "src", "fwd", FORWARD, FORWARD_WORKER_MANIFEST, cls="Forward"
+    )
     before = _device_used_bytes()
     node = _gpu_node(tmp_path)
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
@@ -459,7 +441,9 @@ def test_instances_go_to_the_gpu_with_the_most_free_budget(tmp_path: Path) -> No
     node = build_node(node_settings(tmp_path, device="cuda", isolation="process"))
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
         for name in ("a", "b"):
-            folder = write_function(tmp_path / "src", name, FORWARD, FORWARD_MANIFEST)
+            folder = write_function(
+                tmp_path / "src", name, FORWARD, FORWARD_WORKER_MANIFEST, cls="Forward"
+            )
             srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
             assert c.post(f"/v1/functions/{name}/invoke", json={"x": [[1.0, 2.0]]}).is_success
         devices = {c.get(f"/v1/functions/{n}").json()["instance"]["devices"][0] for n in "ab"}

@@ -21,9 +21,9 @@ from fnrt.loader.instance import InstanceLoader, Ran
 from fnrt.loader.process import ProcessInstance, RemoteError, launch, rss_bytes
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
+from support import FORWARD_WORKER_MANIFEST, publish, write_function
 from support import ISOLATED_MANIFEST as MANIFEST
 from support import MISBEHAVING_HANDLER as HANDLER
-from support import publish, write_function
 
 
 def _loader(tmp_path: Path, **fields: object) -> tuple[InstanceLoader, object]:
@@ -349,28 +349,6 @@ class Staged:
         return {"y": x * 2 + 1}
 """
 
-FORWARD_MANIFEST = """
-name = "{name}"
-handler = "handler:Staged"
-
-[inputs]
-x = {{ dtype = "float32", shape = [-1, 2] }}
-
-[outputs]
-y = {{ dtype = "float32", shape = [-1, 2] }}
-
-[batching]
-max_batch_size = 8
-max_wait_ms = 2
-
-[scaling]
-max_instances = 1
-max_queue = 1024
-
-[isolation]
-mode = "process"
-"""
-
 
 def test_400_concurrent_requests_to_a_forward_handler_in_a_worker_each_get_their_own_answer(
     tmp_path: Path,
@@ -383,7 +361,9 @@ def test_400_concurrent_requests_to_a_forward_handler_in_a_worker_each_get_their
 
     from support import live_server
 
-    folder = write_function(tmp_path / "src", "staged", FORWARD_HANDLER, FORWARD_MANIFEST)
+    folder = write_function(
+        tmp_path / "src", "staged", FORWARD_HANDLER, FORWARD_WORKER_MANIFEST, cls="Staged"
+    )
     with live_server(tmp_path) as srv:
         srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
 
