@@ -47,7 +47,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "intake.py",
             "submit (runtime/batcher.py",
             "submit (runtime/sequencer.py",
-            "count_start",
+            "starts.py",
         ),
     ),
     (

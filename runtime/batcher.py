@@ -59,7 +59,7 @@ class Batcher(Intake):
         self._admission.check(self)
         if self._manifest.batching.adaptive:
             self._refuse_late(call.deadline - now if call.deadline is not None else None)
-        call.cold = self._pool.count_start(now) is StartKind.COLD
+        call.cold = self._pool.starts.count(now) is StartKind.COLD
         self._push(call)
         return call.future
 
@@ -73,7 +73,7 @@ class Batcher(Intake):
         now = self._clock.now()
         call = Call({}, asyncio.get_running_loop().create_future(), now, Priority.JOB)
         call.block, call.rows = records, len(records)
-        call.cold = self._pool.count_start(now) is StartKind.COLD
+        call.cold = self._pool.starts.count(now) is StartKind.COLD
         self._push(call)
         return call.future
 
@@ -255,7 +255,7 @@ class Batcher(Intake):
                     continue
                 inputs = _rows(taken.batch) if taken.blocks else [p.inputs for p in taken.batch]
                 try:
-                    staged = await self._pool.stage(instance, inputs)
+                    staged = await instance.stage_soon(inputs)
                 except Exception as exc:
                     self._fail(taken.batch, taken.rows, run_failure(exc, self.version, "staging"))
                     continue

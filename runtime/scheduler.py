@@ -82,7 +82,7 @@ class Scheduler:
             watch_files=watch_files,
         )
         self.protection = Protection(version.manifest, clock, redis=redis, version=version.version)
-        self.pool.died = self._instance_lost
+        self.pool.loads.died = self._instance_lost
         # A generative version's requests are sequences, stepped by a continuous batcher.
         self.batcher: Batcher | Sequencer
         self.sequencer: Sequencer | None = None
@@ -172,9 +172,16 @@ async def warm(s: Scheduler) -> None:
 
 async def prewarm(s: Scheduler) -> bool:
     """Load ahead of a predicted call; False when it was loaded already (or closing)."""
-    if s.batcher.closing:
+    pool = s.pool
+    if s.batcher.closing or pool.instances:
         return False
-    return await s.pool.prewarm()
+    pool.starts.prewarming(s.clock.now())  # before the load: see Starts.prewarming
+    try:
+        await pool.ensure(pool.slots[0])
+    except BaseException:
+        pool.starts.prewarm_failed()
+        raise
+    return True
 
 
 async def scale_to_zero(

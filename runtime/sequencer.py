@@ -162,7 +162,7 @@ class Sequencer(Intake):
         tokens = prompt_tokens(config, call.inputs, manifest.prompt_input)
         check_prompt(config, tokens, call.asked.max_new_tokens, manifest.prompt_input)
         self._admission.check(self)
-        call.cold = self._pool.count_start(call.enqueued_at) is StartKind.COLD
+        call.cold = self._pool.starts.count(call.enqueued_at) is StartKind.COLD
         call.prompt_tokens = tokens
         call.stream = stream = Stream(tokens)
         self.generation.sequences += 1

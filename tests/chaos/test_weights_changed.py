@@ -85,7 +85,7 @@ def test_weights_changed_in_a_folder_store_are_never_served(tmp_path: Path, mode
         assert r.status_code == 500, r.text
         assert DIGEST in error_of(r)["error"] and "corrupt" in error_of(r)["error"]
         scheduler = srv.node.registry.loaded()[0]
-        assert scheduler.pool.restarts_by_cause()["changed"] == 1
+        assert scheduler.stats.restarts["changed"] == 1
         assert c.get("/healthz").status_code == 200
 
 
@@ -106,7 +106,7 @@ def test_a_batch_that_ends_after_its_weights_changed_is_not_served(
             r = answer.result()
         assert r.status_code == 503, r.text  # was: 200 with y = x + 200
         assert DIGEST in error_of(r)["error"] and "not served" in error_of(r)["error"]
-        assert scheduler.pool.restarts_by_cause()["changed"] == 1
+        assert scheduler.stats.restarts["changed"] == 1
 
 
 def test_the_scrub_retires_an_idle_instance_within_its_interval(tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_the_scrub_retires_an_idle_instance_within_its_interval(tmp_path: Path) 
         assert scheduler.pool.instances == 1
         overwrite_in_place(tmp_path / "store" / "blobs" / "sha256" / DIGEST)
         # no request comes: the scrub finds it and the instance stops being used
-        wait_until(lambda: scheduler.pool.restarts_by_cause().get("changed") == 1, 5)
+        wait_until(lambda: scheduler.stats.restarts.get("changed") == 1, 5)
         wait_until(lambda: scheduler.pool.instances == 0, 5)  # its reload is refused: corrupt
         r = c.post("/v1/functions/mapped/invoke", json=X)
         assert r.status_code == 500 and DIGEST in error_of(r)["error"], r.text
@@ -144,4 +144,4 @@ def test_changed_weights_in_the_disk_cache_are_reloaded_from_the_store(
         # on it, and a new one maps a verified copy: fetched from the store again
         assert r.json() == RIGHT
         assert cached.read_bytes() == WEIGHTS
-        assert srv.node.registry.loaded()[0].pool.restarts_by_cause()["changed"] == 1
+        assert srv.node.registry.loaded()[0].stats.restarts["changed"] == 1

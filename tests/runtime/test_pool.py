@@ -64,8 +64,10 @@ class Loads:
         return Instance(vm, self.call, executor, None, timings, 100)
 
 
-def _pool(vm: VersionManifest, loads: Loads, clock: ManualClock) -> InstancePool:
-    pool = InstancePool(vm, loads, clock, Stats(), NoEvents(), in_thread=True)
+def _pool(
+    vm: VersionManifest, loads: Loads, clock: ManualClock, stats: Stats | None = None
+) -> InstancePool:
+    pool = InstancePool(vm, loads, clock, stats or Stats(), NoEvents(), in_thread=True)
     pool.add_slot()
     return pool
 
@@ -77,13 +79,13 @@ def test_concurrent_first_requests_share_one_load(tmp_path: Path) -> None:
     async def scenario() -> None:
         loads, clock = Loads(), ManualClock()
         pool = _pool(_vm(tmp_path), loads, clock)
-        assert pool.count_start(clock.now()) is StartKind.COLD
+        assert pool.starts.count(clock.now()) is StartKind.COLD
         first, second = await asyncio.gather(pool.ensure(pool.slots[0]), pool.ensure(pool.slots[0]))
         assert first is second and loads.count == 1
         assert pool.state is InstanceState.WARM and pool.instance_bytes == 100
         ran = await pool.run(pool.slots[0], first, [X])
         assert ran.results[0]["y"].tolist() == [[2, 2, 2, 2]]
-        assert pool.count_start(clock.now()) is StartKind.WARM
+        assert pool.starts.count(clock.now()) is StartKind.WARM
         await pool.close()
         assert pool.state is InstanceState.COLD
 
@@ -132,14 +134,14 @@ def test_a_batch_past_its_timeout_replaces_the_instance(tmp_path: Path) -> None:
         return _double(batch)
 
     async def scenario() -> None:
-        loads, clock = Loads(stuck), ManualClock()
-        pool = _pool(_vm(tmp_path, timeout_s=0.2), loads, clock)
+        loads, clock, stats = Loads(stuck), ManualClock(), Stats()
+        pool = _pool(_vm(tmp_path, timeout_s=0.2), loads, clock, stats)
         slot = pool.slots[0]
         instance = await pool.ensure(slot)
         with pytest.raises(HandlerTimeout):
             await pool.run(slot, instance, [X])
         assert slot.instance is None and not instance.alive
-        assert pool.restarts_by_cause() == {"timeout": 1}
+        assert dict(stats.restarts) == {"timeout": 1}
         assert slot.retry_at == clock.now() + 2  # the restart waits the backoff
         await asyncio.sleep(0.05)
         assert loads.count == 1

@@ -1,0 +1,165 @@
+"""Loading one version's instances: backoff, room in the memory budgets, the load itself.
+
+A load runs on a new executor's one thread (the instance's thread from then
+on), after the slot's backoff if its last loads failed or its instances kept
+dying, and after the memory budgets made room for what the last load held. A
+failure of the store or the manifest is raised as it is; the handler's own
+failure is logged with an error id, counted, and makes the next load of the
+slot wait the backoff (:meth:`Loads.failed`, which also tells ``died``: the
+breaker counts deaths in a row). The pool owns the slots and sets the instance
+this returns; this part owns the loads' stats, events and log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Protocol
+
+from fnrt.functions.errors import FnrtError, InstanceLost, LoadError
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.instance import Runnable
+from fnrt.loader.memory import MakeRoom
+from fnrt.runtime.clock import Clock
+from fnrt.runtime.events import Events
+from fnrt.runtime.stats import Stats
+
+log = logging.getLogger("fnrt.pool")
+
+#: Builds one instance of a version on the executor's thread (``launch`` by default).
+LoadInstance = Callable[[VersionManifest, Executor], Runnable]
+
+
+class Backoff(Protocol):
+    """A slot as its loads see it: its index and its record of failures in a row."""
+
+    @property
+    def index(self) -> int: ...
+
+    failures: int  # loads failed or instances lost in a row
+    retry_at: float  # no load before this clock time (backoff)
+    backing_off: bool  # its load is waiting out the backoff
+
+
+def new_error_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """``Type: message`` of a handler's exception (a worker's arrives that way already)."""
+    reason = getattr(exc, "reason", None)
+    return reason if isinstance(reason, str) else f"{type(exc).__name__}: {exc}"
+
+
+def remote_traceback(exc: BaseException) -> str:
+    """A worker's traceback of ``exc`` to append to a log line ("" for local errors)."""
+    text = getattr(exc, "remote_traceback", "")
+    return f"\nin the worker:\n{text}" if text else ""
+
+
+class Loads:
+    """The loads of one version's instances."""
+
+    def __init__(
+        self,
+        version: VersionManifest,
+        load: LoadInstance,
+        clock: Clock,
+        stats: Stats,
+        events: Events,
+        make_room: MakeRoom | None = None,
+    ) -> None:
+        self._version = version
+        self._name = version.name
+        self._load_instance = load
+        self._clock = clock
+        self._stats = stats
+        self._events = events
+        self._make_room = make_room
+        #: Called when an instance died (its cause: ``signal``, ``timeout``...) or a load
+        #: failed on the handler's side (``load``), with the clock time before which the
+        #: slot loads none again (the backoff) and why: the breaker counts deaths in a row.
+        self.died: Callable[[str, float, str], None] = lambda cause, retry_at, reason: None
+
+    async def load(self, slot: Backoff) -> tuple[Runnable, int]:
+        """A new instance for ``slot`` (after its backoff), and when its load started
+        (``time.time_ns``, after the backoff)."""
+        delay = slot.retry_at - self._clock.now()
+        if delay > 0:  # backing off after failures
+            slot.backing_off = True
+            try:
+                await self._clock.sleep(delay)
+            finally:
+                slot.backing_off = False
+        started_ns = time.time_ns()
+        executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self._name}-{slot.index}")
+        loop = asyncio.get_running_loop()
+        stats = self._stats
+        try:
+            if self._make_room is not None:
+                key = f"{self._name}/{self._version.version}"
+                size = self._version.size_bytes  # until a load says what it holds where
+                await self._make_room(
+                    key, stats.last_load_bytes or size, stats.last_load_device_bytes or size
+                )
+            instance = await loop.run_in_executor(
+                executor, self._load_instance, self._version, executor
+            )
+        except BaseException as exc:
+            executor.shutdown(wait=False)
+            stats.load_failures += 1
+            if isinstance(exc, FnrtError) and not isinstance(exc, InstanceLost):
+                stats.last_load_error = exc.message  # the store's or the manifest's: no backoff
+                raise
+            # the handler's own failure: the next load backs off
+            self.failed(slot, "load", describe_failure(exc))
+            error_id = new_error_id()
+            log.error(
+                "loading %s %s failed (error id %s)%s",
+                self._name,
+                self._version.version,
+                error_id,
+                remote_traceback(exc),
+                exc_info=exc,
+            )
+            error = LoadError(self._name, error_id, describe_failure(exc))
+            stats.last_load_error = error.message
+            raise error from exc
+        return instance, started_ns
+
+    def loaded(self, slot: Backoff, instance: Runnable, started_ns: int) -> None:
+        """Count and tell a load that ended with ``instance`` in ``slot``."""
+        stats = self._stats
+        stats.last_load_error = None
+        # A full collection walks every object torch and the model made (~100 ms
+        # with torch loaded): freeze them out of the collector so per-request
+        # garbage never triggers such a pause (the p99 of a busy function).
+        gc.freeze()
+        stats.loads += 1
+        stats.last_load_timings_s = dict(instance.timings_s)
+        stats.last_load_tier = instance.tier
+        stats.last_load_bytes = instance.size_bytes
+        stats.last_load_device_bytes = instance.device_bytes
+        stats.cold_starts[instance.tier] += 1
+        self._events.loaded(self._version, instance, started_ns, time.time_ns())
+        log.info(
+            "loaded %s %s (instance %d, %s) in %.3fs",
+            self._name,
+            self._version.version,
+            slot.index,
+            instance.tier,
+            instance.timings_s["total_s"],
+        )
+
+    def failed(self, slot: Backoff, cause: str, reason: str) -> None:
+        """One more failure in a row: the next load of the slot waits the backoff."""
+        slot.failures += 1
+        slot.retry_at = self._clock.now() + self._version.manifest.isolation.backoff_s(
+            slot.failures
+        )
+        self.died(cause, slot.retry_at, reason)
