@@ -74,17 +74,15 @@ class Deployer:
                 checks = await prepare(candidate, self._loader)
             except Exception:
                 if entry is None or vm.version not in entry.routing.traffic:
-                    if entry is not None:
-                        entry.schedulers.pop(vm.version, None)
-                    registry.background(sched.close(candidate))
+                    if entry is not None and entry.schedulers.get(vm.version) is candidate:
+                        registry.hold(entry, vm.version, None)  # and closes it
+                    else:
+                        registry.background(sched.close(candidate))
                 raise
             if entry is None:  # first version: routed below, with its instance
                 routing = await asyncio.to_thread(cut_over, repository, vm)
                 entry = await registry.entry(vm.name)
-                spare = entry.schedulers.get(vm.version)
-                entry.schedulers[vm.version] = candidate
-                if spare is not None and spare is not candidate:
-                    registry.background(sched.close(spare))
+                registry.hold(entry, vm.version, candidate)  # the one made there: closed
                 return Deployed(vm.name, vm.version, created, routing, checks=checks)
         chosen = RolloutPolicy(policy or config.policy)
         if entry is None:

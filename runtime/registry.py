@@ -6,12 +6,17 @@ also be served by its id. Each request goes to a version chosen by the
 function's traffic split (random, or by a sticky header's hash). Routing
 written by other nodes (or by this node's deployer) is applied here, found
 through the store's change feed (``fnrt.loader.changes``: one conditional GET
-per poll, whatever the number of functions):
+per poll, whatever the number of functions; where this node stopped reading it:
+``feed.py``):
 versions that gain traffic get a scheduler, versions that lose it are marked
 with the time they left (the sweeper closes them after the rollback window).
 
-Deploys and canaries live in ``deployer.py``, the periodic sweeps in
-``sweeper.py``, memory eviction in ``fnrt.loader.memory``.
+The registry is the only one to change the function table (a function's
+routing and the schedulers it holds): deploys and canaries (``deployer.py``)
+and the periodic sweeps (``sweeper.py``) decide, then ask it (:meth:`Registry.hold`,
+:meth:`Registry.retire`, :meth:`Registry.write`). Which version a request goes
+to is the served function's (:meth:`ServedFunction.choose`); memory eviction is
+``fnrt.loader.memory``'s.
 """
 
 from __future__ import annotations
@@ -22,16 +27,15 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, Protocol
 
 from fnrt.functions.errors import FunctionNotFound
-from fnrt.functions.headers import STICKY_HEADER
 from fnrt.functions.manifest import NAME_PATTERN
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.repository import Repository
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
+from fnrt.runtime.feed import FeedCursor
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 from fnrt.runtime.served import ServedFunction
-from fnrt.runtime.traffic import bucket_of, choose_version
 
 log = logging.getLogger("fnrt.registry")
 
@@ -67,8 +71,8 @@ class Registry:
         self._functions: dict[str, ServedFunction] = {}
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._generation = 0  # the change feed's generation applied here
-        self._feed_etag = ""  # its ETag when read ("": not read yet)
+        #: where this node stopped reading the store's change feed
+        self.feed = FeedCursor(repository)
 
     def background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` without awaiting it, holding a reference until it ends."""
@@ -83,8 +87,11 @@ class Registry:
         the keeper has learned (it may pre-warm them). The others cost nothing here
         until their first call, which reads them again; what their code imports is
         told to ``imports_seen`` (the spare workers learn it)."""
-        await self._read_feed()  # before the routing: a change made meanwhile is seen again
-        names = await asyncio.to_thread(self._starting, preload)
+        await self.feed.moved(self._functions)  # before the routing: a change made
+        # meanwhile is seen again
+        names = await asyncio.to_thread(
+            starting, self.repository, self._keeper, self._imports_seen, preload
+        )
         warming: list[asyncio.Future[None]] = []
         for name in names:
             try:
@@ -95,35 +102,6 @@ class Registry:
             if preload or scheduler.version.manifest.scaling.load_at_start:
                 warming.append(self.background(warm_logged(scheduler)))
         return warming
-
-    def _starting(self, preload: bool) -> list[str]:
-        """The functions served from the start (blocking: store reads)."""
-        names = self.repository.list_functions()
-        if preload:
-            return names
-        chosen = []
-        for name in names:
-            if self._keeper is not None and self._keeper.knows(name):
-                chosen.append(name)
-                continue
-            try:
-                routing, _ = self.repository.get_routing(name)
-                stored = self.repository.read_version(name, routing.primary)
-            except FunctionNotFound:
-                continue  # deleted meanwhile
-            except Exception as exc:
-                log.error("cannot serve %s: %s", name, exc)
-                continue
-            imports = stored.get("imports")
-            environment = stored["manifest"].get("environment")
-            if isinstance(environment, dict) and environment.get("requirements"):
-                imports = None  # run with packages of its own: not the server's spares'
-            if self._imports_seen is not None and isinstance(imports, list):
-                self._imports_seen(n for n in imports if isinstance(n, str) and n.isidentifier())
-            scaling = stored["manifest"].get("scaling")
-            if isinstance(scaling, dict) and scaling.get("load_at_start") is True:
-                chosen.append(name)  # checked in full when it is served, below
-        return chosen
 
     async def close(self) -> None:
         for entry in self._functions.values():
@@ -178,24 +156,13 @@ class Registry:
         header the primary version's manifest names in ``sticky_header``, else
         ``x-fnrt-sticky`` (what ``fnrt.client`` sends); without one, a random draw.
         """
-        return self._route(await self.entry(name), headers)
+        return (await self.entry(name)).choose(headers)
 
     def route_now(self, name: str, headers: Mapping[str, str] | None = None) -> Scheduler | None:
         """:meth:`route` without a wait, for a function already served here (the
         usual request: no coroutine to make and run); None when it must be read first."""
         entry = self._functions.get(name)
-        return None if entry is None else self._route(entry, headers)
-
-    def _route(self, entry: ServedFunction, headers: Mapping[str, str] | None) -> Scheduler:
-        traffic = entry.routing.traffic
-        if len(traffic) == 1:
-            return entry.primary
-        key = None
-        if headers is not None:
-            sticky = entry.primary.version.manifest.rollout.sticky_header
-            key = headers.get(sticky.lower()) if sticky else None
-            key = key or headers.get(STICKY_HEADER)
-        return entry.schedulers[choose_version(traffic, bucket_of(key))]
+        return None if entry is None else entry.choose(headers)
 
     async def get_version(self, name: str, version: str) -> Scheduler:
         """The scheduler of one stored version of ``name``, whatever the routing says.
@@ -281,50 +248,45 @@ class Registry:
             log.info("%s: %s now serves %s", entry.name, routing.primary, dict(routing.traffic))
         entry.routing, entry.etag = routing, etag
 
-    async def _read_feed(self) -> list[ServedFunction] | None:
-        """Read the change feed if it moved: the functions served here that changed
-        since the last read (all of them when the feed no longer reaches back), or
-        None when it did not move."""
-        polled = await asyncio.to_thread(self.repository.read_feed, self._feed_etag)
-        if polled is None:
-            return None
-        feed, etag = polled
-        moved = feed.since(self._generation) if self._feed_etag else None
-        if moved is None:  # first read, or too far behind: everything served here
-            targets = list(self._functions.values())
-        else:
-            targets = [self._functions[n] for n in moved if n in self._functions]
-        self._generation, self._feed_etag = feed.generation, etag
-        return targets
-
-    async def store_answers(self) -> None:
-        """One conditional read of the change feed; raises what the store raised."""
-        await asyncio.to_thread(self.repository.read_feed, self._feed_etag or "-")
-
     async def watch(self) -> list[str]:
         """Apply routing changed in the store (another node's deploy, ``fnrt deploy
         --store``): one conditional GET of the change feed, then a read of each
         function it names that is served here. The names of those that changed."""
-        generation, etag = self._generation, self._feed_etag
-        targets = await self._read_feed()
-        if not targets:
-            return []
+        position = self.feed.position
+        targets = await self.feed.moved(self._functions)
+        changed: list[str] = []
         try:
-            return await self._refresh(targets)
-        except BaseException:
-            self._generation, self._feed_etag = generation, etag  # read again next time
-            raise
-
-    async def _refresh(self, entries: list[ServedFunction]) -> list[str]:
-        changed = []
-        for entry in entries:
-            try:
-                if await self.refresh(entry):
+            for entry in targets or ():
+                try:
+                    if await self.refresh(entry):
+                        changed.append(entry.name)
+                except FunctionNotFound:
+                    await self.forget(entry.name)
                     changed.append(entry.name)
-            except FunctionNotFound:
-                await self.forget(entry.name)
-                changed.append(entry.name)
+        except BaseException:
+            self.feed.rewind(position)  # read again next time
+            raise
         return changed
+
+    def hold(self, entry: ServedFunction, version: str, scheduler: Scheduler | None) -> None:
+        """Make ``scheduler`` the one ``entry`` holds for ``version`` (None: hold none),
+        closing in the background the one it held before, if another. A deploy's
+        candidate that became the version's, or failed its checks."""
+        held = entry.schedulers.pop(version, None)
+        if scheduler is not None:
+            entry.schedulers[version] = scheduler
+        if held is not None and held is not scheduler:
+            self.background(sched.close(held))
+
+    def retire(self, entry: ServedFunction, version: str) -> bool:
+        """``version``'s rollback window passed: forget when it left, and close its
+        scheduler (it finishes what it accepted) unless it has traffic again. Whether
+        one was closed."""
+        entry.left_at.pop(version, None)
+        if version in entry.routing.traffic or version not in entry.schedulers:
+            return False
+        self.hold(entry, version, None)
+        return True
 
     async def delete(self, name: str) -> None:
         await asyncio.to_thread(self.repository.delete_function, name)
@@ -361,3 +323,38 @@ async def warm_logged(scheduler: Scheduler) -> None:
         await sched.warm(scheduler)
     except Exception as exc:
         log.error("preloading %s failed: %s", scheduler.name, exc)
+
+
+def starting(
+    repository: Repository,
+    keeper: Planned | None,
+    imports_seen: Callable[[Iterable[str]], object] | None,
+    preload: bool,
+) -> list[str]:
+    """The functions served from the start (blocking: store reads)."""
+    names = repository.list_functions()
+    if preload:
+        return names
+    chosen = []
+    for name in names:
+        if keeper is not None and keeper.knows(name):
+            chosen.append(name)
+            continue
+        try:
+            routing, _ = repository.get_routing(name)
+            stored = repository.read_version(name, routing.primary)
+        except FunctionNotFound:
+            continue  # deleted meanwhile
+        except Exception as exc:
+            log.error("cannot serve %s: %s", name, exc)
+            continue
+        imports = stored.get("imports")
+        environment = stored["manifest"].get("environment")
+        if isinstance(environment, dict) and environment.get("requirements"):
+            imports = None  # run with packages of its own: not the server's spares'
+        if imports_seen is not None and isinstance(imports, list):
+            imports_seen(n for n in imports if isinstance(n, str) and n.isidentifier())
+        scaling = stored["manifest"].get("scaling")
+        if isinstance(scaling, dict) and scaling.get("load_at_start") is True:
+            chosen.append(name)  # checked in full when it is served, below
+    return chosen

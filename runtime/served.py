@@ -1,7 +1,8 @@
 """What a node holds for one function: its routing and the schedulers of its versions.
 
-The registry keeps one :class:`ServedFunction` per function it serves; the
-read-only views of it (the version listing, the kept failures) live here.
+The registry keeps one :class:`ServedFunction` per function it serves and is the
+only one to change it; the reads of it live here: which version a request goes
+to (:meth:`ServedFunction.choose`), the version listing, the kept failures.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fnrt.functions.headers import STICKY_HEADER
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.rollout import Canary, RolloutStatus
 from fnrt.runtime.scheduler import Scheduler
+from fnrt.runtime.traffic import bucket_of, choose_version
 
 
 @dataclass(eq=False)
@@ -31,6 +34,23 @@ class ServedFunction:
     @property
     def primary(self) -> Scheduler:
         return self.schedulers[self.routing.primary]
+
+    def choose(self, headers: Mapping[str, str] | None = None) -> Scheduler:
+        """The scheduler that answers a request with ``headers``, by the traffic split.
+
+        The request's sticky key picks the version (one user, one version): the
+        header the primary version's manifest names in ``sticky_header``, else
+        ``x-fnrt-sticky`` (what ``fnrt.client`` sends); without one, a random draw.
+        """
+        traffic = self.routing.traffic
+        if len(traffic) == 1:
+            return self.primary
+        key = None
+        if headers is not None:
+            sticky = self.primary.version.manifest.rollout.sticky_header
+            key = headers.get(sticky.lower()) if sticky else None
+            key = key or headers.get(STICKY_HEADER)
+        return self.schedulers[choose_version(traffic, bucket_of(key))]
 
     def rollout_view(self) -> dict[str, Any] | None:
         """The rollout under way or last finished, as ``describe`` and ``versions`` show it.

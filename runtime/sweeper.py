@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fnrt.loader.instance import InstanceLoader
@@ -41,6 +41,12 @@ def prewarm_lead_s(last_load_s: float) -> float:
     """How long before a plan's first minute a pre-warm starts: twice the function's
     last load and 5 s more (the sweep's second, a slower fetch), a minute at most."""
     return min(60.0, 5.0 + 2.0 * last_load_s)
+
+
+def rollback_over(left_at: Mapping[str, float], window_s: float, now: float) -> list[str]:
+    """The versions whose rollback window has passed: ``window_s`` since they lost their
+    traffic (``left_at``: version -> when)."""
+    return [version for version, left in left_at.items() if now - left >= window_s]
 
 
 class Sweeper:
@@ -106,14 +112,9 @@ class Sweeper:
             if self._at_rest(entry):
                 continue
             window = entry.primary.version.manifest.rollout.rollback_window_s
-            for version, left in list(entry.left_at.items()):
-                scheduler = entry.schedulers.get(version)
-                if now - left >= window:
-                    del entry.left_at[version]
-                    if scheduler is not None and version not in entry.routing.traffic:
-                        del entry.schedulers[version]
-                        registry.background(sched.close(scheduler))
-                        unloaded.append(entry.name)
+            for version in rollback_over(entry.left_at, window, now):
+                if registry.retire(entry, version):  # the table is the registry's
+                    unloaded.append(entry.name)
             for version, scheduler in list(entry.schedulers.items()):
                 if version in entry.left_at:
                     continue  # kept warm for a rollback

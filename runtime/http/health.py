@@ -55,7 +55,7 @@ _checks: weakref.WeakKeyDictionary[Any, asyncio.Future[None]] = weakref.WeakKeyD
 def _store_check(node: Any) -> asyncio.Future[None]:
     check = _checks.get(node)
     if check is None or check.done():
-        check = asyncio.ensure_future(node.registry.store_answers())
+        check = asyncio.ensure_future(node.registry.feed.store_answers())
         check.add_done_callback(_retrieved)
         _checks[node] = check
     return check
