@@ -67,6 +67,9 @@ class Events(Protocol):
         self, vm: VersionManifest, instance: Runnable, started_ns: int, ended_ns: int
     ) -> None: ...
 
+    def first_batch(self, vm: VersionManifest, instance: Runnable) -> None:
+        """A new instance ran its first batch (its ``timings_s``' ``first_batch_s``)."""
+
     def lost(self, vm: VersionManifest, cause: str) -> None: ...
 
     def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
@@ -137,6 +140,9 @@ class NoEvents:
     ) -> None:
         pass
 
+    def first_batch(self, vm: VersionManifest, instance: Runnable) -> None:
+        pass
+
     def lost(self, vm: VersionManifest, cause: str) -> None:
         pass
 
@@ -190,6 +196,14 @@ class TelemetryEvents:
                 **{f"fnrt.load.{k}": v for k, v in instance.timings_s.items()},
             },
         )
+
+    def first_batch(self, vm: VersionManifest, instance: Runnable) -> None:
+        seconds = instance.timings_s["first_batch_s"]
+        self.telemetry.metrics.load_stage_seconds.labels("first_batch").observe(seconds)
+        load = self._loads.get((vm.name, vm.version))
+        if load is not None:  # its load span, when not exported yet, shows it too
+            load[2]["fnrt.load.first_batch_s"] = seconds
+            load[2]["fnrt.load.total_s"] = instance.timings_s["total_s"]
 
     def lost(self, vm: VersionManifest, cause: str) -> None:
         self.telemetry.metrics.restart(vm.name, cause)

@@ -20,6 +20,7 @@ import functools
 import gc
 import logging
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -36,7 +37,7 @@ from fnrt.functions.errors import (
 from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.instance import Ran, Runnable
+from fnrt.loader.instance import Ran, Runnable, add_first_batch
 from fnrt.loader.memory import MakeRoom
 from fnrt.loader.staging import Staged
 from fnrt.runtime.clock import Clock
@@ -91,9 +92,9 @@ class Slot:
     failures: int = 0  # loads failed or instances lost in a row (``Loads`` counts them)
     retry_at: float = 0.0  # no load before this clock time (backoff)
     backing_off: bool = False  # its load is waiting out the backoff
-    worker: asyncio.Task[None] | None = field(default=None, repr=False)  # the batcher's
     running_future: asyncio.Future[Any] | None = field(default=None, repr=False)  # its batch
     stop_reason: str | None = None  # why its running batch is being stopped (stop_running)
+    first_batch: bool = False  # its instance is new: its first batch is a cold start's stage
 
     @property
     def primary(self) -> bool:
@@ -137,6 +138,7 @@ class InstancePool:
         self._scaler = Scaler(self._manifest, device_room)
         retire = functools.partial(self._retire_changed, reload=True)
         self._watches = FileWatches(version, watch_files, retire)
+        self._add_slot()  # the first instance's place: its queue's first loop serves it
 
     # --- what it holds -----------------------------------------------------------------
 
@@ -181,7 +183,7 @@ class InstancePool:
 
     # --- loading -----------------------------------------------------------------------
 
-    def add_slot(self) -> Slot:
+    def _add_slot(self) -> Slot:
         slot = Slot(self._next_slot, last_active=self._clock.now())
         self._next_slot += 1
         self.slots.append(slot)
@@ -215,10 +217,18 @@ class InstancePool:
     async def _load(self, slot: Slot) -> Runnable:
         try:
             instance, started_ns = await self.loads.load(slot)
+        except FnrtError:
+            if not slot.primary:  # an extra slot whose load failed is given up: the
+                slot.retired = True  # others serve (and the queue may ask for another)
+                if slot in self.slots:
+                    self.slots.remove(slot)
+                self.changed()
+            raise
         finally:
             slot.loading = None
         await self._watches.start(slot, instance)
         slot.instance = instance
+        slot.first_batch = True
         slot.last_active = self._clock.now()
         self.stages = instance.stages
         self.loads.loaded(slot, instance, started_ns)
@@ -271,6 +281,8 @@ class InstancePool:
     async def _on_instance(self, slot: Slot, instance: Runnable, ran: asyncio.Future[R]) -> R:
         """Wait for ``ran``, a batch or step started on the slot's instance."""
         slot.running = True
+        first, slot.first_batch = slot.first_batch, False
+        began = time.perf_counter() if first else 0.0
         try:
             slot.running_future = ran
             if self._thread_timeout_s:  # a worker process times its batches itself
@@ -299,6 +311,12 @@ class InstancePool:
             slot.running_future = None
             slot.last_active = self._clock.now()
         slot.failures = 0
+        if first:  # the last stage of its cold start (lazy set-up, warm-up: the handler's)
+            latest = self._stats.last_load_timings_s == instance.timings_s
+            add_first_batch(instance.timings_s, time.perf_counter() - began)
+            if latest:  # describe shows the last load's stages
+                self._stats.last_load_timings_s = dict(instance.timings_s)
+            self._events.first_batch(self.version, instance)
         return result
 
     def stop_running(self, reason: str) -> int:
@@ -345,11 +363,17 @@ class InstancePool:
 
     # --- scaling -----------------------------------------------------------------------
 
-    def wants_another(self, queued: int, now: float, batch_size: int | None = None) -> bool:
-        """Whether the queue has been deep long enough for one more instance (deep: a
-        batch of ``batch_size``, by default ``max_batch_size``, waits)."""
+    def scale_up(self, queued: int, now: float, batch_size: int | None = None) -> Slot | None:
+        """One more slot, its instance loading, when the queue has been deep long enough
+        (deep: a batch of ``batch_size``, by default ``max_batch_size``, waits); None
+        while it has not. The queue starts a loop that serves the new slot."""
         loading = any(s.loading is not None for s in self.slots)
-        return self._scaler.wants_another(self.slots, loading, queued, now, batch_size)
+        if not self._scaler.wants_another(self.slots, loading, queued, now, batch_size):
+            return None
+        slot = self._add_slot()
+        log.info("scaling %s up to %d instances", self.name, len(self.slots))
+        self.load_in_background(slot)
+        return slot
 
     async def scale_to_zero(
         self, now: float, queued: int, *, force: bool = False, keep_primary: bool = False
@@ -376,12 +400,6 @@ class InstancePool:
             self.changed()
         log.info("unloaded %s %s (instance %d)", self.name, self.version.version, slot.index)
         await asyncio.to_thread(_release, instance)
-
-    def retire(self, slot: Slot) -> None:
-        """Give up an extra slot whose load failed (the others serve)."""
-        slot.retired = True
-        if slot in self.slots:
-            self.slots.remove(slot)
 
     async def close(self) -> None:
         """Wait for loads under way, then unload every instance."""

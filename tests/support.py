@@ -14,7 +14,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -383,6 +383,17 @@ def live_server(
         yield server
     finally:
         server.stop()
+
+
+def assert_stages_add_up(timings: Mapping[str, float], share: float = 0.95) -> None:
+    """A cold start's recorded stages (``describe``'s ``last_load_timings_s``, or an
+    instance's ``timings_s``) sum to at least ``share`` of its ``total_s`` (#45), and
+    not past it (rounded to the microsecond, as ``describe`` shows them)."""
+    from fnrt.loader.instance import stage_sum
+
+    total, covered = timings["total_s"], stage_sum(timings)
+    assert covered >= share * total, f"the stages cover {covered / total:.1%}: {dict(timings)}"
+    assert covered <= total + 1e-5, f"the stages sum past the total: {dict(timings)}"
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:

@@ -86,3 +86,32 @@ def test_a_module_is_built_on_meta_with_the_mapped_weights_assigned(tmp_path: Pa
         artifact.module(build)
     with pytest.raises(HandlerError, match=r"0\.bias.*stay empty"):
         artifact.module(build, strict=False)
+
+
+#: Run in a fresh interpreter: torch imported, then a module with an embedding (whose
+#: initialiser reaches torch's reference code) built on meta with mapped weights.
+EMBEDDING_ON_META = """
+import sys
+import torch
+from fnrt.loader.formats.torch import mapped_module
+normal = torch.nn.init.normal_
+made = mapped_module(
+    lambda: torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.LayerNorm(4)),
+    {"0.weight": torch.ones(8, 4), "1.weight": torch.ones(4), "1.bias": torch.zeros(4)},
+)
+assert made[0].weight.sum().item() == 32
+assert torch.nn.init.normal_ is normal  # given back
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_a_module_built_on_meta_runs_no_initialiser(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", EMBEDDING_ON_META], capture_output=True, text=True, check=True
+    )
+    # before, nn.Embedding's normal_ on meta imported torch._dynamo: 1-4 s of the tiny-lm
+    # example's first cold start
+    assert done.stdout.strip() == "False"

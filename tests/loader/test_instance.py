@@ -10,7 +10,7 @@ import pytest
 from fnrt.functions.errors import FnrtError, HandlerError
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.node import Node
-from support import make_node, publish, write_function
+from support import assert_stages_add_up, make_node, publish, write_function
 
 FOLDER_ARTIFACT = """
 class Reader:
@@ -46,8 +46,10 @@ def test_folder_artifacts_are_materialised_with_their_names(tmp_path: Path) -> N
         "verify_s",
         "import_s",
         "load_s",
+        "after_s",
         "total_s",
     }
+    assert_stages_add_up(instance.timings_s)
     assert instance.tier == "l2"  # a store on this disk: nothing fetched
     instance.close()
 

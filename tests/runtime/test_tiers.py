@@ -14,6 +14,7 @@ from support import (
     WEIGHTED_HANDLER,
     WEIGHTED_MANIFEST,
     LiveServer,
+    assert_stages_add_up,
     gates,
     live_server,
     s3_registry,
@@ -63,8 +64,11 @@ def test_l3_then_l2_then_l1(
             "verify_s",
             "import_s",
             "load_s",
+            "after_s",
+            "first_batch_s",
             "total_s",
         }
+        assert_stages_add_up(instance["last_load_timings_s"])
 
 
 def test_store_down_503_for_what_is_not_cached_while_l2_keeps_serving(
