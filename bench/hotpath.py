@@ -1,12 +1,13 @@
 """What fnrt's own code costs the event loop per request, without sockets or HTTP parsing.
 
-    python bench/hotpath.py [--variants off,100%,msgpack,raw] [--rounds 8]
+    python bench/hotpath.py [--variants off,100%,msgpack,100%msgpack,raw] [--rounds 8]
                             [--requests 2048] [--profile VARIANT] [--top 30]
                             [--instructions | --bytecodes]
 
 Each variant is an fnrt app (``build_app``, as ``fnrt serve`` builds it, the
 request log on) serving ``examples/mlp`` in a worker process, driven in this
-process on uvloop by 32 concurrent callers through its ASGI interface: no
+process on uvloop by 32 concurrent callers (``--callers``: 1 is a lone
+request, a batch of its own each time) through its ASGI interface: no
 socket, no HTTP parser, so what is measured is fnrt's Python between
 uvicorn's ``receive`` and ``send``, the part fnrt can change. Variants:
 
@@ -14,6 +15,7 @@ uvicorn's ``receive`` and ``send``, the part fnrt can change. Variants:
 - ``100%``: the same with every request traced, exported as OTLP to a
   collector on 127.0.0.1 that drops what it gets;
 - ``msgpack``: msgpack invokes, tracing off;
+- ``100%msgpack``: msgpack invokes, every request traced;
 - ``raw``: ``raw_app.py``'s constant answer: what this driver itself costs.
 
 The node's sweeps (keep-alive, pre-warming, the store's change feed) are
@@ -97,6 +99,9 @@ from tracing import SINK
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 CONCURRENCY = 32
+#: The callers the driver runs (``--callers``; one: every request a batch of its own,
+#: what a lone request costs, batch work included).
+CALLERS = [CONCURRENCY]
 PATH = "/v1/functions/mlp/invoke"
 
 
@@ -161,7 +166,8 @@ async def invoke(app: App, scope: dict[str, Any], message: dict[str, Any]) -> in
 
 
 async def drive(app: App, scope: dict[str, Any], message: dict[str, Any], count: int) -> None:
-    """``count`` requests by ``CONCURRENCY`` callers, each waiting for its answer."""
+    """``count`` requests by ``CALLERS[0]`` callers (``--callers``), each waiting for its
+    answer."""
 
     async def caller(calls: int) -> None:
         for _ in range(calls):
@@ -169,7 +175,13 @@ async def drive(app: App, scope: dict[str, Any], message: dict[str, Any], count:
             if status != 200:
                 raise SystemExit(f"an invoke answered {status}")
 
-    await asyncio.gather(*(caller(count // CONCURRENCY) for _ in range(CONCURRENCY)))
+    callers = CALLERS[0]
+    await asyncio.gather(*(caller(count // callers) for _ in range(callers)))
+
+
+def media(variant: str) -> str:
+    """The body a variant sends: msgpack for ``msgpack`` and ``100%msgpack``, else JSON."""
+    return "msgpack" if variant.endswith("msgpack") else "json"
 
 
 def bodies() -> dict[str, tuple[bytes, bytes]]:
@@ -188,7 +200,7 @@ async def start(
         return raw_app.app
     trace = (
         TraceConfig(exporter="otlp", endpoint=collector, sampler="always_on")
-        if name == "100%"
+        if name.startswith("100%")
         else TraceConfig()
     )
     settings = ServerSettings(
@@ -217,7 +229,7 @@ async def measure(args: argparse.Namespace, work: Path, example: Path, collector
         apps, requests = {}, {}
         for name in names:
             apps[name] = await start(name, work, example, collector, stack)
-            requests[name] = request(*payloads["msgpack" if name == "msgpack" else "json"])
+            requests[name] = request(*payloads[media(name)])
             await drive(apps[name], *requests[name], WARM)  # loads the model
         cpu: dict[str, list[float]] = {name: [] for name in names}
         gc_us: dict[str, list[float]] = {name: [] for name in names}
@@ -240,7 +252,7 @@ def report(
     names: list[str], cpu: dict[str, list[float]], gc_us: dict[str, list[float]], args: Any
 ) -> None:
     print(
-        f"\nexamples/mlp, {CONCURRENCY} concurrent callers in process, "
+        f"\nexamples/mlp, {CALLERS[0]} concurrent callers in process, "
         f"{args.requests} requests x {args.rounds} rounds (median round)\n"
     )
     print(f"{'variant':<10} {'loop CPU us/req':>16} {'ratio':>7} {'GC us/req':>10}   rounds")
@@ -273,7 +285,7 @@ async def run_one(name: str, count: int, work: Path, example: Path, collector: s
     ``--instructions`` runs under valgrind)."""
     async with contextlib.AsyncExitStack() as stack:
         app = await start(name, work, example, collector, stack)
-        scope, message = request(*bodies()["msgpack" if name == "msgpack" else "json"])
+        scope, message = request(*bodies()[media(name)])
         await drive(app, scope, message, WARM)
         if count:
             await drive(app, scope, message, count)
@@ -344,6 +356,7 @@ def instructions(name: str, requests: int, example: Path, collector: str, work: 
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
         argv += [sys.executable, __file__, "--one", name, "--requests", str(count)]
         argv += ["--example", str(example), "--collector", collector]
+        argv += ["--callers", str(CALLERS[0])]
         return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True), out
 
     runs = [run(0), run(requests)]
@@ -370,7 +383,7 @@ def count_instructions(args: argparse.Namespace, example: Path, collector: str, 
     for name in names:
         counts[name] = instructions(name, args.requests, example, collector, work)
         print(f"{name}: {counts[name].total:,.0f} instructions a request", flush=True)
-    print(f"\nexamples/mlp, {CONCURRENCY} concurrent callers in process, under callgrind\n")
+    print(f"\nexamples/mlp, {CALLERS[0]} concurrent callers in process, under callgrind\n")
     print(f"{'variant':<10} {'instructions/req':>17} {'ratio':>7}")
     base = counts[names[0]].total
     for name in names:
@@ -427,7 +440,7 @@ async def count_bytecodes(
     async with contextlib.AsyncExitStack() as stack:
         for name in names:
             app = await start(name, work, example, collector, stack)
-            scope, message = request(*payloads["msgpack" if name == "msgpack" else "json"])
+            scope, message = request(*payloads[media(name)])
             await drive(app, scope, message, WARM)  # loads the model
             counts[name] = collections.Counter()
             calls[name] = collections.Counter()
@@ -440,7 +453,7 @@ async def count_bytecodes(
     per = {name: {k: v / args.requests for k, v in c.items()} for name, c in counts.items()}
     totals = {name: sum(p.values()) for name, p in per.items()}
     entered = {name: sum(c.values()) / args.requests for name, c in calls.items()}
-    print(f"\nexamples/mlp, {CONCURRENCY} concurrent callers in process, {args.requests} requests")
+    print(f"\nexamples/mlp, {CALLERS[0]} concurrent callers in process, {args.requests} requests")
     print("traced (the event loop's thread)\n")
     print(f"{'variant':<10} {'bytecodes/req':>14} {'ratio':>7} {'calls/req':>10}")
     for name in names:
@@ -472,6 +485,12 @@ def main() -> None:
         default=2048,
         help="requests a round (--instructions: how much longer its second run is)",
     )
+    parser.add_argument(
+        "--callers",
+        type=int,
+        default=CONCURRENCY,
+        help=f"concurrent callers (default {CONCURRENCY}; 1: a lone request, a batch each)",
+    )
     parser.add_argument("--profile", metavar="VARIANT", help="profile one more round of it")
     parser.add_argument("--top", type=int, default=30, help="functions the profile lists")
     counting = parser.add_mutually_exclusive_group()
@@ -489,7 +508,8 @@ def main() -> None:
     parser.add_argument("--example", help=argparse.SUPPRESS)
     parser.add_argument("--collector", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    known = {"off", "100%", "msgpack", "raw"}
+    CALLERS[0] = args.callers
+    known = {"off", "100%", "msgpack", "100%msgpack", "raw"}
     chosen = args.variants.split(",")
     if set(chosen) - known or (args.profile and args.profile not in chosen):
         parser.error(f"--variants and --profile take {sorted(known)} (--profile one of those run)")

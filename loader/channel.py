@@ -3,8 +3,10 @@ each framed by its length. Tensor data never travels here (see ``arena.py``).
 
 The worker reads and writes it blocking. The server sends blocking too (a
 message is small and the worker has read the last one before it answered),
-and waits for a batch's reply on its event loop (:meth:`Channel.receive`), so
-a batch costs no thread hop.
+and waits for a batch's reply on its event loop, so a batch costs no thread
+hop: :meth:`Channel.read_soon` reads it in the loop's reader callback (no task,
+no read tried before the socket is readable), :meth:`Channel.receive` in a
+coroutine.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -22,6 +25,10 @@ _HEADER = struct.Struct("<I")
 
 class ChannelClosed(Exception):
     """The other end closed the socket (it exited or was killed)."""
+
+
+#: What :meth:`Channel.read_soon` delivers: the message, or why none can come.
+Received = dict[str, Any] | ChannelClosed
 
 
 class Channel:
@@ -88,6 +95,51 @@ class Channel:
             await ready
         finally:
             loop.remove_reader(fd)
+
+    def read_soon(
+        self, loop: asyncio.AbstractEventLoop, deliver: Callable[[Received], None]
+    ) -> Callable[[], None]:
+        """Read the next message as the loop finds the socket readable, with no task and
+        no read tried before then: ``deliver`` gets it (or ChannelClosed), called from
+        the loop's reader callback. Exactly one message is read (the reply to a batch
+        sent after it stays in the socket). The function returned stops reading
+        (a wait given up or timed out); it may be called more than once."""
+        sock = self._sock
+        fd = sock.fileno()
+        buffer = bytearray()
+        length = -1  # the body's length, once the header is read
+
+        def stop() -> None:
+            loop.remove_reader(fd)
+
+        def readable() -> None:
+            nonlocal length
+            try:
+                while True:
+                    want = (_HEADER.size if length < 0 else length) - len(buffer)
+                    chunk = sock.recv(want, socket.MSG_DONTWAIT)
+                    if not chunk:
+                        raise ChannelClosed("the other end closed the connection")
+                    buffer.extend(chunk)
+                    if len(chunk) < want:
+                        continue  # the rest is on its way (or in the socket already)
+                    if length < 0:
+                        (length,) = _HEADER.unpack(buffer)
+                        buffer.clear()
+                        continue
+                    break
+                message: Received = msgpack.unpackb(buffer, raw=False, strict_map_key=False)
+            except BlockingIOError:
+                return  # the rest of it comes later
+            except ChannelClosed as exc:
+                message = exc
+            except (OSError, ValueError) as exc:  # ValueError: msgpack's unreadable body
+                message = ChannelClosed(str(exc))
+            stop()
+            deliver(message)
+
+        loop.add_reader(fd, readable)
+        return stop
 
     def _read(self, count: int, deadline: float | None) -> bytes:
         chunks = bytearray()

@@ -43,7 +43,7 @@ from fnrt.functions.handler import Device, Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import Arena, shm_dir
-from fnrt.loader.channel import Channel, ChannelClosed
+from fnrt.loader.channel import Channel, ChannelClosed, Received
 from fnrt.loader.environment import Environment
 from fnrt.loader.instance import InstanceLoader, LoadTier, Ran, Runnable
 from fnrt.loader.spares import start_worker
@@ -156,6 +156,28 @@ class SentAhead:
             sent.add_done_callback(_dropped)
 
 
+def _nothing() -> None:
+    pass
+
+
+class _Reply(asyncio.Future[R]):
+    """The reply to a batch that the loop's reader callback reads: cancelled, its
+    instance is given up at once (``on_cancel``), not in a done callback a turn later;
+    the unread reply would answer the next batch."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_cancel: Callable[[asyncio.Future[Any]], None]
+    ) -> None:
+        super().__init__(loop=loop)
+        self._on_cancel = on_cancel
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self._on_cancel(self)
+        return True
+
+
 def _dropped(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # retrieved: no "never retrieved" warning
@@ -218,6 +240,9 @@ class ProcessInstance:
         self._responses = [Arena(workdir / f"responses{i}", create=True) for i in (0, 1)]
         self._sent = 0  # messages with a batch sent so far
         self._last: asyncio.Future[Any] | None = None  # the exchange sent last
+        # the exchange whose reply the loop's reader callback reads, and how to stop it
+        self._reading: tuple[asyncio.Future[Any] | None, Callable[[], None]] = (None, _nothing)
+        self._losing: asyncio.Future[None] | None = None  # finding why a worker was lost
         self._using: list[asyncio.Future[Any] | None] = [None, None]  # per pair
         self.stager: SentAhead | None = SentAhead(self)
         self.sent_ahead = 0  # batches sent while another computed (for tests and benches)
@@ -323,9 +348,10 @@ class ProcessInstance:
         message: dict[str, Any],
         arrays: list[Request],
         answer: Callable[[Arena, dict[str, Any]], R],
-    ) -> asyncio.Task[R]:
-        """Send ``message`` with ``arrays`` now; a task awaiting the reply on the loop,
-        which ``answer`` reads (from the response arena).
+    ) -> asyncio.Future[R]:
+        """Send ``message`` with ``arrays`` now; the future of its reply on the loop,
+        which ``answer`` reads (from the response arena): read by the loop's reader
+        callback when nothing else is in flight (:meth:`_reply_soon`), else by a task.
 
         Two exchanges may be in flight, one a pair of arenas: the n-th is sent at once
         unless the (n-2)-th, which used its pair, is still unanswered (a third batch
@@ -335,6 +361,12 @@ class ProcessInstance:
         pair = self._sent & 1
         self._sent += 1
         before, using = self._last, self._using[pair]
+        if before is None or before.done():
+            # nothing in flight (a lone batch, and most below a full load): its reply is
+            # read by the loop's reader callback, no task between the worker and the batch
+            replied = self._reply_soon(pair, message, arrays, answer)
+            self._last = self._using[pair] = replied
+            return replied
         sent: bool | None = None
         if using is None or using.done():
             sent = self._lost is None and self._send(pair, message, arrays)
@@ -354,6 +386,65 @@ class ProcessInstance:
         task = self._watched(asyncio.ensure_future(answered()))
         self._last = self._using[pair] = task
         return task
+
+    def _reply_soon(
+        self,
+        pair: int,
+        message: dict[str, Any],
+        arrays: list[Request],
+        answer: Callable[[Arena, dict[str, Any]], R],
+    ) -> asyncio.Future[R]:
+        """Send ``message`` with ``arrays`` on ``pair`` (nothing else in flight); the future
+        of its reply, which ``answer`` reads in the loop's reader callback as it comes
+        (:meth:`Channel.read_soon`). A lost worker, a closed channel or ``timeout_s``
+        passing first end it with the worker's InstanceLost, as :meth:`_reply_on_loop`."""
+        loop = asyncio.get_running_loop()
+        replied: asyncio.Future[R] = _Reply(loop, self._given_up)
+        if self._lost is not None:
+            replied.set_exception(self._lost)
+            return replied
+        if not self._send(pair, message, arrays):
+            self._lose_soon(replied, self._died)
+            return replied
+        responses = self._responses[pair]
+        timer: asyncio.TimerHandle | None = None
+
+        def deliver(reply: Received) -> None:
+            if timer is not None:
+                timer.cancel()
+            if replied.done():  # cancelled meanwhile (it stopped reading, too)
+                return
+            if isinstance(reply, ChannelClosed):
+                self._lose_soon(replied, self._died)
+                return
+            try:
+                replied.set_result(answer(responses, _checked(reply)))
+            except Exception as exc:  # RemoteError: the handler raised
+                replied.set_exception(exc)
+
+        stop = self._channel.read_soon(loop, deliver)
+        self._reading = (replied, stop)
+        timeout_s = self._isolation.timeout_s
+        if timeout_s:
+
+            def timed_out() -> None:
+                stop()
+                if not replied.done():
+                    self._lose_soon(replied, lambda: self._timed_out(timeout_s))
+
+            timer = loop.call_later(timeout_s, timed_out)
+        return replied
+
+    def _lose_soon(self, replied: asyncio.Future[Any], find: Callable[[], InstanceLost]) -> None:
+        """End ``replied`` with the InstanceLost that ``find`` says (it waits for the worker
+        or kills it: on a thread)."""
+
+        async def lose() -> None:
+            lost = await asyncio.to_thread(find)
+            if not replied.done():
+                replied.set_exception(lost)
+
+        self._losing = asyncio.ensure_future(lose())
 
     def _exchange(
         self, message: dict[str, Any], arrays: list[Request]
@@ -398,18 +489,21 @@ class ProcessInstance:
             raise lost from None
         return _checked(reply)
 
-    def _watched(self, exchange: asyncio.Task[R]) -> asyncio.Task[R]:
+    def _watched(self, exchange: asyncio.Future[R]) -> asyncio.Future[R]:
         """``exchange``, whose message is sent: cancelled (even before it ran), it
         leaves the worker's reply unread, which would answer the next exchange, so the
-        instance is given up."""
+        instance is given up (and the loop stops reading its channel)."""
 
-        def given_up(task: asyncio.Task[R]) -> None:
-            if task.cancelled() and self._lost is None:
+        exchange.add_done_callback(self._given_up)
+        return exchange
+
+    def _given_up(self, exchange: asyncio.Future[Any]) -> None:
+        if exchange.cancelled():
+            if self._reading[0] is exchange:
+                self._reading[1]()
+            if self._lost is None:
                 reason = "a batch was cancelled while it ran"
                 self._lost = InstanceLost(self.version.name, "", reason, cause="stopped")
-
-        exchange.add_done_callback(given_up)
-        return exchange
 
     def _receive(self, timeout_s: float | None) -> dict[str, Any]:
         try:

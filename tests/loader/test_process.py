@@ -280,6 +280,32 @@ def test_two_batches_in_flight_each_get_their_own_answer_and_a_third_waits(
         instance.close()
 
 
+def test_a_lone_batch_is_read_by_the_loops_reader_callback_with_no_task(
+    tmp_path: Path,
+) -> None:
+    """Nothing in flight (a lone request's batch): its reply is read as it comes by the
+    loop's reader callback, with no task (nor a turn of the loop for one) between the
+    worker and the batcher; a batch sent while it flies still gets its own reply."""
+    instance = _start(tmp_path)
+
+    async def scenario() -> tuple[Ran, Ran, Ran]:
+        lone = instance.run_soon([_x(20)])
+        assert not isinstance(lone, asyncio.Task)
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        first = await lone
+        again = instance.run_soon([_x(21)])
+        after = instance.run_soon([_x(22)])  # sent while ``again`` flies
+        return first, await again, await after
+
+    try:
+        first, again, after = asyncio.run(scenario())
+        assert first.results[0]["y"][0, 0] == 40.0
+        assert again.results[0]["y"][0, 0] == 42.0
+        assert after.results[0]["y"][0, 0] == 44.0
+    finally:
+        instance.close()
+
+
 def test_a_failed_batch_does_not_take_the_one_sent_after_it(tmp_path: Path) -> None:
     instance = _start(tmp_path)
 

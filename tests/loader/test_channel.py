@@ -1,0 +1,116 @@
+"""The control socket's framing, and reading a reply in the event loop's reader callback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import msgpack
+import pytest
+
+from fnrt.loader.channel import Channel, ChannelClosed, Received
+
+
+def _pair() -> tuple[Channel, socket.socket]:
+    ours, theirs = socket.socketpair()
+    return Channel(ours), theirs
+
+
+def _frame(message: dict[str, object]) -> bytes:
+    body: bytes = msgpack.packb(message, use_bin_type=True)
+    return len(body).to_bytes(4, "little") + body
+
+
+def test_read_soon_reads_one_message_in_pieces_and_leaves_the_next_in_the_socket() -> None:
+    channel, theirs = _pair()
+    first, second = _frame({"n": 1, "pad": "x" * 300}), _frame({"n": 2})
+
+    async def scenario() -> list[Received]:
+        loop = asyncio.get_running_loop()
+        got: list[Received] = []
+        arrived = asyncio.Event()
+
+        def deliver(message: Received) -> None:
+            got.append(message)
+            arrived.set()
+
+        channel.read_soon(loop, deliver)
+        theirs.sendall(first[:2])  # half a header, then the rest in two pieces
+        await asyncio.sleep(0.01)
+        theirs.sendall(first[2:100])
+        await asyncio.sleep(0.01)
+        assert not got  # nothing is delivered before the whole message
+        theirs.sendall(first[100:] + second)
+        await arrived.wait()
+        await asyncio.sleep(0.01)  # no second delivery: reading stopped after one
+        return got
+
+    try:
+        got = asyncio.run(scenario())
+        assert got == [{"n": 1, "pad": "x" * 300}]
+        assert channel.recv(1.0) == {"n": 2}  # the next message is still there, whole
+    finally:
+        channel.close()
+        theirs.close()
+
+
+def test_read_soon_delivers_channel_closed_when_the_other_end_goes() -> None:
+    channel, theirs = _pair()
+
+    async def scenario() -> Received:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Received] = loop.create_future()
+        channel.read_soon(loop, done.set_result)
+        theirs.sendall(_frame({"n": 1})[:3])
+        theirs.close()
+        return await done
+
+    try:
+        assert isinstance(asyncio.run(scenario()), ChannelClosed)
+    finally:
+        channel.close()
+
+
+def test_read_soon_stopped_reads_nothing() -> None:
+    channel, theirs = _pair()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        got: list[Received] = []
+        stop = channel.read_soon(loop, got.append)
+        stop()
+        stop()  # twice is fine
+        theirs.sendall(_frame({"n": 1}))
+        await asyncio.sleep(0.02)
+        assert not got
+
+    try:
+        asyncio.run(scenario())
+        assert channel.recv(1.0) == {"n": 1}
+    finally:
+        channel.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
+def test_read_soon_on_either_loop(loop_factory: str) -> None:
+    channel, theirs = _pair()
+
+    async def scenario() -> Received:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Received] = loop.create_future()
+        channel.read_soon(loop, done.set_result)
+        theirs.sendall(_frame({"ok": True}))
+        return await done
+
+    try:
+        if loop_factory == "uvloop":
+            import uvloop
+
+            got = uvloop.run(scenario())
+        else:
+            got = asyncio.run(scenario())
+        assert got == {"ok": True}
+    finally:
+        channel.close()
+        theirs.close()
