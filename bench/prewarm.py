@@ -23,12 +23,25 @@ accounting of ``fnrt simulate``). Three checks:
    3 days (periodic timers, bursty HTTP over a daily cycle, rare functions,
    daily jobs: what time-of-day and the forecast need days for).
 
-4. **The node's memory as a cache.** Half A's days (the sample's half A and a
-   synthetic day of each shape) on one node whose memory holds 25%, 50% and
-   100% of a fixed 10-minute keep-alive's peak: ``auto`` as planned and
+4. **The node's memory as a cache.** Both halves of the sample and half A's
+   synthetic days (one of each shape) on one node whose memory holds 25%, 50%
+   and 100% of a fixed 10-minute keep-alive's peak: ``auto`` as planned and
    ``auto`` filling free memory (``--fill-memory``) against FaasCache's
    Greedy-Dual and LRU; the goal is at most 0.8x Greedy-Dual's cold starts and
-   0.6x LRU's (the better of the two ``auto`` runs).
+   0.6x LRU's (the better of the two ``auto`` runs). Beside them the floor
+   (:func:`fnrt.runtime.prewarm.bound.floor`: first calls, and runs that cannot
+   fit beside the instances busy in their minute, even pre-warmed by an oracle);
+   a cell whose floor is above the goal's cold starts is out of reach for any
+   policy. ``--oracle`` adds Belady's evictions (they know every call ahead,
+   never pre-warm): what eviction alone could do.
+
+5. **A live node evicts what the simulator evicts.** A slice of five functions
+   (150 minutes) replayed through the server ``fnrt serve`` runs (its app and
+   node on a real uvicorn socket on 127.0.0.1, a manual clock a minute of the
+   trace moves at once) under a memory budget of three of its instances: the
+   budget evictions read from the node's log, beside the simulator's for the same
+   trace and sizes, in order (``tests/replaysupport.py``, which
+   ``tests/runtime/prewarm/test_live_order.py`` runs too).
 
 It exits 1 when a check fails. ``--plot`` draws the sample's curves.
 """
@@ -42,7 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fnrt.runtime.prewarm.node import compare, fixed_peak_gb
+from fnrt.runtime.prewarm.bound import floor
+from fnrt.runtime.prewarm.node import ORACLE, compare, fixed_peak_gb, simulate_node
 from fnrt.runtime.prewarm.policies import Policy, PolicyConfig
 from fnrt.runtime.prewarm.report import plot
 from fnrt.runtime.prewarm.simulator import Outcome, simulate
@@ -193,19 +207,24 @@ SHARES = (0.25, 0.5, 1.0)  # node budgets, of fixed 10 minutes' peak memory
 GOAL_GD, GOAL_LRU = 0.8, 0.6
 
 
-def node_memory(synthetic_functions: int, synthetic_days: int) -> bool:
+def node_memory(synthetic_functions: int, synthetic_days: int, oracle: bool) -> bool:
     """4. Each half of the sample and a synthetic day of each shape (seeds 100+) on one node
     whose memory holds 25%, 50% and 100% of fixed 10 minutes' peak: ``auto`` (as planned,
-    and filling free memory) against Greedy-Dual and LRU."""
+    and filling free memory) against Greedy-Dual and LRU, beside the floor no policy goes
+    below (and, with ``oracle``, Belady's evictions, which know every call ahead)."""
     print(
         "\n4. one node's memory as a cache: cold starts of auto (as planned / filling free "
         "memory)\n   over Greedy-Dual's and LRU's, at budgets of fixed 10 minutes' peak "
-        f"(goal <= {GOAL_GD}x and <= {GOAL_LRU}x)"
+        f"(goal <= {GOAL_GD}x and <= {GOAL_LRU}x);\n   floor: the cold starts no policy "
+        "avoids (first calls, and runs that do not fit beside the busy ones);\n   out of "
+        "reach: floor > the goal's cold starts"
     )
     head = f"   {'day':<46} {'budget':>7}  {'auto/GD':>11}  {'auto/LRU':>11}"
-    print(head + "  cold: auto, fill, GD, LRU")
+    print(head + f"  cold: auto, fill, GD, LRU, floor{', Belady' if oracle else ''}")
+    halves = days(synthetic_functions, synthetic_days)
+    sample_b = {k: v for k, v in halves[1].items() if k.startswith("Azure")}
     ok = True
-    for name, trace in {**days(synthetic_functions, synthetic_days)[0]}.items():
+    for name, trace in {**halves[0], **sample_b}.items():
         peak = fixed_peak_gb(trace)
         for share in SHARES:
             cold = {o.policy: o.cold_starts for o in compare(trace, [share * peak])}
@@ -213,13 +232,49 @@ def node_memory(synthetic_functions: int, synthetic_days: int) -> bool:
             best = min(cold["auto"], cold["auto_fill"])
             good = best <= GOAL_GD * gd and best <= GOAL_LRU * lru
             ok &= good
+            least = floor(trace, share * peak).cold_starts
             a, fill = cold["auto"], cold["auto_fill"]
+            extra = (
+                f", {simulate_node(trace, ORACLE, share * peak).cold_starts:,}" if oracle else ""
+            )
+            verdict = ""
+            if not good:
+                reach = least <= min(GOAL_GD * gd, GOAL_LRU * lru)
+                verdict = "  not met" + ("" if reach else " (out of reach)")
             print(
                 f"   {name:<46} {share:>6.0%}  {a / gd:>4.2f}/{fill / gd:<4.2f}x"
-                f"  {a / lru:>4.2f}/{fill / lru:<4.2f}x  {a:,}, {fill:,}, {gd:,}, {lru:,}"
-                + ("" if good else "  not met")
+                f"  {a / lru:>4.2f}/{fill / lru:<4.2f}x  {a:,}, {fill:,}, {gd:,}, {lru:,}, "
+                f"{least:,}{extra}{verdict}"
             )
     return ok
+
+
+def live_order() -> bool:
+    """5. A live node's budget evictions against the simulator's, side by side."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from replaysupport import replay, trace_slice
+
+    trace = trace_slice()
+    print(
+        f"\n5. a live node under a budget of three instances, replaying {trace.minutes} minutes "
+        f"of {len(trace.functions)} functions,\n   against the simulator (budget evictions, "
+        "minute and function, in order)"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        replayed = replay(Path(tmp), trace)
+    print(f"   budget {replayed.budget_bytes:,} bytes; instances {replayed.sizes} bytes")
+    print(f"   {'#':>3}  {'live node':<16} {'simulator':<16}")
+    rows = max(len(replayed.live), len(replayed.simulated))
+    for i in range(rows):
+        live = replayed.live[i] if i < len(replayed.live) else None
+        sim = replayed.simulated[i] if i < len(replayed.simulated) else None
+        cells = [f"min {e[0]:>3} {e[1]}" if e else "-" for e in (live, sim)]
+        print(f"   {i + 1:>3}  {cells[0]:<16} {cells[1]:<16}{'' if live == sim else '  differ'}")
+    verdict = "match" if replayed.matches else "DIFFER"
+    print(f"   {verdict}: {len(replayed.live)} live, {len(replayed.simulated)} simulated")
+    return replayed.matches
 
 
 def main() -> None:
@@ -231,9 +286,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the frontier's trace")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
-        "--checks", default="1,2,3,4", help="which checks to run (comma-separated numbers)"
+        "--checks", default="1,2,3,4,5", help="which checks to run (comma-separated numbers)"
     )
     parser.add_argument("--plot", metavar="PNG", help="draw the sample's frontier here")
+    parser.add_argument(
+        "--oracle", action="store_true", help="check 4: Belady's evictions too (slower)"
+    )
     args = parser.parse_args()
     checks = {int(c) for c in args.checks.split(",")}
     started = time.perf_counter()
@@ -253,11 +311,13 @@ def main() -> None:
             args.plot,
         )
     if 4 in checks:
-        ok &= node_memory(args.synthetic, args.days)
+        ok &= node_memory(args.synthetic, args.days, args.oracle)
     if 3 in checks:
         made = synthetic(args.synthetic, days=3, seed=args.seed)
         title = f"3. the frontier on a synthetic trace (3 days, {args.synthetic:,} functions)"
         ok &= frontier(title, made, args.workers, None)
+    if 5 in checks:
+        ok &= live_order()
     print(
         f"\n{'all checks hold' if ok else 'A CHECK FAILED'} ({time.perf_counter() - started:.0f} s)"
     )

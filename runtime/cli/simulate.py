@@ -163,7 +163,9 @@ def simulate(
     With --node-memory-gb (and no --nodes), it compares auto, fixed 10 minutes,
     FaasCache's Greedy-Dual and LRU on one node whose memory holds that much,
     each budget in turn: cold starts, evictions by reason (budget, plan, idle),
-    memory; --plot draws cold starts against the budget.
+    memory, and the floor: the cold starts no policy avoids (first calls, and
+    calls that do not fit beside the busy instances even loaded in their
+    minute); --plot draws cold starts against the budget.
 
     With --nodes, it replays the trace over a fleet instead: each node with its
     own memory (L1) and disk (L2) budgets and the keep-alive policy on the calls
@@ -259,20 +261,23 @@ def _gigabytes(text: str, peak_gb: float | None = None) -> float:
 
 
 def _node(trace: Any, budgets: list[str], plot: str | None) -> int:
+    from fnrt.runtime.prewarm.bound import floor
     from fnrt.runtime.prewarm.node import compare, fixed_peak_gb
     from fnrt.runtime.prewarm.report import node_plot, node_table
 
     started = time.perf_counter()
     peak = fixed_peak_gb(trace)
-    outcomes = compare(trace, [_gigabytes(b, peak) for b in budgets])
-    print(node_table(outcomes))
+    sizes = [_gigabytes(b, peak) for b in budgets]
+    outcomes = compare(trace, sizes)
+    floors = [floor(trace, b) for b in sizes]
+    print(node_table(outcomes, floors))
     print(
         f"\n{trace.counts.shape[0]:,} functions x {trace.minutes:,} minutes, one node; fixed "
         f"10 minutes' peak with no budget: {peak:,.1f} GB; {len(outcomes)} runs in "
         f"{time.perf_counter() - started:.1f}s"
     )
     if plot:
-        print(f"plot: {node_plot(outcomes, Path(plot))}")
+        print(f"plot: {node_plot(outcomes, Path(plot), floors=floors)}")
     return 0
 
 

@@ -20,6 +20,10 @@ decision), each weighed as its policy says:
 - ``fixed``: a 10-minute keep-alive ("idle"); under the budget, the least
   recently used goes first (what the server did before plans weighed in).
 - ``lru``: kept until evicted, least recently used first.
+- ``belady`` (not a policy a node can run: it knows every call ahead): kept until
+  evicted, the one whose next call is furthest per GB first (Belady's rule for
+  instances of different sizes), never pre-warmed; what eviction alone could do,
+  beside :func:`~fnrt.runtime.prewarm.bound.floor`.
 - ``greedy_dual``: FaasCache's Greedy-Dual-Size-Frequency keep-alive
   (Fuerst and Sharma, ASPLOS 2021): kept until evicted, lowest priority first,
   ``priority = clock + frequency * cost / size`` set at each call (frequency:
@@ -35,6 +39,7 @@ simulator.simulate_one`'s figures).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import defaultdict
 from collections.abc import Sequence
@@ -48,6 +53,8 @@ from fnrt.runtime.prewarm.trace import Trace
 
 #: The policies a node's memory is compared under.
 NODE_POLICIES = ("auto", "auto_fill", "fixed", "greedy_dual", "lru")
+#: A bound, not a policy: evictions that know every call ahead.
+ORACLE = "belady"
 GB = 2**30
 
 
@@ -90,8 +97,9 @@ def simulate_node(
 ) -> NodeOutcome:
     """Replay ``trace`` on one node under ``policy`` (one of :data:`NODE_POLICIES`);
     ``record``: keep the order of budget evictions (minute, function)."""
-    if policy not in NODE_POLICIES:
-        raise ValueError(f"policy: {policy!r} is not one of {', '.join(NODE_POLICIES)}")
+    if policy not in (*NODE_POLICIES, ORACLE):
+        names = ", ".join((*NODE_POLICIES, ORACLE))
+        raise ValueError(f"policy: {policy!r} is not one of {names}")
     if budget_gb is not None and not budget_gb > 0:
         raise ValueError("budget_gb: must be > 0")
     config = config or PolicyConfig()
@@ -106,9 +114,11 @@ def simulate_node(
     budget = None if budget_gb is None else int(budget_gb * GB)
     starts: dict[int, list[tuple[int, int]]] = defaultdict(list)
     ends: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    calls_at: list[list[int]] = []  # belady: each function's runs' first minutes
     invocations = 0
     for f in range(functions):
         firsts, lasts, sums = _runs(trace.counts[f])
+        calls_at.append(firsts.tolist())
         for first, last, calls in zip(firsts.tolist(), lasts.tolist(), sums.tolist(), strict=True):
             starts[first].append((f, calls))
             ends[last].append((f, first, calls))
@@ -144,6 +154,9 @@ def simulate_node(
         value = 0.0  # fixed, lru: all the same, least recently used first
         if policy == "greedy_dual":
             value = held.priority
+        elif policy == ORACLE:
+            i = bisect.bisect_left(calls_at[f], now)  # a run due this minute: the most
+            value = 1.0 / (gb[f] * (calls_at[f][i] - now + 1)) if i < len(calls_at[f]) else 0.0
         elif held.worth is not None:  # auto
             plan = _due_worth.get(f, held.worth) if fill else held.worth
             value, due = weigh(plan, now - held.last_call, held.worth if fill else None)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fnrt.functions.extras import require
+from fnrt.runtime.prewarm.bound import Floor
 from fnrt.runtime.prewarm.fleet import FleetOutcome
 from fnrt.runtime.prewarm.node import NodeOutcome
 from fnrt.runtime.prewarm.simulator import Outcome
@@ -158,13 +159,24 @@ def _pyplot() -> Any:
     return require("matplotlib.pyplot", "--plot")
 
 
-def node_table(outcomes: Sequence[NodeOutcome]) -> str:
-    """One row per (budget, policy): cold starts, evictions by reason, memory."""
+def node_table(outcomes: Sequence[NodeOutcome], floors: Sequence[Floor] = ()) -> str:
+    """One row per (budget, policy): cold starts, evictions by reason, memory; with
+    ``floors``, a row per budget with the cold starts no policy avoids
+    (:func:`~fnrt.runtime.prewarm.bound.floor`)."""
     head = ["budget GB", "policy", "cold starts", "cold %", "vs auto"]
     head += ["evicted: budget", "plan", "idle", "pre-warms", "idle GB-h", "peak GB"]
     rows = [head]
     autos = {o.budget_gb: o.cold_starts for o in outcomes if o.policy == "auto"}
+    by_budget = {f.budget_gb: f for f in floors}
     for o in outcomes:
+        fl = by_budget.pop(o.budget_gb, None)
+        if fl is not None:
+            base = autos.get(o.budget_gb)
+            rows.append(
+                ["none" if fl.budget_gb is None else f"{fl.budget_gb:,.1f}", "floor"]
+                + [f"{fl.cold_starts:,}", "", f"{fl.cold_starts / base:.2f}x" if base else ""]
+                + [""] * 6
+            )
         base = autos.get(o.budget_gb)
         rows.append(
             [
@@ -184,10 +196,16 @@ def node_table(outcomes: Sequence[NodeOutcome]) -> str:
     return _aligned(rows, left=1)
 
 
-def node_plot(outcomes: Sequence[NodeOutcome], path: Path, title: str = "") -> Path:
-    """Cold starts against the node's memory budget, one line per policy."""
+def node_plot(
+    outcomes: Sequence[NodeOutcome], path: Path, title: str = "", floors: Sequence[Floor] = ()
+) -> Path:
+    """Cold starts against the node's memory budget, one line per policy (and, dashed,
+    the floor no policy goes below)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    bounded = sorted((f.budget_gb, f.cold_starts) for f in floors if f.budget_gb is not None)
+    if bounded:
+        ax.plot(*zip(*bounded, strict=True), "k--", label="floor (any policy)")
     for policy in dict.fromkeys(o.policy for o in outcomes):
         points = sorted(
             (o.budget_gb, o.cold_starts)

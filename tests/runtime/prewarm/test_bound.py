@@ -1,0 +1,58 @@
+"""The floor of cold starts under a node's memory budget, and Belady's evictions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnrt.runtime.prewarm.bound import floor
+from fnrt.runtime.prewarm.node import NODE_POLICIES, ORACLE, fixed_peak_gb, simulate_node
+from fnrt.runtime.prewarm.trace import Trace, synthetic
+
+
+def made(calls: dict[str, list[int]], memory_mb: dict[str, float], minutes: int = 60) -> Trace:
+    names = list(calls)
+    counts = np.zeros((len(names), minutes), dtype=np.int32)
+    for i, name in enumerate(names):
+        counts[i, calls[name]] = 1
+    memory = np.array([memory_mb[n] for n in names], dtype=float)
+    return Trace(names, names, ["http"] * len(names), counts, memory)
+
+
+def test_the_floor_counts_first_calls_and_runs_that_cannot_fit_beside_the_busy() -> None:
+    # a: busy from minute 10 to 20 (2 GB); b and c (1 GB each) start again at 15, in a
+    # 3 GB node: beside a only one of them fits, whatever was kept or pre-warmed
+    busy = list(range(10, 21))
+    trace = made(
+        {"a": busy, "b": [0, 15], "c": [1, 15], "d": [2, 40]},
+        {"a": 2048, "b": 1024, "c": 1024, "d": 1024},
+    )
+    bounded = floor(trace, 3.0)
+    assert (bounded.first_calls, bounded.over_budget) == (4, 1)
+    assert bounded.cold_starts == 5
+    assert bounded.busy_over_minutes == 1  # minute 15: a, b and c busy, 4 GB
+    assert floor(trace, 4.0).over_budget == 0
+    assert floor(trace, None).cold_starts == 4
+    assert floor(trace, 1.5).busy_over_minutes == len(busy)
+    with pytest.raises(ValueError, match="budget_gb"):
+        floor(trace, 0)
+
+
+def test_belady_evicts_the_one_called_furthest_ahead_which_lru_keeps() -> None:
+    # 2 GB hold two of three 1 GB functions; at minute 6 c loads: LRU drops a (used
+    # longest ago), though a is called again at 8 and b only at 30
+    trace = made({"a": [0, 8], "b": [2, 30], "c": [6]}, {"a": 1024, "b": 1024, "c": 1024})
+    assert simulate_node(trace, ORACLE, 2.0, record=True).order[0] == (6, "b")
+    assert simulate_node(trace, "lru", 2.0, record=True).order[0] == (6, "a")
+    assert simulate_node(trace, ORACLE, 2.0).cold_starts == 4  # a warm at 8
+    assert simulate_node(trace, "lru", 2.0).cold_starts == 5
+
+
+def test_no_policy_goes_below_the_floor() -> None:
+    trace = synthetic(60, days=1, seed=5)
+    peak = fixed_peak_gb(trace)
+    for share in (0.25, 0.5, 1.0):
+        bounded = floor(trace, share * peak).cold_starts
+        for policy in (*NODE_POLICIES, ORACLE):
+            cold = simulate_node(trace, policy, share * peak).cold_starts
+            assert cold >= bounded, (share, policy)
