@@ -97,7 +97,7 @@ class Batcher(Intake):
     # --- the loop ----------------------------------------------------------------------
 
     def _serve(self, slot: Slot) -> None:
-        slot.worker = asyncio.ensure_future(self._work(slot))
+        self._start(self._work(slot))
 
     def _plan(self, now: float) -> Plan:
         """The batching decision for the queue as it is now (fixed or adaptive)."""
@@ -145,8 +145,7 @@ class Batcher(Intake):
                         self._wake.clear()
                         await self._wake.wait()
                     continue
-                pool.retire(slot)
-                return
+                return  # the pool gave the extra slot up (InstancePool._load)
             staged: Staged | None = None
             if ahead is not None:
                 (taken, staged), ahead = ahead, None

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from fnrt.functions.errors import (
@@ -105,8 +106,9 @@ class Intake:
         self.arrivals = RateEstimator()
         self._deadline_at: float | None = None  # when the deadline timer fires
         self._deadline_timer: asyncio.Future[None] | None = None
+        self._loops: set[asyncio.Task[None]] = set()  # one per slot it serves
         pool.changed = self._wake.set
-        self._serve(pool.add_slot())
+        self._serve(pool.slots[0])
 
     @property
     def name(self) -> str:
@@ -260,24 +262,28 @@ class Intake:
     # --- the loops ----------------------------------------------------------------------
 
     def _serve(self, slot: Slot) -> None:
-        """Start the loop of a new slot (a subclass's)."""
+        """Start the loop of a new slot (a subclass's: :meth:`_start` it)."""
         raise NotImplementedError
+
+    def _start(self, loop: Coroutine[Any, Any, None]) -> None:
+        """Run a slot's loop, held until it ends (:meth:`close` waits for it)."""
+        task = asyncio.ensure_future(loop)
+        self._loops.add(task)
+        task.add_done_callback(self._loops.discard)
 
     def wake(self) -> None:
         self._wake.set()
 
     def _maybe_scale_up(self, now: float) -> None:
-        if self._pool.wants_another(len(self._queue), now, self.deep_rows):
-            slot = self._pool.add_slot()
-            log.info("scaling %s up to %d instances", self.name, len(self._pool.slots))
-            self._pool.load_in_background(slot)
+        slot = self._pool.scale_up(len(self._queue), now, self.deep_rows)  # the pool's slots
+        if slot is not None:
             self._serve(slot)
 
     async def close(self) -> None:
         """Stop taking calls; return when the queued (and running) ones are answered."""
         self.closing = True
         self._wake.set()
-        workers = [s.worker for s in self._pool.slots if s.worker is not None]
-        await asyncio.gather(*(asyncio.shield(w) for w in workers), return_exceptions=True)
+        loops = list(self._loops)
+        await asyncio.gather(*(asyncio.shield(w) for w in loops), return_exceptions=True)
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()

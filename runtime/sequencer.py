@@ -180,7 +180,7 @@ class Sequencer(Intake):
 
     def _serve(self, slot: Slot) -> None:
         self._running[slot.index] = []
-        slot.worker = asyncio.ensure_future(self._work(slot))
+        self._start(self._work(slot))
 
     def fail_queued(self, error: BaseException) -> None:
         """Answer every queued sequence with ``error`` now, and end the running ones (a
@@ -226,8 +226,7 @@ class Sequencer(Intake):
                             self._wake.clear()
                             await self._wake.wait()
                         continue
-                    pool.retire(slot)
-                    return
+                    return  # the pool gave the extra slot up (InstancePool._load)
                 now = self._clock.now()
                 leaving += self._end_dropped(running, now)
                 joining = self._join(running, now)

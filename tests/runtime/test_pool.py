@@ -67,9 +67,7 @@ class Loads:
 def _pool(
     vm: VersionManifest, loads: Loads, clock: ManualClock, stats: Stats | None = None
 ) -> InstancePool:
-    pool = InstancePool(vm, loads, clock, stats or Stats(), NoEvents(), in_thread=True)
-    pool.add_slot()
-    return pool
+    return InstancePool(vm, loads, clock, stats or Stats(), NoEvents(), in_thread=True)
 
 
 X = {"x": np.ones((1, 4), np.float32)}
@@ -172,26 +170,61 @@ def test_idle_instances_stop_after_their_keep_alive(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_a_deep_queue_asks_for_another_instance_after_a_while(tmp_path: Path) -> None:
-    clock = ManualClock()
-    pool = _pool(_vm(tmp_path), Loads(), clock)
-    pool.slots[0].instance = object()  # type: ignore[assignment]
-    assert not pool.wants_another(queued=100, now=clock.now())  # deep only since now
-    assert pool.wants_another(queued=100, now=clock.now() + 1)
-    assert not pool.wants_another(queued=1, now=clock.now() + 2)  # drained
+def test_a_deep_queue_gets_another_slot_after_a_while(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loads, clock = Loads(), ManualClock()
+        pool = _pool(_vm(tmp_path), loads, clock)
+        assert len(pool.slots) == 1 and pool.slots[0].primary  # the pool made its first
+        await pool.ensure(pool.slots[0])
+        assert pool.scale_up(queued=100, now=clock.now()) is None  # deep only since now
+        extra = pool.scale_up(queued=100, now=clock.now() + 1)
+        assert extra is not None and pool.slots == [pool.slots[0], extra]
+        await pool.ensure(extra)  # the load scale_up started
+        assert loads.count == 2 and pool.instances == 2
+        assert pool.scale_up(queued=100, now=clock.now() + 5) is None  # max_instances
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_extra_slot_whose_load_fails_is_given_up_by_the_pool(tmp_path: Path) -> None:
+    """The queue's loop of an extra slot only ends when the pool gave the slot up: the
+    pool alone changes its slots (#42 item 7)."""
+
+    async def scenario() -> None:
+        loads, clock = Loads(), ManualClock()
+        pool = _pool(_vm(tmp_path), loads, clock)
+        told: list[int] = []
+        pool.changed = lambda: told.append(len(pool.slots))
+        first = await pool.ensure(pool.slots[0])
+        loads.fail = 2  # the next load fails
+        pool.scale_up(queued=100, now=clock.now())
+        extra = pool.scale_up(queued=100, now=clock.now() + 1)
+        assert extra is not None
+        with pytest.raises(LoadError):
+            await pool.ensure(extra)
+        assert extra.retired and len(pool.slots) == 1 and told == [1]
+        assert pool.slots[0].instance is first  # the first serves on
+        await pool.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_gpu_with_no_room_for_another_instance_gets_none(tmp_path: Path) -> None:
     """``--gpu-concurrency``: the node's cap on instances sharing the GPU wins over a
     deep queue (the first instance is never refused: the cap is on scaling up)."""
-    clock = ManualClock()
-    room = [False]
-    pool = InstancePool(
-        _vm(tmp_path), Loads(), clock, Stats(), NoEvents(), device_room=lambda: room[0]
-    )
-    pool.add_slot()
-    pool.slots[0].instance = object()  # type: ignore[assignment]
-    assert not pool.wants_another(queued=100, now=clock.now())
-    assert not pool.wants_another(queued=100, now=clock.now() + 5)
-    room[0] = True
-    assert pool.wants_another(queued=100, now=clock.now() + 6)
+
+    async def scenario() -> None:
+        clock = ManualClock()
+        room = [False]
+        pool = InstancePool(
+            _vm(tmp_path), Loads(), clock, Stats(), NoEvents(), device_room=lambda: room[0]
+        )
+        await pool.ensure(pool.slots[0])
+        assert pool.scale_up(queued=100, now=clock.now()) is None
+        assert pool.scale_up(queued=100, now=clock.now() + 5) is None
+        room[0] = True
+        assert pool.scale_up(queued=100, now=clock.now() + 6) is not None
+        await pool.close()
+
+    asyncio.run(scenario())
