@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,26 @@ max_queue = 6
 """
 
 
-def _batcher(tmp_path: Path, loads: Loads, admission: Admission | None = None) -> Batcher:
+@dataclass
+class Parts:
+    """A batcher and the real neighbours it was built with (the test reads these, never
+    the batcher's private attributes)."""
+
+    batcher: Batcher
+    pool: InstancePool
+    clock: ManualClock
+    stats: Stats
+
+
+def _parts(tmp_path: Path, loads: Loads, admission: Admission | None = None) -> Parts:
     vm = packed(write_function(tmp_path, "b", manifest=MANIFEST))[0]
     clock, stats = ManualClock(), Stats()
     pool = InstancePool(vm, loads, clock, stats, NoEvents())
-    return Batcher(vm, pool, clock, stats, NoEvents(), admission)
+    return Parts(Batcher(vm, pool, clock, stats, NoEvents(), admission), pool, clock, stats)
+
+
+def _batcher(tmp_path: Path, loads: Loads, admission: Admission | None = None) -> Batcher:
+    return _parts(tmp_path, loads, admission).batcher
 
 
 def _x(i: float) -> Request:
@@ -63,12 +79,13 @@ def test_queued_requests_leave_in_batches_of_at_most_the_limit(tmp_path: Path) -
     batcher_stats: list[Stats] = []
 
     async def scenario() -> list[Any]:
-        batcher = _batcher(tmp_path, Loads(gated))
-        batcher_stats.append(batcher._stats)
+        parts = _parts(tmp_path, Loads(gated))
+        batcher = parts.batcher
+        batcher_stats.append(parts.stats)
         first = asyncio.ensure_future(_submit(batcher, 0))
         for _ in range(100):  # the first batch (of one) is running
             await asyncio.sleep(0.01)
-            if batcher.queued == 0 and sizes == [] and batcher._pool.instances:
+            if batcher.queued == 0 and sizes == [] and parts.pool.instances:
                 break
         rest = [asyncio.ensure_future(_submit(batcher, i)) for i in range(1, 6)]
         await asyncio.sleep(0.05)
@@ -115,9 +132,8 @@ def test_a_deadline_that_passes_in_the_queue_is_a_504(tmp_path: Path) -> None:
         return [{"y": r["x"]} for r in batch]
 
     async def scenario() -> None:
-        batcher = _batcher(tmp_path, Loads(gated))
-        clock = batcher._clock
-        assert isinstance(clock, ManualClock)
+        parts = _parts(tmp_path, Loads(gated))
+        batcher, clock = parts.batcher, parts.clock
         blocker = asyncio.ensure_future(_submit(batcher, 0))
         await asyncio.sleep(0.05)
         late = asyncio.ensure_future(_submit(batcher, 1, timeout_s=0.5))
@@ -127,7 +143,7 @@ def test_a_deadline_that_passes_in_the_queue_is_a_504(tmp_path: Path) -> None:
             await late
         gate.set()
         await blocker
-        assert batcher._stats.expired == 1
+        assert parts.stats.expired == 1
         await batcher.close()
         with pytest.raises(VersionRetired):
             batcher.submit(batcher.call(_x(1), clock.now()))
@@ -145,11 +161,12 @@ def test_blocks_of_job_records_fill_what_live_requests_leave(tmp_path: Path) -> 
         return [{"y": r["x"] + 1} for r in batch]
 
     async def scenario() -> tuple[Any, ...]:
-        batcher = _batcher(tmp_path, Loads(gated))
+        parts = _parts(tmp_path, Loads(gated))
+        batcher = parts.batcher
         first = asyncio.ensure_future(_submit(batcher, 0))
         for _ in range(100):  # the first batch (of one) is running
             await asyncio.sleep(0.01)
-            if batcher.queued == 0 and batcher._pool.instances:
+            if batcher.queued == 0 and parts.pool.instances:
                 break
         block = asyncio.ensure_future(batcher.submit_block([_x(10), _x(11), _x(12)]))
         small = asyncio.ensure_future(batcher.submit_block([_x(20)]))

@@ -34,16 +34,16 @@ class Counter(Generator):
     def start(self, sequences: Any) -> Any:
         for s in sequences:
             s.state = int(s.inputs["x"][0])
-        return [self._emit(s) for s in sequences]
+        return [self.emit(s) for s in sequences]
 
     def step(self, sequences: Any) -> Any:
         self.sizes.append(len(sequences))
-        return [self._emit(s) for s in sequences]
+        return [self.emit(s) for s in sequences]
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
 
-    def _emit(self, s: Any) -> Chunk:
+    def emit(self, s: Any) -> Chunk:
         s.state += 1
         until = s.parameters.get("until")
         return Chunk({"n": [s.state], "text": [b"."]}, done=until is not None and s.state >= until)
