@@ -1,177 +1,197 @@
-"""Every guard of ``Gateway.submit`` on every data route: invoke, OIP infer, split tails.
-
-Each test sends the same request over the three routes of one split-capable
-function (the cnn-split example) and checks that the guard acted on each.
-"""
+"""The gateway alone: no server. Its real neighbours: a registry on a folder store, the
+schedulers it makes (a small handler in a thread), split tails, a manual clock; the
+keep-alive keeper is a small fake (it only counts). That every HTTP data route goes
+through the gateway is ``tests/runtime/http/test_guarded_routes.py``'s."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
-import orjson
 import pytest
 
-from fnrt.edge.activation import pack, read_outputs
+from fnrt.functions.errors import CircuitOpen, Overloaded, VersionRetired
+from fnrt.functions.manifest import IsolationMode
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import FileStore
 from fnrt.runtime import scheduler as sched
-from fnrt.runtime.gateway import Target
-from fnrt.runtime.prewarm.keeper import Keeper
-from fnrt.runtime.scheduler import Scheduler
-from support import LiveServer, error_of, live_server, make_node, publish
+from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.deployment import cut_over, store_version
+from fnrt.runtime.events import NoEvents
+from fnrt.runtime.gateway import Gateway, Target
+from fnrt.runtime.intake import Admission
+from fnrt.runtime.protection import Served
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.scheduler import SchedulerFactory
+from fnrt.runtime.split import Splits
+from support import ECHO_MANIFEST, publish, write_function
 
-NAME = "cnn-split"
-X = np.random.default_rng(5).random((1, 3, 32, 32), dtype=np.float32)
-MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
-
-
-def _invoke(c: httpx.Client) -> httpx.Response:
-    return c.post(f"/v1/functions/{NAME}/invoke", json={"x": X.tolist()})
-
-
-def _infer(c: httpx.Client) -> httpx.Response:
-    tensor = {"name": "x", "shape": list(X.shape), "datatype": "FP32", "data": X.ravel().tolist()}
-    return c.post(f"/v2/models/{NAME}/infer", content=orjson.dumps({"inputs": [tensor]}))
+NAME = "echo"
+X = {"x": np.ones((1, 4), np.float32)}
 
 
-def _split(c: httpx.Client) -> httpx.Response:
-    return c.post(f"/v1/functions/{NAME}/split/0", content=pack(X), headers=MSGPACK)
+class Counted:
+    """The keeper as the keep-alive guard sees it: it is told of each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def invoked(self, name: str) -> None:
+        self.calls.append(name)
 
 
-ROUTES: dict[str, tuple[Callable[[httpx.Client], httpx.Response], Target]] = {
-    "invoke": (_invoke, Target(NAME)),
-    "infer": (_infer, Target(NAME)),
-    "split": (_split, Target(NAME, split=0)),
-}
+@dataclass
+class Parts:
+    gateway: Gateway
+    registry: Registry
+    clock: ManualClock
+    admission: Admission
+    version: str
 
 
-def _y(route: str, r: httpx.Response) -> np.ndarray:
-    if route == "split":
-        return np.asarray(read_outputs(r.content)["y"])
-    if route == "infer":
-        return np.asarray(r.json()["outputs"][0]["data"])
-    return np.asarray(r.json()["y"])
+async def _parts(tmp_path: Path, extra: str = "", keeper: Counted | None = None) -> Parts:
+    repository = Repository(FileStore(tmp_path / "store"))
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    clock, admission = ManualClock(), Admission(100)
+    factory = SchedulerFactory(loader, clock, NoEvents(), admission, isolation=IsolationMode.THREAD)
+    registry = Registry(repository, factory, clock)
+    gateway = Gateway(registry, Splits(registry, loader, factory), clock, keeper)
+    folder = write_function(tmp_path / "src", NAME, manifest=_batching_no_wait(extra))
+    vm = publish(repository, folder)
+    _, vm = await asyncio.to_thread(store_version, repository, loader, vm)
+    await asyncio.to_thread(cut_over, repository, vm)
+    return Parts(gateway, registry, clock, admission, vm.version)
 
 
-def _function(tmp_path: Path, cnn: Path, extra: str = "") -> Path:
-    folder = tmp_path / "src" / NAME
-    shutil.copytree(cnn, folder)
-    (folder / "fnrt.toml").write_text((folder / "fnrt.toml").read_text() + extra)
-    return folder
+def _batching_no_wait(extra: str) -> str:
+    """The echo manifest with batches leaving at once (the clock is a manual one)."""
+    size = "max_batch_size = {max_batch_size}\n"
+    return ECHO_MANIFEST.replace(size, size + "max_wait_ms = 0\n") + extra
 
 
-def _deploy(srv: LiveServer, folder: Path) -> str:
-    return srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder))).version
+def _run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())
 
 
-def _chosen(srv: LiveServer, target: Target) -> Scheduler:
-    return srv.call(srv.node.gateway.choose(target))
+async def _invoke(parts: Parts, target: Target | None = None) -> Served:
+    gateway = parts.gateway
+    scheduler = await gateway.choose(target or Target(NAME))
+    return await gateway.submit(gateway.call(scheduler, X))
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_the_result_cache_answers_every_route(tmp_path: Path, cnn: Path, route: str) -> None:
-    send, target = ROUTES[route]
-    folder = _function(tmp_path, cnn, "\n[result_cache]\nenabled = true\n")
-    with live_server(tmp_path) as srv, srv.client() as c:
-        _deploy(srv, folder)
-        first, second = send(c), send(c)
-        assert first.status_code == second.status_code == 200, error_of(first)
-        assert "x-fnrt-cache" not in first.headers
-        assert second.headers["x-fnrt-cache"] == "hit"
-        np.testing.assert_allclose(_y(route, first), _y(route, second))
-        scheduler = _chosen(srv, target)
-        assert scheduler.stats.totals.cache_hit.count == 1
+def test_a_function_served_here_is_chosen_without_a_wait(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        parts = await _parts(tmp_path)
+        gateway = parts.gateway
+        assert gateway.choose_now(Target(NAME)) is None  # not read from the store yet
+        chosen = await gateway.choose(Target(NAME))
+        assert chosen.version.version == parts.version
+        assert gateway.choose_now(Target(NAME)) is chosen  # the usual request: no wait
+        pinned = Target(NAME, version=parts.version)
+        assert gateway.choose_now(pinned) is None  # a pinned version is looked up
+        assert await gateway.choose(pinned) is chosen
+        await parts.registry.close()
+
+    _run(scenario)
+
+
+def test_the_call_is_one_counted_record_with_the_versions_deadline(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        parts = await _parts(tmp_path)
+        gateway, clock = parts.gateway, parts.clock
+        scheduler = await gateway.choose(Target(NAME))
+        call = gateway.call(scheduler, X, timeout_s=2.0)
+        assert call.counted and call.scheduler is scheduler and call.inputs is X
+        assert call.enqueued_at == clock.now() and call.deadline == clock.now() + 2.0
+        served = await gateway.submit(call)
+        np.testing.assert_array_equal(served.outputs["y"], X["x"] * 2)
+        assert scheduler.stats.requests == 1
+        await parts.registry.close()
+
+    _run(scenario)
+
+
+def test_the_result_cache_answers_a_repeat_before_the_queue(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        parts = await _parts(tmp_path, "\n[result_cache]\nenabled = true\n")
+        first = await _invoke(parts)
+        second = await _invoke(parts)
+        assert not first.cached and second.cached
+        scheduler = await parts.gateway.choose(Target(NAME))
         assert scheduler.stats.requests == 1  # the hit never reached the queue
+        assert scheduler.stats.totals.cache_hit.count == 1
+        await parts.registry.close()
+
+    _run(scenario)
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_an_open_breaker_stops_every_route(tmp_path: Path, cnn: Path, route: str) -> None:
-    send, target = ROUTES[route]
-    folder = _function(tmp_path, cnn, "\n[breaker]\nmin_requests = 1\nopen_s = 60\n")
-    with live_server(tmp_path) as srv, srv.client() as c:
-        _deploy(srv, folder)
-        assert send(c).status_code == 200
-        scheduler = _chosen(srv, target)
-        breaker = scheduler.protection.breaker
+def test_an_open_breaker_refuses_with_a_retry_after(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        parts = await _parts(tmp_path, "\n[breaker]\nmin_requests = 1\nopen_s = 60\n")
+        await _invoke(parts)
+        scheduler = await parts.gateway.choose(Target(NAME))
         for _ in range(3):  # three server-side failures: over the error rate
-            breaker.record(srv.node.clock.now(), True)
-        r = send(c)
-        assert r.status_code == 503, error_of(r)
-        assert "circuit breaker is open" in error_of(r)["error"]
-        assert int(r.headers["retry-after"]) >= 1
+            scheduler.protection.breaker.record(parts.clock.now(), True)
+        with pytest.raises(CircuitOpen, match="circuit breaker is open") as refused:
+            await _invoke(parts)
+        assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
+        assert scheduler.stats.requests == 1
+        parts.clock.advance(61)  # open_s passed: one probe may go through
+        await _invoke(parts)
+        assert scheduler.stats.requests == 2
+        await parts.registry.close()
+
+    _run(scenario)
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_the_node_wide_admission_bound_holds_on_every_route(
-    tmp_path: Path, cnn: Path, route: str
-) -> None:
-    send, _ = ROUTES[route]
-    with live_server(tmp_path) as srv, srv.client() as c:
-        _deploy(srv, cnn)
-        srv.node.admission.max_queued = 0  # nothing may queue now
-        r = send(c)
-        assert r.status_code == 429, error_of(r)
-        assert "the server has 0 requests queued" in error_of(r)["error"]
-        srv.node.admission.max_queued = 10
-        assert send(c).status_code == 200
+def test_the_node_wide_admission_bound_refuses_at_submit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        parts = await _parts(tmp_path)
+        gateway = parts.gateway
+        scheduler = await gateway.choose(Target(NAME))
+        parts.admission.max_queued = 0  # nothing may queue now
+        with pytest.raises(Overloaded, match="the server has 0 requests queued"):
+            gateway.submit(gateway.call(scheduler, X))  # raised at once, not awaited
+        parts.admission.max_queued = 10
+        await _invoke(parts)
+        await parts.registry.close()
+
+    _run(scenario)
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_every_route_counts_for_keep_alive(tmp_path: Path, cnn: Path, route: str) -> None:
-    send, _ = ROUTES[route]
-    keeper = Keeper(tmp_path / "history.json")
-    node = make_node(tmp_path, keeper=keeper)
-    with live_server(tmp_path, node=node) as srv, srv.client() as c:
-        _deploy(srv, cnn)
+def test_every_call_counts_for_keep_alive(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        keeper = Counted()
+        parts = await _parts(tmp_path, keeper=keeper)
         for _ in range(3):
-            assert send(c).status_code == 200
-        keeper.save()  # commits the current minute
-        assert keeper.histories[NAME].invocations == 3
+            await _invoke(parts)
+        assert keeper.calls == [NAME] * 3
+        await parts.registry.close()
+
+    _run(scenario)
 
 
-@pytest.mark.parametrize("route", ROUTES)
-def test_a_version_retired_under_a_request_hands_it_to_its_successor(
-    tmp_path: Path, cnn: Path, route: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    send, target = ROUTES[route]
-    with live_server(tmp_path) as srv, srv.client() as c:
-        _deploy(srv, cnn)
-        assert send(c).status_code == 200
-        stale = _chosen(srv, target)
-        srv.call(sched.close(stale))  # it retired after this request chose it
-        gateway = srv.node.gateway
-        choose = gateway.choose
-        calls: list[Scheduler] = []
+def test_a_retired_version_hands_its_request_to_its_successor(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        parts = await _parts(tmp_path)
+        gateway, registry = parts.gateway, parts.registry
+        stale = await gateway.choose(Target(NAME))
+        await sched.close(stale)  # it retired after a request chose it
+        with pytest.raises(VersionRetired):
+            gateway.submit(gateway.call(stale, X))
+        entry = await registry.entry(NAME)
+        registry.hold(entry, parts.version, registry.new_scheduler(stale.version))
+        successor = await gateway.successor(Target(NAME), stale)
+        assert successor is not stale and successor.version.version == parts.version
+        await gateway.submit(gateway.call(successor, X))
+        pinned = Target(NAME, version=parts.version)
+        with pytest.raises(VersionRetired):  # a pinned request has no successor
+            await gateway.successor(pinned, stale)
+        await registry.close()
 
-        async def racing_choose(t: Target) -> Scheduler:
-            if not calls:  # the first choice is the one made before the version retired
-                calls.append(stale)
-                return stale
-            if t.split is None:  # the routing now holds a new scheduler of the version
-                entry = await srv.node.registry.entry(NAME)
-                if entry.schedulers[stale.version.version] is stale:
-                    entry.schedulers[stale.version.version] = srv.node.registry.new_scheduler(
-                        stale.version
-                    )
-            chosen = await choose(t)
-            calls.append(chosen)
-            return chosen
-
-        monkeypatch.setattr(gateway, "choose", racing_choose)
-        monkeypatch.setattr(gateway, "choose_now", lambda t: None)  # every choice races
-        r = send(c)
-        assert r.status_code == 200, error_of(r)
-        assert len(calls) == 2 and calls[1] is not stale
-        assert calls[1].stats.requests == 1
-
-
-def test_counts_of_the_three_routes_add_up_on_their_schedulers(tmp_path: Path, cnn: Path) -> None:
-    with live_server(tmp_path) as srv, srv.client() as c:
-        _deploy(srv, cnn)
-        for send, _ in ROUTES.values():
-            assert send(c).status_code == 200
-        whole = _chosen(srv, Target(NAME))
-        tail = _chosen(srv, Target(NAME, split=0))
-        assert whole.stats.requests == 2 and tail.stats.requests == 1
+    _run(scenario)
