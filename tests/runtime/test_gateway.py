@@ -51,7 +51,9 @@ class Parts:
     registry: Registry
     clock: ManualClock
     admission: Admission
-    version: str
+    loader: InstanceLoader
+    tmp: Path
+    version: str  # the version routed first
 
 
 async def _parts(tmp_path: Path, extra: str = "", keeper: Counted | None = None) -> Parts:
@@ -61,11 +63,20 @@ async def _parts(tmp_path: Path, extra: str = "", keeper: Counted | None = None)
     factory = SchedulerFactory(loader, clock, NoEvents(), admission, isolation=IsolationMode.THREAD)
     registry = Registry(repository, factory, clock)
     gateway = Gateway(registry, Splits(registry, loader, factory), clock, keeper)
-    folder = write_function(tmp_path / "src", NAME, manifest=_batching_no_wait(extra))
+    parts = Parts(gateway, registry, clock, admission, loader, tmp_path, "")
+    parts.version = await _deploy(parts, extra)
+    return parts
+
+
+async def _deploy(parts: Parts, extra: str) -> str:
+    """Store a version of the echo function (``extra`` appended to its manifest) and
+    route all traffic to it; its id."""
+    repository = parts.registry.repository
+    folder = write_function(parts.tmp / "src", NAME, manifest=_batching_no_wait(extra))
     vm = publish(repository, folder)
-    _, vm = await asyncio.to_thread(store_version, repository, loader, vm)
+    _, vm = await asyncio.to_thread(store_version, repository, parts.loader, vm)
     await asyncio.to_thread(cut_over, repository, vm)
-    return Parts(gateway, registry, clock, admission, vm.version)
+    return vm.version
 
 
 def _batching_no_wait(extra: str) -> str:
@@ -95,6 +106,10 @@ def test_a_function_served_here_is_chosen_without_a_wait(tmp_path: Path) -> None
         pinned = Target(NAME, version=parts.version)
         assert gateway.choose_now(pinned) is None  # a pinned version is looked up
         assert await gateway.choose(pinned) is chosen
+        newer = await _deploy(parts, "\n# the next version\n")
+        await parts.registry.refresh(await parts.registry.entry(NAME))
+        assert (await gateway.choose(Target(NAME))).version.version == newer
+        assert await gateway.choose(pinned) is chosen  # pinned: whatever the routing says
         await parts.registry.close()
 
     _run(scenario)
@@ -184,6 +199,8 @@ def test_a_retired_version_hands_its_request_to_its_successor(tmp_path: Path) ->
         await sched.close(stale)  # it retired after a request chose it
         with pytest.raises(VersionRetired):
             gateway.submit(gateway.call(stale, X))
+        with pytest.raises(VersionRetired):  # nothing replaced it yet
+            await gateway.successor(Target(NAME), stale)
         entry = await registry.entry(NAME)
         registry.hold(entry, parts.version, registry.new_scheduler(stale.version))
         successor = await gateway.successor(Target(NAME), stale)
