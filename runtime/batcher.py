@@ -237,12 +237,16 @@ class Batcher(Intake):
             return None
         wake = self._wake
         run.add_done_callback(lambda _: wake.set())
+        plan: Plan | None = None
         while not run.done():
-            if self.closing or slot.retired or not instance.alive:
+            if not self._queue:  # nothing to stage (a lone request's batch): await an arrival
+                plan = None
+            elif self.closing or slot.retired or not instance.alive:
                 return None
-            now = self._clock.now()
-            plan = self._plan(now)
-            if plan.wait_s <= 1e-6 and self._queue.rows >= plan.size:
+            else:
+                now = self._clock.now()
+                plan = self._plan(now)
+            if plan is not None and plan.wait_s <= 1e-6 and self._queue.rows >= plan.size:
                 if not may_send_ahead(
                     self._queue.earliest_deadline(plan.size),
                     now,
@@ -265,7 +269,7 @@ class Batcher(Intake):
             # an arrival, the plan's wait running out, or the run's end (it sets the same
             # event): awaited here, not in a task of its own raced against ``run`` (two
             # tasks and a wait a batch, on every batch of a worker process)
-            if plan.wait_s > 1e-6:
+            if plan is not None and plan.wait_s > 1e-6:
                 await self._clock.wait(self._wake, plan.wait_s)
             else:
                 await self._wake.wait()

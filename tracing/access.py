@@ -76,7 +76,8 @@ class AccessLog:
         """Queue the lines of requests that ended together (a tuple each: route,
         function, version, status, milliseconds, cold start, trace ids, as
         ``Telemetry.request`` keeps them): one stamp and one append for them all, and the
-        usual line (no cold start, not traced) made with ``map`` (no Python frame a line)."""
+        usual lines (no cold start; traced or not) made with ``map`` (no Python frame a
+        line)."""
         now = time.time()
         second = int(now)
         if second != self._second:
@@ -92,9 +93,17 @@ class AccessLog:
         if plain:
             rows = map(tuple.__add__, repeat(head), map(_FIELDS, plain))
             self._lines.extend(map(orjson.dumps, map(dict, map(zip, repeat(_KEYS), rows))))
-        if len(plain) < len(ended):
+        if len(plain) == len(ended):
+            return
+        # traced and warm (every request, tracing at 100%): the same, with the trace's ids
+        traced = [e for e in ended if e[5] is None and e[6] is not None]
+        if traced:
+            rows = map(tuple.__add__, repeat(head), map(_FIELDS, traced))
+            rows = map(tuple.__add__, rows, map(_TRACE, traced))
+            self._lines.extend(map(orjson.dumps, map(dict, map(zip, repeat(_TRACED_KEYS), rows))))
+        if len(plain) + len(traced) < len(ended):
             for route, function, version, status, ms, cold_start, trace, *_ in ended:
-                if cold_start is None and trace is None:
+                if cold_start is None:
                     continue
                 line = dict(zip(_KEYS, (*head, route, function, version, status, ms), strict=True))
                 if cold_start is not None:
@@ -140,3 +149,6 @@ _KEYS = (
     "duration_ms",
 )
 _FIELDS = itemgetter(0, 1, 2, 3, 4)
+#: A traced line's keys (the trace's and span's ids last), and where they come from.
+_TRACED_KEYS = (*_KEYS, "trace_id", "span_id")
+_TRACE = itemgetter(6)

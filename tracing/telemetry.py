@@ -50,6 +50,22 @@ class Telemetry:
         ended, self.ended = self.ended, []
         if not ended:
             return
+        if len(ended) == 1:  # a lone request (one connection): no Counter, set or map
+            self._one(ended[0])
+        else:
+            self._many(ended)
+        if self.access is not None:
+            self.access.requests(ended)
+
+    def _one(self, request: Ended) -> None:
+        _, function, version, status, _, _, _, seconds = request
+        values = self.metrics.requests.values
+        labels = (function, version, str(status))
+        values[labels] = values.get(labels, 0.0) + 1
+        histogram = self.metrics.request_seconds
+        histogram.observe(histogram.child((function,)), seconds)
+
+    def _many(self, ended: list[Ended]) -> None:
         values = self.metrics.requests.values
         for (function, version, status), n in Counter(map(_LABELS, ended)).items():
             labels = (function, version, str(status))
@@ -63,8 +79,6 @@ class Telemetry:
             for bucket, n in Counter(map(bisect_left, repeat(histogram.bounds), seconds)).items():
                 child[bucket] += n
             child[-1] += sum(seconds)
-        if self.access is not None:
-            self.access.requests(ended)
 
     def close(self) -> None:
         """Export the spans and write the log lines still buffered."""

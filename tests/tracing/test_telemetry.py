@@ -18,6 +18,7 @@ ENDED: list[tuple[str, str, str, int, float, str | None, tuple[str, str] | None]
     ("/v1/functions/{name}/invoke", "a", "v-1", 200, 0.0012, None, None),
     ("/v1/functions/{name}/invoke", "a", "v-1", 200, 0.0450, None, None),
     ("/v1/functions/{name}/invoke", "a", "v-1", 429, 0.0001, None, None),
+    ("/v1/functions/{name}/invoke", "a", "v-1", 200, 0.0031, None, ("12" * 16, "34" * 8)),
     ("/v2/models/{name}/infer", "b", "v-9", 200, 1.5, "L2", ("ab" * 16, "cd" * 8)),
 ]
 
@@ -41,7 +42,7 @@ def test_a_turns_requests_make_what_each_request_made_alone() -> None:
     async def turn() -> None:
         for ended in ENDED:
             batched.request(*ended)
-        assert len(batched.ended) == 4  # nothing made yet: an append each
+        assert len(batched.ended) == len(ENDED)  # nothing made yet: an append each
         await asyncio.sleep(0)  # the end of the turn
         assert batched.ended == []
 
@@ -52,3 +53,20 @@ def test_a_turns_requests_make_what_each_request_made_alone() -> None:
     batched.close()
     assert sorted(_lines(together), key=str) == sorted(_lines(one_by_one), key=str)
     assert {"cold_start": "L2", "trace_id": "ab" * 16}.items() <= _lines(together)[-1].items()
+
+
+def test_a_turn_with_one_request_makes_what_it_made_alone() -> None:
+    """A lone request's turn (one connection) takes the short way: the same metrics."""
+    reference, each = Telemetry(metrics=Metrics(gpu=False)), Telemetry(metrics=Metrics(gpu=False))
+    for _, function, version, status, seconds, _, _ in ENDED:
+        reference.metrics.request(function, version, status, seconds)
+
+    async def turns() -> None:
+        for ended in ENDED:
+            each.request(*ended)
+            assert len(each.ended) == 1
+            await asyncio.sleep(0)  # the end of its turn
+
+    asyncio.run(turns())
+    assert each.metrics.requests.values == reference.metrics.requests.values
+    assert each.metrics.request_seconds.series == reference.metrics.request_seconds.series
