@@ -34,6 +34,14 @@ imports and what those loads reported, from the environment's packages or the
 node's. The ``MAX_ENVIRONMENTS`` environments used last keep theirs; an older
 one's spares are ended. Nothing of them is remembered across restarts.
 
+A spare says when its imports and rehearsal are done (a byte on a pipe of its
+own, ``--ready FD``): :meth:`Started.wait_ready`. A cold start that takes a
+spare still warming waits for it there, so that wait is its ``worker_s``
+("waiting for a worker"), not hidden in the load's round trip. A deploy waits
+(:meth:`SpareWorkers.ready_for`, bounded) until a spare importing what the
+version's code imports is ready, so that the version's first call finds one
+however soon it comes, and however many deploys came just before.
+
 Spares are started on a thread of their own that lives as long as the node:
 a worker asks Linux to kill it when the thread that started it ends
 (``PR_SET_PDEATHSIG`` follows the thread, not the process).
@@ -44,10 +52,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -67,18 +77,58 @@ MAX_IMPORTS = 64
 #: runs meanwhile (in one measured run, spares started at once made that batch up to
 #: 10 ms slower on 2 cores).
 REFILL_DELAY_S = 1.0
+#: The longest a cold start waits for the spare it took to finish its imports (past it,
+#: the load message waits in its socket meanwhile).
+TAKE_WAIT_S = 60.0
 #: How many ``[environment]``s keep spares of their own: those used last (a version in
 #: it served, a cold start in it; each spare is an interpreter with its framework imported).
 MAX_ENVIRONMENTS = 2
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Started:
     """A worker process just started, and the server's end of its socket."""
 
     process: subprocess.Popen[bytes]
     sock: socket.socket
     imports: frozenset[str]
+    #: a spare's pipe, readable once its imports and rehearsal are done (None: they are,
+    #: or it is no spare)
+    ready_fd: int | None = None
+    _waiting: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def warming(self) -> bool:
+        """Whether it is a spare whose imports and rehearsal are not known to be done."""
+        return self.ready_fd is not None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until its imports and rehearsal are done, or it ended; whether that was
+        within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        if self.ready_fd is None:
+            return True
+        if not self._waiting.acquire(timeout=max(timeout_s, 0.0)):
+            return False
+        try:
+            fd = self.ready_fd
+            if fd is None:
+                return True
+            left = max(deadline - time.monotonic(), 0.0)
+            if not select.select([fd], [], [], left)[0]:
+                return False
+            self.ready_fd = None
+            os.close(fd)  # a byte (ready) or the end of the pipe (it exited): done either way
+            return True
+        finally:
+            self._waiting.release()
+
+    def forget_ready(self) -> None:
+        """Close its pipe (it ends unused)."""
+        with self._waiting:
+            fd, self.ready_fd = self.ready_fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def start_worker(
@@ -94,8 +144,12 @@ def start_worker(
     ours, theirs = socket.socketpair()
     names = sorted(imports) if imports is not None else []
     argv = [sys.executable, "-m", "fnrt.loader.worker", str(theirs.fileno()), str(os.getpid())]
-    if imports is not None:
-        argv += ["--spare", ",".join(names)]
+    passed = [theirs.fileno()]
+    ready: int | None = None
+    if imports is not None:  # a spare: it says on a pipe when it is warm
+        ready, said = os.pipe()
+        passed.append(said)
+        argv += ["--spare", ",".join(names), "--ready", str(said)]
     if site is not None:
         argv += ["--site", str(site)]
     try:
@@ -103,21 +157,26 @@ def start_worker(
         # it and its keeper find them by, to end them with it (descendants.py)
         process = subprocess.Popen(
             argv,
-            pass_fds=[theirs.fileno()],
+            pass_fds=passed,
             stdin=subprocess.DEVNULL,
             env=with_token(env),
             start_new_session=True,
         )
     except BaseException:
         ours.close()
+        if ready is not None:
+            os.close(ready)
         raise
     finally:
         theirs.close()
-    return Started(process, ours, frozenset(names))
+        if ready is not None:
+            os.close(passed[1])  # the worker's end of the pipe
+    return Started(process, ours, frozenset(names), ready)
 
 
 def end(started: Started) -> None:
     """End a worker that was never given a function (its socket closed, it exits)."""
+    started.forget_ready()
     started.sock.close()
     try:
         started.process.wait(timeout=5)
@@ -182,8 +241,10 @@ class SpareWorkers:
         #: by environment key, the least recently used first
         self._environments: OrderedDict[str, _Environment] = OrderedDict()
         self._lock = threading.Lock()
+        self._added = threading.Condition(self._lock)  # a spare joined a pool
         self._closed = False
         self._closing = threading.Event()
+        self._hurry = threading.Event()  # a refill wanted now: the delayed one waits no more
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="fnrt-spares")
 
     @property
@@ -194,7 +255,9 @@ class SpareWorkers:
 
     def take(self, environment: str | None = None) -> Started | None:
         """A live spare (no longer this pool's) of the server's environment, or of the
-        ``[environment]`` of that key; None when none is ready."""
+        ``[environment]`` of that key, once its imports are done (waited for, up to
+        ``TAKE_WAIT_S``: the cold start's wait for a worker); None when there is none."""
+        taken = None
         with self._lock:
             if environment is None:
                 spares = self._spares
@@ -202,16 +265,47 @@ class SpareWorkers:
                 spares = self._environments[environment].spares
             else:
                 return None
+            spares.sort(key=lambda s: s.warming)  # a warm one first
             while spares:
                 spare = spares.pop(0)
                 if spare.process.poll() is None:
                     self.taken += 1
-                    return spare
+                    taken = spare
+                    break
                 log.warning(
                     "spare worker %d exited with %s", spare.process.pid, spare.process.returncode
                 )
+                spare.forget_ready()
                 spare.sock.close()
-        return None
+        if taken is not None:
+            taken.wait_ready(TAKE_WAIT_S)
+        return taken
+
+    def ready_for(self, modules: Iterable[str], timeout_s: float) -> bool:
+        """Make a spare ready for a version whose code imports ``modules`` (those
+        installed here), now: learned, the spares brought up to date at once, and waited
+        for until one importing them has done its imports and rehearsal. Whether one
+        was, within ``timeout_s`` (False at once with no spares to keep, or when one
+        cannot start). Blocking: a deploy calls it off the event loop."""
+        self.learn(m for m in modules if installed(m))
+        if not self.count:
+            return False
+        deadline = time.monotonic() + timeout_s
+        filled = self.refill(now=True)
+        while True:
+            with self._lock:
+                wanted = self.imports
+                found = next(
+                    (s for s in self._spares if s.imports >= wanted and s.process.poll() is None),
+                    None,
+                )
+                if found is None:
+                    left = deadline - time.monotonic()
+                    if self._closed or left <= 0 or filled.done():  # done with none: it failed
+                        return False
+                    self._added.wait(min(left, 0.5))
+                    continue
+            return found.wait_ready(deadline - time.monotonic()) and found.process.poll() is None
 
     def learn(self, modules: Iterable[str]) -> bool:
         """Modules a load reported importing, or a version's code imports: spares
@@ -282,13 +376,19 @@ class SpareWorkers:
         ends while the node stops)."""
         with self._lock:
             if not self._closed:
+                if now:
+                    self._hurry.set()  # a delayed refill queued before it runs now
                 return self._thread.submit(self._refill, 0.0 if now else self.refill_delay_s)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
     def _refill(self, delay_s: float) -> None:
-        if delay_s > 0 and self._closing.wait(delay_s):
+        if delay_s > 0:
+            self._hurry.wait(delay_s)
+        else:
+            self._hurry.clear()
+        if self._closing.is_set():
             return
         with self._lock:
             environments = list(self._environments.values())
@@ -328,6 +428,7 @@ class SpareWorkers:
                 )
                 if wanted_still:
                     spares.append(started)
+                    self._added.notify_all()
             if not wanted_still:
                 end(started)
                 return not self._closed
@@ -350,6 +451,9 @@ class SpareWorkers:
                 spares += environment.spares
             self._environments.clear()
         self._closing.set()
+        self._hurry.set()
+        with self._lock:
+            self._added.notify_all()
         for spare in spares:
             end(spare)
         self._thread.shutdown(wait=True)

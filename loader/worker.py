@@ -1,8 +1,9 @@
 """The worker process of an instance in process isolation.
 
-Started as ``python -m fnrt.loader.worker FD PPID [--spare a,b] [--site DIR]``:
-a spare worker (``spares.py``) imports those modules and rehearses a cold start
-(:func:`rehearse`) before it waits for its function; ``--site`` names the
+Started as ``python -m fnrt.loader.worker FD PPID [--spare a,b --ready FD]
+[--site DIR]``: a spare worker (``spares.py``) imports those modules and
+rehearses a cold start (:func:`rehearse`) before it waits for its function,
+then writes a byte to the ``--ready`` pipe (the server waits on it); ``--site`` names the
 folder of its ``[environment]``'s packages, whose modules a load reports as
 installed too (what a spare of that environment imports ahead).
 
@@ -24,6 +25,7 @@ own dependencies; nothing of the HTTP side.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -370,7 +372,8 @@ def main(argv: list[str]) -> int:
 
 def _serve(argv: list[str]) -> int:
     channel = Channel(socket.socket(fileno=int(argv[1])))
-    options = dict(zip(argv[3::2], argv[4::2], strict=False))  # --spare NAMES, --site DIR
+    # --spare NAMES, --ready FD, --site DIR
+    options = dict(zip(argv[3::2], argv[4::2], strict=False))
     if "--spare" in options:
         import_ahead([name for name in options["--spare"].split(",") if name])
         try:
@@ -379,6 +382,11 @@ def _serve(argv: list[str]) -> int:
             log.warning("a spare's rehearsal failed: %s", exc)
         gc.collect()  # now, not in the middle of the load
         gc.freeze()
+    if "--ready" in options:  # warm: the server may count on it now
+        ready = int(options["--ready"])
+        with contextlib.suppress(OSError):  # the server gave up on it: its load says
+            os.write(ready, b"1")
+        os.close(ready)
     try:
         return serve(channel, [options["--site"]] if "--site" in options else [])
     except ChannelClosed:

@@ -5,6 +5,16 @@ points if it has any, prepares it (load, warm-up, probe: ``rollout.prepare``)
 before it gets traffic, then moves traffic at once or as a :class:`Canary`.
 Every change of routing is a conditional write to the store, applied here
 through the registry (other nodes pick it up from the store).
+
+Before it answers, a deploy readies what the version's first call needs
+(:meth:`Deployer.ready`): its files materialised and checked, and, when it runs
+in worker processes, a spare worker that has imported what its code imports
+and rehearsed a cold start (``SpareWorkers.ready_for``), waited for up to
+``READY_TIMEOUT_S``. Its weights are not loaded: mapping them is the cheap part
+of a cold start (milliseconds), and a loaded instance would hold a version that
+may never be called; a spare serves whichever function is called first. A
+deploy whose worker is not ready in time (or cannot start) still succeeds: its
+``checks`` say so, and the first call starts a worker itself.
 """
 
 from __future__ import annotations
@@ -12,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from fnrt.functions.errors import Conflict, FunctionNotFound
+from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader
@@ -33,17 +45,31 @@ from fnrt.runtime.rollout import (
 from fnrt.runtime.served import ServedFunction
 from fnrt.runtime.split import Splits
 
+#: The longest a deploy waits for a worker ready for the version's first call (a spare
+#: importing torch takes 1-3 s on two busy cores).
+READY_TIMEOUT_S = 30.0
+PROCESS = IsolationMode.PROCESS
+
 
 class Deployer:
     """Deploys, canaries, traffic splits and rollbacks of the functions a node serves."""
 
     def __init__(
-        self, registry: Registry, splits: Splits, loader: InstanceLoader, clock: Clock
+        self,
+        registry: Registry,
+        splits: Splits,
+        loader: InstanceLoader,
+        clock: Clock,
+        *,
+        isolation: IsolationMode = DEFAULT_ISOLATION,
+        ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         self._registry = registry
         self._splits = splits
         self._loader = loader
         self._clock = clock
+        self._isolation = isolation  # where instances run unless a manifest says
+        self._ready_timeout_s = ready_timeout_s
 
     async def deploy(self, vm: VersionManifest, *, policy: str | None = None) -> Deployed:
         """Store ``vm``, prepare it (blue/green) and move traffic to it.
@@ -52,12 +78,37 @@ class Deployer:
         of a function with no warm-up or probe is routed at once and loads on
         its first request. Raises DeployRejected (routing untouched) when the
         version fails to load, warm up or pass its probe, or cannot be cut at
-        its split points.
+        its split points. Answers once the version's first call is readied
+        (:meth:`ready`): ``checks["ready"]`` says how.
         """
-        registry, repository = self._registry, self._registry.repository
+        repository = self._registry.repository
         created, vm = await asyncio.to_thread(store_version, repository, self._loader, vm)
         if vm.manifest.split.enabled:
             await self._splits.check(vm)  # the cuts and heads ready before any device asks
+        deployed = await self._routed(vm, created, policy)
+        return replace(deployed, checks={**deployed.checks, "ready": await self.ready(vm)})
+
+    async def ready(self, vm: VersionManifest) -> dict[str, Any]:
+        """Ready what ``vm``'s first call needs: its files, and a spare worker importing
+        what its code imports, warmed (up to ``ready_timeout_s``). What was readied:
+        ``worker`` is ``ready``, ``not ready`` (in time, or it could not start) or
+        ``none`` (its instances run in a thread here, it has an ``[environment]``, or the
+        node keeps no spares); ``seconds``."""
+        start = time.monotonic()
+        await asyncio.to_thread(self._loader.prefetch, vm)
+        spares = self._loader.spares
+        kind = vm.manifest.isolation_kind(self._isolation)
+        worker = "none"
+        # (an [environment]'s spares are its own, readied as before: SchedulerFactory)
+        if spares is not None and kind is PROCESS and not vm.manifest.environment.enabled:
+            timeout_s = self._ready_timeout_s
+            ok = await asyncio.to_thread(spares.ready_for, vm.imports, timeout_s)
+            worker = "ready" if ok else "not ready"
+        return {"worker": worker, "seconds": round(time.monotonic() - start, 3)}
+
+    async def _routed(self, vm: VersionManifest, created: bool, policy: str | None) -> Deployed:
+        """Prepare ``vm`` (stored) and move traffic to it, as its rollout says."""
+        registry, repository = self._registry, self._registry.repository
         try:
             entry: ServedFunction | None = await registry.entry(vm.name)
         except FunctionNotFound:

@@ -251,7 +251,7 @@ def build_node(
         splits=splits,
         gateway=Gateway(registry, splits, clock, keeper),
         invoke_keys=invoke_keys(settings),
-        deployer=Deployer(registry, splits, loader, clock),
+        deployer=Deployer(registry, splits, loader, clock, isolation=factory.isolation),
         sweeper=Sweeper(
             registry,
             splits,

@@ -83,6 +83,8 @@ def deploy(
     to the new version. Through a server, the new version is loaded, warmed up
     and probed first (a failure leaves the old one serving), then gets all
     traffic at once or step by step as a canary that rolls back on its own.
+    It answers once the version's first call is readied (its files cached, and a
+    spare worker that imported what its code imports: 30 s at most).
     Prints the version id; the same content always gets the same id.
     """
     from fnrt.functions.bundle import pack

@@ -262,7 +262,9 @@ def test_a_node_with_named_worker_imports_serves_its_first_cold_start_from_a_spa
         wait_until(lambda: spares.ready == 1)
         (spare,) = spares._spares
         assert spare.imports == {"idna"}
-        _deploy(srv, tmp_path, "p")
+        _deploy(srv, tmp_path, "p")  # answers with a spare ready for what its code imports
+        (spare,) = spares._spares
+        assert spare.imports >= {"idna"}
         with srv.client() as c:
             r = _call(c, "p", 6)  # answers its worker's pid
         assert r.status_code == 200, r.text

@@ -1,0 +1,101 @@
+"""A deploy readies what its version's first call needs before it answers (#45)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.repository import Repository
+from fnrt.loader.spares import SpareWorkers
+from fnrt.loader.stores import FileStore
+from fnrt.runtime.deployer import Deployer
+from support import (
+    ISOLATED_MANIFEST,
+    LiveServer,
+    assert_stages_add_up,
+    live_server,
+    make_node,
+    publish,
+    write_function,
+)
+
+#: ``idna`` is installed with fnrt (httpx needs it) and a worker never imports it itself:
+#: a spare ready for this code has imported it.
+HANDLER = """
+import idna
+import numpy as np
+
+class H:
+    def __call__(self, batch):
+        return [{"y": np.asarray(r["x"], dtype=np.float32)} for r in batch]
+"""
+X = {"x": [[1.0, 2.0, 3.0, 4.0]]}
+
+
+@pytest.fixture
+def spares() -> Iterator[SpareWorkers]:
+    pool = SpareWorkers(1)  # the node's default: one, refilled a second after a cold start
+    yield pool
+    pool.close()
+
+
+def _server(tmp_path: Path, spares: SpareWorkers) -> Iterator[LiveServer]:
+    loader = InstanceLoader(
+        Repository(FileStore(tmp_path / "store")), tmp_path / "cache", detect_device("cpu")
+    )
+    loader.spares = spares
+    with live_server(tmp_path, node=make_node(tmp_path, loader=loader)) as srv:
+        yield srv
+
+
+def _deploy(srv: LiveServer, tmp_path: Path, name: str) -> dict[str, object]:
+    values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+    folder = write_function(tmp_path / "src", name, HANDLER, ISOLATED_MANIFEST, **values)
+    deployed = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)), 60)
+    return deployed.checks["ready"]  # type: ignore[no-any-return]
+
+
+def test_each_of_deploys_one_right_after_another_finds_a_warmed_worker(
+    tmp_path: Path, spares: SpareWorkers
+) -> None:
+    for srv in _server(tmp_path, spares):
+        with srv.client() as c:
+            for i, name in enumerate(["f1", "f2", "f3", "f4"]):
+                ready = _deploy(srv, tmp_path, name)
+                assert ready["worker"] == "ready", ready
+                r = c.post(f"/v1/functions/{name}/invoke", json=X)  # at once
+                assert r.status_code == 200 and r.headers["x-fnrt-cold-start"]
+                # a spare, warm: before, from the second on, the spare taken by the call
+                # before was replaced only a second after its load, so this call started
+                # a Python of its own (its interpreter and imports in setup_s)
+                assert spares.taken == i + 1
+                timings = c.get(f"/v1/functions/{name}").json()["instance"]
+                timings = timings["last_load_timings_s"]
+                assert timings["worker_s"] < 0.1 and timings["setup_s"] < 0.25, timings
+                assert_stages_add_up(timings)
+
+
+def test_a_deploy_whose_worker_is_not_ready_in_time_still_succeeds(
+    tmp_path: Path, spares: SpareWorkers
+) -> None:
+    for srv in _server(tmp_path, spares):
+        node = srv.node
+        hasty = Deployer(node.registry, node.splits, node.loader, node.clock, ready_timeout_s=0)
+        values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+        folder = write_function(tmp_path / "src", "late", HANDLER, ISOLATED_MANIFEST, **values)
+        deployed = srv.call(hasty.deploy(publish(node.repository, folder)))
+        assert deployed.checks["ready"]["worker"] == "not ready"  # it did not wait
+        with srv.client() as c:
+            assert c.post("/v1/functions/late/invoke", json=X).status_code == 200
+
+
+def test_a_thread_function_needs_no_worker(tmp_path: Path, spares: SpareWorkers) -> None:
+    for srv in _server(tmp_path, spares):
+        values = {"mode": "thread", "timeout_s": 0, "memory_limit_bytes": 0}
+        folder = write_function(tmp_path / "src", "t", HANDLER, ISOLATED_MANIFEST, **values)
+        deployed = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        assert deployed.checks["ready"]["worker"] == "none"
