@@ -10,11 +10,20 @@ from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.routing import Routing
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
 from fnrt.runtime import views
 from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.deployment import cut_over, store_version
+from fnrt.runtime.events import NoEvents
+from fnrt.runtime.intake import Admission
+from fnrt.runtime.registry import Registry
+from fnrt.runtime.scheduler import SchedulerFactory
+from fnrt.runtime.sweeper import rollback_over
 from support import (
     ECHO_HANDLER,
     gate,
@@ -297,3 +306,68 @@ def test_a_watch_reads_the_feed_then_only_the_functions_that_moved(tmp_path: Pat
                 f'fnrt_store_requests_total{{operation="GetObject"}} {gets}.0'
                 in c.get("/metrics").text
             )
+
+
+# --- the function table alone: no server -----------------------------------------------
+
+
+async def _table(tmp_path: Path) -> tuple[Registry, ManualClock, list[str]]:
+    """A registry on a folder store (its schedulers in a thread, a manual clock) serving
+    ``f`` with two stored versions, the second routed; the version ids."""
+    repository = Repository(FileStore(tmp_path / "store"))
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    clock = ManualClock()
+    factory = SchedulerFactory(
+        loader, clock, NoEvents(), Admission(100), isolation=IsolationMode.THREAD
+    )
+    registry = Registry(repository, factory, clock)
+    versions = []
+    for keep_alive_s in (300, 301):
+        folder = write_function(tmp_path / f"src{keep_alive_s}", "f", keep_alive_s=keep_alive_s)
+        _, vm = await asyncio.to_thread(
+            store_version, repository, loader, publish(repository, folder)
+        )
+        await asyncio.to_thread(cut_over, repository, vm)
+        versions.append(vm.version)
+        if len(versions) == 1:
+            await registry.entry("f")  # served here with the first version routed
+    await registry.refresh(await registry.entry("f"))  # the second takes the traffic
+    return registry, clock, versions
+
+
+def test_a_version_past_its_rollback_window_is_retired_by_the_registry(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        registry, clock, (old, new) = await _table(tmp_path)
+        entry = await registry.entry("f")
+        assert set(entry.schedulers) == {old, new} and entry.left_at == {old: clock.now()}
+        window = entry.primary.version.manifest.rollout.rollback_window_s
+        assert rollback_over(entry.left_at, window, clock.now() + window - 1) == []
+        assert rollback_over(entry.left_at, window, clock.now() + window) == [old]
+        held = entry.schedulers[old]
+        assert not registry.retire(entry, new)  # it has traffic: kept
+        assert registry.retire(entry, old)
+        assert set(entry.schedulers) == {new} and entry.left_at == {}
+        await asyncio.sleep(0.01)
+        assert held.batcher.closing  # closed in the background
+        assert not registry.retire(entry, old)  # nothing held any more
+        await registry.close()
+
+    asyncio.run(scenario())
+
+
+def test_hold_makes_a_scheduler_the_versions_and_closes_the_one_before(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        registry, _, (old, new) = await _table(tmp_path)
+        entry = await registry.entry("f")
+        before = entry.schedulers[new]
+        candidate = registry.new_scheduler(before.version)
+        registry.hold(entry, new, candidate)
+        assert entry.schedulers[new] is candidate and entry.primary is candidate
+        registry.hold(entry, new, candidate)  # already held: nothing closes
+        registry.hold(entry, old, None)  # a candidate that failed its checks: dropped
+        await asyncio.sleep(0.01)
+        assert before.batcher.closing and not candidate.batcher.closing
+        assert set(entry.schedulers) == {new}
+        await registry.close()
+
+    asyncio.run(scenario())
