@@ -192,12 +192,15 @@ def simulate_node(
                     used += size[f]
                     peak = max(peak, used)
                     prewarms += 1
+                elif t < _closes.get(f, t):  # tried again next minute, as the sweeps do
+                    heapq.heappush(timers, (t + 1, f, token, "prewarm"))
                 else:
                     skipped += 1
             elif f in loaded:
                 unload(f, what)
 
     _plan_worth: dict[int, Worth] = {}
+    _closes: dict[int, int] = {}  # the last minute of each plan's pre-warm window
     _due_worth: dict[int, Worth] = {}  # fill: the plan's own window, for its pre-warm
     for t in [*agenda, minutes]:
         # the minutes between events: timers fire, memory sits idle
@@ -254,6 +257,7 @@ def simulate_node(
                 if fill:
                     _due_worth[f] = worth(config, history, plan, gb[f])
             begin, end = plan.loaded
+            _closes[f] = t + end
             if fill:  # kept while memory is free; loaded again ahead when evicted
                 if plan.prewarm_after_min and end >= begin:
                     heapq.heappush(timers, (t + begin, f, token, "prewarm"))

@@ -402,22 +402,28 @@ class Worth:
     def at(self, idle_min: int) -> float:
         """Worth ``idle_min`` minutes after the last call (0 once the plan's window is past:
         the first to go)."""
-        e = max(int(idle_min), 0)
+        # the minutes wholly past: a call in this very minute is still to come (the node
+        # evicts for a load before the other calls of its minute are served)
+        e = max(int(idle_min), 0) - 1
         if e >= self.last:
             return 0.0
         top = len(self.below) - 1
         below, below_d = self.below, self.below_d
-        rest = self.total - float(below[min(e, top)])  # periods still open after e minutes
+
+        def upto(array: np.ndarray, d: int) -> float:
+            return float(array[min(d, top)]) if d >= 0 else 0.0
+
+        rest = self.total - upto(below, e)  # periods still open after e minutes
         if rest <= 0:
             return 0.0
         start, end = max(self.first, e + 1), min(self.last, top)
         hit = float(below[end] - below[start - 1]) if end >= start else 0.0
         # minutes it is held from now: to the call when it falls in the window, else to
         # the window's end
-        within = float(below[min(self.last, top)] - below[min(e, top)])
-        called = float(below_d[min(self.last, top)] - below_d[min(e, top)]) - e * within
+        within = upto(below, self.last) - upto(below, e)
+        called = upto(below_d, self.last) - upto(below_d, e) - e * within
         held = called + (rest - within) * (self.last - e)
-        return hit * self.cold_gb_min / (self.memory_gb * max(held, rest))
+        return hit * self.cold_gb_min / (self.memory_gb * max(held, rest, 1e-12))
 
     def about_to_serve(self, idle_min: int) -> bool:
         """Loaded ahead for its predicted call, and that call is due now: a pre-warm's

@@ -70,8 +70,21 @@ def test_a_prewarmed_instance_is_kept_for_the_call_it_was_loaded_for() -> None:
     plan = Plan(30, 2)  # loaded again for minutes 30..31 after the call
     w = worth(PolicyConfig(), h, plan, 1.0)
     assert [w.about_to_serve(e) for e in (5, 28, 29, 30, 31)] == [False, False, True, True, False]
-    assert w.at(29) > w.at(5) > 0 and w.at(31) == 0  # due soon: worth most; past it: nothing
+    assert w.at(29) > w.at(5) > 0  # due soon: worth most
+    assert w.at(31) > 0 == w.at(32)  # its window's last minute may yet bring the call; past it
+
     assert not worth(PolicyConfig(), h, Plan(0, 40), 1.0).about_to_serve(29)  # kept, not ahead
+
+
+def test_a_call_due_in_the_minute_of_an_eviction_still_counts() -> None:
+    # called every 10 minutes, kept 10 minutes after each call: 10 minutes after the last
+    # call the next one may come in that very minute (the node evicts for a load before
+    # the minute's other calls are served), so the instance is still worth keeping
+    h = History()
+    for i in range(30):
+        h.record(i * 10)
+    w = worth(PolicyConfig(), h, Plan(0, 10), 1.0)
+    assert w.at(10) > w.at(5) > 0 == w.at(11)
 
 
 def test_under_a_budget_auto_has_the_fewest_cold_starts() -> None:
