@@ -122,7 +122,9 @@ class Sweeper:
                 policy = Policy(scheduler.version.manifest.scaling.keep_alive_policy)
                 learned = learned and policy is not Policy.FIXED
                 if await sched.scale_to_zero(scheduler, now, keep_primary=learned):
-                    unloaded.append(scheduler.name)
+                    unloaded.append(scheduler.name)  # its keep-alive (the manifest's) over
+                    log.info("unloading %s (reason: idle)", scheduler.name)
+                    self.evicted(scheduler.key, "idle")
                 if learned and await self._keep(scheduler, policy, now):
                     unloaded.append(scheduler.name)
         if self._splits.active:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,21 @@ def test_the_memory_budget_evicts_by_plan_not_recency_and_says_why(tmp_path: Pat
         assert 'fnrt_load_stage_duration_seconds_count{stage="files"} 3.0' in metrics
         keep = c.get("/v1/functions/tick").json()["keep_alive"]
         assert keep["why"] == "cost" and keep["plan"].startswith("loaded minutes 1-")
+
+
+def test_an_idle_unload_under_a_fixed_keep_alive_is_logged_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(start=0.0)
+    node = make_node(tmp_path, clock)  # no keeper: the manifest's fixed keep-alive
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        folder = write_function(tmp_path, "fixed", manifest=ECHO_MANIFEST)
+        srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        assert c.post("/v1/functions/fixed/invoke", json={"x": X}).status_code == 200
+        scheduler = srv.call(node.registry.get("fixed"))
+        clock.advance(scheduler.version.manifest.scaling.keep_alive_s + 1)
+        with caplog.at_level(logging.INFO, logger="fnrt.sweeper"):
+            assert srv.call(node.sweeper.sweep()) == ["fixed"]
+        assert scheduler.pool.state.value == "cold"
+        assert 'fnrt_evictions_total{reason="idle"} 1.0' in c.get("/metrics").text
+    assert "unloading fixed (reason: idle)" in caplog.text
