@@ -16,7 +16,7 @@ from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.imports import code_imports
 from fnrt.loader.instance import InstanceLoader
-from fnrt.loader.process import check_in_environment
+from fnrt.loader.launch import check_in_environment
 from fnrt.loader.repository import Repository, now_iso
 
 

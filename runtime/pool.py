@@ -1,7 +1,7 @@
 """The instances of one function version: the slots, running a batch, replacing.
 
 The pool holds slots, each the place of one instance (in a thread or a worker
-process: it does not care which, see ``fnrt.loader.process.launch``), and is
+process: it does not care which, see ``fnrt.loader.launch.launch``), and is
 the only one to change them. The first instance loads at the first request;
 concurrent first requests share that one load. More start while the queue
 stays deep, idle ones stop (the decisions: :class:`~fnrt.runtime.scaler.Scaler`).

@@ -23,8 +23,8 @@ from fnrt.functions.handler import Request
 from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.launch import launch
 from fnrt.loader.memory import MakeRoom
-from fnrt.loader.process import launch
 from fnrt.runtime.batcher import Batcher
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, NoEvents

@@ -18,7 +18,8 @@ from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader, Ran
-from fnrt.loader.process import ProcessInstance, RemoteError, launch, rss_bytes
+from fnrt.loader.launch import launch
+from fnrt.loader.process import ProcessInstance, RemoteError, rss_bytes
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
 from support import FORWARD_WORKER_MANIFEST, publish, write_function

@@ -10,7 +10,8 @@ import pytest
 from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import STAGES, InstanceLoader
-from fnrt.loader.process import ProcessInstance, launch
+from fnrt.loader.launch import launch
+from fnrt.loader.process import ProcessInstance
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
 from support import (

@@ -16,7 +16,8 @@ from fnrt.loader.arena import shm_dir
 from fnrt.loader.device import detect_device
 from fnrt.loader.environment import Environment
 from fnrt.loader.instance import InstanceLoader
-from fnrt.loader.process import ProcessInstance, launch
+from fnrt.loader.launch import launch
+from fnrt.loader.process import ProcessInstance
 from fnrt.loader.repository import Repository
 from fnrt.loader.spares import SpareWorkers, Started, end
 from fnrt.loader.stores import FileStore

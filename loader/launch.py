@@ -1,0 +1,182 @@
+"""Starting an instance of a version where its isolation says: a worker process
+(:func:`spawn`: its environment ready, its files materialised, a spare worker taken
+or one started, the handler loaded there) or a thread here (``InstanceLoader.load``);
+and the deploy-time check of a handler in its environment's worker.
+
+The worker itself, once started, is :class:`~fnrt.loader.process.ProcessInstance`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import Executor
+from pathlib import Path
+
+from fnrt.functions.errors import EnvironmentFailed, HandlerError, Unavailable
+from fnrt.functions.manifest import IsolationMode
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.arena import shm_dir
+from fnrt.loader.channel import Channel
+from fnrt.loader.environment import Environment
+from fnrt.loader.instance import InstanceLoader, Runnable
+from fnrt.loader.process import LOAD_TIMEOUT_S, ProcessInstance
+from fnrt.loader.spares import start_worker
+
+log = logging.getLogger("fnrt.loader")
+
+
+def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Runnable:
+    """Start a worker process for ``vm`` and load its handler there (blocking).
+
+    The files are materialised here (fetched, verified, pinned in the disk
+    cache); the worker maps them itself. RemoteError if the handler's import or
+    ``load`` raised, InstanceLost if the worker died or was killed while loading.
+
+    ``timings_s`` has the stages of the cold start, which add up to its
+    ``total_s``: environment_s (its [environment] ready), files_s (materialised:
+    fetch_s and verify_s are part of it), worker_s (a spare taken or a process
+    started), import_s and load_s (in the worker: the handler's imports, its
+    ``load`` with the weights mapped), setup_s (the rest of the load message's
+    round trip: sending it, the worker's unpickling and arenas, and, with no
+    spare ready, the new process's own start: its interpreter and fnrt's
+    imports) and after_s (what the server does with the reply).
+    """
+    start = time.perf_counter()
+    try:  # before the files are pinned: a first build on this node may take long
+        environment = environment_of(loader, vm)
+    except EnvironmentFailed as exc:  # deployed elsewhere; this node cannot build it now
+        raise Unavailable(
+            f"function '{vm.name}': its environment cannot be built on this node: {exc.message}"
+        ) from None
+    ready = time.perf_counter()
+    files = loader.materialise(vm)
+    materialised = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix=f"fnrt-{vm.name}-", dir=shm_dir()))
+    spares = loader.spares
+    key = environment.key if environment is not None else None
+    started = spares.take(key) if spares is not None else None
+    spare = started is not None
+    try:
+        if started is None:
+            started = start_worker(
+                worker_env(environment), site=environment.site if environment else None
+            )
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        loader.unpin(files.pinned)
+        raise
+    instance = ProcessInstance(
+        vm,
+        executor,
+        started.process,
+        Channel(started.sock),
+        workdir,
+        lambda: loader.unpin(files.pinned),
+    )
+    device = loader.device_for(vm)
+    instance.device = device
+    sent = time.perf_counter()
+    try:
+        reply = instance.start(
+            {
+                "op": "load",
+                # pickled: the worker is this fnrt, and the manifest was checked when it
+                # was stored (re-parsing it there took 0.5 ms of every cold start)
+                "version": pickle.dumps(vm, pickle.HIGHEST_PROTOCOL),
+                "code_dir": str(files.code_dir),
+                "device": [device.kind, device.index],
+                "artifacts": {
+                    key: [str(a.path), a.digest, a.size_bytes] for key, a in files.artifacts.items()
+                },
+            }
+        )
+    except BaseException:
+        instance.abandon()
+        if spares is not None:
+            spares.refill()
+        raise
+    finally:
+        loader.placed(device, vm)
+    replied = time.perf_counter()
+    if spares is not None:  # after the load, not during it: its imports would slow it
+        if environment is None:
+            spares.learn(reply.get("modules", ()))
+        else:
+            spares.learn_environment(environment, reply.get("modules", ()))
+        spares.refill()
+    # A worker's page-locked ring counts in host memory; its CUDA context, cuBLAS's
+    # workspace and torch's cache, measured in the worker, count on its GPU.
+    instance.size_bytes = int(reply["size_bytes"]) + int(reply.get("pinned_bytes", 0))
+    instance.device_bytes = int(reply.get("device_bytes", 0)) + int(reply.get("context_bytes", 0))
+    instance.context_bytes = int(reply.get("context_bytes", 0))
+    instance.stages = bool(reply.get("staged", False))
+    instance.tier = files.tier
+    import_s, load_s = float(reply["import_s"]), float(reply["load_s"])
+    done = time.perf_counter()
+    instance.timings_s = {
+        "environment_s": ready - start,
+        "files_s": materialised - ready,
+        "fetch_s": files.timings_s["fetch_s"],
+        "verify_s": files.timings_s["verify_s"],
+        "worker_s": sent - materialised,
+        "import_s": import_s,
+        "load_s": load_s,
+        "setup_s": max(replied - sent - import_s - load_s, 0.0),
+        "after_s": done - replied,
+        "total_s": done - start,
+    }
+    log.info(
+        "worker %d%s serves %s %s on %s",
+        instance.pid,
+        " (a spare)" if spare else "",
+        vm.name,
+        vm.version,
+        device,
+    )
+    return instance
+
+
+def environment_of(loader: InstanceLoader, vm: VersionManifest) -> Environment | None:
+    """``vm``'s ``[environment]`` (built here on first use), or None: the server's own."""
+    requirements = vm.manifest.environment.requirements
+    if not requirements:
+        return None
+    return loader.environments.ensure(requirements)
+
+
+def worker_env(environment: Environment | None) -> dict[str, str] | None:
+    """The environment variables of a worker in ``environment`` (None: the server's)."""
+    return environment.worker_variables() if environment is not None else None
+
+
+def check_in_environment(loader: InstanceLoader, vm: VersionManifest) -> None:
+    """Import ``vm``'s handler and check its contract in a worker of its environment
+    (deploy-time); HandlerError with the worker's words if it fails."""
+    code = loader.code_dir(vm)
+    done = subprocess.run(
+        [sys.executable, "-m", "fnrt.loader.worker", "--check", str(code)],
+        input=json.dumps(vm.to_dict()),
+        capture_output=True,
+        text=True,
+        env=worker_env(environment_of(loader, vm)),
+        timeout=LOAD_TIMEOUT_S,
+    )
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        raise HandlerError(said[-1] if said else f"the handler check exited {done.returncode}")
+
+
+def launch(
+    loader: InstanceLoader, kind: IsolationMode, vm: VersionManifest, executor: Executor
+) -> Runnable:
+    """An instance of ``vm`` where ``kind`` says: a thread here, or a worker process."""
+    if kind is IsolationMode.PROCESS:
+        return spawn(loader, vm, executor)
+    return loader.load(vm, executor)
