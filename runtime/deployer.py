@@ -42,6 +42,7 @@ from fnrt.runtime.rollout import (
     RolloutStatus,
     prepare,
 )
+from fnrt.runtime.rollouts import Rollouts
 from fnrt.runtime.served import ServedFunction
 from fnrt.runtime.split import Splits
 
@@ -70,6 +71,8 @@ class Deployer:
         self._clock = clock
         self._isolation = isolation  # where instances run unless a manifest says
         self._ready_timeout_s = ready_timeout_s
+        #: the canary under way and the last rollout of each function: this part's alone
+        self.rollouts = Rollouts()
 
     async def deploy(self, vm: VersionManifest, *, policy: str | None = None) -> Deployed:
         """Store ``vm``, prepare it (blue/green) and move traffic to it.
@@ -140,8 +143,9 @@ class Deployer:
             routing = await asyncio.to_thread(cut_over, repository, vm)
             await registry.entry(vm.name)
             return Deployed(vm.name, vm.version, created, routing, checks=checks)
-        if entry.canary is not None:
-            await entry.canary.cancel(f"version {vm.version} was deployed")
+        rollout = self.rollouts.of(vm.name)
+        if rollout.canary is not None:
+            await rollout.canary.cancel(f"version {vm.version} was deployed")
         baseline = entry.primary
         if chosen is RolloutPolicy.CANARY and baseline.version.version != vm.version:
             canary = Canary(
@@ -151,22 +155,22 @@ class Deployer:
                 self._clock,
                 lambda traffic, _: self._canary_step(entry, canary, traffic),
             )
-            entry.canary = canary
+            rollout.canary = canary
             canary.start()
-            entry.last_rollout = canary.status
+            rollout.last = canary.status
             await canary.first_step.wait()  # answered with the first share already routed
             return Deployed(
                 vm.name, vm.version, created, entry.routing, rollout="canary", checks=checks
             )
         routing = await registry.write(entry, lambda r: r.cut_over(vm.version, now_iso()))
-        entry.last_rollout = RolloutStatus(RolloutPolicy.IMMEDIATE, vm.version, RolloutState.DONE)
+        rollout.last = RolloutStatus(RolloutPolicy.IMMEDIATE, vm.version, RolloutState.DONE)
         return Deployed(vm.name, vm.version, created, routing, checks=checks)
 
     async def _canary_step(
         self, entry: ServedFunction, canary: Canary, traffic: dict[str, int]
     ) -> bool:
         registry = self._registry
-        if entry.canary is not canary or not registry.is_current(entry):
+        if self.rollouts.of(entry.name).canary is not canary or not registry.is_current(entry):
             return False
         new = canary.candidate.version.version
         if traffic.get(new, 0) == 0:  # rolled back: the failed version leaves no history
@@ -188,8 +192,9 @@ class Deployer:
         entry = await registry.entry(name)
         for version in traffic:
             await asyncio.to_thread(registry.repository.get_version, name, version)
-        if entry.canary is not None:
-            await entry.canary.cancel("the traffic was set by hand")
+        canary = self.rollouts.of(name).canary
+        if canary is not None:
+            await canary.cancel("the traffic was set by hand")
         shares = {str(v): int(p) for v, p in traffic.items()}
         Routing(shares)  # validates: shares are percentages summing to 100
         return await registry.write(entry, lambda r: r.with_traffic(shares, now_iso()))
@@ -202,12 +207,13 @@ class Deployer:
         """
         registry = self._registry
         entry = await registry.entry(name)
-        canary = entry.canary
+        rollout = self.rollouts.of(name)
+        canary = rollout.canary
         if canary is not None and canary.task is not None and not canary.task.done():
             await canary.cancel("rolled back by hand")  # back to the version it started from
             base = canary.baseline.version.version
             await self._canary_step(entry, canary, {base: 100})
-            entry.canary = None
+            rollout.canary = None
             canary.status.state = RolloutState.ROLLED_BACK
             canary.status.reason = "rolled back by hand"
             canary.status.percent = 0
@@ -216,8 +222,8 @@ class Deployer:
             raise Conflict(f"'{name}' has no earlier version to roll back to")
         left = entry.routing.primary
         routing = await registry.write(entry, lambda r: r.rolled_back(now_iso()))
-        last = entry.last_rollout
-        entry.last_rollout = RolloutStatus(
+        last = rollout.last
+        rollout.last = RolloutStatus(
             last.policy if last is not None and last.to == left else RolloutPolicy.IMMEDIATE,
             left,
             RolloutState.ROLLED_BACK,
@@ -226,3 +232,12 @@ class Deployer:
             finished_unix_s=round(time.time(), 3),
         )
         return routing
+
+    async def delete(self, name: str) -> None:
+        """Stop ``name``'s canary, if one is under way, and delete the function."""
+        await self.rollouts.forget(name, "the function was deleted")
+        await self._registry.delete(name)
+
+    async def close(self) -> None:
+        """Stop every canary under way (the server is stopping)."""
+        await self.rollouts.close()

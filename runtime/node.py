@@ -127,6 +127,7 @@ class Node:
         await self.jobs.close()
         await self.sweeper.close()
         await self.drain(timeout_s)
+        await self.deployer.close()  # canaries under way stop
         await self.registry.close()
         await self.splits.close()
         if self.loader.scrubber is not None:

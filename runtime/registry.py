@@ -104,9 +104,6 @@ class Registry:
         return warming
 
     async def close(self) -> None:
-        for entry in self._functions.values():
-            if entry.canary is not None:
-                await entry.canary.cancel("the server is stopping")
         schedulers = self.loaded()
         self._functions = {}
         closing = (sched.close(s) for s in schedulers)
@@ -295,9 +292,7 @@ class Registry:
     async def forget(self, name: str) -> None:
         entry = self._functions.pop(name, None)
         if entry is None:
-            return
-        if entry.canary is not None:
-            await entry.canary.cancel("the function was deleted")
+            return  # a canary of it stops at its next step (Deployer: is_current)
         await asyncio.gather(*(sched.close(s) for s in entry.schedulers.values()))
 
     # --- what it holds (the admin views of it are views.py's) -----------------------

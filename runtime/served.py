@@ -14,7 +14,6 @@ from typing import Any
 from fnrt.functions.headers import STICKY_HEADER
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
-from fnrt.runtime.rollout import Canary, RolloutStatus
 from fnrt.runtime.scheduler import Scheduler
 from fnrt.runtime.traffic import bucket_of, choose_version
 
@@ -28,8 +27,6 @@ class ServedFunction:
     etag: str
     schedulers: dict[str, Scheduler] = field(default_factory=dict)  # by version id
     left_at: dict[str, float] = field(default_factory=dict)  # version -> lost its traffic
-    canary: Canary | None = None
-    last_rollout: RolloutStatus | None = None
 
     @property
     def primary(self) -> Scheduler:
@@ -52,24 +49,11 @@ class ServedFunction:
             key = key or headers.get(STICKY_HEADER)
         return self.schedulers[choose_version(traffic, bucket_of(key))]
 
-    def rollout_view(self) -> dict[str, Any] | None:
-        """The rollout under way or last finished, as ``describe`` and ``versions`` show it.
-
-        A finished rollout whose version has no traffic now (rolled back on another
-        node, or a split set by hand since) says so, rather than a stale "done".
-        """
-        if self.last_rollout is None:
-            return None
-        view = self.last_rollout.to_dict()
-        if view["state"] == "done" and not self.routing.traffic.get(self.last_rollout.to, 0):
-            view["state"] = "superseded"
-            shares = ", ".join(f"{v} {p}%" for v, p in self.routing.traffic.items())
-            view["reason"] = f"traffic has moved off it since: {shares}"
-        return view
-
-    def listing(self, manifests: Mapping[str, VersionManifest], now: float) -> dict[str, Any]:
+    def listing(
+        self, manifests: Mapping[str, VersionManifest], now: float, rollout: Any = None
+    ) -> dict[str, Any]:
         """``manifests`` (every stored version) with share, state here and breaker;
-        the rollout under way or last finished."""
+        ``rollout``: the one under way or last finished (the deployer's view of it)."""
         window = self.primary.version.manifest.rollout.rollback_window_s
         rows = []
         for version, vm in sorted(manifests.items(), key=lambda kv: kv[1].created_at):
@@ -93,7 +77,7 @@ class ServedFunction:
             "name": self.name,
             "traffic": dict(self.routing.traffic),
             "previous": list(self.routing.previous),
-            "rollout": self.rollout_view(),
+            "rollout": rollout,
             "versions": rows,
         }
 

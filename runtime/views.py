@@ -18,6 +18,7 @@ from fnrt.functions.routing import Routing
 from fnrt.loader.repository import Repository
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.registry import Registry
+from fnrt.runtime.rollouts import Rollouts
 
 log = logging.getLogger("fnrt.registry")
 
@@ -28,7 +29,7 @@ async def stored_versions(registry: Registry, name: str) -> list[str]:
     return await asyncio.to_thread(registry.repository.list_versions, name)
 
 
-async def describe(registry: Registry, name: str) -> dict[str, Any]:
+async def describe(registry: Registry, name: str, rollouts: Rollouts) -> dict[str, Any]:
     """``GET /v1/functions/{name}``: the routed version, its instance, traffic, rollout."""
     entry = await registry.entry(name)
     scheduler = entry.primary
@@ -43,7 +44,7 @@ async def describe(registry: Registry, name: str) -> dict[str, Any]:
         "instance": sched.describe(scheduler),
         "traffic": dict(entry.routing.traffic),
         "previous": list(entry.routing.previous),
-        "rollout": entry.rollout_view(),
+        "rollout": rollouts.view(name, entry.routing),
         "versions": versions,
         "keep_alive": {
             "policy": manifest.scaling.keep_alive_policy,
@@ -52,7 +53,7 @@ async def describe(registry: Registry, name: str) -> dict[str, Any]:
     }
 
 
-async def versions(registry: Registry, name: str) -> dict[str, Any]:
+async def versions(registry: Registry, name: str, rollouts: Rollouts) -> dict[str, Any]:
     """Every stored version with its share, state here and breaker; the rollout."""
     entry = await registry.entry(name)
     stored = await asyncio.to_thread(registry.repository.list_versions, name)
@@ -62,7 +63,7 @@ async def versions(registry: Registry, name: str) -> dict[str, Any]:
             manifests[version] = await registry.version_manifest(name, version)
         except Exception:
             continue
-    return entry.listing(manifests, registry.clock.now())
+    return entry.listing(manifests, registry.clock.now(), rollouts.view(name, entry.routing))
 
 
 async def failures(

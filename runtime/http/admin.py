@@ -141,8 +141,9 @@ async def deploy(request: Request) -> Response:
 @admin
 async def versions(request: Request) -> Response:
     """Every stored version with its share of traffic, state and breaker; the rollout."""
+    node = node_of(request)
     return JSONResponse(
-        await views.versions(node_of(request).registry, request.path_params["name"])
+        await views.versions(node.registry, request.path_params["name"], node.deployer.rollouts)
     )
 
 
@@ -230,15 +231,16 @@ LIST_PAGE, LIST_PAGE_MAX = 100, 1000
 
 @admin
 async def describe(request: Request) -> Response:
+    node = node_of(request)
     return JSONResponse(
-        await views.describe(node_of(request).registry, request.path_params["name"])
+        await views.describe(node.registry, request.path_params["name"], node.deployer.rollouts)
     )
 
 
 @admin
 async def delete(request: Request) -> Response:
     name = request.path_params["name"]
-    await node_of(request).registry.delete(name)
+    await node_of(request).deployer.delete(name)  # its canary stops
     return JSONResponse({"name": name, "deleted": True})
 
 

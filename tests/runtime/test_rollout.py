@@ -125,7 +125,9 @@ def clients(srv: LiveServer, count: int, name: str) -> Iterator[list[Call]]:
 
 
 def rollout_state(srv: LiveServer, name: str) -> str:
-    status = srv.call(views.versions(srv.registry, name))["rollout"] or {}
+    status = (
+        srv.call(views.versions(srv.registry, name, srv.node.deployer.rollouts))["rollout"] or {}
+    )
     return str(status.get("state", ""))
 
 
@@ -197,7 +199,9 @@ def test_a_canary_that_errors_is_rolled_back_on_its_own(tmp_path: Path) -> None:
             wait_until(lambda: rollout_state(srv, "model") == "rolled_back", 30)
             back = time.monotonic()
             wait_until(lambda: sum(c.started > back for c in calls) > 100, 30)
-        status = srv.call(views.versions(srv.registry, "model"))["rollout"]
+        status = srv.call(views.versions(srv.registry, "model", srv.node.deployer.rollouts))[
+            "rollout"
+        ]
         assert status["to"] == v2 and "error rate" in status["reason"]
         routing, _ = srv.node.repository.get_routing("model")
         assert routing.traffic == {v1: 100}
