@@ -172,7 +172,7 @@ def test_after_job_records_alone_live_requests_are_not_staged_behind_more_jobs(
         # of them): after a held block of jobs, nothing is staged ahead
         answers = list(pool.map(lambda i: _post(srv.url, float(i)), range(60)))
         assert all(a.status_code == 200 for a in answers)
-        assert scheduler.batcher.arrivals.rate_per_s(scheduler.batcher._clock.now()) > 1.0
+        assert scheduler.batcher.arrivals.rate_per_s(scheduler.clock.now()) > 1.0
         gate("hold").clear()
         held = pool.submit(srv.call, submit(block(-1.0)))
         wait_until(lambda: any(slot.busy for slot in slots) and scheduler.batcher.queued == 0)
