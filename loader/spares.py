@@ -96,6 +96,7 @@ class Started:
     #: or it is no spare)
     ready_fd: int | None = None
     _waiting: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _forgotten: bool = field(default=False, repr=False)  # ended while someone waited
 
     @property
     def warming(self) -> bool:
@@ -121,12 +122,21 @@ class Started:
             os.close(fd)  # a byte (ready) or the end of the pipe (it exited): done either way
             return True
         finally:
+            if self._forgotten and self.ready_fd is not None:
+                os.close(self.ready_fd)
+                self.ready_fd = None
             self._waiting.release()
 
     def forget_ready(self) -> None:
-        """Close its pipe (it ends unused)."""
-        with self._waiting:
+        """Close its pipe (it ends unused); never waits for one waiting on it (that one
+        closes it when its wait ends)."""
+        if not self._waiting.acquire(blocking=False):
+            self._forgotten = True
+            return
+        try:
             fd, self.ready_fd = self.ready_fd, None
+        finally:
+            self._waiting.release()
         if fd is not None:
             os.close(fd)
 

@@ -23,7 +23,7 @@ from fnrt.loader.spares import SpareWorkers, Started, end
 from fnrt.loader.stores import FileStore
 from fnrt.loader.worker import installed_imports, rehearse
 from support import ISOLATED_MANIFEST as MANIFEST
-from support import publish, wait_until, write_function
+from support import assert_stages_add_up, publish, wait_until, write_function
 
 #: ``idna`` is installed with fnrt (httpx needs it) and the worker itself never imports it.
 HANDLER = """
@@ -61,6 +61,7 @@ def _loader(tmp_path: Path, spares: SpareWorkers) -> tuple[InstanceLoader, objec
 def _cold_start(loader: InstanceLoader, vm: object) -> ProcessInstance:
     instance = launch(loader, IsolationMode.PROCESS, vm, ThreadPoolExecutor(1))  # type: ignore[arg-type]
     assert isinstance(instance, ProcessInstance)
+    assert_stages_add_up(instance.timings_s)
     return instance
 
 
@@ -296,3 +297,43 @@ def test_modules_of_an_environment_folder_are_reported_as_installed(tmp_path: Pa
     finally:
         sys.path.remove(str(site))
         sys.modules.pop("envonly", None)
+
+
+def test_a_spare_says_when_it_is_warm_and_a_deploy_gets_one_at_once() -> None:
+    pool = SpareWorkers(1, refill_delay_s=600)  # a delayed refill would wait ten minutes
+    try:
+        pool.learn(["idna"])
+        pool.refill()  # the delayed one, queued first
+        started = time.monotonic()
+        # a deploy: the refill runs now, and it answers once the spare's imports are done
+        assert pool.ready_for(["idna"], timeout_s=60)
+        assert time.monotonic() - started < 60
+        (spare,) = pool._spares
+        assert spare.imports == {"idna"} and not spare.warming
+        taken = pool.take()
+        assert taken is spare and taken.wait_ready(0)
+        end(taken)
+    finally:
+        pool.close()
+
+
+def test_a_cold_start_that_takes_a_spare_still_warming_waits_for_it() -> None:
+    pool = SpareWorkers(1, refill_delay_s=0)
+    try:
+        pool.learn(["idna"])
+        pool.refill().result(30)
+        (spare,) = pool._spares
+        assert spare.warming  # its imports under way (nobody has waited for it yet)
+        taken = pool.take()
+        assert taken is spare and not taken.warming  # take waited: the cold start's worker_s
+        end(taken)
+    finally:
+        pool.close()
+
+
+def test_a_deploy_gets_no_worker_from_a_pool_that_keeps_none() -> None:
+    pool = SpareWorkers(0)
+    try:
+        assert not pool.ready_for(["idna"], timeout_s=60)  # at once, not after a minute
+    finally:
+        pool.close()
