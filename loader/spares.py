@@ -80,6 +80,14 @@ REFILL_DELAY_S = 1.0
 #: The longest a cold start waits for the spare it took to finish its imports (past it,
 #: the load message waits in its socket meanwhile).
 TAKE_WAIT_S = 60.0
+#: How long a deploy's first call is waited for: until then (or until a cold start takes
+#: a spare), the server's spares are kept at one for each deploy awaiting its first call,
+#: when that is more than ``count``, so that deploys one right after another, called only
+#: after, each find one.
+AHEAD_S = 120.0
+#: The most deploys awaiting their first call that get a spare each (each spare is an
+#: interpreter with the frameworks imported: hundreds of MB with torch).
+MAX_AHEAD = 4
 #: How many ``[environment]``s keep spares of their own: those used last (a version in
 #: it served, a cold start in it; each spare is an interpreter with its framework imported).
 MAX_ENVIRONMENTS = 2
@@ -255,6 +263,7 @@ class SpareWorkers:
         self._closed = False
         self._closing = threading.Event()
         self._hurry = threading.Event()  # a refill wanted now: the delayed one waits no more
+        self._ahead: list[float] = []  # deploys awaiting their first call: until when
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="fnrt-spares")
 
     @property
@@ -280,6 +289,8 @@ class SpareWorkers:
                 spare = spares.pop(0)
                 if spare.process.poll() is None:
                     self.taken += 1
+                    if environment is None and self._ahead:  # a deploy's first call, say
+                        self._ahead.pop(0)
                     taken = spare
                     break
                 log.warning(
@@ -292,30 +303,45 @@ class SpareWorkers:
         return taken
 
     def ready_for(self, modules: Iterable[str], timeout_s: float) -> bool:
-        """Make a spare ready for a version whose code imports ``modules`` (those
-        installed here), now: learned, the spares brought up to date at once, and waited
-        for until one importing them has done its imports and rehearsal. Whether one
-        was, within ``timeout_s`` (False at once with no spares to keep, or when one
-        cannot start). Blocking: a deploy calls it off the event loop."""
+        """Make a spare ready for a version (just deployed) whose code imports
+        ``modules`` (those installed here), now: learned, the spares brought up to date
+        at once (one for each deploy awaiting its first call, ``AHEAD_S``, when that is
+        more than ``count``), and waited for until they import them and have done their
+        imports and rehearsal. Whether they had, within ``timeout_s`` (False at once
+        with no spares to keep, or when one cannot start). Blocking: a deploy calls it
+        off the event loop."""
         self.learn(m for m in modules if installed(m))
         if not self.count:
             return False
         deadline = time.monotonic() + timeout_s
+        with self._lock:
+            now = time.monotonic()
+            self._ahead = [t for t in self._ahead if t > now][-(MAX_AHEAD - 1) :]
+            self._ahead.append(now + AHEAD_S)
         filled = self.refill(now=True)
         while True:
             with self._lock:
-                wanted = self.imports
-                found = next(
-                    (s for s in self._spares if s.imports >= wanted and s.process.poll() is None),
-                    None,
-                )
-                if found is None:
+                wanted, target = self.imports, self._target()
+                found = [
+                    s for s in self._spares if s.imports >= wanted and s.process.poll() is None
+                ]
+                if len(found) < target:
                     left = deadline - time.monotonic()
-                    if self._closed or left <= 0 or filled.done():  # done with none: it failed
+                    if self._closed or left <= 0 or filled.done():  # done short: it failed
                         return False
                     self._added.wait(min(left, 0.5))
                     continue
-            return found.wait_ready(deadline - time.monotonic()) and found.process.poll() is None
+            return all(
+                s.wait_ready(deadline - time.monotonic()) and s.process.poll() is None
+                for s in found[:target]
+            )
+
+    def _target(self) -> int:
+        """(Lock held.) How many spares the server's environment keeps now: ``count``,
+        or one for each deploy awaiting its first call when that is more."""
+        now = time.monotonic()
+        self._ahead = [t for t in self._ahead if t > now]
+        return max(self.count, min(len(self._ahead), MAX_AHEAD)) if self.count else 0
 
     def learn(self, modules: Iterable[str]) -> bool:
         """Modules a load reported importing, or a version's code imports: spares
@@ -415,9 +441,11 @@ class SpareWorkers:
             spares = self._spares if environment is None else environment.spares
             wanted = self.imports if environment is None else environment.imports
             keep = [s for s in spares if s.imports >= wanted and s.process.poll() is None]
+            target = self._target() if environment is None else self.count
+            keep = keep[:target]  # past it: the spares of deploys not called in time, ended
             stale = [s for s in spares if s not in keep]
             spares[:] = keep
-            missing = self.count - len(keep)
+            missing = target - len(keep)
         for spare in stale:
             end(spare)
         for _ in range(missing):

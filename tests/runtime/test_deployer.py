@@ -79,6 +79,27 @@ def test_each_of_deploys_one_right_after_another_finds_a_warmed_worker(
                 assert_stages_add_up(timings)
 
 
+def test_deploys_one_right_after_another_then_their_first_calls_each_find_a_warmed_worker(
+    tmp_path: Path, spares: SpareWorkers
+) -> None:
+    names = ["g1", "g2", "g3"]
+    for srv in _server(tmp_path, spares):
+        for name in names:  # each answers with one spare more: one per deploy not yet called
+            assert _deploy(srv, tmp_path, name)["worker"] == "ready"
+        assert spares.ready == len(names)
+        with srv.client() as c:
+            for i, name in enumerate(names):
+                r = c.post(f"/v1/functions/{name}/invoke", json=X)
+                assert r.status_code == 200 and r.headers["x-fnrt-cold-start"]
+                # before, one spare was kept whatever came: the second call started a
+                # Python of its own
+                assert spares.taken == i + 1
+                timings = c.get(f"/v1/functions/{name}").json()["instance"]
+                timings = timings["last_load_timings_s"]
+                assert timings["worker_s"] < 0.1 and timings["setup_s"] < 0.25, timings
+                assert_stages_add_up(timings)
+
+
 def test_a_deploy_whose_worker_is_not_ready_in_time_still_succeeds(
     tmp_path: Path, spares: SpareWorkers
 ) -> None:
