@@ -2,8 +2,9 @@
 ``runtime/`` has at most 25 methods, and the map's path of one invoke
 (``docs/architecture.md``) names at most 8 files.
 
-Methods are the functions a class body defines itself (properties and nested helpers
-of a method do not add to it; inherited ones count for the class that defines them).
+Methods are the functions a class body defines itself, properties included (nested
+helpers of a method do not add to it; inherited ones count for the class that defines
+them).
 A class over the bound is a coordination hub that should hand a part of its work to
 a part of its own (#42 item 7).
 """
