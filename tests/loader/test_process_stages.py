@@ -20,6 +20,8 @@ from support import (
     assert_stages_add_up,
     live_server,
     publish,
+    traced_server,
+    wait_until,
     write_function,
 )
 
@@ -84,3 +86,16 @@ def test_a_cold_starts_first_batch_is_a_stage_and_the_stages_add_up(
         r = c.post("/v1/functions/lazy/invoke", json={"x": [[1.0, 2.0, 3.0, 4.0]]})
         again = c.get("/v1/functions/lazy").json()["instance"]["last_load_timings_s"]
         assert again == timings  # a warm batch is no stage of it
+
+
+def test_the_load_span_shows_the_first_batch(tmp_path: Path) -> None:
+    values = {"mode": "thread", "timeout_s": 0, "memory_limit_bytes": 0}
+    folder = write_function(tmp_path / "src", "lazy", LAZY_HANDLER, ISOLATED_MANIFEST, **values)
+    with traced_server(tmp_path) as (srv, exporter), srv.client() as c:
+        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        assert c.post("/v1/functions/lazy/invoke", json={"x": [[1.0] * 4]}).status_code == 200
+        wait_until(lambda: any(s.name == "load" for s in list(exporter.spans)))
+        (load,) = [s for s in list(exporter.spans) if s.name == "load"]
+        assert load.attributes["fnrt.load.first_batch_s"] >= 0.3
+        stages = {k.removeprefix("fnrt.load."): v for k, v in load.attributes.items()}
+        assert_stages_add_up({k: v for k, v in stages.items() if k.endswith("_s")})
