@@ -1,12 +1,15 @@
-"""The deployer's record of rollouts alone: what the views show, and stopping canaries."""
+"""The deployer's record of rollouts: what the views show, and stopping canaries (the
+record alone, and a node that closes with a canary under way; no server)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from fnrt.functions.routing import Routing
 from fnrt.runtime.rollout import RolloutPolicy, RolloutState, RolloutStatus
 from fnrt.runtime.rollouts import Rollouts
+from support import ECHO_MANIFEST, make_node, publish, write_function
 
 
 class Stoppable:
@@ -45,5 +48,26 @@ def test_forgetting_a_function_or_closing_stops_its_canary() -> None:
         assert running.why == ["the server is stopping"] and deleted.why == [
             "the function was deleted"
         ]
+
+    asyncio.run(scenario())
+
+
+def test_closing_the_node_stops_a_canary_under_way(tmp_path: Path) -> None:
+    """Node.close stops canaries (the deployer's) before the registry closes the
+    versions they walk between."""
+
+    async def scenario() -> None:
+        node = make_node(tmp_path, isolation="thread")
+        first = write_function(tmp_path / "v1", "f")
+        await node.deployer.deploy(publish(node.repository, first))
+        canary_manifest = ECHO_MANIFEST + '\n[rollout]\npolicy = "canary"\ndwell_s = 3600\n'
+        second = write_function(tmp_path / "v2", "f", manifest=canary_manifest)
+        deployed = await node.deployer.deploy(publish(node.repository, second))
+        assert deployed.rollout == "canary"
+        canary = node.deployer.rollouts.of("f").canary
+        assert canary is not None and canary.task is not None and not canary.task.done()
+        await node.close(timeout_s=1.0)
+        assert canary.task.done() and canary.status.state is RolloutState.STOPPED
+        assert canary.status.reason == "the server is stopping"
 
     asyncio.run(scenario())
