@@ -20,8 +20,9 @@ deploy whose worker is not ready in time (or cannot start) still succeeds: its
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +51,8 @@ from fnrt.runtime.split import Splits
 #: importing torch takes 1-3 s on two busy cores).
 READY_TIMEOUT_S = 30.0
 PROCESS = IsolationMode.PROCESS
+
+log = logging.getLogger("fnrt.deploy")
 
 
 class Deployer:
@@ -92,13 +95,15 @@ class Deployer:
         return replace(deployed, checks={**deployed.checks, "ready": await self.ready(vm)})
 
     async def ready(self, vm: VersionManifest) -> dict[str, Any]:
-        """Ready what ``vm``'s first call needs: its files, and a spare worker importing
-        what its code imports, warmed (up to ``ready_timeout_s``). What was readied:
-        ``worker`` is ``ready``, ``not ready`` (in time, or it could not start) or
-        ``none`` (its instances run in a thread here, it has an ``[environment]``, or the
-        node keeps no spares); ``seconds``."""
+        """Ready what ``vm``'s first call needs, both bounded by ``ready_timeout_s``: its
+        files in the disk cache (fetched and checked), and a spare worker importing what
+        its code imports, warmed. What was readied: ``files`` is ``ready`` or ``not
+        ready`` (in time: the fetch goes on; or it failed: logged); ``worker`` is
+        ``ready``, ``not ready`` (in time, or it could not start) or ``none`` (its
+        instances run in a thread here, it has an ``[environment]``, or the node keeps
+        no spares); ``seconds``."""
         start = time.monotonic()
-        await asyncio.to_thread(self._loader.prefetch, vm)
+        fetched = asyncio.ensure_future(asyncio.to_thread(self._loader.prefetch, vm))
         spares = self._loader.spares
         kind = vm.manifest.isolation_kind(self._isolation)
         worker = "none"
@@ -107,7 +112,11 @@ class Deployer:
             timeout_s = self._ready_timeout_s
             ok = await asyncio.to_thread(spares.ready_for, vm.imports, timeout_s)
             worker = "ready" if ok else "not ready"
-        return {"worker": worker, "seconds": round(time.monotonic() - start, 3)}
+        left = max(self._ready_timeout_s - (time.monotonic() - start), 0.0)
+        await asyncio.wait((fetched,), timeout=left)
+        fetched.add_done_callback(_logged(vm))
+        files = "ready" if fetched.done() and fetched.exception() is None else "not ready"
+        return {"files": files, "worker": worker, "seconds": round(time.monotonic() - start, 3)}
 
     async def _routed(self, vm: VersionManifest, created: bool, policy: str | None) -> Deployed:
         """Prepare ``vm`` (stored) and move traffic to it, as its rollout says."""
@@ -241,3 +250,15 @@ class Deployer:
     async def close(self) -> None:
         """Stop every canary under way (the server is stopping)."""
         await self.rollouts.close()
+
+
+def _logged(vm: VersionManifest) -> Callable[[asyncio.Future[None]], None]:
+    """A callback that logs why the deploy-time fetch of ``vm``'s files failed (its first
+    call fetches them again, and says why if it must)."""
+
+    def done(fetched: asyncio.Future[None]) -> None:
+        exc = None if fetched.cancelled() else fetched.exception()
+        if exc is not None:
+            log.warning("readying %s %s: its files: %s", vm.name, vm.version, exc)
+
+    return done

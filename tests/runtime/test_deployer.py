@@ -66,7 +66,7 @@ def test_each_of_deploys_one_right_after_another_finds_a_warmed_worker(
         with srv.client() as c:
             for i, name in enumerate(["f1", "f2", "f3", "f4"]):
                 ready = _deploy(srv, tmp_path, name)
-                assert ready["worker"] == "ready", ready
+                assert ready["worker"] == "ready" and ready["files"] == "ready", ready
                 r = c.post(f"/v1/functions/{name}/invoke", json=X)  # at once
                 assert r.status_code == 200 and r.headers["x-fnrt-cold-start"]
                 # a spare, warm: before, from the second on, the spare taken by the call
