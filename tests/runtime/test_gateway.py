@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fnrt.functions.errors import CircuitOpen, Overloaded, VersionRetired
+from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader
@@ -27,7 +28,7 @@ from fnrt.runtime.gateway import Gateway, Target
 from fnrt.runtime.intake import Admission
 from fnrt.runtime.protection import Served
 from fnrt.runtime.registry import Registry
-from fnrt.runtime.scheduler import SchedulerFactory
+from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 from fnrt.runtime.split import Splits
 from support import ECHO_MANIFEST, publish, write_function
 
@@ -68,11 +69,11 @@ async def _parts(tmp_path: Path, extra: str = "", keeper: Counted | None = None)
     return parts
 
 
-async def _deploy(parts: Parts, extra: str) -> str:
-    """Store a version of the echo function (``extra`` appended to its manifest) and
-    route all traffic to it; its id."""
+async def _deploy(parts: Parts, extra: str, name: str = NAME) -> str:
+    """Store a version of the echo function ``name`` (``extra`` appended to its
+    manifest) and route all traffic to it; its id."""
     repository = parts.registry.repository
-    folder = write_function(parts.tmp / "src", NAME, manifest=_batching_no_wait(extra))
+    folder = write_function(parts.tmp / "src", name, manifest=_batching_no_wait(extra))
     vm = publish(repository, folder)
     _, vm = await asyncio.to_thread(store_version, repository, parts.loader, vm)
     await asyncio.to_thread(cut_over, repository, vm)
@@ -89,10 +90,19 @@ def _run(scenario: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(scenario())
 
 
-async def _invoke(parts: Parts, target: Target | None = None) -> Served:
+async def _invoke(parts: Parts, inputs: Request = X) -> Served:
     gateway = parts.gateway
-    scheduler = await gateway.choose(target or Target(NAME))
-    return await gateway.submit(gateway.call(scheduler, X))
+    scheduler = await gateway.choose(Target(NAME))
+    return await gateway.submit(gateway.call(scheduler, inputs))
+
+
+async def _open_breaker(parts: Parts) -> Scheduler:
+    """The echo function's breaker opened by three server-side failures (over its error
+    rate); its scheduler."""
+    scheduler = await parts.gateway.choose(Target(NAME))
+    for _ in range(3):
+        scheduler.protection.breaker.record(parts.clock.now(), True)
+    return scheduler
 
 
 def test_a_function_served_here_is_chosen_without_a_wait(tmp_path: Path) -> None:
@@ -149,9 +159,7 @@ def test_an_open_breaker_refuses_with_a_retry_after(tmp_path: Path) -> None:
     async def scenario() -> None:
         parts = await _parts(tmp_path, "\n[breaker]\nmin_requests = 1\nopen_s = 60\n")
         await _invoke(parts)
-        scheduler = await parts.gateway.choose(Target(NAME))
-        for _ in range(3):  # three server-side failures: over the error rate
-            scheduler.protection.breaker.record(parts.clock.now(), True)
+        scheduler = await _open_breaker(parts)
         with pytest.raises(CircuitOpen, match="circuit breaker is open") as refused:
             await _invoke(parts)
         assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
@@ -210,5 +218,42 @@ def test_a_retired_version_hands_its_request_to_its_successor(tmp_path: Path) ->
         with pytest.raises(VersionRetired):  # a pinned request has no successor
             await gateway.successor(pinned, stale)
         await registry.close()
+
+    _run(scenario)
+
+
+def test_an_open_breaker_answers_from_the_last_results_for_the_same_inputs(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        parts = await _parts(
+            tmp_path, '\n[breaker]\nmin_requests = 1\nopen_s = 60\nfallback = "cache"\n'
+        )
+        before = await _invoke(parts)
+        scheduler = await _open_breaker(parts)
+        again = await _invoke(parts)
+        assert again.cached and again.fallback == "cache"
+        np.testing.assert_array_equal(again.outputs["y"], before.outputs["y"])
+        with pytest.raises(CircuitOpen):  # inputs it has no result for
+            await _invoke(parts, {"x": np.zeros((1, 4), np.float32)})
+        assert scheduler.stats.requests == 1
+        await parts.registry.close()
+
+    _run(scenario)
+
+
+def test_an_open_breaker_hands_the_call_to_its_fallback_function(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        fallback = '\n[breaker]\nmin_requests = 1\nopen_s = 60\nfallback = "function:backup"\n'
+        parts = await _parts(tmp_path, fallback)
+        await _deploy(parts, "", name="backup")
+        await _invoke(parts)
+        scheduler = await _open_breaker(parts)
+        served = await _invoke(parts)
+        assert served.fallback == "function:backup"
+        np.testing.assert_array_equal(served.outputs["y"], X["x"] * 2)
+        backup = await parts.gateway.choose(Target("backup"))
+        assert scheduler.stats.requests == 1 and backup.stats.requests == 1
+        await parts.registry.close()
 
     _run(scenario)
