@@ -302,22 +302,24 @@ class SpareWorkers:
             taken.wait_ready(TAKE_WAIT_S)
         return taken
 
-    def ready_for(self, modules: Iterable[str], timeout_s: float) -> bool:
+    def ready_for(self, modules: Iterable[str], timeout_s: float, *, ahead: bool = True) -> bool:
         """Make a spare ready for a version (just deployed) whose code imports
         ``modules`` (those installed here), now: learned, the spares brought up to date
         at once (one for each deploy awaiting its first call, ``AHEAD_S``, when that is
         more than ``count``), and waited for until they import them and have done their
         imports and rehearsal. Whether they had, within ``timeout_s`` (False at once
-        with no spares to keep, or when one cannot start). Blocking: a deploy calls it
-        off the event loop."""
+        with no spares to keep, or when one cannot start). ``ahead``: the version awaits
+        its first cold start (not so when its deploy loaded it: the spares are then
+        only brought up to ``count``). Blocking: a deploy calls it off the event loop."""
         self.learn(m for m in modules if installed(m))
         if not self.count:
             return False
         deadline = time.monotonic() + timeout_s
         with self._lock:
             now = time.monotonic()
-            self._ahead = [t for t in self._ahead if t > now][-(MAX_AHEAD - 1) :]
-            self._ahead.append(now + AHEAD_S)
+            if ahead:
+                self._ahead = [t for t in self._ahead if t > now][-(MAX_AHEAD - 1) :]
+                self._ahead.append(now + AHEAD_S)
         filled = self.refill(now=True)
         while True:
             with self._lock:

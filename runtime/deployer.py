@@ -20,6 +20,7 @@ deploy whose worker is not ready in time (or cannot start) still succeeds: its
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -109,14 +110,25 @@ class Deployer:
         worker = "none"
         # (an [environment]'s spares are its own, readied as before: SchedulerFactory)
         if spares is not None and kind is PROCESS and not vm.manifest.environment.enabled:
-            timeout_s = self._ready_timeout_s
-            ok = await asyncio.to_thread(spares.ready_for, vm.imports, timeout_s)
+            ahead = not await self._loaded(vm)  # its first call will take a spare
+            ready_for = functools.partial(spares.ready_for, ahead=ahead)
+            ok = await asyncio.to_thread(ready_for, vm.imports, self._ready_timeout_s)
             worker = "ready" if ok else "not ready"
         left = max(self._ready_timeout_s - (time.monotonic() - start), 0.0)
         await asyncio.wait((fetched,), timeout=left)
         fetched.add_done_callback(_logged(vm))
         files = "ready" if fetched.done() and fetched.exception() is None else "not ready"
         return {"files": files, "worker": worker, "seconds": round(time.monotonic() - start, 3)}
+
+    async def _loaded(self, vm: VersionManifest) -> bool:
+        """Whether ``vm`` has an instance loaded here (its deploy loaded it: a warm-up, a
+        probe, a later version of a function)."""
+        try:
+            entry = await self._registry.entry(vm.name)
+        except FunctionNotFound:
+            return False
+        scheduler = entry.schedulers.get(vm.version)
+        return scheduler is not None and scheduler.pool.instances > 0
 
     async def _routed(self, vm: VersionManifest, created: bool, policy: str | None) -> Deployed:
         """Prepare ``vm`` (stored) and move traffic to it, as its rollout says."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,6 +99,21 @@ def test_deploys_one_right_after_another_then_their_first_calls_each_find_a_warm
                 timings = timings["last_load_timings_s"]
                 assert timings["worker_s"] < 0.1 and timings["setup_s"] < 0.25, timings
                 assert_stages_add_up(timings)
+
+
+def test_deploys_that_load_their_version_keep_no_spare_ahead(
+    tmp_path: Path, spares: SpareWorkers
+) -> None:
+    warmed = ISOLATED_MANIFEST + '\n[rollout]\nwarmup_file = "sample.json"\n'
+    values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+    for srv in _server(tmp_path, spares):
+        for name in ["w1", "w2", "w3"]:
+            files = {"sample.json": json.dumps(X).encode()}
+            folder = write_function(tmp_path / "src", name, HANDLER, warmed, files, **values)
+            deployed = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            assert deployed.checks["ready"]["worker"] == "ready"
+            # loaded by its warm-up: its first call is warm, so no spare is kept for it
+            assert spares.ready == 1 and not spares._ahead
 
 
 def test_a_deploy_whose_worker_is_not_ready_in_time_still_succeeds(
