@@ -355,7 +355,7 @@ class Metrics:
         self.load_stage_seconds = Histogram(
             "fnrt_load_stage_duration_seconds",
             "Time in each stage of a cold start (environment, files, worker, import, "
-            "load, setup, after; fetch and verify are parts of files)",
+            "load, setup, after, first_batch; fetch and verify are parts of files)",
             ["stage"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
