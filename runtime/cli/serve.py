@@ -253,7 +253,8 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "fill_memory",
     help="keep idle instances past their keep-alive plans while the memory budget has "
     "room, evicting the least worth when a load needs it (a pre-warm may evict those "
-    "worth less than it): the budget is a cache of warm functions, filled",
+    "worth less than it): the budget is a cache of warm functions, filled; auto plans "
+    "at 4x the price of a cold start (idle memory within the budget costs nothing)",
 )
 @setting(
     "cold_start_price_gb_s",

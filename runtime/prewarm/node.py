@@ -47,7 +47,15 @@ from dataclasses import dataclass, field, replace
 
 from fnrt.loader.memory import Held, evictions
 from fnrt.runtime.prewarm.history import History
-from fnrt.runtime.prewarm.policies import Policy, PolicyConfig, Worth, decide, weigh, worth
+from fnrt.runtime.prewarm.policies import (
+    Policy,
+    PolicyConfig,
+    Worth,
+    decide,
+    filling,
+    weigh,
+    worth,
+)
 from fnrt.runtime.prewarm.simulator import _instance_gb, _runs, mean_instance_gb
 from fnrt.runtime.prewarm.trace import Trace
 
@@ -106,6 +114,8 @@ def simulate_node(
     if config.mean_instance_gb is None:
         config = replace(config, mean_instance_gb=mean_instance_gb(trace))
     fill = policy == "auto_fill" and budget_gb is not None
+    if fill:
+        config = filling(config)  # as the server's keeper with --fill-memory
     planned = policy in ("auto", "auto_fill", "fixed")
     memory = trace.memory_mb / 1024 if trace.memory_mb is not None else None
     functions = trace.counts.shape[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,3 +170,26 @@ def test_config_is_validated() -> None:
         PolicyConfig(head_percentile=99, tail_percentile=5)
     with pytest.raises(ValueError, match="cold_start_price"):
         PolicyConfig(cold_start_price_gb_s=-1)
+
+
+def test_a_node_that_fills_its_budget_plans_at_a_higher_price_as_the_simulator_does(
+    tmp_path: Path,
+) -> None:
+    from fnrt.runtime.node import build_node
+    from fnrt.runtime.prewarm.policies import FILL_PRICE_FACTOR, filling
+    from support import node_settings
+
+    base = PolicyConfig(mean_instance_gb=2.0)
+    for config in (base, replace(base, cold_start_price_gb_s=900.0)):
+        assert filling(config).cold_start_gb_min(0.5) == pytest.approx(
+            FILL_PRICE_FACTOR * config.cold_start_gb_min(0.5)
+        )
+    own = replace(base, cold_start_price_s=600.0, price_factor=2.0)
+    assert own.cold_start_gb_min(0.5) == pytest.approx(2 * 600 / 60 * 0.5)
+    with pytest.raises(ValueError, match="price_factor"):
+        PolicyConfig(price_factor=0)
+    filled = build_node(node_settings(tmp_path, fill_memory=True))
+    plain = build_node(node_settings(tmp_path / "plain"))
+    assert filled.sweeper.keeper is not None and plain.sweeper.keeper is not None
+    assert filled.sweeper.keeper.config.price_factor == FILL_PRICE_FACTOR
+    assert plain.sweeper.keeper.config.price_factor == 1.0
