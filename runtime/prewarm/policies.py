@@ -65,8 +65,8 @@ DEFAULT_PRICE_MEAN_S = 4000.0
 #: A node that fills its memory budget (``fnrt serve --fill-memory``) holds idle
 #: instances for nothing while the budget has room, so ``auto`` plans there at this many
 #: times the price of a cold start: its plans then rank who stays when the budget is
-#: short (bench/prewarm.py --checks 4: at a budget of fixed 10 minutes' peak, 0.53x to
-#: 0.88x the cold starts at 1x, on each half of the Azure sample and every synthetic day).
+#: short (bench/prewarm.py --checks 4: at a budget of fixed 10 minutes' peak, 0.57x to
+#: 0.87x the cold starts at 1x, on each half of the Azure sample and every synthetic day).
 FILL_PRICE_FACTOR = 4.0
 
 
