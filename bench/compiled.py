@@ -1,14 +1,15 @@
-"""What the mypyc-compiled hot modules save a request: compiled against pure, interleaved.
+"""What mypyc-compiled hot modules save a request: compiled against pure, interleaved.
 
-    python mypyc_build.py                  # compile them first (make compiled)
     python bench/compiled.py [--pairs 6] [--rounds 3] [--requests 2048]
-                             [--variants off,msgpack] [--instructions]
+                             [--variants off,msgpack] [--only PATHS] [--instructions]
 
-Runs ``bench/hotpath.py`` (fnrt's own Python between ASGI ``receive`` and
+Copies this checkout's packages twice into a temporary folder, compiles the
+request path's hot modules (``HOT``, or ``--only``'s comma-separated source
+paths) in one copy with mypyc (extensions beside their sources, one shared
+library; needs mypy, from ``[dev]``, and a C compiler), and runs
+``bench/hotpath.py`` (fnrt's own Python between ASGI ``receive`` and
 ``send``, ``examples/mlp`` in a worker process, 32 callers, the request log
-on) in a process of its own per run, alternately on this checkout's packages
-as they are (the compiled extensions beside their sources) and on a copy of
-the same sources without the extensions (pure Python), each first on
+on) in a process of its own per run, alternately on each copy first on
 ``PYTHONPATH``, in the order pure, compiled, compiled, pure, ... so drift of a
 shared machine falls on both alike. Each run gives the event loop thread's CPU
 per request (``time.thread_time``, the median of its ``--rounds``); printed: every
@@ -18,11 +19,16 @@ CPU, not wall clock: other processes on the machine slow both, not one.
 ``--instructions`` runs ``hotpath.py --instructions`` once each way instead:
 the machine instructions a request costs the server's process, every thread of
 it, under valgrind's callgrind (deterministic to about 2%, slow: minutes a run).
+``--tests`` runs the compiled modules' unit tests on the compiled copy instead.
+
+Nothing is compiled in the checkout itself: fnrt ships pure Python, since this
+measured no gain (docs/benchmarks.md, "Compiled hot modules").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -34,23 +40,64 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("client", "functions", "loader", "runtime", "tracing", "edge")
-sys.path.insert(0, str(ROOT))
 
-from mypyc_build import compiled_files  # noqa: E402
+#: The modules compiled, by source path: the data-route template, input coercion,
+#: the request record and queue, admission and the batch loop (the sequencer is an
+#: Intake too: a compiled class's subclasses must be compiled).
+HOT = (
+    "functions/tensors.py",
+    "runtime/queue.py",
+    "runtime/intake.py",
+    "runtime/batcher.py",
+    "runtime/sequencer.py",
+    "runtime/http/data.py",
+)
+
+#: The unit tests of the hot modules (--tests).
+TESTS = (
+    "tests/functions/test_tensors.py",
+    "tests/runtime/test_queue.py",
+    "tests/runtime/test_intake.py",
+    "tests/runtime/test_batcher.py",
+    "tests/runtime/test_sequencer.py",
+    "tests/runtime/test_gateway.py",
+    "tests/runtime/http/test_invoke.py",
+)
 
 
-def overlays(work: Path) -> dict[str, Path]:
-    """A ``PYTHONPATH`` entry per build: this checkout as it is, and its sources alone."""
-    compiled = work / "compiled" / "fnrt"
-    pure = work / "pure" / "fnrt"
-    compiled.mkdir(parents=True)
-    pure.mkdir(parents=True)
+def copy(work: Path, name: str) -> Path:
+    """This checkout's packages under ``work/name/fnrt``; the ``PYTHONPATH`` entry."""
+    top = work / name
     for folder in FOLDERS:
-        (compiled / folder).symlink_to(ROOT / folder)
         shutil.copytree(
-            ROOT / folder, pure / folder, ignore=shutil.ignore_patterns("*.so", "__pycache__")
+            ROOT / folder,
+            top / "fnrt" / folder,
+            ignore=shutil.ignore_patterns("*.so", "__pycache__"),
         )
-    return {"pure": pure.parent, "compiled": compiled.parent}
+    return top
+
+
+def compile_hot(top: Path, hot: tuple[str, ...], scratch: Path) -> None:
+    """mypyc ``hot`` into extensions beside their sources in the copy at ``top``."""
+    from mypyc.build import mypycify
+    from setuptools import setup
+
+    paths = [str(Path("fnrt", path)) for path in hot]
+    options = ["--config-file", str(ROOT / "pyproject.toml"), "--explicit-package-bases"]
+    with contextlib.chdir(top):
+        extensions = mypycify(
+            [*paths, *options], group_name="fnrt.runtime.compiled", target_dir=str(scratch / "c")
+        )
+        setup(
+            name="fnrt-compiled",
+            ext_modules=extensions,
+            script_args=[
+                *("--quiet", "build_ext", "--inplace"),
+                *("--build-temp", str(scratch / "temp"), "--build-lib", str(scratch / "lib")),
+            ],
+        )
+    built = sorted(str(p.relative_to(top)) for p in top.rglob("*.so"))
+    print(f"compiled: {', '.join(built)}", flush=True)
 
 
 def run(path: Path, args: list[str]) -> str:
@@ -60,7 +107,7 @@ def run(path: Path, args: list[str]) -> str:
     where = subprocess.run(
         [sys.executable, "-c", check], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
-    print(f"  ({where.removeprefix(str(path) + '/')})", flush=True)
+    print(f"  (imports {where.removeprefix(str(path) + '/')})", flush=True)
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "hotpath.py"), *args],
         env=env,
@@ -91,7 +138,8 @@ def timed(paths: dict[str, Path], args: argparse.Namespace) -> None:
         f"\nexamples/mlp, hotpath.py --variants {args.variants} --rounds {args.rounds} "
         f"--requests {args.requests}, {args.pairs} runs each way, interleaved\n"
     )
-    print(f"{'variant':<10} {'pure us/req':>12} {'compiled':>9} {'ratio':>7}   runs (pure | compiled)")
+    print(f"{'variant':<10} {'pure us/req':>12} {'compiled':>9} {'ratio':>7}", end="")
+    print("   runs (pure | compiled)")
     for name in names:
         pure, compiled = cpu["pure"][name], cpu["compiled"][name]
         ratio = statistics.median(compiled) / statistics.median(pure)
@@ -119,20 +167,32 @@ def counted(paths: dict[str, Path], args: argparse.Namespace) -> None:
         print(f"{name:<10} {pure:>15,.0f} {compiled:>12,.0f} {compiled / pure:>6.3f}x")
 
 
+def tests(path: Path) -> None:
+    """The hot modules' unit tests on the build first on ``PYTHONPATH``."""
+    env = os.environ | {"PYTHONPATH": str(path)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS]
+    print(f"PYTHONPATH={path} {' '.join(command)}", flush=True)
+    subprocess.run(command, env=env, cwd=ROOT, check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=6, help="runs each way (timed)")
     parser.add_argument("--rounds", type=int, default=3, help="hotpath.py's rounds a run")
     parser.add_argument("--requests", type=int, default=2048, help="hotpath.py's requests")
     parser.add_argument("--variants", default="off,msgpack", help="hotpath.py's variants")
+    parser.add_argument("--only", metavar="PATHS", help="compile these sources (comma-separated)")
     parser.add_argument("--instructions", action="store_true", help="count under callgrind")
+    parser.add_argument("--tests", action="store_true", help="run the unit tests compiled")
     args = parser.parse_args()
-    if not compiled_files():
-        raise SystemExit("nothing is compiled: run python mypyc_build.py (make compiled) first")
     work = Path(tempfile.mkdtemp(prefix="fnrt-bench-compiled-"))
     try:
-        paths = overlays(work)
-        if args.instructions:
+        paths = {"pure": copy(work, "pure"), "compiled": copy(work, "compiled")}
+        hot = tuple(args.only.split(",")) if args.only else HOT
+        compile_hot(paths["compiled"], hot, work / "scratch")
+        if args.tests:
+            tests(paths["compiled"])
+        elif args.instructions:
             counted(paths, args)
         else:
             timed(paths, args)
