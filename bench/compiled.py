@@ -35,6 +35,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -75,6 +76,20 @@ def copy(work: Path, name: str) -> Path:
             ignore=shutil.ignore_patterns("*.so", "__pycache__"),
         )
     return top
+
+
+def missing_tools() -> str | None:
+    """Why nothing can be compiled here (None: it can)."""
+    try:
+        import mypyc  # noqa: F401
+    except ImportError:
+        return "mypyc is not installed (it comes with mypy: pip install mypy, in [dev])"
+    program = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    try:
+        subprocess.run([program, "--version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return f"no working C compiler ({program})"
+    return None
 
 
 def compile_hot(top: Path, hot: tuple[str, ...], scratch: Path) -> None:
@@ -185,6 +200,9 @@ def main() -> None:
     parser.add_argument("--instructions", action="store_true", help="count under callgrind")
     parser.add_argument("--tests", action="store_true", help="run the unit tests compiled")
     args = parser.parse_args()
+    why = missing_tools()
+    if why is not None:
+        raise SystemExit(f"bench/compiled.py: nothing to compare: {why}")
     work = Path(tempfile.mkdtemp(prefix="fnrt-bench-compiled-"))
     try:
         paths = {"pure": copy(work, "pure"), "compiled": copy(work, "compiled")}
