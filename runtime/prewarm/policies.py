@@ -122,13 +122,13 @@ class PolicyConfig:
 
     def cold_start_gb_min(self, memory_gb: float) -> float:
         """What one cold start of an instance of ``memory_gb`` is worth, in GB·min."""
-        factor = self.price_factor / 60.0
+        factor = self.price_factor  # 1.0: exactly the price as set
         if self.cold_start_price_s is not None:
-            return self.cold_start_price_s * factor * max(memory_gb, self.min_instance_gb)
+            return self.cold_start_price_s / 60.0 * max(memory_gb, self.min_instance_gb) * factor
         if self.cold_start_price_gb_s is not None:
-            return self.cold_start_price_gb_s * factor
+            return self.cold_start_price_gb_s / 60.0 * factor
         mean = max(self.mean_instance_gb or 1.0, self.min_instance_gb)
-        return self.cold_start_price_mean_s * factor * mean
+        return self.cold_start_price_mean_s / 60.0 * mean * factor
 
 
 @dataclass(frozen=True)
