@@ -6,7 +6,11 @@ message is small and the worker has read the last one before it answered),
 and waits for a batch's reply on its event loop, so a batch costs no thread
 hop: :meth:`Channel.read_soon` reads it in the loop's reader callback (no task,
 no read tried before the socket is readable), :meth:`Channel.receive` in a
-coroutine.
+coroutine. The socket stays registered with the loop between batches (each
+``add_reader`` makes uvloop a new poll handle: about eight system calls a batch),
+until it turns readable with nothing awaiting it (the worker ended, or a thread
+reads it blocking) or the channel closes; a channel closed from another thread
+leaves the loop first, on the loop, so no stale handle outlives its descriptor.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self._fd = sock.fileno()
+        # the loop the socket is registered with for reading, and who reads when it
+        # turns readable (None: nobody now, so the next readiness unregisters it)
+        self._watched_by: asyncio.AbstractEventLoop | None = None
+        self._on_readable: Callable[[], None] | None = None
+        self._closed = False
 
     def send(self, message: dict[str, Any]) -> None:
         data = msgpack.packb(message, use_bin_type=True)
@@ -84,17 +94,40 @@ class Channel:
     async def _readable(self) -> None:
         loop = asyncio.get_running_loop()
         ready = loop.create_future()
-        fd = self._sock.fileno()
 
         def readable() -> None:  # the loop may call it again before the waiter runs
             if not ready.done():
                 ready.set_result(None)
 
-        loop.add_reader(fd, readable)
+        self._watch(loop, readable)
         try:
             await ready
         finally:
-            loop.remove_reader(fd)
+            self._on_readable = None
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, on_readable: Callable[[], None]) -> None:
+        """Have ``on_readable`` called when the socket is readable, registering it with
+        ``loop`` unless it still is."""
+        if self._closed:
+            raise ChannelClosed("the channel is closed")
+        self._on_readable = on_readable
+        if self._watched_by is not loop:
+            if self._watched_by is not None:
+                self._unwatch()
+            loop.add_reader(self._fd, self._readable_now)
+            self._watched_by = loop
+
+    def _readable_now(self) -> None:
+        on_readable = self._on_readable
+        if on_readable is None:  # nothing awaits it: leave the data, stop watching
+            self._unwatch()
+            return
+        on_readable()
+
+    def _unwatch(self) -> None:
+        loop, self._watched_by = self._watched_by, None
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self._fd)
 
     def read_soon(
         self, loop: asyncio.AbstractEventLoop, deliver: Callable[[Received], None]
@@ -105,12 +138,12 @@ class Channel:
         sent after it stays in the socket). The function returned stops reading
         (a wait given up or timed out); it may be called more than once."""
         sock = self._sock
-        fd = sock.fileno()
         buffer = bytearray()
         length = -1  # the body's length, once the header is read
 
         def stop() -> None:
-            loop.remove_reader(fd)
+            if self._on_readable is readable:
+                self._on_readable = None  # still registered: the next batch's read reuses it
 
         def readable() -> None:
             nonlocal length
@@ -138,7 +171,10 @@ class Channel:
             stop()
             deliver(message)
 
-        loop.add_reader(fd, readable)
+        try:
+            self._watch(loop, readable)
+        except ChannelClosed as exc:
+            loop.call_soon(deliver, exc)
         return stop
 
     def _read(self, count: int, deadline: float | None) -> bytes:
@@ -164,4 +200,26 @@ class Channel:
         return bytes(chunks)
 
     def close(self) -> None:
+        """Close the socket, from any thread: one still registered with a running loop
+        on another thread leaves it first, on that loop."""
+        self._closed = True
+        self._on_readable = None
+        loop = self._watched_by
+        if loop is None or loop.is_closed():
+            self._sock.close()
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._close_on_loop()
+            return
+        try:
+            loop.call_soon_threadsafe(self._close_on_loop)
+        except RuntimeError:  # the loop closed meanwhile
+            self._sock.close()
+
+    def _close_on_loop(self) -> None:
+        self._unwatch()
         self._sock.close()

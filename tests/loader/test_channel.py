@@ -114,3 +114,104 @@ def test_read_soon_on_either_loop(loop_factory: str) -> None:
     finally:
         channel.close()
         theirs.close()
+
+
+def _counting(loop: asyncio.AbstractEventLoop) -> dict[str, int]:
+    """Count the loop's add_reader and remove_reader calls (an asyncio loop's methods)."""
+    counts = {"add_reader": 0, "remove_reader": 0}
+    for name in counts:
+        original = getattr(loop, name)
+
+        def counted(*args: object, _original: object = original, _name: str = name) -> object:
+            counts[_name] += 1
+            return _original(*args)  # type: ignore[operator]
+
+        setattr(loop, name, counted)
+    return counts
+
+
+def test_lone_replies_in_a_row_register_the_socket_with_the_loop_once() -> None:
+    channel, theirs = _pair()
+
+    async def scenario() -> tuple[list[Received], dict[str, int]]:
+        loop = asyncio.get_running_loop()
+        counts = _counting(loop)
+        got: list[Received] = []
+        for n in range(3):
+            done: asyncio.Future[Received] = loop.create_future()
+            channel.read_soon(loop, done.set_result)
+            theirs.sendall(_frame({"n": n}))
+            got.append(await done)
+        return got, counts
+
+    try:
+        got, counts = asyncio.run(scenario())
+        assert got == [{"n": 0}, {"n": 1}, {"n": 2}]
+        # before: one add_reader and one remove_reader a reply (a new uvloop poll handle each)
+        assert counts == {"add_reader": 1, "remove_reader": 0}
+    finally:
+        channel.close()
+        theirs.close()
+
+
+def test_a_socket_readable_with_nothing_awaited_leaves_the_loop_and_keeps_its_data() -> None:
+    channel, theirs = _pair()
+
+    async def scenario() -> tuple[dict[str, int], Received]:
+        loop = asyncio.get_running_loop()
+        counts = _counting(loop)
+        done: asyncio.Future[Received] = loop.create_future()
+        channel.read_soon(loop, done.set_result)
+        theirs.sendall(_frame({"n": 1}))
+        await done
+        theirs.sendall(_frame({"n": 2}))  # nothing awaits it: a thread may read it
+        for _ in range(5):
+            await asyncio.sleep(0.005)
+        after = dict(counts)
+        again: asyncio.Future[Received] = loop.create_future()
+        channel.read_soon(loop, again.set_result)  # the next batch registers it again
+        return after, await again
+
+    try:
+        after, second = asyncio.run(scenario())
+        assert after == {"add_reader": 1, "remove_reader": 1}  # left once, no spinning
+        assert second == {"n": 2}
+    finally:
+        channel.close()
+        theirs.close()
+
+
+def test_closed_from_another_thread_it_leaves_the_loop_before_its_fd_is_reused() -> None:
+    import threading
+
+    import uvloop
+
+    channel, theirs = _pair()
+
+    async def scenario() -> Received:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Received] = loop.create_future()
+        channel.read_soon(loop, done.set_result)
+        theirs.sendall(_frame({"n": 1}))
+        await done  # the socket stays registered with the loop
+        closer = threading.Thread(target=channel.close)
+        closer.start()
+        await asyncio.to_thread(closer.join)
+        await asyncio.sleep(0)  # the loop runs the close it was handed
+        assert channel._sock.fileno() == -1
+        # a new socket may get the same descriptor: the loop must hold no stale handle
+        reused, peer = socket.socketpair()
+        try:
+            fresh = Channel(reused)
+            got: asyncio.Future[Received] = loop.create_future()
+            fresh.read_soon(loop, got.set_result)
+            peer.sendall(_frame({"fresh": True}))
+            return await asyncio.wait_for(got, 5)
+        finally:
+            fresh.close()
+            peer.close()
+
+    try:
+        assert uvloop.run(scenario()) == {"fresh": True}
+    finally:
+        theirs.close()
