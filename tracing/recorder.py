@@ -15,6 +15,7 @@ import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum
+from operator import itemgetter
 from time import time_ns
 from typing import Any, NamedTuple
 
@@ -223,49 +224,94 @@ class _Rare:
         return self.attributes, tuple(self.events), self.status + 0, self.status_message
 
 
-class ServerSpan(BaseSpan):
-    """The span of one request on the data path, kept lean, as every request makes one:
-    its ``traceparent`` formatted when it starts (the answer and the request log
-    carry it); its HTTP attributes and what answered as two tuples of fields
-    (:meth:`finish`); its queue wait and its answer's encoding as two tuples of
-    times (:attr:`queued`, :attr:`encoded`) rather than children; and what it
-    seldom has (attributes set on it, events, a status) in one object made on
-    the first need. It ends as a request (see :data:`Flat`), which becomes an
-    ordinary span with its children when it is exported (:func:`span_of_request`)."""
+class ServerSpan(list[Any]):
+    """The span of one request on the data path, kept lean, as every request makes one.
 
-    __slots__ = ("_rare", "encoded", "http", "queued", "response", "traceparent")
+    It is a list of fields rather than an object of attributes: its first
+    ``REQUEST_FIELDS`` are the request it ends as (see :data:`Flat`), in that
+    order, so it is made with no ``__init__`` frame (the list is built in C) and
+    ended as one ``itemgetter`` of its head; then the sink it ends into and what
+    it seldom has (attributes set on it, events, a status: one object made on
+    the first need). What the request path reads while it runs is in three
+    slots: its context, its ``traceparent`` (formatted when it starts: the answer
+    and the request log carry it) and whether it is recorded. Its HTTP
+    attributes and what answered are two tuples of fields (:meth:`finish`), its
+    queue wait and its answer's encoding two tuples of times (:attr:`queued`,
+    :attr:`encoded`) rather than children; it becomes an ordinary span with its
+    children only when it is exported (:func:`span_of_request`). Made by
+    :meth:`Tracer.start_server`."""
 
-    def __init__(
-        self,
-        context: SpanContext,
-        parent: SpanContext | None,
-        traceparent: str,
-        http: Http,
-        start_ns: int,
-        sink: Callable[[Flat], None] | None,
-    ) -> None:
-        self.context = context
-        self.parent = parent
-        self.traceparent = traceparent  # the W3C header naming it
-        self.http = http
-        self.start_ns = start_ns
-        self.end_ns = 0
-        self.response: Response | None = None
-        self.queued: Queued | None = None
-        self.encoded: Encoded | None = None
-        self.children = ()
-        self._rare: _Rare | None = None
-        self._sink = sink
-        self.recording = sink is not None
+    __slots__ = ("context", "recording", "traceparent")
+
+    context: SpanContext
+    traceparent: str  # the W3C header naming it
+    recording: bool  # sampled: it goes to its sink when it ends
+
+    @property
+    def parent(self) -> SpanContext | None:
+        parent = self[3]
+        return None if parent is None else SpanContext(*parent)
+
+    @property
+    def start_ns(self) -> int:
+        start_ns: int = self[4]
+        return start_ns
+
+    @property
+    def end_ns(self) -> int:
+        end_ns: int = self[5]
+        return end_ns
+
+    @property
+    def http(self) -> Http:
+        http: Http = self[6]
+        return http
+
+    @property
+    def response(self) -> Response | None:
+        response: Response | None = self[7]
+        return response
+
+    @property
+    def queued(self) -> Queued | None:
+        queued: Queued | None = self[8]
+        return queued
+
+    @queued.setter
+    def queued(self, value: Queued | None) -> None:
+        self[8] = value
+
+    @property
+    def encoded(self) -> Encoded | None:
+        encoded: Encoded | None = self[9]
+        return encoded
+
+    @encoded.setter
+    def encoded(self, value: Encoded | None) -> None:
+        self[9] = value
+
+    @property
+    def children(self) -> tuple[tuple[str, int, int, Mapping[str, Any]], ...]:
+        children: tuple[tuple[str, int, int, Mapping[str, Any]], ...] = self[11]
+        return children
 
     @property
     def name(self) -> str:
-        return f"{self.http[0]} {self.http[1]}"
+        http = self[6]
+        return f"{http[0]} {http[1]}"
+
+    def after(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
+        """A child that began and ended already (see :meth:`BaseSpan.after`)."""
+        if not self[5]:
+            self[11] += ((name, start_ns, end_ns, attributes),)
+        elif self[_S_SINK] is not None:
+            self[_S_SINK](record_of(name, self.context, start_ns, end_ns, attributes))
 
     def _more(self) -> _Rare:
-        if self._rare is None:
-            self._rare = _Rare()
-        return self._rare
+        rare: _Rare | None = self[_S_RARE]
+        if rare is None:
+            rare = self[_S_RARE] = _Rare()
+        return rare
 
     def set_attribute(self, key: str, value: Any) -> None:
         self._more().attributes[key] = value
@@ -282,35 +328,74 @@ class ServerSpan(BaseSpan):
     ) -> None:
         """Set what answered (a 5xx marks the span an error) and end it (once: a span
         ended already keeps what it had)."""
-        if self.end_ns:
+        if self[5]:
             return
-        self.response = (status_code, function, version, cold)
+        self[7] = (status_code, function, version, cold)
         if status_code >= 500:
             self._more().status = StatusCode.ERROR
-        self.end_ns = time_ns()  # end()'s work without calling it: every request ends one
-        if self._sink is not None:
-            self._sink(self.flat())
+        self[5] = time_ns()
+        sink = self[_S_SINK]
+        if sink is not None:
+            if self[_S_RARE] is not None:
+                self[10] = self[_S_RARE].flat()
+            sink(_REQUEST(self))
+
+    def end(self, end_ns: int | None = None) -> None:
+        """End it with no answer (once)."""
+        if self[5]:
+            return
+        self[5] = end_ns or time_ns()
+        if self[_S_SINK] is not None:
+            self[_S_SINK](self.flat())
 
     def flat(self) -> Flat:
         """This span as a request (``REQUEST_FIELDS`` builtins; see :data:`Flat`)."""
-        context, parent, rare = self.context, self.parent, self._rare
-        return (
+        rare: _Rare | None = self[_S_RARE]
+        if rare is not None:
+            self[10] = rare.flat()
+        flat: Flat = _REQUEST(self)
+        return flat
+
+    def __repr__(self) -> str:
+        return f"ServerSpan({self.name!r}, trace={self[0]:032x})"
+
+
+# A ServerSpan's fields past the request it ends as (see its docstring)
+_S_SINK, _S_RARE = 12, 13
+#: A ServerSpan's head, the request it ends as: one C call
+_REQUEST = itemgetter(*range(12))
+
+
+def server_span(
+    context: SpanContext,
+    parent: SpanContext | None,
+    traceparent: str,
+    http: Http,
+    start_ns: int,
+    sink: Callable[[Flat], None] | None,
+) -> ServerSpan:
+    """A :class:`ServerSpan` from its parts (the tracer's common case builds the list
+    itself)."""
+    span = ServerSpan(
+        (
             context.trace_id,
             context.span_id,
             context.trace_state,
-            parent if parent is None else tuple(parent),
-            self.start_ns,
-            self.end_ns,
-            self.http,
-            self.response,
-            self.queued,
-            self.encoded,
-            None if rare is None else rare.flat(),
-            self.children,
+            None if parent is None else tuple(parent),
+            start_ns,
+            0,  # end ns
+            http,
+            None,  # response
+            None,  # queued
+            None,  # encoded
+            None,  # the rare part, flat
+            (),  # children
+            sink,
+            None,  # the rare part
         )
-
-    def __repr__(self) -> str:
-        return f"ServerSpan({self.name!r}, trace={self.context.trace_id:032x})"
+    )
+    span.context, span.traceparent, span.recording = context, traceparent, sink is not None
+    return span
 
 
 #: What a tracer hands its sink: an ended span, or a span made after the fact (a
@@ -604,18 +689,32 @@ class Tracer:
     def start_server(self, http: Http, parent: SpanContext | None = None) -> ServerSpan:
         """The span of one request on the data path (a new trace when ``parent``, the
         caller's, is None); sampled by the sampler's rule."""
-        if parent is None and self._always_on:  # the common case
+        if parent is None and self._always_on:  # the common case: one list, built in C
             trace_id, span_id = self._bits(128) or 1, self._bits(64) or 1
-            return ServerSpan(
-                _context(SpanContext, (trace_id, span_id, True, "", False)),
-                None,
-                "00-%032x-%016x-01" % (trace_id, span_id),  # noqa: UP031 (format_traceparent's)
-                http,
-                time_ns(),
-                self._sink,
+            span = ServerSpan(
+                (
+                    trace_id,
+                    span_id,
+                    "",
+                    None,
+                    time_ns(),
+                    0,
+                    http,
+                    None,
+                    None,
+                    None,
+                    None,
+                    (),
+                    self._sink,
+                    None,
+                )
             )
+            span.context = _context(SpanContext, (trace_id, span_id, True, "", False))
+            span.traceparent = "00-%032x-%016x-01" % (trace_id, span_id)  # noqa: UP031 (format_traceparent's)
+            span.recording = True
+            return span
         context = self._context(parent)
-        return ServerSpan(
+        return server_span(
             context,
             parent,
             format_traceparent(context),

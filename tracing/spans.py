@@ -62,7 +62,7 @@ class Tracing:
 
     def after(
         self,
-        parent: BaseSpan | None,
+        parent: BaseSpan | ServerSpan | None,
         name: str,
         start_ns: int,
         end_ns: int,
@@ -117,7 +117,7 @@ class Tracing:
             self.tracer.shutdown()
 
 
-def inject(span: BaseSpan | None, headers: MutableMapping[str, str]) -> None:
+def inject(span: BaseSpan | ServerSpan | None, headers: MutableMapping[str, str]) -> None:
     """Write ``span``'s context as ``traceparent`` (and ``tracestate``) into ``headers``."""
     if span is None:
         return
@@ -126,7 +126,9 @@ def inject(span: BaseSpan | None, headers: MutableMapping[str, str]) -> None:
         headers["tracestate"] = span.context.trace_state
 
 
-def fail(span: BaseSpan | None, error: BaseException, *, server_fault: bool = True) -> None:
+def fail(
+    span: BaseSpan | ServerSpan | None, error: BaseException, *, server_fault: bool = True
+) -> None:
     """Record ``error`` on ``span``; status ERROR when it was the server's fault (5xx)."""
     if span is None:
         return

@@ -5,17 +5,19 @@ from collections.abc import Sequence
 
 import pytest
 
-from fnrt.tracing.export import BatchExporter, MemoryExporter
+from fnrt.tracing.export import BatchExporter, MemoryExporter, span_dict
 from fnrt.tracing.recorder import (
     Flat,
     Sampler,
     SpanContext,
     Tracer,
     as_span,
+    expand,
     format_traceparent,
     parse_traceparent,
 )
 from fnrt.tracing.setup import TraceConfig
+from fnrt.tracing.spans import Tracing, fail, ids
 from support import wait_until
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -113,3 +115,129 @@ def test_batch_exporter_looks_often_while_spans_keep_coming() -> None:
     batcher.shutdown()
     assert len(exporter.spans) == sent
     assert len(calls) >= 8  # every 0.3 s alone would make 4 at most
+
+
+def test_a_traced_requests_exported_spans_are_pinned() -> None:
+    """Everything a trace shows of one request, pinned whole (names, kinds, ids, parent
+    and child links, times, attributes, events, status): a request span from the
+    caller's trace with its queue wait, the load it waited for and its encoding; a
+    new trace's that failed; and the batch span linking both. However a request's
+    span is kept on the request path, its export must read the same."""
+    ended: list[Flat] = []
+    tracing = Tracing(Tracer(TraceConfig(), ended.append))
+    remote = {"traceparent": f"00-{TRACE}-00f067aa0ba902b7-01", "tracestate": "k=v"}
+    served = tracing.server_span("POST", "/v1/functions/{name}/invoke", "/v1/f/mlp", remote)
+    failed = tracing.server_span("POST", "/v2/models/{name}/infer", "/v2/m", {"user-agent": "t"})
+    assert served is not None and failed is not None
+    assert served.recording and served.parent == parse_traceparent(remote["traceparent"], "k=v")
+    assert served.traceparent == format_traceparent(served.context)
+    assert ids(served) == (TRACE, f"{served.context.span_id:016x}")
+    served.queued = (served.start_ns + 1, served.start_ns + 5, "high")
+    tracing.after(
+        served, "load", served.start_ns + 2, served.start_ns + 4, {"fnrt.load.tier": "l2"}
+    )
+    batch = tracing.batch_span("mlp", "v-1", [served.context, failed.context], served.start_ns + 5)
+    assert batch is not None
+    served.encoded = (served.start_ns + 6, served.start_ns + 7, 4096)
+    fail(failed, RuntimeError("boom"))
+    failed.set_attribute("fnrt.split", 2)
+    batch.end(served.start_ns + 6)
+    failed.finish(500, "mlp", "v-1")
+    served.finish(200, "mlp", "v-1", "l2")
+    served.finish(404, "other", "v-2")  # ended once: it keeps what it had
+    tracing.after(served, "late", served.start_ns + 8, served.start_ns + 9, {})  # alone now
+    exported = [span_dict(as_span(s)) for item in ended for s in expand(item)]
+    for span in exported:  # a child's own id is drawn at export; its parent is pinned
+        if span["name"] in ("queue", "load", "encode", "late"):
+            assert span.pop("span_id") not in ("0" * 16, served.context.span_id)
+    s0, f0 = served.start_ns, failed.start_ns
+    server_id, failed_id = f"{served.context.span_id:016x}", f"{failed.context.span_id:016x}"
+    trace_of_failed = f"{failed.context.trace_id:032x}"
+
+    def child(name: str, start: int, end: int, attributes: dict[str, object]) -> dict[str, object]:
+        return {
+            "name": name,
+            "trace_id": TRACE,
+            "parent_id": server_id,
+            "kind": "internal",
+            "start_ns": s0 + start,
+            "duration_ms": round((end - start) / 1e6, 3),
+            "attributes": attributes,
+            "links": [],
+            "events": [],
+            "status": "unset",
+        }
+
+    assert exported == [
+        {
+            "name": "batch mlp",
+            "trace_id": f"{batch.context.trace_id:032x}",
+            "span_id": f"{batch.context.span_id:016x}",
+            "parent_id": None,
+            "kind": "internal",
+            "start_ns": s0 + 5,
+            "duration_ms": 0.0,
+            "attributes": {"fnrt.function": "mlp", "fnrt.version": "v-1", "fnrt.batch.size": 2},
+            "links": [server_id, failed_id],
+            "events": [],
+            "status": "unset",
+        },
+        {
+            "name": "POST /v2/models/{name}/infer",
+            "trace_id": trace_of_failed,
+            "span_id": failed_id,
+            "parent_id": None,
+            "kind": "server",
+            "start_ns": f0,
+            "duration_ms": round((failed.end_ns - f0) / 1e6, 3),
+            "attributes": {
+                "http.request.method": "POST",
+                "http.route": "/v2/models/{name}/infer",
+                "url.path": "/v2/m",
+                "url.scheme": "http",
+                "user_agent.original": "t",
+                "http.response.status_code": 500,
+                "fnrt.function": "mlp",
+                "fnrt.version": "v-1",
+                "error.type": "RuntimeError",
+                "fnrt.split": 2,
+            },
+            "links": [],
+            "events": [
+                {
+                    "name": "exception",
+                    "attributes": {"exception.type": "RuntimeError", "exception.message": "boom"},
+                }
+            ],
+            "status": "error",
+        },
+        {
+            "name": "POST /v1/functions/{name}/invoke",
+            "trace_id": TRACE,
+            "span_id": server_id,
+            "parent_id": "00f067aa0ba902b7",
+            "kind": "server",
+            "start_ns": s0,
+            "duration_ms": round((served.end_ns - s0) / 1e6, 3),
+            "attributes": {
+                "http.request.method": "POST",
+                "http.route": "/v1/functions/{name}/invoke",
+                "url.path": "/v1/f/mlp",
+                "url.scheme": "http",
+                "http.response.status_code": 200,
+                "fnrt.function": "mlp",
+                "fnrt.version": "v-1",
+                "fnrt.cold_start": "l2",
+            },
+            "links": [],
+            "events": [],
+            "status": "unset",
+        },
+        child("queue", 1, 5, {"fnrt.priority": "high"}),
+        child("load", 2, 4, {"fnrt.load.tier": "l2"}),
+        child("encode", 6, 7, {"fnrt.response.bytes": 4096}),
+        child("late", 8, 9, {}),
+    ]
+    parents = [as_span(s).parent for item in ended for s in expand(item)]
+    assert parents[2] is not None and parents[2].remote and parents[2].trace_state == "k=v"
+    assert {as_span(s).context.trace_state for s in expand(ended[2])} == {"k=v"}
