@@ -26,6 +26,9 @@ import msgpack
 
 _HEADER = struct.Struct("<I")
 
+#: The most a read-ahead :meth:`Channel.recv` asks the socket for at once.
+READ_AHEAD_BYTES = 1 << 16
+
 
 class ChannelClosed(Exception):
     """The other end closed the socket (it exited or was killed)."""
@@ -38,8 +41,13 @@ Received = dict[str, Any] | ChannelClosed
 class Channel:
     """One end of a connected socket pair, carrying one message at a time."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, read_ahead: bool = False) -> None:
+        """``read_ahead``: :meth:`recv` reads whatever the socket holds, up to
+        :data:`READ_AHEAD_BYTES`, and keeps what is past the message for the next one
+        (a worker: a message's header and body in one ``recv``, not two). Only for an
+        end whose every read is :meth:`recv`."""
         self._sock = sock
+        self._ahead: bytearray | None = bytearray() if read_ahead else None
         self._fd = sock.fileno()
         # the loop the socket is registered with for reading, and who reads when it
         # turns readable (None: nobody now, so the next readiness unregisters it)
@@ -178,26 +186,37 @@ class Channel:
         return stop
 
     def _read(self, count: int, deadline: float | None) -> bytes:
+        ahead = self._ahead
+        if ahead is not None:
+            while len(ahead) < count:
+                ahead += self._recv_some(max(count - len(ahead), READ_AHEAD_BYTES), deadline)
+            data = bytes(ahead[:count])
+            del ahead[:count]
+            return data
         chunks = bytearray()
         while len(chunks) < count:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                self._sock.settimeout(left)
-            try:
-                chunk = self._sock.recv(count - len(chunks))
-            except TimeoutError:
-                raise
-            except OSError as exc:
-                raise ChannelClosed(str(exc)) from None
-            finally:
-                if deadline is not None:
-                    self._sock.settimeout(None)
-            if not chunk:
-                raise ChannelClosed("the other end closed the connection")
-            chunks += chunk
+            chunks += self._recv_some(count - len(chunks), deadline)
         return bytes(chunks)
+
+    def _recv_some(self, most: int, deadline: float | None) -> bytes:
+        """One ``recv`` of at most ``most`` bytes (at least one) before ``deadline``."""
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self._sock.settimeout(left)
+        try:
+            chunk = self._sock.recv(most)
+        except TimeoutError:
+            raise
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from None
+        finally:
+            if deadline is not None:
+                self._sock.settimeout(None)
+        if not chunk:
+            raise ChannelClosed("the other end closed the connection")
+        return chunk
 
     def close(self) -> None:
         """Close the socket, from any thread: one still registered with a running loop

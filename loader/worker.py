@@ -371,7 +371,7 @@ def main(argv: list[str]) -> int:
 
 
 def _serve(argv: list[str]) -> int:
-    channel = Channel(socket.socket(fileno=int(argv[1])))
+    channel = Channel(socket.socket(fileno=int(argv[1])), read_ahead=True)  # its only reads: recv
     # --spare NAMES, --ready FD, --site DIR
     options = dict(zip(argv[3::2], argv[4::2], strict=False))
     if "--spare" in options:

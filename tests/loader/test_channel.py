@@ -8,7 +8,7 @@ import socket
 import msgpack
 import pytest
 
-from fnrt.loader.channel import Channel, ChannelClosed, Received
+from fnrt.loader.channel import READ_AHEAD_BYTES, Channel, ChannelClosed, Received
 
 
 def _pair() -> tuple[Channel, socket.socket]:
@@ -215,3 +215,36 @@ def test_closed_from_another_thread_it_leaves_the_loop_before_its_fd_is_reused()
         assert uvloop.run(scenario()) == {"fresh": True}
     finally:
         theirs.close()
+
+
+class _CountingSocket(socket.socket):
+    """A socket that counts its ``recv`` calls (each one system call)."""
+
+    reads = 0
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self.reads += 1
+        return super().recv(bufsize, flags)
+
+
+def test_a_read_ahead_channel_reads_a_message_in_one_recv_and_keeps_the_next() -> None:
+    ours, theirs = socket.socketpair()
+    counting = _CountingSocket(fileno=ours.detach())
+    channel = Channel(counting, read_ahead=True)
+    big = {"pad": "y" * (3 * READ_AHEAD_BYTES)}  # past one read: in several
+    try:
+        theirs.sendall(_frame({"n": 1}) + _frame({"n": 2}))
+        assert channel.recv(1.0) == {"n": 1}
+        assert counting.reads == 1  # header and body together (before: one recv each)
+        assert channel.recv(1.0) == {"n": 2}  # kept from the same read
+        assert counting.reads == 1
+        theirs.sendall(_frame(big) + _frame({"n": 3}))
+        assert channel.recv(1.0) == big
+        assert channel.recv(1.0) == {"n": 3}
+        with pytest.raises(TimeoutError):
+            channel.recv(0.01)
+        theirs.close()
+        with pytest.raises(ChannelClosed):
+            channel.recv(1.0)
+    finally:
+        channel.close()
