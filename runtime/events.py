@@ -11,13 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, Protocol
 
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
 from fnrt.runtime.queue import Call, Priority
 from fnrt.runtime.stream import Usage
-from fnrt.tracing.recorder import SpanContext
+from fnrt.tracing.recorder import SpanContext, set_queued
 from fnrt.tracing.spans import fail
 from fnrt.tracing.telemetry import Telemetry
 
@@ -31,16 +33,34 @@ def _waited(
     """Keep the queue wait of each request of ``batch``, which ``started_ns`` began
     serving, and the load it waited for, on its server span when that is recorded
     (a :class:`fnrt.tracing.recorder.ServerSpan`: its ``queued``, its children);
-    the contexts of those spans, which the batch's span links to."""
-    links = []
-    for waiting in batch:
-        span = waiting.span
-        if span is not None and span.recording:
-            span.queued = (waiting.enqueued_ns, started_ns, _PRIORITY[waiting.priority])
-            if waiting.cold and load is not None:
-                span.after("load", *load)
-            links.append(span.context)
-    return links
+    the contexts of those spans, which the batch's span links to. When every request
+    of the batch is recorded (tracing at 100%), with no Python frame a request."""
+    spans = list(map(_SPAN, batch))
+    if None in spans or not all(map(_RECORDING, spans)):  # some are not recorded
+        batch = [waiting for waiting in batch if waiting.span is not None]
+        batch = [waiting for waiting in batch if waiting.span.recording]
+        spans = list(map(_SPAN, batch))
+    set_queued(
+        spans,
+        zip(
+            map(_ENQUEUED_NS, batch),
+            repeat(started_ns),
+            map(_PRIORITY.__getitem__, map(_PRIORITY_OF, batch)),
+        ),
+    )
+    if load is not None and any(map(_COLD, batch)):
+        for waiting in batch:
+            if waiting.cold:
+                waiting.span.after("load", *load)
+    return list(map(_CONTEXT, spans))
+
+
+_SPAN = attrgetter("span")
+_RECORDING = attrgetter("recording")
+_ENQUEUED_NS = attrgetter("enqueued_ns")
+_PRIORITY_OF = attrgetter("priority")
+_COLD = attrgetter("cold")
+_CONTEXT = attrgetter("context")
 
 
 class StartKind(StrEnum):
