@@ -190,6 +190,16 @@ class BatchExporter:
         else:
             self.dropped += 1
 
+    def add_many(self, spans: Sequence[Exported]) -> None:
+        """:meth:`add` for each of ``spans`` (a turn's requests), at once."""
+        pending = self._pending
+        room = self.max_queued - len(pending)
+        if len(spans) <= room:
+            pending.extend(spans)
+        else:
+            pending.extend(spans[: max(room, 0)])
+            self.dropped += len(spans) - max(room, 0)
+
     def flush(self) -> None:
         """Export everything taken so far, now (on the calling thread)."""
         pending = self._pending

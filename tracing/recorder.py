@@ -329,18 +329,29 @@ class ServerSpan(list[Any]):
         self, status_code: int, function: str, version: str, cold: str | None = None
     ) -> None:
         """Set what answered (a 5xx marks the span an error) and end it (once: a span
-        ended already keeps what it had)."""
+        ended already keeps what it had), into its sink when it is recorded."""
+        request = self.ended(status_code, function, version, cold)
+        if request is not None:
+            self[_S_SINK](request)
+
+    def ended(
+        self, status_code: int, function: str, version: str, cold: str | None = None
+    ) -> Flat | None:
+        """:meth:`finish` without the sink: the request to export (see :data:`Flat`),
+        or None when it is not recorded or ended already. The data path hands a
+        turn's requests to :meth:`Tracer.export` at once (``Telemetry.flush``)."""
         if self[5]:
-            return
+            return None
         self[7] = (status_code, function, version, cold)
         if status_code >= 500:
             self._more().status = StatusCode.ERROR
         self[5] = time_ns()
-        sink = self[_S_SINK]
-        if sink is not None:
-            if self[_S_RARE] is not None:
-                self[10] = self[_S_RARE].flat()
-            sink(_REQUEST(self))
+        if self[_S_SINK] is None:
+            return None
+        if self[_S_RARE] is not None:
+            self[10] = self[_S_RARE].flat()
+        request: Flat = _REQUEST(self)
+        return request
 
     def end(self, end_ns: int | None = None) -> None:
         """End it with no answer (once)."""
@@ -624,10 +635,12 @@ class Tracer:
         config: TraceConfig,
         sink: Sink,
         on_shutdown: Callable[[], None] | None = None,
+        sink_many: Callable[[Sequence[Flat]], None] | None = None,
     ) -> None:
         self.config = config
         self.sampler = Sampler(config)
         self._sink = sink
+        self._sink_many = sink_many
         self._on_shutdown = on_shutdown
         self._bits = random.getrandbits
         self._always_on = self.sampler.bound > _LOW64  # every new trace is sampled
@@ -636,6 +649,14 @@ class Tracer:
         """Export what is still batched (at the end of a server or a CLI call)."""
         if self._on_shutdown is not None:
             self._on_shutdown()
+
+    def export(self, items: Sequence[Flat]) -> None:
+        """Hand ended spans (requests: :meth:`ServerSpan.ended`) to the sink at once."""
+        if self._sink_many is not None:
+            self._sink_many(items)
+        else:
+            for item in items:
+                self._sink(item)
 
     def record(
         self,

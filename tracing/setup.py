@@ -66,7 +66,7 @@ def build_tracer(
     # shipped: a frame at a time, so a span is gone in tens of milliseconds (objects
     # kept for a second reach the collector's oldest generation, which scans them all)
     batcher = BatchExporter(chosen, batch_size=FRAME_SPANS) if shipped else BatchExporter(chosen)
-    return Tracer(config, batcher.add, batcher.shutdown)
+    return Tracer(config, batcher.add, batcher.shutdown, batcher.add_many)
 
 
 def client_tracer(config: TraceConfig) -> Tracer:

@@ -16,11 +16,12 @@ check, so the request path pays nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from fnrt.tracing.recorder import (
     BaseSpan,
+    Flat,
     ServerSpan,
     Span,
     SpanContext,
@@ -91,6 +92,11 @@ class Tracing:
                 "fnrt.batch.size": len(links),
             },
         )
+
+    def export(self, requests: Sequence[Flat]) -> None:
+        """Export requests' spans that ended (:meth:`ServerSpan.ended`), at once."""
+        if self.tracer is not None and requests:
+            self.tracer.export(requests)
 
     def record(self, handler_spans: Iterable[Mapping[str, Any]]) -> None:
         """Export spans a handler made through the OpenTelemetry API

@@ -11,6 +11,7 @@ from operator import itemgetter
 
 from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
+from fnrt.tracing.recorder import Flat
 from fnrt.tracing.spans import Tracing
 
 
@@ -23,6 +24,8 @@ class Telemetry:
     access: AccessLog | None = None
     #: requests ended since the last :meth:`flush` (a turn of the event loop ago at most)
     ended: list[Ended] = field(default_factory=list)
+    #: the spans of those requests, when recorded (``ServerSpan.ended``), exported at once
+    spans: list[Flat] = field(default_factory=list)
 
     def request(
         self,
@@ -33,21 +36,28 @@ class Telemetry:
         seconds: float,
         cold_start: str | None,
         trace: tuple[str, str] | None,
+        span: Flat | None = None,
     ) -> None:
         """One request ended: its metrics and its request-log line are made with the
         others that ended in the same turn of the event loop (the answers of a batch),
-        at the end of it (:meth:`flush`). An append a request."""
+        at the end of it (:meth:`flush`), and so is its ended span (``span``), when
+        recorded. An append a request."""
         ended = self.ended
         if not ended:
             asyncio.get_running_loop().call_soon(self.flush)
         ms = round(seconds * 1000, 3)  # as the request log shows it
         ended.append((route, function, version, status, ms, cold_start, trace, seconds))
+        if span is not None:
+            self.spans.append(span)
 
     def flush(self) -> None:
         """The metrics and log lines of the requests ended since the last flush: counted
         per label set and per histogram bucket with ``Counter`` and ``map`` (no Python
         frame an item), the log lines queued at once."""
         ended, self.ended = self.ended, []
+        if self.spans:
+            spans, self.spans = self.spans, []
+            self.tracing.export(spans)
         if not ended:
             return
         if len(ended) == 1:  # a lone request (one connection): no Counter, set or map

@@ -46,14 +46,18 @@ def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
         return
     seconds = time.perf_counter() - trail.started_s
     span = trail.span
-    if span is not None:  # (an unsampled one ends with nothing to export)
-        span.finish(status, trail.function, trail.version, trail.cold_tier)
-    telemetry.request(  # its metrics and log line: with the batch's, at the turn's end
+    if span is None:
+        telemetry.request(
+            trail.route, trail.function, trail.version, status, seconds, trail.cold_tier, None
+        )
+        return
+    telemetry.request(  # its metrics, log line and span: with the batch's, at the turn's end
         trail.route,
         trail.function,
         trail.version,
         status,
         seconds,
         trail.cold_tier,
-        None if span is None else ids(span),
+        ids(span),
+        span.ended(status, trail.function, trail.version, trail.cold_tier),
     )

@@ -11,7 +11,11 @@ from typing import Any
 import orjson
 
 from fnrt.tracing.access import AccessLog
+from fnrt.tracing.config import TraceConfig
+from fnrt.tracing.export import BatchExporter, MemoryExporter
 from fnrt.tracing.metrics import Metrics
+from fnrt.tracing.recorder import Tracer
+from fnrt.tracing.spans import Tracing, ids
 from fnrt.tracing.telemetry import Telemetry
 
 ENDED: list[tuple[str, str, str, int, float, str | None, tuple[str, str] | None]] = [
@@ -70,3 +74,30 @@ def test_a_turn_with_one_request_makes_what_it_made_alone() -> None:
     asyncio.run(turns())
     assert each.metrics.requests.values == reference.metrics.requests.values
     assert each.metrics.request_seconds.series == reference.metrics.request_seconds.series
+
+
+def test_a_turns_request_spans_are_exported_at_its_end_and_bounded() -> None:
+    """Requests' spans ended on the data path (``ServerSpan.ended``) reach the exporter
+    together at the end of their turn, bounded as one at a time are (past
+    ``max_queued``, dropped and counted); an unsampled one makes none."""
+    memory = MemoryExporter()
+    batcher = BatchExporter(memory, interval_s=60, max_queued=3)
+    tracer = Tracer(TraceConfig(), batcher.add, batcher.shutdown, batcher.add_many)
+    telemetry = Telemetry(tracing=Tracing(tracer), metrics=Metrics(gpu=False))
+    unsampled = Tracer(TraceConfig(sampler="traceidratio", sampler_ratio=0.0), batcher.add)
+    http = ("POST", "/v1/functions/{name}/invoke", "/v1/functions/a/invoke", "")
+
+    async def turn(n: int) -> None:
+        for span in [tracer.start_server(http) for _ in range(n)] + [unsampled.start_server(http)]:
+            request = span.ended(200, "a", "v-1")
+            telemetry.request(http[1], "a", "v-1", 200, 0.001, None, ids(span), request)
+        assert len(telemetry.spans) == n  # nothing handed over yet
+        await asyncio.sleep(0)  # the end of the turn
+        assert telemetry.spans == []
+
+    asyncio.run(turn(2))
+    assert memory.spans == [] and batcher.dropped == 0  # in the exporter's queue
+    asyncio.run(turn(2))  # one fits, one is dropped
+    assert batcher.dropped == 1
+    telemetry.close()  # the exporter ships what it holds
+    assert [s.attributes["http.response.status_code"] for s in memory.spans] == [200] * 3
