@@ -34,7 +34,18 @@ def _waited(
     serving, and the load it waited for, on its server span when that is recorded
     (a :class:`fnrt.tracing.recorder.ServerSpan`: its ``queued``, its children);
     the contexts of those spans, which the batch's span links to. When every request
-    of the batch is recorded (tracing at 100%), with no Python frame a request."""
+    of the batch is recorded (tracing at 100%), with no Python frame a request; a
+    batch of one or two (one connection) takes a plain loop, which costs it less."""
+    if len(batch) <= 2:
+        links = []
+        for waiting in batch:
+            span = waiting.span
+            if span is not None and span.recording:
+                span.queued = (waiting.enqueued_ns, started_ns, _PRIORITY[waiting.priority])
+                if waiting.cold and load is not None:
+                    span.after("load", *load)
+                links.append(span.context)
+        return links
     spans = list(map(_SPAN, batch))
     if None in spans or not all(map(_RECORDING, spans)):  # some are not recorded
         batch = [waiting for waiting in batch if waiting.span is not None]

@@ -16,12 +16,11 @@ check, so the request path pays nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 from fnrt.tracing.recorder import (
     BaseSpan,
-    Flat,
     ServerSpan,
     Span,
     SpanContext,
@@ -92,11 +91,6 @@ class Tracing:
                 "fnrt.batch.size": len(links),
             },
         )
-
-    def export(self, requests: Sequence[Flat]) -> None:
-        """Export requests' spans that ended (:meth:`ServerSpan.ended`), at once."""
-        if self.tracer is not None and requests:
-            self.tracer.export(requests)
 
     def record(self, handler_spans: Iterable[Mapping[str, Any]]) -> None:
         """Export spans a handler made through the OpenTelemetry API

@@ -57,7 +57,9 @@ class Telemetry:
         ended, self.ended = self.ended, []
         if self.spans:
             spans, self.spans = self.spans, []
-            self.tracing.export(spans)
+            tracer = self.tracing.tracer
+            if tracer is not None:
+                tracer.export(spans)
         if not ended:
             return
         if len(ended) == 1:  # a lone request (one connection): no Counter, set or map
