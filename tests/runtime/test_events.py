@@ -22,7 +22,7 @@ def test_a_batch_keeps_each_recorded_requests_queue_wait_and_load() -> None:
     each recorded one gets its queue wait (its arrival, the batch's start, its
     priority) and, when cold, the load it waited for; the batch's span links to
     exactly those; the others are left as they were. And a batch of recorded ones
-    only (tracing at 100%) the same."""
+    only (tracing at 100%), and a batch of one, the same."""
     ended: list[Flat] = []
     on = Tracer(TraceConfig(), ended.append)
     off = Tracer(TraceConfig(sampler="traceidratio", sampler_ratio=0.0), ended.append)
@@ -55,13 +55,23 @@ def test_a_batch_keeps_each_recorded_requests_queue_wait_and_load() -> None:
         load = {"fnrt.load.tier": "l2", "fnrt.load.bytes": 10, "fnrt.load.total_s": 0.5}
         assert cold.children == (("load", 1, 3, load),)
         assert warm.children == () and unsampled.children == ()
-        first, second = on.start_server(HTTP), on.start_server(HTTP)
+        first, second, third = (on.start_server(HTTP) for _ in range(3))
         span = events.batch_started(
-            vm, [call(first, 1, priority=Priority.LOW), call(second, 2, cold=True)], 4
+            vm,
+            [call(first, 1, priority=Priority.LOW), call(second, 2, cold=True), call(third, 3)],
+            4,
         )
-        assert span.links == [first.context, second.context]
-        assert (first.queued, second.queued) == ((1, 4, "low"), (2, 4, "normal"))
-        assert first.children == () and second.children == (("load", 1, 3, load),)
+        assert span.links == [first.context, second.context, third.context]
+        assert (first.queued, second.queued, third.queued) == (
+            (1, 4, "low"),
+            (2, 4, "normal"),
+            (3, 4, "normal"),
+        )
+        assert first.children == third.children == () and second.children == (("load", 1, 3, load),)
+        lone = on.start_server(HTTP)  # a batch of one: the plain loop, the same
+        span = events.batch_started(vm, [call(lone, 2, cold=True)], 3)
+        assert span.links == [lone.context] and lone.queued == (2, 3, "normal")
+        assert lone.children == (("load", 1, 3, load),)
         assert events.batch_started(vm, [call(None, 0), call(unsampled, 3)], 4) is None
     finally:
         loop.close()
