@@ -124,7 +124,9 @@ class Started:
             if fd is None:
                 return True
             left = max(deadline - time.monotonic(), 0.0)
-            if not select.select([fd], [], [], left)[0]:
+            poller = select.poll()  # not select(): a busy process's fds pass 1023
+            poller.register(fd, select.POLLIN)
+            if not poller.poll(left * 1000):
                 return False
             self.ready_fd = None
             os.close(fd)  # a byte (ready) or the end of the pipe (it exited): done either way
