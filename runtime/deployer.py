@@ -112,7 +112,11 @@ class Deployer:
         if spares is not None and kind is PROCESS and not vm.manifest.environment.enabled:
             ahead = not await self._loaded(vm)  # its first call will take a spare
             ready_for = functools.partial(spares.ready_for, ahead=ahead)
-            ok = await asyncio.to_thread(ready_for, vm.imports, self._ready_timeout_s)
+            try:
+                ok = await asyncio.to_thread(ready_for, vm.imports, self._ready_timeout_s)
+            except (OSError, ValueError):  # the deploy stands; its first call starts one
+                log.exception("readying a worker for %s %s failed", vm.name, vm.version)
+                ok = False
             worker = "ready" if ok else "not ready"
         left = max(self._ready_timeout_s - (time.monotonic() - start), 0.0)
         await asyncio.wait((fetched,), timeout=left)

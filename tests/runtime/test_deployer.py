@@ -130,6 +130,25 @@ def test_a_deploy_whose_worker_is_not_ready_in_time_still_succeeds(
             assert c.post("/v1/functions/late/invoke", json=X).status_code == 200
 
 
+def test_a_deploy_whose_worker_cannot_be_readied_still_succeeds(
+    tmp_path: Path, spares: SpareWorkers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readying that fails (here the wait on a spare's pipe raises, as ``select`` did
+    past descriptor 1023) leaves the deploy standing: its first call starts a worker."""
+
+    def broken(*args: object, **kwargs: object) -> bool:
+        raise ValueError("filedescriptor out of range in select()")
+
+    monkeypatch.setattr(spares, "ready_for", broken)
+    for srv in _server(tmp_path, spares):
+        values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+        folder = write_function(tmp_path / "src", "late", HANDLER, ISOLATED_MANIFEST, **values)
+        deployed = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        assert deployed.checks["ready"]["worker"] == "not ready"
+        with srv.client() as c:
+            assert c.post("/v1/functions/late/invoke", json=X).status_code == 200
+
+
 def test_a_thread_function_needs_no_worker(tmp_path: Path, spares: SpareWorkers) -> None:
     for srv in _server(tmp_path, spares):
         values = {"mode": "thread", "timeout_s": 0, "memory_limit_bytes": 0}
