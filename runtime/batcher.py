@@ -188,12 +188,10 @@ class Batcher(Intake):
         Below a full batch nothing is taken early, so batches are as large as without
         the pipeline. The batch staged ahead, if any: the next turn runs it."""
         started = self._clock.now()
-        # the instance is free once the batch is answered (its accounting comes after)
-        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         run = asyncio.ensure_future(
-            self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks, staged, answered)
+            self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks, staged)
         )
-        ahead = await self._stage_ahead(slot, instance, answered, taken, started)
+        ahead = await self._stage_ahead(slot, instance, run, taken, started)
         try:
             await run
         except BaseException:
@@ -240,11 +238,9 @@ class Batcher(Intake):
         wake = self._wake
         run.add_done_callback(lambda _: wake.set())
         plan: Plan | None = None
-        batching = self._manifest.batching
-        full = 1 if batching.adaptive else batching.max_batch_size  # rows a plan may take
         while not run.done():
-            if self._queue.rows < full:  # nothing to stage (a lone request's batch, or
-                plan = None  # below a full batch in fixed mode): await an arrival
+            if not self._queue:  # nothing to stage (a lone request's batch): await an arrival
+                plan = None
             elif self.closing or slot.retired or not instance.alive:
                 return None
             else:
@@ -331,12 +327,10 @@ class Batcher(Intake):
         rows: int,
         blocks: bool = False,
         staged: Staged | None = None,
-        answered: asyncio.Future[None] | None = None,
     ) -> None:
         """Run one batch on ``instance`` and answer its requests (``rows``: the handler's
         requests in it; ``blocks``: some are blocks of job records, answered a list each;
-        ``staged``: its inputs already on the device, staged while the last batch ran;
-        ``answered``: set once its requests are answered, before its accounting)."""
+        ``staged``: its inputs already on the device, staged while the last batch ran)."""
         started = self._clock.now()
         started_ns = time.time_ns()
         failure: BaseException | None = None
@@ -367,8 +361,6 @@ class Batcher(Intake):
             else:
                 self._answer(batch, ran.results)
                 ended = self._clock.now()
-                if answered is not None:
-                    answered.set_result(None)
                 # the answers leave first: their routes resume in the next turn of the
                 # loop and their writes go out at the end of it; this batch's accounting
                 # (statistics, cost model, metrics, spans) comes a turn after that, off
@@ -376,8 +368,6 @@ class Batcher(Intake):
                 await asyncio.sleep(0)
                 await asyncio.sleep(0)
         finally:
-            if answered is not None and not answered.done():
-                answered.set_result(None)
             elapsed = (self._clock.now() if ended is None else ended) - started
             waits_s = [started - p.enqueued_at for p in batch]
             stats.queue_wait.extend(waits_s)
