@@ -336,8 +336,10 @@ class Batcher(Intake):
         failure: BaseException | None = None
         stats = self._stats
         totals = stats.totals
+        waits_s = [started - p.enqueued_at for p in batch]
+        stats.queue_wait.extend(waits_s)
+        totals.queue.add(sum(waits_s), len(waits_s))
         ran: Ran | None = None
-        ended: float | None = None  # when its requests were answered
         span = self._events.batch_started(self.version, batch, started_ns)
         trace = None
         if span is not None and span.recording:  # handler spans (OTel API) go under it
@@ -360,18 +362,8 @@ class Batcher(Intake):
                 totals.last_request_unix_s = time.time()
             else:
                 self._answer(batch, ran.results)
-                ended = self._clock.now()
-                # the answers leave first: their routes resume in the next turn of the
-                # loop and their writes go out at the end of it; this batch's accounting
-                # (statistics, cost model, metrics, spans) comes a turn after that, off
-                # the path of a lone request
-                await asyncio.sleep(0)
-                await asyncio.sleep(0)
         finally:
-            elapsed = (self._clock.now() if ended is None else ended) - started
-            waits_s = [started - p.enqueued_at for p in batch]
-            stats.queue_wait.extend(waits_s)
-            totals.queue.add(sum(waits_s), len(waits_s))
+            elapsed = self._clock.now() - started
             self.cost.observe(rows, elapsed)
             stats.compute.add(elapsed)
             stats.batches += 1

@@ -125,9 +125,9 @@ def test_the_result_cache_answers_repeated_inputs_without_computing(tmp_path: Pa
         second = await _ask(gateway, scheduler, 3)
         assert not first.cached and second.cached
         assert np.array_equal(first.outputs["y"], second.outputs["y"])
-        assert scheduler.stats.totals.cache_hit.count == 1
-        await sched.close(scheduler)  # a batch is counted a turn after its answers
         assert scheduler.stats.batches == 1  # computed once
+        assert scheduler.stats.totals.cache_hit.count == 1
+        await sched.close(scheduler)
 
     asyncio.run(scenario())
 
