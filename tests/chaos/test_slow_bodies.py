@@ -99,7 +99,9 @@ def test_slow_bodies_leave_room_for_normal_requests(tmp_path: Path) -> None:
     if soft < 4 * SLOW:  # this process holds the slow sockets
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(4 * SLOW, hard), hard))
     env = {"FNRT_BODY_RATE_WINDOW_S": str(WINDOW_S)}
-    with serve_process(tmp_path, "--log-level", "warning", env=env, nofile=1024) as server:
+    # no spare workers: a spare importing torch beside the server would race its 408s
+    spares = ("--spare-workers", "0")
+    with serve_process(tmp_path, "--log-level", "warning", *spares, env=env, nofile=1024) as server:
         folder = write_function(tmp_path / "src", "echo")
         assert main(["deploy", str(folder), "--server", server.url, "-q"]) == 0
         port = int(server.url.rsplit(":", 1)[1])
