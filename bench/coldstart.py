@@ -197,7 +197,22 @@ class Server:
         timings = self.http.get(f"/v1/functions/{name}").json()["instance"]["last_load_timings_s"]
         return elapsed, timings, r.headers.get("x-fnrt-cold-start", "")
 
+    def states(self) -> dict[str, str]:
+        """Each deployed function's state here (cold, loading, warm)."""
+        listed = self.http.get("/v1/functions", params={"limit": 1000}).json()["functions"]
+        return {f["name"]: f["state"] for f in listed}
+
     def drop_blobs(self) -> None:
+        """Empty the disk cache (L2) for an L3 wake, with no instance of any function
+        loaded: a blob removed under a live instance is a changed file to the scrub,
+        which retires that instance and loads it again from the store (the blob back in
+        L2, maybe after the drop; a reload racing the next drop fails its load and backs
+        off). Each function is unloaded first, and found cold after."""
+        for name, state in self.states().items():
+            if state != "cold":
+                assert self.http.post(f"/v1/functions/{name}/unload").status_code == 200
+        loaded = {name: state for name, state in self.states().items() if state != "cold"}
+        assert not loaded, f"still loaded before the blobs are dropped: {loaded}"
         for path in (self.cache / "blobs").iterdir():
             path.unlink()
 
@@ -388,11 +403,13 @@ def main() -> None:
             # ready, a wake waits for the one still importing: seconds on two cores)
             time.sleep(SPARE_READY_S)
             elapsed, t, tier = local.cold_invoke("wide-onnx", x)
+            assert tier == "l2", tier
             add("onnx: fnrt L2 wake -> first response", elapsed)
             label = "onnx: fnrt L2 wake -> first response"
             covers.setdefault(label, []).append(coverage(t, elapsed))
             remote.drop_blobs()
             elapsed, t, tier = remote.cold_invoke("wide-onnx", x)  # its spare: ready by now
+            assert tier == "l3", tier
             add("onnx: fnrt L3 wake -> first response", elapsed)
             label = "onnx: fnrt L3 wake -> first response"
             covers.setdefault(label, []).append(coverage(t, elapsed))
