@@ -21,6 +21,7 @@ memory pool per stub process and tensor handles over a message queue).
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
@@ -208,9 +209,23 @@ class Arena:
             start += n
 
     def close(self, *, unlink: bool = False) -> None:
+        """Close the file and let go of its mapping, which holds a descriptor of its own
+        (mmap keeps a duplicate) and the file's memory: it closes now, or with the last
+        view still reading it. Not left to the collector: a worker's objects are frozen
+        out of it after its load, so a worker that died would keep both until the next
+        unload's collection (four descriptors and arenas a death)."""
         os.close(self._fd)
+        self._map = _closed_map()
         if unlink:
             self.path.unlink(missing_ok=True)
+
+
+@functools.cache
+def _closed_map() -> mmap.mmap:
+    """What a closed arena maps: a closed mapping, so that any use says so."""
+    closed = mmap.mmap(-1, 1)
+    closed.close()
+    return closed
 
 
 def _stackable(arrays: Sequence[Mapping[str, Any]]) -> list[str] | None:

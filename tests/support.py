@@ -334,9 +334,16 @@ class LiveServer:
     def _run(self) -> None:
         import uvloop
 
-        self.loop = uvloop.new_event_loop()
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+        self.loop = loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+        finally:  # a loop left open keeps 6 descriptors: epoll, io_uring, eventfd, pipes...
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:  # (its default executor's threads are not waited for: a hung one)
+                asyncio.set_event_loop(None)
+                loop.close()
 
     def start(self) -> LiveServer:
         self._thread.start()
@@ -403,6 +410,15 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.005)
+
+
+def open_fds() -> dict[int, str]:
+    """This process's open descriptors and what each is (a path, ``pipe:[n]``...)."""
+    fds: dict[int, str] = {}
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+    return fds
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 from fnrt.loader.arena import Arena
+from support import open_fds
 
 
 def _assert_same(sent_batch: list[dict], got: list[dict]) -> None:
@@ -92,3 +94,32 @@ def test_requests_that_differ_go_in_an_array_at_a_time(tmp_path: Path) -> None:
         layout = writer.write(batch)
         assert "stacked" not in layout
         _assert_same(batch, reader.read(layout, copy=True))
+
+
+def _held(path: Path) -> tuple[int, int]:
+    """Descriptors of ``path`` this process holds open, and its mappings of it."""
+    fds = sum(what.startswith(str(path)) for what in open_fds().values())
+    maps = sum(str(path) in line for line in Path("/proc/self/maps").read_text().splitlines())
+    return fds, maps
+
+
+def test_a_closed_arena_lets_go_of_its_mapping_though_something_still_holds_it(
+    tmp_path: Path,
+) -> None:
+    """mmap keeps a descriptor of its own: close() let go of the file's but not the
+    mapping's, which stayed until the collector freed the arena. A worker's arenas are
+    frozen out of the collector after its load, so each worker that died kept four
+    descriptors and four mappings of /dev/shm until the next unload."""
+    writer = Arena(tmp_path / "a", create=True)
+    reader = Arena(tmp_path / "a", create=False)
+    kept = [writer, reader]  # as a dead worker's instance, frozen, holds its arenas
+    view = reader.read(writer.write([{"x": np.full((1, 4), 3, np.float32)}]), copy=False)
+    assert _held(tmp_path / "a") == (4, 2)  # each: its file, and its mapping's copy of it
+    writer.close(unlink=True)
+    reader.close()
+    assert _held(tmp_path / "a") == (1, 1)  # the view still reads the reader's mapping
+    assert view[0]["x"].tolist() == [[3.0] * 4]
+    del view
+    assert _held(tmp_path / "a") == (0, 0)  # and it closes with the view
+    with pytest.raises(ValueError, match="closed"):
+        kept[0].write([{"x": np.ones((1, 4), np.float32)}])

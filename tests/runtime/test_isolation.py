@@ -26,6 +26,7 @@ from support import (
     error_of,
     live_server,
     node_settings,
+    open_fds,
     publish,
     wait_until,
     write_function,
@@ -112,6 +113,20 @@ def test_bad_handlers_fail_alone_and_their_workers_restart(tmp_path: Path) -> No
                 f'fnrt_instance_restarts_total{{cause="{cause}",function="{name}"}} 1.0' in metrics
             )
         assert c.get("/healthz").status_code == 200
+
+
+def test_workers_that_die_leave_no_descriptors_or_arenas_open(tmp_path: Path) -> None:
+    """A dead worker's arenas close with it: before, a worker frozen out of the
+    collector after its load kept its four arenas mapped (/dev/shm memory) and their
+    four descriptors after it died, until the next unload's collection."""
+    with live_server(tmp_path, spare_workers=0) as srv, srv.client() as c:
+        _deploy(srv, tmp_path, "dies")
+        assert _call(c, "dies", 10).status_code == 200
+        before = len(open_fds())
+        for _ in range(4):
+            assert _call(c, "dies", 2).status_code == 500  # its worker exits
+            assert _call(c, "dies", 10).status_code == 200  # a new one answers
+        assert len(open_fds()) <= before + 3  # less than one dead worker's arenas
 
 
 def _workers() -> list[int]:
