@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,9 +14,10 @@ from support import ECHO_MANIFEST, live_server, make_node, publish, write_functi
 X = [[1.0, 2.0, 3.0, 4.0]]
 
 
-def test_a_cold_function_is_passed_by_until_it_is_called_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_function_scaled_to_zero_stays_cold_until_it_is_called_again(tmp_path: Path) -> None:
+    """Sweeps leave a cold function alone (it is passed by: what that saves a second,
+    bench/scale.py measures) and look at it again once it is called: it is scaled to
+    zero again when its plan says."""
     clock = ManualClock(start=0.0)
     keeper = Keeper(tmp_path / "history.json", wall=lambda: 1_800_000_000.0 + clock.now())
     node = make_node(tmp_path, clock, keeper=keeper)
@@ -27,28 +27,27 @@ def test_a_cold_function_is_passed_by_until_it_is_called_again(
             tmp_path, "f", manifest=ECHO_MANIFEST + "cold_start_price_gb_s = 0\n"
         )
         srv.call(node.deployer.deploy(publish(node.repository, folder)))
-        scheduler = srv.call(node.registry.get("f"))
-        visits: set[float] = set()  # the clock's time of each sweep that looked at it
-        scale = scheduler.pool.scale_to_zero
+        stats = srv.call(node.registry.get("f")).stats
 
-        async def counted(now: float, queued: int, **kw: Any) -> bool:
-            visits.add(now)
-            return await scale(now, queued, **kw)
+        def call_and_sweep_it_down() -> None:
+            r = c.post("/v1/functions/f/invoke", json={"x": X})
+            assert r.status_code == 200 and r.headers["x-fnrt-cold-start"]  # a cold start
+            assert srv.call(node.sweeper.sweep()) == []  # its minute is not over
+            assert c.get("/v1/functions/f").json()["instance"]["state"] == "warm"
+            clock.advance(61)
+            assert srv.call(node.sweeper.sweep()) == ["f"]
+            assert c.get("/v1/functions/f").json()["instance"]["state"] == "cold"
 
-        monkeypatch.setattr(scheduler.pool, "scale_to_zero", counted)
-        assert c.post("/v1/functions/f/invoke", json={"x": X}).status_code == 200
-        srv.call(node.sweeper.sweep())
-        assert len(visits) == 1  # warm: looked at
-        clock.advance(61)  # the minute of the call is over
-        srv.call(node.sweeper.sweep())
-        assert scheduler.pool.state.value == "cold" and len(visits) == 2
-        for _ in range(5):  # cold, nothing planned: passed by
+        call_and_sweep_it_down()
+        assert (stats.loads, stats.unloads) == (1, 1)
+        for _ in range(5):  # cold, nothing planned: nothing to do
             clock.advance(1)
-            srv.call(node.sweeper.sweep())
-        assert len(visits) == 2
-        assert c.post("/v1/functions/f/invoke", json={"x": X}).status_code == 200
-        srv.call(node.sweeper.sweep())
-        assert len(visits) == 3  # called again: looked at again
+            assert srv.call(node.sweeper.sweep()) == []
+        assert (stats.loads, stats.unloads) == (1, 1)
+        call_and_sweep_it_down()  # called again: looked at, and scaled to zero again
+        assert (stats.loads, stats.unloads) == (2, 2)
+        metrics = c.get("/metrics").text
+        assert 'fnrt_evictions_total{reason="idle"} 2.0' in metrics
 
 
 def test_a_restarted_node_serves_what_it_learned_and_reads_the_rest_on_call(
