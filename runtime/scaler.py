@@ -9,29 +9,13 @@ none of them: the pool acts on what it says.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from fnrt.functions.manifest import Manifest
-from fnrt.loader.instance import Runnable
 from fnrt.runtime.scaling import Activity, should_add_instance, should_unload
+from fnrt.runtime.slots import SlotView
 
-
-class Place(Protocol):
-    """A slot as the scaler reads it."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def instance(self) -> Runnable | None: ...
-    @property
-    def running(self) -> bool: ...
-    @property
-    def last_active(self) -> float: ...
-    @property
-    def primary(self) -> bool: ...
-
-
-S = TypeVar("S", bound=Place)
+S = TypeVar("S", bound=SlotView)
 
 
 class Scaler:
@@ -45,7 +29,7 @@ class Scaler:
 
     def wants_another(
         self,
-        slots: Sequence[Place],
+        slots: Sequence[SlotView],
         loading: bool,
         queued: int,
         now: float,

@@ -11,26 +11,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any
 
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
 from fnrt.loader.scrub import Watch
+from fnrt.runtime.slots import SlotView
 
 #: Starts watching the files a version's instance maps, after its load (blocking; None:
 #: nothing watches them). ``InstanceLoader.watch_files``.
 WatchFiles = Callable[[VersionManifest], Watch | None]
-
-
-class Watched(Protocol):
-    """A slot as the watches read it."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def instance(self) -> Runnable | None: ...
-    @property
-    def running(self) -> bool: ...
 
 
 #: The pool's retirement of a slot's instance whose files changed (and its reload).
@@ -47,7 +37,7 @@ class FileWatches:
         self._by_slot: dict[int, Watch] = {}
         self._retiring: set[asyncio.Future[None]] = set()  # instances whose files changed
 
-    async def start(self, slot: Watched, instance: Runnable) -> None:
+    async def start(self, slot: SlotView, instance: Runnable) -> None:
         """Watch the files ``instance``, just loaded into ``slot``, maps; a change found
         retires it at once."""
         if self._watch_files is None:
@@ -63,7 +53,7 @@ class FileWatches:
 
         watch.on_change = changed
 
-    def _changed_under(self, slot: Watched, instance: Runnable) -> None:
+    def _changed_under(self, slot: SlotView, instance: Runnable) -> None:
         """A file the instance maps changed: an idle instance is retired now (a running
         one when its batch ends)."""
         if slot.instance is instance and not slot.running:
@@ -71,7 +61,7 @@ class FileWatches:
             self._retiring.add(future)
             future.add_done_callback(self._retiring.discard)
 
-    def found(self, slot: Watched) -> str | None:
+    def found(self, slot: SlotView) -> str | None:
         """Why the files of the slot's instance changed ("" when the scrub gave no
         reason), or None while they have not (or nothing watches them)."""
         watch = self._by_slot.get(slot.index)
@@ -79,7 +69,7 @@ class FileWatches:
             return None
         return watch.reason or ""
 
-    def stop(self, slot: Watched) -> str | None:
+    def stop(self, slot: SlotView) -> str | None:
         """Stop watching the slot's files (its instance is gone); why they changed, if
         they had."""
         watch = self._by_slot.pop(slot.index, None)
