@@ -29,7 +29,6 @@ connection figure has both. Wall-clock: run it on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import shutil
@@ -97,26 +96,30 @@ def instrument(handler_us: list[float]) -> None:
     process._ran = read  # type: ignore[assignment]
 
 
+def stamping(app: Any) -> Any:
+    """``app``, stamping its answer's start and body as it sends them."""
+
+    async def stamped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def stamped_send(sent: dict[str, Any]) -> None:
+            stamp("9 response start" if sent["type"] == "http.response.start" else "10 body sent")
+            await send(sent)
+
+        await app(scope, receive, stamped_send)
+
+    return stamped
+
+
 async def lone(
     app: Any, scope: dict[str, Any], message: dict[str, Any]
 ) -> tuple[int, dict[str, int]]:
-    """One request; when it started and the stamps it left."""
+    """One request (``hotpath.py``'s, through ``stamping(app)``); when it started and
+    the stamps it left."""
     marks.clear()
-    received = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal received
-        if received:  # the server waits for a disconnect that never comes
-            await asyncio.Event().wait()
-        received = True
-        return message
-
-    async def send(sent: dict[str, Any]) -> None:
-        stamp("9 response start" if sent["type"] == "http.response.start" else "10 body sent")
-
     started = time.perf_counter_ns()
-    await app(dict(scope), receive, send)
+    status = await hotpath.invoke(app, scope, message)
     marks["11 app returned"] = time.perf_counter_ns()
+    if status != 200:
+        raise SystemExit(f"an invoke answered {status}")
     return started, dict(marks)
 
 
@@ -124,7 +127,7 @@ async def measure(args: argparse.Namespace, work: Path, example: Path, collector
     handler_us: list[float] = []
     instrument(handler_us)
     async with contextlib.AsyncExitStack() as stack:
-        app = await hotpath.start(args.variant, work, example, collector, stack)
+        app = stamping(await hotpath.start(args.variant, work, example, collector, stack))
         scope, message = hotpath.request(*hotpath.bodies()[hotpath.media(args.variant)])
         for _ in range(200):  # loads the model, warms the path
             await lone(app, scope, message)
