@@ -53,11 +53,33 @@ def _server(tmp_path: Path, spares: SpareWorkers) -> Iterator[LiveServer]:
         yield srv
 
 
-def _deploy(srv: LiveServer, tmp_path: Path, name: str) -> dict[str, object]:
-    values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
-    folder = write_function(tmp_path / "src", name, HANDLER, ISOLATED_MANIFEST, **values)
-    deployed = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)), 60)
+def _deploy(
+    srv: LiveServer,
+    tmp_path: Path,
+    name: str,
+    *,
+    mode: str = "process",
+    manifest: str = ISOLATED_MANIFEST,
+    files: dict[str, bytes] | None = None,
+    deployer: Deployer | None = None,
+) -> dict[str, object]:
+    """Deploy ``name`` (``HANDLER`` in ``mode``) with ``deployer``, by default the
+    node's; what its readying checked."""
+    values = {"mode": mode, "timeout_s": 0, "memory_limit_bytes": 0}
+    folder = write_function(tmp_path / "src", name, HANDLER, manifest, files, **values)
+    deployer = deployer or srv.node.deployer
+    deployed = srv.call(deployer.deploy(publish(srv.node.repository, folder)), 60)
     return deployed.checks["ready"]  # type: ignore[no-any-return]
+
+
+def _deployed_unready_then_served(
+    srv: LiveServer, tmp_path: Path, deployer: Deployer | None = None
+) -> None:
+    """A deploy whose worker was not readied stands: it answers, and its first call
+    starts a worker."""
+    assert _deploy(srv, tmp_path, "late", deployer=deployer)["worker"] == "not ready"
+    with srv.client() as c:
+        assert c.post("/v1/functions/late/invoke", json=X).status_code == 200
 
 
 def test_each_of_deploys_one_right_after_another_finds_a_warmed_worker(
@@ -105,13 +127,10 @@ def test_deploys_that_load_their_version_keep_no_spare_ahead(
     tmp_path: Path, spares: SpareWorkers
 ) -> None:
     warmed = ISOLATED_MANIFEST + '\n[rollout]\nwarmup_file = "sample.json"\n'
-    values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+    files = {"sample.json": json.dumps(X).encode()}
     for srv in _server(tmp_path, spares):
         for name in ["w1", "w2", "w3"]:
-            files = {"sample.json": json.dumps(X).encode()}
-            folder = write_function(tmp_path / "src", name, HANDLER, warmed, files, **values)
-            deployed = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
-            assert deployed.checks["ready"]["worker"] == "ready"
+            assert _deploy(srv, tmp_path, name, manifest=warmed, files=files)["worker"] == "ready"
             # loaded by its warm-up: its first call is warm, so no spare is kept for it
             assert spares.ready == 1 and not spares._ahead
 
@@ -122,12 +141,7 @@ def test_a_deploy_whose_worker_is_not_ready_in_time_still_succeeds(
     for srv in _server(tmp_path, spares):
         node = srv.node
         hasty = Deployer(node.registry, node.splits, node.loader, node.clock, ready_timeout_s=0)
-        values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
-        folder = write_function(tmp_path / "src", "late", HANDLER, ISOLATED_MANIFEST, **values)
-        deployed = srv.call(hasty.deploy(publish(node.repository, folder)))
-        assert deployed.checks["ready"]["worker"] == "not ready"  # it did not wait
-        with srv.client() as c:
-            assert c.post("/v1/functions/late/invoke", json=X).status_code == 200
+        _deployed_unready_then_served(srv, tmp_path, hasty)  # it did not wait
 
 
 def test_a_deploy_whose_worker_cannot_be_readied_still_succeeds(
@@ -141,17 +155,9 @@ def test_a_deploy_whose_worker_cannot_be_readied_still_succeeds(
 
     monkeypatch.setattr(spares, "ready_for", broken)
     for srv in _server(tmp_path, spares):
-        values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
-        folder = write_function(tmp_path / "src", "late", HANDLER, ISOLATED_MANIFEST, **values)
-        deployed = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
-        assert deployed.checks["ready"]["worker"] == "not ready"
-        with srv.client() as c:
-            assert c.post("/v1/functions/late/invoke", json=X).status_code == 200
+        _deployed_unready_then_served(srv, tmp_path)
 
 
 def test_a_thread_function_needs_no_worker(tmp_path: Path, spares: SpareWorkers) -> None:
     for srv in _server(tmp_path, spares):
-        values = {"mode": "thread", "timeout_s": 0, "memory_limit_bytes": 0}
-        folder = write_function(tmp_path / "src", "t", HANDLER, ISOLATED_MANIFEST, **values)
-        deployed = srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
-        assert deployed.checks["ready"]["worker"] == "none"
+        assert _deploy(srv, tmp_path, "t", mode="thread")["worker"] == "none"
