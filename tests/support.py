@@ -33,7 +33,7 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.http.app import build_app, connection_limits
+from fnrt.runtime.http.app import build_app, connection_limits, data_apps
 from fnrt.runtime.http.connection import guarded_protocol
 from fnrt.runtime.node import Node, build_node
 from fnrt.runtime.prewarm.keeper import Keeper
@@ -322,7 +322,9 @@ class LiveServer:
         config = uvicorn.Config(
             app,
             loop="uvloop",
-            http=guarded_protocol(connection_limits(app.state.node.settings)),
+            http=guarded_protocol(
+                connection_limits(app.state.node.settings), data_apps=data_apps(app)
+            ),
             log_level="warning",
             lifespan="on",
             access_log=False,

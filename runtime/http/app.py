@@ -23,6 +23,7 @@ from fnrt.runtime.http import admin, health, jobs, openapi, split
 from fnrt.runtime.http.body import Receive
 from fnrt.runtime.http.connection import (
     ConnectionLimits,
+    DataApps,
     close_after_answer,
     connection_cap,
     guarded_protocol,
@@ -116,6 +117,25 @@ def connection_limits(settings: ServerSettings) -> ConnectionLimits:
     )
 
 
+def data_apps(app: Starlette) -> DataApps | None:
+    """The data routes of ``app``, for its connections to answer without the app's
+    own dispatch (``connection.GuardedProtocol``): the same routes ``FnrtApp``
+    matches first. None where something must see every request first (CORS), or
+    for an app that is not fnrt's."""
+    if type(app).__call__ is not FnrtApp.__call__:
+        return None
+    node = app.state.node
+
+    def find(path: str) -> Any:
+        found = match(DATA_ROUTES, path)
+        if found is None:
+            return None
+        item, params = found
+        return functools.partial(item.serve, node, params)
+
+    return find
+
+
 def server_config(app: Starlette, settings: ServerSettings) -> Any:
     """The ``uvicorn.Config`` every fnrt server runs with (``fnrt serve``, ``fnrt dev``):
     uvloop and httptools (guarded: ``connection.py``), uvicorn's own access log off
@@ -127,7 +147,9 @@ def server_config(app: Starlette, settings: ServerSettings) -> Any:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=guarded_protocol(connection_limits(settings), app.state.node.lifecycle),
+        http=guarded_protocol(
+            connection_limits(settings), app.state.node.lifecycle, data_apps(app)
+        ),
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_s),

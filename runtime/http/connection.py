@@ -42,11 +42,17 @@ import itertools
 import json
 import logging
 import resource
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from fnrt.functions.errors import BodyTooSlow
 from fnrt.runtime.http.pace import Meter, Pace
@@ -165,6 +171,79 @@ class OneWrite:
         return getattr(self._transport, name)
 
 
+class Answering(RequestResponseCycle):
+    """uvicorn's request cycle with two shortcuts for the data routes, which read one
+    whole body and send one whole answer: the body taken as it lies when all of it
+    has arrived (no wait on an event, no message), and the answer written in one
+    call (no two ASGI messages, one write). Everything the connection's sweep and
+    uvicorn read of a cycle (``response_complete``, ``keep_alive``, ``more_body``,
+    ``disconnected``) stays as the ASGI interface leaves it."""
+
+    def whole_body(self) -> bytes | None:
+        """The request's body when all of it is here and nothing more is owed to the
+        client first (a ``100 Continue``); None: read it through ``receive``."""
+        if self.more_body or self.waiting_for_100_continue or self.disconnected:
+            return None
+        if self.response_complete:
+            return None
+        body = bytes(self.body)
+        self.body = bytearray()
+        return body
+
+    def answer(self, status: int, lines: bytes, body: bytes) -> None:
+        """Send the whole response in one write: ``lines``, the header lines of
+        :func:`header_lines` (no ``content-length``: this adds it), then ``body``;
+        as ``send`` would with the two ASGI messages."""
+        if self.disconnected:
+            return
+        if self.response_started:
+            raise RuntimeError("the response was started already")
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        head = (
+            STATUS_LINE[status],
+            _default_lines(self.default_headers),
+            lines,
+            b"content-length: %d\r\n" % len(body),
+            b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n",
+            body,
+        )
+        self.transport.write(b"".join(head))
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
+
+def header_lines(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """``headers`` as the lines of an HTTP head, each value checked as uvicorn checks
+    it (no line breaks or control characters); names are fnrt's own."""
+    lines: list[bytes] = []
+    for name, value in headers:
+        if HEADER_VALUE_RE.search(value):
+            raise ValueError(f"header {name!r}: a value with control characters")
+        lines += (name, b": ", value, b"\r\n")
+    return b"".join(lines)
+
+
+#: uvicorn's default headers (``date``, ``server``) as lines: the list they were made
+#: from (uvicorn makes a new one each second) and the lines.
+_DEFAULTS: list[Any] = [None, b""]
+
+
+def _default_lines(defaults: list[tuple[bytes, bytes]]) -> bytes:
+    if defaults is not _DEFAULTS[0]:
+        _DEFAULTS[:] = [defaults, b"".join(b"%s: %s\r\n" % pair for pair in defaults)]
+    lines: bytes = _DEFAULTS[1]
+    return lines
+
+
+#: What answers a data route on the connection itself: the path -> an ASGI app for
+#: that request (the route with its parameters), or None for any other path.
+DataApps = Callable[[str], Any]
+
+
 #: When the server stops, how long a connection accepted but not yet read may still
 #: send its first request (it was opened to send one).
 FIRST_REQUEST_GRACE_S = 0.5
@@ -184,12 +263,14 @@ class GuardedProtocol(HttpToolsProtocol):
 
     limits: ConnectionLimits = ConnectionLimits()
     lifecycle: Lifecycle | None = None
+    data_apps: DataApps | None = None  # the data routes, served without the ASGI app
     _closing_at: float | None = None  # the server stops: close when idle past this time
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
     swept_at: list[float] = [0.0]  # when the server's sweep last ran (the loop's clock)
 
     def on_headers_complete(self) -> None:
-        super().on_headers_complete()
+        if not (self.data_apps is not None and self._start_data(self.data_apps)):
+            super().on_headers_complete()
         self._upload.restart(self._received)
         lifecycle = self.lifecycle
         if self.cycle is not None and (
@@ -200,6 +281,51 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         self._received += len(body)
         super().on_body(body)
+
+    def _start_data(self, data_apps: DataApps) -> bool:
+        """Start a request to a data route straight at its route: uvicorn's
+        ``on_headers_complete`` with an :class:`Answering` cycle and the route for
+        the app (the app's own router would find the same). False: not a data route
+        (a POST to another path, a path with escapes, a root path, an upgrade)."""
+        parser = self.parser
+        if parser.get_method() != b"POST" or self.root_path or parser.should_upgrade():
+            return False
+        parsed = httptools.parse_url(self.url)
+        raw_path = parsed.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            return False
+        app = data_apps(path)
+        if app is None:
+            return False
+        scope: Any = self.scope
+        http_version = parser.get_http_version()
+        scope["method"] = "POST"
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        scope["path"] = path
+        scope["raw_path"] = raw_path
+        scope["query_string"] = parsed.query or b""
+        existing = self.cycle
+        self.cycle = cycle = Answering(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, app)
+        else:  # pipelined: after the one before
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))
+        return True
 
     def shutdown(self) -> None:
         """The server stops (uvicorn closes idle connections at once). A connection
@@ -371,13 +497,20 @@ class GuardedProtocol(HttpToolsProtocol):
 
 
 def guarded_protocol(
-    limits: ConnectionLimits, lifecycle: Lifecycle | None = None
+    limits: ConnectionLimits, lifecycle: Lifecycle | None = None, data_apps: DataApps | None = None
 ) -> type[GuardedProtocol]:
-    """A :class:`GuardedProtocol` class for one server's limits and node."""
+    """A :class:`GuardedProtocol` class for one server's limits and node (and its data
+    routes, answered without the ASGI app's own dispatch)."""
     return type(
         "FnrtHttpProtocol",
         (GuardedProtocol,),
-        {"limits": limits, "lifecycle": lifecycle, "sweeping": [None], "swept_at": [0.0]},
+        {
+            "limits": limits,
+            "lifecycle": lifecycle,
+            "data_apps": staticmethod(data_apps) if data_apps is not None else None,
+            "sweeping": [None],
+            "swept_at": [0.0],
+        },
     )
 
 

@@ -36,6 +36,7 @@ from fnrt.functions.headers import (
 )
 from fnrt.runtime.gateway import Target
 from fnrt.runtime.http.body import ClientGone, Receive, client_of
+from fnrt.runtime.http.connection import header_lines
 from fnrt.runtime.http.observe import end, server_span
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
@@ -46,10 +47,21 @@ from fnrt.tracing.spans import fail, traceresponse
 
 Scope = MutableMapping[str, Any]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-#: Response headers encoded for ASGI, as :func:`answered_by` makes them.
+#: Response headers encoded for ASGI.
 RawHeaders = list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """An answer's headers encoded once (:func:`answered_by`): for ASGI, and as the
+    lines of an HTTP head for a connection that writes the answer whole."""
+
+    raw: RawHeaders
+    lines: bytes
+
+
 #: body, media type, extra headers (or, encoded, the content type and extra headers)
-Answer = tuple[bytes, str, "dict[str, str] | RawHeaders"]
+Answer = tuple[bytes, str, "dict[str, str] | Head"]
 
 #: What metrics and logs record for a request whose client left before the answer.
 CLIENT_GONE = 499
@@ -159,10 +171,10 @@ def answering(call: Call) -> Scheduler:
     return scheduler
 
 
-_ENCODED: dict[tuple[str, str, str], RawHeaders] = {}
+_ENCODED: dict[tuple[str, str, str], Head] = {}
 
 
-def answered_by(function: str, version: str, media_type: str) -> RawHeaders:
+def answered_by(function: str, version: str, media_type: str) -> Head:
     """The headers of an answer computed by ``function``'s ``version`` (no cache hit, no
     fallback, no cold start), encoded once per version and media type."""
     key = (function, version, media_type)
@@ -170,11 +182,12 @@ def answered_by(function: str, version: str, media_type: str) -> RawHeaders:
     if found is None:
         if len(_ENCODED) > 4096:  # versions come and go: forget them all now and then
             _ENCODED.clear()
-        found = _ENCODED[key] = [
+        raw = [
             (b"content-type", media_type.encode()),
             (FUNCTION_HEADER.encode(), function.encode("latin-1")),
             (VERSION_HEADER.encode(), version.encode("latin-1")),
         ]
+        found = _ENCODED[key] = Head(raw, header_lines(raw))
     return found
 
 
@@ -277,17 +290,33 @@ async def serve_raw(
             failed.media_type,
             failed.headers,
         )
-    if isinstance(extra, list):  # encoded already: the content type and who answered
-        raw = [*extra, (b"content-length", str(len(body)).encode())]
-    else:
-        raw = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
-        raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
     trace_header = traceresponse(span)
+    write = getattr(getattr(send, "__self__", None), "answer", None)
+    if write is not None:  # the connection writes it whole (connection.Answering)
+        if isinstance(extra, Head):
+            lines = extra.lines
+        else:
+            lines = header_lines(_raw_headers(media_type, extra))
+        if trace_header is not None:
+            lines += header_lines((trace_header,))
+        write(status, lines, body)
+        return status
+    if isinstance(extra, Head):  # encoded already: the content type and who answered
+        raw = [*extra.raw, (b"content-length", str(len(body)).encode())]
+    else:
+        raw = _raw_headers(media_type, extra)
+        raw.append((b"content-length", str(len(body)).encode()))
     if trace_header is not None:
         raw.append(trace_header)
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
     return status
+
+
+def _raw_headers(media_type: str, extra: Mapping[str, str]) -> RawHeaders:
+    raw = [(b"content-type", media_type.encode())]
+    raw += [(k.encode(), v.encode("latin-1")) for k, v in extra.items()]
+    return raw
 
 
 # --- the route table -----------------------------------------------------------------

@@ -392,3 +392,97 @@ def test_an_answer_the_client_never_takes_is_cut_off(tmp_path: Path) -> None:
             wait_until(lambda: server.open_connections() == before, timeout_s=10)
             assert time.monotonic() - started < 3.0  # a window (0.5 s) and a few sweeps
         assert normal_request(server) == 200
+
+
+# --- data routes answered by the connection (connection.Answering) -----------------------
+
+
+def exchange(sock: socket.socket, request: bytes, answers: int = 1) -> list[bytes]:
+    """Send ``request`` and read ``answers`` whole responses (heads with a content-length)."""
+    sock.sendall(request)
+    buffered, out = b"", []
+    while len(out) < answers:
+        while b"\r\n\r\n" not in buffered:
+            buffered += sock.recv(65536)
+        head, _, rest = buffered.partition(b"\r\n\r\n")
+        if head.startswith(b"HTTP/1.1 100"):
+            buffered = rest
+            continue
+        length = int(next(h for h in head.split(b"\r\n") if h.startswith(b"content-length:"))[15:])
+        while len(rest) < length:
+            rest += sock.recv(65536)
+        out.append(head + b"\r\n\r\n" + rest[:length])
+        buffered = rest[length:]
+    return out
+
+
+def invoke_request(path: bytes, body: bytes, *headers: bytes) -> bytes:
+    head = b"POST " + path + b" HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+    head += b"".join(h + b"\r\n" for h in headers)
+    return head + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+
+
+def without_date(answer: bytes) -> bytes:
+    return b"\r\n".join(line for line in answer.split(b"\r\n") if not line.startswith(b"date:"))
+
+
+@pytest.mark.parametrize("path", [b"echo", b"nope"])
+def test_a_data_route_answered_by_the_connection_is_what_the_app_answers(
+    server: LiveServer, path: bytes
+) -> None:
+    """The connection answers an invoke itself (no ASGI dispatch): the same status,
+    headers and body as the app gives the same request (a path with an escape goes
+    through the app: the connection leaves those to it), answer or error."""
+    with connect(server) as sock:
+        exchange(sock, invoke_request(b"/v1/functions/" + path + b"/invoke", BODY))  # warm
+        direct = exchange(sock, invoke_request(b"/v1/functions/" + path + b"/invoke", BODY))[0]
+        cycles = {type(p.cycle).__name__ for p in protocols(server) if p.cycle is not None}
+        escaped = b"/v1/functions/" + path[:-1] + b"%%%02x/invoke" % path[-1]
+        through_app = exchange(sock, invoke_request(escaped, BODY))[0]
+    assert "Answering" in cycles
+    assert without_date(direct) == without_date(through_app)
+    assert direct.startswith(b"HTTP/1.1 200" if path == b"echo" else b"HTTP/1.1 404")
+
+
+def test_pipelined_invokes_are_answered_in_order(server: LiveServer) -> None:
+    requests = [
+        invoke_request(b"/v1/functions/echo/invoke", b'{"x": [[%d, 0, 0, 0]]}' % i)
+        for i in range(3)
+    ]
+    with connect(server) as sock:
+        answers = exchange(sock, b"".join(requests), answers=3)
+    bodies = [json.loads(a.partition(b"\r\n\r\n")[2]) for a in answers]
+    assert [b["y"][0][0] for b in bodies] == [0, 2, 4]  # echo doubles
+
+
+def test_an_invoke_that_expects_100_continue_gets_it_then_its_answer(server: LiveServer) -> None:
+    head = invoke_request(b"/v1/functions/echo/invoke", BODY, b"expect: 100-continue")
+    head = head[: -len(BODY)]
+    with connect(server) as sock:
+        sock.sendall(head)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        answer = exchange(sock, BODY)[0]
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"y":[[2.0,4.0,6.0,8.0]]}')
+
+
+def test_an_invoke_whose_body_comes_in_pieces_is_served(server: LiveServer) -> None:
+    request = invoke_request(b"/v1/functions/echo/invoke", BODY)
+    with connect(server) as sock:
+        sock.sendall(request[:-5])
+        time.sleep(0.05)  # the route waits on the rest: not all of it is there yet
+        answer = exchange(sock, request[-5:])[0]
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"y":[[2.0,4.0,6.0,8.0]]}')
+
+
+def test_other_methods_on_a_data_route_still_get_405(server: LiveServer) -> None:
+    with server.client() as c:
+        r = c.get("/v1/functions/echo/invoke")
+    assert r.status_code == 405 and "POST" in r.headers["allow"]
+
+
+def test_header_lines_refuse_a_value_with_a_line_break() -> None:
+    from fnrt.runtime.http.connection import header_lines
+
+    assert header_lines([(b"x-a", b"1"), (b"x-b", b"two")]) == b"x-a: 1\r\nx-b: two\r\n"
+    with pytest.raises(ValueError, match="x-b"):
+        header_lines([(b"x-b", b"two\r\nset-cookie: evil")])
