@@ -475,6 +475,11 @@ def main() -> None:
         print(f"content check at every load, share of L2 wake: {check / l2:.0%}")
         if args.plot:
             plot(med, args.plot)
+    except BaseException:
+        for log in sorted(work.glob("fnrt-*.log")):  # the servers' own words, before they go
+            lines = log.read_text(errors="replace").splitlines()
+            print(f"--- {log.name} (last 40 lines)\n" + "\n".join(lines[-40:]), file=sys.stderr)
+        raise
     finally:
         for server in servers:
             server.stop()

@@ -42,6 +42,8 @@ from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.cache import BlobCache
 from fnrt.loader.environment import Environments
+from fnrt.loader.formats import safetensors as safetensors_format
+from fnrt.loader.formats.safetensors import MappedAhead
 from fnrt.loader.integrity import (
     Record,
     Verifier,
@@ -515,7 +517,7 @@ class InstanceLoader:
         if device != self.device:  # placed on another of the node's GPUs
             artifacts = {k: replace(a, device=device) for k, a in artifacts.items()}
         try:
-            built = build_handler(vm, files.code_dir, artifacts, device)
+            built = build_handler(vm, files.code_dir, artifacts, device, map_ahead=map_ahead_now())
         except BaseException:
             self.unpin(files.pinned)
             raise
@@ -594,10 +596,37 @@ class Built:
 
 
 def build_handler(
-    vm: VersionManifest, code_dir: Path, artifacts: Mapping[str, LocalArtifact], device: Device
+    vm: VersionManifest,
+    code_dir: Path,
+    artifacts: Mapping[str, LocalArtifact],
+    device: Device,
+    *,
+    map_ahead: bool = False,
 ) -> Built:
     """Import the version's handler from ``code_dir`` and run its ``load`` (blocking;
-    in a worker process this runs in the worker)."""
+    in a worker process this runs in the worker). With ``map_ahead`` (a cold start
+    when a core is idle: :func:`map_ahead_now`), on the CPU, its safetensors artifacts
+    are mapped first and their page tables filled meanwhile on a thread of their own
+    (``MappedAhead``), for its ``tensors()`` to take: its first batch then takes no
+    page faults on the weights."""
+    ahead = None
+    if map_ahead and device.kind == "cpu":
+        ahead = MappedAhead(a.path for a in artifacts.values())
+    try:
+        return _build_handler(vm, code_dir, artifacts, device)
+    finally:
+        if ahead is not None:
+            ahead.close()  # what the handler did not take is unmapped
+
+
+def map_ahead_now() -> bool:
+    """Whether a load starting now maps its weights ahead (a core is idle to fill them)."""
+    return safetensors_format.core_idle()
+
+
+def _build_handler(
+    vm: VersionManifest, code_dir: Path, artifacts: Mapping[str, LocalArtifact], device: Device
+) -> Built:
     mark = time.perf_counter()
     obj = import_handler(code_dir, vm.manifest, bundle_package(vm.bundle.digest))
     import_s = time.perf_counter() - mark

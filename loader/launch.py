@@ -25,7 +25,7 @@ from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import shm_dir
 from fnrt.loader.channel import Channel
 from fnrt.loader.environment import Environment
-from fnrt.loader.instance import InstanceLoader, Runnable
+from fnrt.loader.instance import InstanceLoader, Runnable, map_ahead_now
 from fnrt.loader.process import LOAD_TIMEOUT_S, ProcessInstance
 from fnrt.loader.spares import start_worker
 
@@ -95,6 +95,9 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
                 "artifacts": {
                     key: [str(a.path), a.digest, a.size_bytes] for key, a in files.artifacts.items()
                 },
+                # its weights mapped ahead, their page tables filled beside the handler's
+                # import and load, when a core is idle now to do it
+                "map_ahead": map_ahead_now(),
             }
         )
     except BaseException:

@@ -191,7 +191,9 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
     responses = [Arena(Path(path), create=False) for path in start["responses"]]
     free_before = free_bytes_now(device)  # before this process's CUDA context exists
     try:
-        built = build_handler(vm, Path(start["code_dir"]), artifacts, device)
+        built = build_handler(
+            vm, Path(start["code_dir"]), artifacts, device, map_ahead=bool(start.get("map_ahead"))
+        )
         on_device = process_device_bytes(device, free_before)  # context, workspaces, cache
     except Exception as exc:
         channel.send(_failure(exc))

@@ -115,3 +115,58 @@ def test_a_module_built_on_meta_runs_no_initialiser(tmp_path: Path) -> None:
     # before, nn.Embedding's normal_ on meta imported torch._dynamo: 1-4 s of the tiny-lm
     # example's first cold start
     assert done.stdout.strip() == "False"
+
+
+def _mapped_pages(array: np.ndarray) -> tuple[int, int]:  # type: ignore[type-arg]
+    """(pages of ``array`` this process's page tables map now, its pages), read from
+    /proc/self/pagemap (bit 63: present), which maps nothing itself."""
+    page = 4096
+    start = array.ctypes.data // page
+    end = (array.ctypes.data + array.nbytes + page - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(start * 8)
+        entries = np.frombuffer(f.read((end - start) * 8), dtype=np.uint64)
+    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum()), end - start
+
+
+def test_a_file_mapped_ahead_has_its_page_tables_filled(tmp_path: Path) -> None:
+    """The page tables of a file mapped ahead are filled on a thread of its own, and
+    tensors() takes that mapping: its first read maps no page (mapped the plain way,
+    none is mapped until read, page by page in faults)."""
+    path = tmp_path / "w.safetensors"
+    weights = np.arange(2 << 20, dtype=np.float32)  # 8 MiB
+    st.save_arrays({"w": weights}, path)
+    (tmp_path / "notes.txt").write_text("not weights")
+
+    present, pages = _mapped_pages(st.tensors(path)["w"].numpy())
+    assert present == 0 and pages >= 2048
+
+    ahead = st.MappedAhead([path, tmp_path / "notes.txt", tmp_path])
+    assert ahead.paths == [path]  # nothing else is mapped
+    assert ahead.wait(10)
+    taken = st.tensors(path)["w"].numpy()
+    present, pages = _mapped_pages(taken)
+    assert present == pages
+    np.testing.assert_array_equal(taken, weights)
+    ahead.close()
+    assert st.settled(10)
+
+
+def test_a_read_only_caller_takes_a_file_mapped_ahead_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    st.save_arrays({"w": np.ones(1 << 20, np.float32)}, path)
+    ahead = st.MappedAhead([path])
+    assert ahead.wait(10)
+    arrays = st.arrays(path)
+    assert not arrays["w"].flags.writeable
+    assert _mapped_pages(arrays["w"])[0] == _mapped_pages(arrays["w"])[1]
+    ahead.close()
+
+
+def test_what_a_load_did_not_take_is_let_go(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    st.save_arrays({"w": np.ones(1 << 20, np.float32)}, path)
+    ahead = st.MappedAhead([path])
+    ahead.close()  # the load used its own reader
+    assert ahead.wait(10)
+    assert _mapped_pages(st.tensors(path)["w"].numpy())[0] == 0  # a mapping of its own
