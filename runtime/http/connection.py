@@ -158,6 +158,22 @@ class OneWrite:
         else:
             self._pending.append(data)
 
+    def write_whole(self, data: bytes) -> None:
+        """Write a whole answer (head and body in one buffer): at once, unless
+        something written earlier in this turn still waits (then after it)."""
+        if self._pending is not None:
+            self.write(data)
+            return
+        self.written += len(data)
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
     def _flush(self) -> None:
         pending, self._pending = self._pending, None
         if pending and not self._transport.is_closing():
@@ -208,7 +224,11 @@ class Answering(RequestResponseCycle):
             b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n",
             body,
         )
-        self.transport.write(b"".join(head))
+        transport: Any = self.transport
+        if isinstance(transport, OneWrite):
+            transport.write_whole(b"".join(head))
+        else:
+            transport.write(b"".join(head))
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:
