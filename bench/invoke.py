@@ -11,7 +11,10 @@ body at the same concurrency, in ``--rounds`` interleaved rounds (drift hits all
 alike; the median round is reported, with each round's ratios):
 
 - ``raw``: a raw ASGI app that reads the body and answers a constant one
-  (``raw_app.py``): the floor the stack allows, no model;
+  (``raw_app.py``): the floor the stack allows, no model (#42's floor);
+- ``rawconn``: the same constant answered at the connection, without ASGI
+  (``raw_app.py --connection``): the floor of the way fnrt now answers its
+  data routes (the connection starts the route; no ASGI dispatch);
 - ``bare``: a bare Starlette endpoint calling the same model inline (``bare_app.py``);
 - ``lean``: the leanest batching server (``lean_app.py``: body, parse, array, a
   future, batches run inline on the loop, nothing else): the floor of the design;
@@ -134,9 +137,10 @@ def main() -> None:
             url, proc = start(example, weights, env)
             procs.append(proc)
             servers[name], pids[name] = url, proc.pid
-        url, proc = start_raw(env)
-        procs.append(proc)
-        servers["raw"], pids["raw"] = url, proc.pid
+        for name, extra in (("raw", ()), ("rawconn", ("--connection",))):
+            url, proc = start_raw(env, *extra)
+            procs.append(proc)
+            servers[name], pids[name] = url, proc.pid
 
         scripts = bodies(work)
         urls = {name: invoke_url(name, url) for name, url in servers.items()}
@@ -216,7 +220,11 @@ def checkout(rev: str, work: Path) -> Path:
 
 
 def invoke_url(name: str, url: str, function: str = "mlp") -> str:
-    return url if name in ("bare", "lean", "raw") else f"{url}/v1/functions/{function}/invoke"
+    return (
+        url
+        if name in ("bare", "lean", "raw", "rawconn")
+        else f"{url}/v1/functions/{function}/invoke"
+    )
 
 
 def bodies(work: Path) -> dict[str, Path]:
@@ -265,7 +273,8 @@ def ratios(
         spread = [round(x.rps / y.rps, 2) for x, y in zip(a, b, strict=True)]
         print(f"{label:<44} {ratio:>5.2f}x   per round: {spread}")
 
-    pairs = [("fnrt", "raw"), ("thread", "raw"), ("fnrt", "bare"), ("fnrt", "lean")]
+    pairs = [("fnrt", "raw"), ("thread", "raw"), ("fnrt", "rawconn"), ("raw", "rawconn")]
+    pairs += [("fnrt", "bare"), ("fnrt", "lean")]
     pairs += [("lean", "raw"), ("fnrt", "thread"), ("traced", "fnrt"), ("fnrt", "base")]
     for a, b in pairs:
         if a in names and b in names:

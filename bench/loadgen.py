@@ -282,10 +282,11 @@ def start_lean(
     return f"http://127.0.0.1:{port}/invoke", proc
 
 
-def start_raw(env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes]]:
-    """The raw ASGI constant answer (``raw_app.py``): the HTTP floor; its URL and process."""
+def start_raw(env: dict[str, str], *extra: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """The raw ASGI constant answer (``raw_app.py``): the HTTP floor; its URL and process.
+    ``--connection``: the same answered at the connection, without ASGI."""
     port = free_port()
-    argv = [sys.executable, str(Path(__file__).parent / "raw_app.py"), str(port)]
+    argv = [sys.executable, str(Path(__file__).parent / "raw_app.py"), str(port), *extra]
     proc = subprocess.Popen(argv, env=env)
     wait_ready(f"http://127.0.0.1:{port}/", proc)
     return f"http://127.0.0.1:{port}/invoke", proc
