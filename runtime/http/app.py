@@ -67,6 +67,10 @@ YOUNG_COLLECTION_OBJECTS = 10_000
 DATA_ROUTES = (INVOKE, INFER, INFER_VERSION, SPLIT, GENERATE, *OIP_GENERATE)
 
 
+#: How many data routes' paths a server keeps matched (a function's invoke path, say).
+DATA_PATHS_KEPT = 1024
+
+
 class FnrtApp(Starlette):
     """Starlette, with the data routes (the hot path) answered before its middleware
     and router."""
@@ -125,13 +129,19 @@ def data_apps(app: Starlette) -> DataApps | None:
     if type(app).__call__ is not FnrtApp.__call__:
         return None
     node = app.state.node
+    served: dict[str, Any] = {}  # path -> its route with its parameters, as found last
 
     def find(path: str) -> Any:
-        found = match(DATA_ROUTES, path)
-        if found is None:
-            return None
-        item, params = found
-        return functools.partial(item.serve, node, params)
+        route = served.get(path)
+        if route is None:
+            found = match(DATA_ROUTES, path)
+            if found is None:
+                return None
+            item, params = found
+            if len(served) >= DATA_PATHS_KEPT:  # paths come and go: forget them all
+                served.clear()
+            route = served[path] = functools.partial(item.serve, node, params)
+        return route
 
     return find
 
