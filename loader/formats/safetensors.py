@@ -160,8 +160,7 @@ class MappedAhead:
 
     def __init__(self, paths: Iterable[Path]) -> None:
         self._made: list[tuple[Path, np.memmap[Any, Any]]] = []
-        for path in paths:
-            path = Path(path)
+        for path in dict.fromkeys(Path(p) for p in paths):  # two artifacts, one blob: once
             if not _is_safetensors(path):
                 continue
             try:
@@ -178,9 +177,12 @@ class MappedAhead:
             keep = [m for _, m in self._made]  # mapped until filled, taken or not
             with _filling:
                 _fills[0] += 1
-            threading.Thread(
-                target=self._fill, args=(ranges, keep), name="fnrt-premap", daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=self._fill, args=(ranges, keep), name="fnrt-premap", daemon=True
+                ).start()
+            except RuntimeError:  # no thread to be had: the first reads fault, as before
+                self._filled_now()
         else:
             self._filled.set()
 
@@ -195,10 +197,13 @@ class MappedAhead:
                 if not populate(address, size):
                     return
         finally:
-            self._filled.set()
-            with _filling:
-                _fills[0] -= 1
-                _filling.notify_all()
+            self._filled_now()
+
+    def _filled_now(self) -> None:
+        self._filled.set()
+        with _filling:
+            _fills[0] -= 1
+            _filling.notify_all()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until the page tables are filled; whether they were within ``timeout_s``."""
@@ -214,7 +219,6 @@ class MappedAhead:
                     made[:] = [m for m in made if m is not mapped]
                     if not made:
                         del _ahead[path]
-        self._made = []
 
 
 def populate(address: int, size: int) -> bool:
