@@ -668,7 +668,12 @@ def _built(
     if handler is not obj:
         load = getattr(handler, "load", None)
         if load is not None:
-            on_stream(device, _run)(loop, load, artifacts, device)
+            try:
+                on_stream(device, _run)(loop, load, artifacts, device)
+            except BaseException:
+                if loop is not None:  # no instance will close it: its descriptors now
+                    loop.close()
+                raise
         unload = getattr(handler, "unload", None)
     if lanes is not None and lanes.on_gpu:  # cuBLAS's workspace: counted, not a batch's
         on_stream(device, warm_libraries)(device)

@@ -3,13 +3,19 @@ refused at deploy (they used to pass deploy and then fail every call with a 500)
 
 from __future__ import annotations
 
+import gc
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import FileStore
 from fnrt.runtime.cli.main import main
-from support import live_server, write_function
+from support import live_server, open_fds, publish, write_function
 
 ASYNC_CLASS = """
 import asyncio, os, threading
@@ -92,3 +98,35 @@ def test_a_generator_handler_is_refused_at_deploy(
         err = capsys.readouterr().err
         assert "is a Python generator" in err and "docs/generation.md" in err
         assert httpx.get(f"{srv.url}/v1/functions/gen").status_code == 404  # nothing deployed
+
+
+FAILING_ASYNC_LOAD = """
+class Model:
+    async def load(self, artifacts, device):
+        raise RuntimeError("no weights")
+
+    async def __call__(self, batch):
+        return [{"y": r["x"]} for r in batch]
+"""
+
+
+def test_an_async_load_that_fails_closes_its_instances_loop(tmp_path: Path) -> None:
+    """Before, the loop made for the handler's async hooks stayed open when its load
+    raised (three descriptors a try: its epoll and self-pipe, until a collection), and a
+    crash-looping load retried every backoff."""
+    folder = write_function(tmp_path / "src", "bad", FAILING_ASYNC_LOAD, MANIFEST,
+                            attribute="Model", mode="thread")  # fmt: skip
+    repository = Repository(FileStore(tmp_path / "store"))
+    vm = publish(repository, folder)
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    with ThreadPoolExecutor(1) as executor:
+        executor.submit(lambda: None).result()  # its thread started
+        gc.disable()  # what the collector would free, left to it
+        try:
+            before = len(open_fds())
+            for _ in range(4):
+                with pytest.raises(RuntimeError, match="no weights"):
+                    executor.submit(loader.load, vm, executor).result()
+            assert len(open_fds()) <= before + 2  # less than one loop's
+        finally:
+            gc.enable()
