@@ -11,7 +11,14 @@ cold start of a function in the server's own environment takes one (it only
 maps its weights and imports its own code) and the spare is replaced a
 second after that load (``REFILL_DELAY_S``), not during it nor during the
 first batch that follows it, so the replacement's imports (a core for a
-second) do not compete with the cold start they would slow.
+second) do not compete with the cold start they would slow. A replacement
+(a refill nobody waits for) imports at the lowest CPU priority
+(``--nice``, :mod:`fnrt.loader.priority`), so its imports take only what
+serving leaves while the node is busy, as it is right after a cold start; a
+spare a deploy or the node's start waits for imports at the server's. A cold
+start or a deploy that finds a replacement still warming raises it back
+first, where Linux allows (``CAP_SYS_NICE`` or ``RLIMIT_NICE``); where it
+does not, a cold start does not wait for it and starts a worker of its own.
 
 Which modules: those the user names (``fnrt serve --worker-imports``), those
 the code of the functions this node serves imports from the installed packages
@@ -67,6 +74,7 @@ from pathlib import Path
 from fnrt.loader.descendants import with_token
 from fnrt.loader.environment import Environment
 from fnrt.loader.imports import installed, installed_in
+from fnrt.loader.priority import LOW_NICE, restore
 from fnrt.loader.stores.file import write_atomic
 
 log = logging.getLogger("fnrt.loader")
@@ -103,6 +111,8 @@ class Started:
     #: a spare's pipe, readable once its imports and rehearsal are done (None: they are,
     #: or it is no spare)
     ready_fd: int | None = None
+    #: how far below the server's priority a spare's imports run (0: at it)
+    nice: int = 0
     _waiting: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _forgotten: bool = field(default=False, repr=False)  # ended while someone waited
 
@@ -110,6 +120,11 @@ class Started:
     def warming(self) -> bool:
         """Whether it is a spare whose imports and rehearsal are not known to be done."""
         return self.ready_fd is not None
+
+    def hurry(self) -> bool:
+        """Whether it runs at the server's priority now: a spare still warming at a low
+        one is raised back where Linux allows it (``priority.py``)."""
+        return not (self.warming and self.nice) or restore(self.process.pid)
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait until its imports and rehearsal are done, or it ended; whether that was
@@ -155,12 +170,16 @@ def start_worker(
     env: Mapping[str, str] | None,
     imports: Iterable[str] | None = None,
     site: Path | None = None,
+    *,
+    nice: int = 0,
 ) -> Started:
     """Start ``python -m fnrt.loader.worker`` waiting for its load message on a socket
     pair: a spare when ``imports`` is given (it imports them and rehearses a cold start
     first), else a worker for a load now. ``env``: its environment variables (None:
     the server's); ``site``: the folder of its ``[environment]``'s packages, first on
-    its path, whose modules its load reports as installed too."""
+    its path, whose modules its load reports as installed too; ``nice``: a spare's
+    imports run on a thread that much below its priority (its main thread, which
+    serves, stays at the server's)."""
     ours, theirs = socket.socketpair()
     names = sorted(imports) if imports is not None else []
     argv = [sys.executable, "-m", "fnrt.loader.worker", str(theirs.fileno()), str(os.getpid())]
@@ -170,6 +189,8 @@ def start_worker(
         ready, said = os.pipe()
         passed.append(said)
         argv += ["--spare", ",".join(names), "--ready", str(said)]
+        if nice:
+            argv += ["--nice", str(nice)]
     if site is not None:
         argv += ["--site", str(site)]
     try:
@@ -191,7 +212,7 @@ def start_worker(
         theirs.close()
         if ready is not None:
             os.close(passed[1])  # the worker's end of the pipe
-    return Started(process, ours, frozenset(names), ready)
+    return Started(process, ours, frozenset(names), ready, nice if imports is not None else 0)
 
 
 def end(started: Started) -> None:
@@ -248,6 +269,7 @@ class SpareWorkers:
         *,
         refill_delay_s: float = REFILL_DELAY_S,
         remembered: Path | None = None,
+        replacement_nice: int = LOW_NICE,
     ) -> None:
         if count < 0:
             raise ValueError("count: must be >= 0")
@@ -257,6 +279,8 @@ class SpareWorkers:
         self.learned: set[str] = set(_recall(remembered)) - self.named  # what handlers imported
         self.taken = 0  # cold starts that took a spare
         self.refill_delay_s = refill_delay_s
+        #: how far below the server's priority a replacement's imports run (0: at it)
+        self.replacement_nice = replacement_nice
         self._spares: list[Started] = []
         #: by environment key, the least recently used first
         self._environments: OrderedDict[str, _Environment] = OrderedDict()
@@ -277,7 +301,9 @@ class SpareWorkers:
     def take(self, environment: str | None = None) -> Started | None:
         """A live spare (no longer this pool's) of the server's environment, or of the
         ``[environment]`` of that key, once its imports are done (waited for, up to
-        ``TAKE_WAIT_S``: the cold start's wait for a worker); None when there is none."""
+        ``TAKE_WAIT_S``: the cold start's wait for a worker); None when there is none, or
+        when the only one is a replacement still warming at a low priority that cannot be
+        raised back here (it stays, for a later cold start)."""
         taken = None
         with self._lock:
             if environment is None:
@@ -286,10 +312,13 @@ class SpareWorkers:
                 spares = self._environments[environment].spares
             else:
                 return None
-            spares.sort(key=lambda s: s.warming)  # a warm one first
+            spares.sort(key=lambda s: (s.warming, s.nice))  # a warm one first
             while spares:
                 spare = spares.pop(0)
                 if spare.process.poll() is None:
+                    if not spare.hurry():  # its imports would crawl behind the serving
+                        spares.insert(0, spare)
+                        return None
                     self.taken += 1
                     if environment is None and self._ahead:  # a deploy's first call, say
                         self._ahead.pop(0)
@@ -335,6 +364,8 @@ class SpareWorkers:
                         return False
                     self._added.wait(min(left, 0.5))
                     continue
+            for spare in found[:target]:
+                spare.hurry()  # a replacement warming at a low priority: waited for now
             return all(
                 s.wait_ready(deadline - time.monotonic()) and s.process.poll() is None
                 for s in found[:target]
@@ -413,30 +444,34 @@ class SpareWorkers:
         """Bring the spares to ``count`` (on the spares' own thread, not the caller's),
         replacing any that lacks a module learned since it started, after
         ``refill_delay_s`` unless ``now``; after :meth:`close`, nothing (a load that
-        ends while the node stops)."""
+        ends while the node stops). Spares started by a refill that is not ``now`` (and
+        no ``now`` one came meanwhile) import at the lowest priority (``LOW_NICE``):
+        nobody waits for them, and the node is serving."""
         with self._lock:
             if not self._closed:
                 if now:
                     self._hurry.set()  # a delayed refill queued before it runs now
-                return self._thread.submit(self._refill, 0.0 if now else self.refill_delay_s)
+                return self._thread.submit(self._refill, 0.0 if now else self.refill_delay_s, now)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _refill(self, delay_s: float) -> None:
+    def _refill(self, delay_s: float, now: bool) -> None:
         if delay_s > 0:
             self._hurry.wait(delay_s)
-        else:
+        waited_for = now or self._hurry.is_set()  # a deploy or the node's start waits
+        if delay_s <= 0:
             self._hurry.clear()
+        nice = 0 if waited_for else self.replacement_nice
         if self._closing.is_set():
             return
         with self._lock:
             environments = list(self._environments.values())
         for environment in (None, *environments):
-            if not self._fill(environment):
+            if not self._fill(environment, nice):
                 return
 
-    def _fill(self, environment: _Environment | None) -> bool:
+    def _fill(self, environment: _Environment | None, nice: int = 0) -> bool:
         """Bring the spares of the server's environment (None) or of ``environment`` up
         to date; False once the pool is closed or a worker cannot start."""
         with self._lock:
@@ -455,10 +490,11 @@ class SpareWorkers:
         for _ in range(missing):
             try:
                 if environment is None:
-                    started = start_worker(None, wanted)
+                    started = start_worker(None, wanted, nice=nice)
                 else:
                     built = environment.built
-                    started = start_worker(built.worker_variables(), wanted, built.site)
+                    variables = built.worker_variables()
+                    started = start_worker(variables, wanted, built.site, nice=nice)
             except OSError as exc:
                 log.warning("cannot start a spare worker: %s", exc)
                 return False

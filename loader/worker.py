@@ -1,11 +1,12 @@
 """The worker process of an instance in process isolation.
 
-Started as ``python -m fnrt.loader.worker FD PPID [--spare a,b --ready FD]
-[--site DIR]``: a spare worker (``spares.py``) imports those modules and
-rehearses a cold start (:func:`rehearse`) before it waits for its function,
-then writes a byte to the ``--ready`` pipe (the server waits on it); ``--site`` names the
-folder of its ``[environment]``'s packages, whose modules a load reports as
-installed too (what a spare of that environment imports ahead).
+Started as ``python -m fnrt.loader.worker FD PPID [--spare a,b [--nice N] --ready FD]
+[--site DIR]``: a spare worker (``spares.py``) imports those modules (on a thread N
+below its priority when given: ``priority.py``) and rehearses a cold start
+(:func:`rehearse`) before it waits for its function, then writes a byte to the
+``--ready`` pipe (the server waits on it); ``--site`` names the folder of its
+``[environment]``'s packages, whose modules a load reports as installed too (what
+a spare of that environment imports ahead).
 
 The server materialises the version's files into its disk cache, then starts
 this process with one end of a socket pair. The worker imports the handler
@@ -58,6 +59,7 @@ from fnrt.loader.descendants import TOKEN_VARIABLE, become_subreaper, start_keep
 from fnrt.loader.device import context_cost, free_bytes_now, process_device_bytes
 from fnrt.loader.imports import from_site, site_roots
 from fnrt.loader.instance import Built, Ran, build_handler, run_checked
+from fnrt.loader.priority import in_background, restore, thread_nices
 from fnrt.loader.staging import Stager
 from fnrt.loader.transfer import pinned_ring_bytes
 from fnrt.tracing.handler_spans import capture
@@ -374,10 +376,21 @@ def main(argv: list[str]) -> int:
 
 def _serve(argv: list[str]) -> int:
     channel = Channel(socket.socket(fileno=int(argv[1])), read_ahead=True)  # its only reads: recv
-    # --spare NAMES, --ready FD, --site DIR
+    # --spare NAMES, --nice N, --ready FD, --site DIR
     options = dict(zip(argv[3::2], argv[4::2], strict=False))
     if "--spare" in options:
-        import_ahead([name for name in options["--spare"].split(",") if name])
+        names = [name for name in options["--spare"].split(",") if name]
+        nice = int(options.get("--nice", "0"))
+        if nice:  # a replacement: its imports take only what serving leaves (priority.py)
+            in_background(lambda: import_ahead(names), nice)
+            if not restore(os.getpid()):
+                log.warning(
+                    "a spare's imports left threads at a low priority (not allowed to raise "
+                    "them back: CAP_SYS_NICE or RLIMIT_NICE): %s",
+                    thread_nices(os.getpid()),
+                )
+        else:
+            import_ahead(names)
         try:
             rehearse()
         except Exception as exc:  # a rehearsal only warms caches: the load goes on

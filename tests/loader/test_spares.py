@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +21,7 @@ from fnrt.loader.device import detect_device
 from fnrt.loader.environment import Environment
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.launch import launch
+from fnrt.loader.priority import LOW_NICE, own_nice, thread_nices
 from fnrt.loader.process import ProcessInstance
 from fnrt.loader.repository import Repository
 from fnrt.loader.spares import SpareWorkers, Started, end
@@ -337,3 +342,163 @@ def test_a_deploy_gets_no_worker_from_a_pool_that_keeps_none() -> None:
         assert not pool.ready_for(["idna"], timeout_s=60)  # at once, not after a minute
     finally:
         pool.close()
+
+
+#: A module a spare imports ahead that holds its import until the test lets it go: it
+#: opens a FIFO for reading (the test sees it as a reader) and reads it to its end.
+GATE = """
+import os
+
+with open(os.environ["FNRT_TEST_GATE"], "rb") as fifo:
+    fifo.read()
+"""
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A FIFO that the module ``fnrt_test_gate`` (on the workers' path) waits on."""
+    (tmp_path / "gated").mkdir()
+    (tmp_path / "gated" / "fnrt_test_gate.py").write_text(GATE)
+    fifo = tmp_path / "gate.fifo"
+    os.mkfifo(fifo)
+    path = os.pathsep.join(p for p in (str(tmp_path / "gated"), os.environ.get("PYTHONPATH")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("FNRT_TEST_GATE", str(fifo))
+    return fifo
+
+
+def _importing(fifo: Path) -> int:
+    """Wait until a spare's import of ``fnrt_test_gate`` holds ``fifo`` open; the end to
+    close to let it go."""
+    found: list[int] = []
+
+    def opened() -> bool:
+        try:  # no reader yet: ENXIO
+            found.append(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            return False
+        return True
+
+    wait_until(opened, timeout_s=60)
+    return found[0]
+
+
+def _above_main(pid: int) -> dict[int, int]:
+    """The threads of ``pid`` whose nice value is above its main thread's, and by how much."""
+    nices = thread_nices(pid)
+    return {tid: nice - nices[pid] for tid, nice in nices.items() if nice > nices[pid]}
+
+
+def _may_raise_priority() -> bool:
+    """Whether this process may lower a nice value (CAP_SYS_NICE or RLIMIT_NICE)."""
+    allowed: list[bool] = []
+
+    def probe() -> None:
+        tid, nice = threading.get_native_id(), own_nice()
+        os.setpriority(os.PRIO_PROCESS, tid, nice + 1)
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            allowed.append(True)
+        except PermissionError:
+            allowed.append(False)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return allowed[0]
+
+
+def test_a_replacement_imports_at_the_lowest_priority_and_serves_at_the_servers(
+    tmp_path: Path, gate: Path
+) -> None:
+    pool = SpareWorkers(1, ["fnrt_test_gate"], refill_delay_s=0)
+    try:
+        pool.refill()  # a replacement, as after a cold start's load: nobody waits for it
+        held = _importing(gate)
+        (spare,) = pool._spares
+        # its imports on a thread of their own at the lowest priority, its main thread
+        # (which will serve) at the server's
+        assert list(_above_main(spare.process.pid).values()) == [LOW_NICE]
+        assert thread_nices(spare.process.pid)[spare.process.pid] == own_nice()
+        os.close(held)
+        assert spare.wait_ready(60)
+        loader, vm = _loader(tmp_path, pool)
+        instance = _cold_start(loader, vm)  # takes it
+        assert _served_by(instance) == spare.process.pid
+        assert not _above_main(instance.pid)  # every thread serves at the server's priority
+        instance.close()
+    finally:
+        pool.close()
+
+
+def test_a_spare_a_deploy_or_the_start_waits_for_imports_at_the_servers_priority(
+    gate: Path,
+) -> None:
+    pool = SpareWorkers(1, ["fnrt_test_gate"], refill_delay_s=600)
+    try:
+        pool.refill()  # delayed (ten minutes) ...
+        pool.refill(now=True)  # ... and hurried: as ready_for and the node's start do
+        held = _importing(gate)
+        (spare,) = pool._spares
+        assert not _above_main(spare.process.pid)
+        os.close(held)
+        assert spare.wait_ready(60)
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not _may_raise_priority(), reason="needs CAP_SYS_NICE or RLIMIT_NICE")
+def test_a_cold_start_raises_a_replacement_still_warming_before_it_waits(gate: Path) -> None:
+    pool = SpareWorkers(1, ["fnrt_test_gate"], refill_delay_s=0)
+    try:
+        pool.refill()
+        held = _importing(gate)
+        (spare,) = pool._spares
+        assert _above_main(spare.process.pid)
+        with ThreadPoolExecutor(1) as waiting:
+            taking = waiting.submit(pool.take)  # a cold start: it waits for the imports
+            wait_until(lambda: not _above_main(spare.process.pid), timeout_s=30)
+            assert not taking.done()
+            os.close(held)
+            assert taking.result(60) is spare
+        end(spare)
+    finally:
+        pool.close()
+
+
+TAKE_UNPRIVILEGED = """
+import os, sys, time
+from fnrt.loader.spares import SpareWorkers, end
+
+pool = SpareWorkers(1, ["fnrt_test_gate"], refill_delay_s=0)
+pool.refill()
+fd = None
+deadline = time.monotonic() + 60
+while fd is None and time.monotonic() < deadline:
+    try:
+        fd = os.open(os.environ["FNRT_TEST_GATE"], os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        time.sleep(0.005)
+(spare,) = pool._spares
+print("taken while warming:", pool.take())
+os.close(fd)
+assert spare.wait_ready(60)
+print("taken once warm:", pool.take() is spare)
+end(spare)
+pool.close()
+"""
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_without_the_right_to_raise_it_a_cold_start_passes_a_replacement_still_warming(
+    gate: Path,
+) -> None:
+    # the "server" runs without CAP_SYS_NICE and with RLIMIT_NICE 0: it cannot raise the
+    # spare's imports back, so a cold start starts its own worker rather than wait for them
+    argv = [sys.executable, "-c", TAKE_UNPRIVILEGED]
+    if os.geteuid() == 0 or _may_raise_priority():
+        drop = ["--inh-caps=-sys_nice", "--ambient-caps=-sys_nice", "--bounding-set=-sys_nice"]
+        argv = ["setpriv", *drop, "prlimit", "--nice=0", "--", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["taken while warming: None", "taken once warm: True"]

@@ -1,0 +1,90 @@
+"""CPU priority of a spare worker's warming: its imports yield to serving.
+
+A spare started to replace one a cold start took (``spares.py``) imports the
+frameworks handlers use (torch: a core for a second or more) while the node
+serves the function whose cold start took it: on two cores, measured with a
+32-connection burst right after a deploy of a function with no warm-up, the
+replacement's imports held 0.3-0.45 of a core for about 5 s of the burst's 10,
+and the server's share dropped to match. Such a spare does its imports on a
+thread of its own at the lowest priority (``LOW_NICE``), so it takes only the
+CPU that serving leaves; its main thread, which serves once it is given a
+function, keeps the server's priority throughout.
+
+On Linux a nice value belongs to a thread, and threads inherit their creator's:
+the imports run on a thread whose nice is raised, and the threads they start
+(``import torch`` starts none; torch's intra-op threads start in the rehearsal,
+on the main thread) would inherit it, so :func:`restore` brings every thread of
+the worker back to the server's priority when that is allowed. Lowering a nice
+value needs ``CAP_SYS_NICE`` or a ``RLIMIT_NICE`` that permits it: without
+either, a spare still warming at the low priority is not waited for by a cold
+start (it starts a worker of its own), and a worker whose threads stayed low
+says so in its log.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+#: The nice value a spare's imports run at, above the server's (the lowest priority).
+LOW_NICE = 19
+
+
+def thread_nices(pid: int) -> dict[int, int]:
+    """The nice value of each live thread of process ``pid``, by thread id."""
+    found: dict[int, int] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:  # it exited
+        return found
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        found[int(task.name)] = int(stat[stat.rindex(")") + 2 :].split()[16])
+    return found
+
+
+def in_background(work: Callable[[], None], nice: int) -> None:
+    """Run ``work`` on a thread of its own whose nice value is ``nice`` above this
+    thread's, and wait for it; what it raised is raised here."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), own_nice() + nice)
+            work()
+        except BaseException as exc:  # handed to the caller
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="fnrt-warming", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def own_nice() -> int:
+    """The calling thread's nice value."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def restore(pid: int, nice: int | None = None) -> bool:
+    """Bring every thread of process ``pid`` whose nice value is above ``nice`` (None:
+    its main thread's) back to it; whether none is left above it (False: not allowed
+    here, see the module's note). A process that ended has none."""
+    nices = thread_nices(pid)
+    if nice is None:
+        nice = nices.get(pid, 0)
+    for tid, value in nices.items():
+        if value > nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            except ProcessLookupError:  # the thread ended meanwhile
+                continue
+            except PermissionError:
+                return False
+    return True
