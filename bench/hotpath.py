@@ -212,13 +212,17 @@ async def start(
     )
     app = build_app(settings)
     await stack.enter_async_context(app.router.lifespan_context(app))
-    node = app.state.node
+    await deploy_example(app.state.node, example)
+    return app  # type: ignore[no-any-return]
+
+
+async def deploy_example(node: Any, example: Path) -> None:
+    """Deploy the function in folder ``example`` to ``node`` (its files put in the store)."""
     manifest = load_manifest(example)
     bundle = pack(example, manifest)
     for ref, source in bundle.blob_sources():
         node.repository.put_blob(ref.digest, source)
     await node.deployer.deploy(VersionManifest(manifest, bundle.code_ref, bundle.artifacts))
-    return app  # type: ignore[no-any-return]
 
 
 async def measure(args: argparse.Namespace, work: Path, example: Path, collector: str) -> None:

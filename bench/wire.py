@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from hotpath import Where, opcode_counter  # noqa: E402
+from hotpath import Where, deploy_example, opcode_counter  # noqa: E402
 from invoke import checkout  # noqa: E402
 from loadgen import copy_mlp, free_port  # noqa: E402
 
@@ -86,9 +86,6 @@ async def serve_and_count(args: argparse.Namespace, work: Path) -> None:
     """In the variant's own process: serve, warm, count, print the counts as JSON."""
     import uvloop  # noqa: F401  (uvicorn's loop)
 
-    from fnrt.functions.bundle import pack
-    from fnrt.functions.manifest import load_manifest
-    from fnrt.functions.version import VersionManifest
     from fnrt.runtime.http.app import build_app, make_server
     from fnrt.runtime.settings import ServerSettings
 
@@ -107,12 +104,7 @@ async def serve_and_count(args: argparse.Namespace, work: Path) -> None:
     serving = asyncio.ensure_future(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
-    node = app.state.node
-    manifest = load_manifest(example)
-    bundle = pack(example, manifest)
-    for ref, source in bundle.blob_sources():
-        node.repository.put_blob(ref.digest, source)
-    await node.deployer.deploy(VersionManifest(manifest, bundle.code_ref, bundle.artifacts))
+    await deploy_example(app.state.node, example)
 
     async def drive(requests: int) -> None:
         proc = run_client(port, args.connections, requests)
