@@ -41,7 +41,7 @@ from fnrt.runtime.jobs.board import JobBoard, node_id
 from fnrt.runtime.jobs.runner import JobConfig, JobRunner
 from fnrt.runtime.lifecycle import Lifecycle
 from fnrt.runtime.prewarm.keeper import Keeper
-from fnrt.runtime.prewarm.policies import FILL_PRICE_FACTOR, PolicyConfig
+from fnrt.runtime.prewarm.policies import PolicyConfig
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.result_cache import redis_client
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
@@ -195,9 +195,8 @@ def build_node(
             PolicyConfig(
                 cold_start_price_mean_s=settings.cold_start_price_mean_s,
                 cold_start_price_gb_s=settings.cold_start_price_gb_s,
-                # with --fill-memory, idle memory within the budget costs nothing
-                price_factor=FILL_PRICE_FACTOR if settings.fill_memory else 1.0,
             ),
+            fill_memory=settings.fills_memory,
         )
     admission = Admission(settings.max_queued)
 
@@ -264,7 +263,6 @@ def build_node(
             keeper,
             gpu_memory=gpu_memory,
             evicted=lambda _key, why: telemetry.metrics.evictions.labels(reason=why).inc(),
-            fill_memory=settings.fill_memory,
             sweep_interval_s=settings.sweep_interval_s,
             watch_interval_s=settings.watch_interval_s,
         ),

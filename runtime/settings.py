@@ -85,8 +85,10 @@ class ServerSettings:
     #: instance kept loaded (the same on every workload), or GB·s of idle memory when set
     cold_start_price_mean_s: float = 4000.0
     cold_start_price_gb_s: float | None = None
-    #: keep idle instances past their plans while the memory budget has room
-    fill_memory: bool = False
+    #: keep idle instances past their plans while the memory budget has room: always,
+    #: never, or None (the default): with a budget given, each plan while what a fixed
+    #: keep-alive would hold fits it (``fills_memory``)
+    fill_memory: bool | None = None
     watch_interval_s: float = 1.0  # how often routing changed by other nodes is read
     redis_url: str | None = None  # the shared result cache (redis://host:6379/0)
     jobs: bool = True  # take chunks of asynchronous jobs (runtime/jobs/)
@@ -185,6 +187,17 @@ class ServerSettings:
         return TensorLimits(
             max_elements=self.max_tensor_elements, max_response_bytes=self.max_response_bytes
         )
+
+    @property
+    def fills_memory(self) -> bool | None:
+        """Whether idle instances stay past their plans while the budget has room: as
+        ``fill_memory`` says; by default (None) each plan decides
+        (:func:`fnrt.runtime.prewarm.policies.fills`) on a node given a memory budget,
+        and none does under the default budget (a share of physical memory, a bound,
+        not a cache to fill)."""
+        if self.fill_memory is None and self.memory_budget_bytes is None:
+            return False
+        return self.fill_memory
 
     @property
     def memory_budget(self) -> int:

@@ -65,13 +65,8 @@ class Sweeper:
         watch_interval_s: float = 1.0,
         gpu_memory: MemoryBudget | None = None,
         evicted: Callable[[str, str], None] | None = None,
-        fill_memory: bool = False,
     ) -> None:
         self._evicted = evicted
-        #: keep instances past their plans while the memory budget has room (a load
-        #: that needs it evicts the least worth), and let a pre-warm evict those worth
-        #: less than it
-        self.fill_memory = fill_memory
         memory.evicted = self.evicted
         if keeper is not None:
             memory.appraise = self.appraise
@@ -86,6 +81,7 @@ class Sweeper:
         self._watch_interval_s = watch_interval_s
         self._loops: list[asyncio.Task[None]] = []
         self._saved_at = 0.0
+        self._prewarming: dict[str, int] = {}  # pre-warms loading: their bytes, by key
 
     def start(self) -> None:
         self._loops = [
@@ -166,7 +162,7 @@ class Sweeper:
             policy,
             memory_gb=instance_bytes / 2**30,
             config=keeper.priced(scaling.cold_start_price_gb_s, scaling.cold_start_price_s),
-            kept=self.fill_memory,
+            budget_bytes=self._memory.budget_bytes,
         )
 
     async def _keep(self, scheduler: Scheduler, policy: Policy, now: float) -> bool:
@@ -189,8 +185,9 @@ class Sweeper:
             memory_gb=instance_bytes / 2**30,
             config=self.keeper.priced(scaling.cold_start_price_gb_s, scaling.cold_start_price_s),
             lead_s=prewarm_lead_s(scheduler.stats.last_load_timings_s.get("total_s", 0.0)),
+            budget_bytes=self._memory.budget_bytes,
         )
-        if action.unload and self.fill_memory and self._memory.fits(0):
+        if action.unload and self.keeper.filling(scheduler.name) and self._memory.fits(0):
             return False  # kept while the budget has room: evicted by worth when it has not
         if action.unload:
             if await sched.scale_to_zero(scheduler, now, force=True):
@@ -208,25 +205,34 @@ class Sweeper:
         stats, size = scheduler.stats, scheduler.version.size_bytes
         needed = stats.last_load_bytes or size
         gpu = self._gpu_memory
+        # pre-warms started in the same sweep load side by side: until loaded, an
+        # instance holds none of the budget, so each counts those still loading
+        loading = sum(self._prewarming.values())
         try:
-            if self.fill_memory and self.keeper is not None and not self._memory.fits(needed):
+            keeper = self.keeper
+            filled = keeper is not None and keeper.filling(scheduler.name)
+            if keeper is not None and filled and not self._memory.fits(needed + loading):
                 # room from the instances worth less than this one when its call is due
                 scaling = scheduler.version.manifest.scaling
-                due, _ = self.keeper.weigh(
+                due, _ = keeper.weigh(
                     scheduler.name,
                     Policy.AUTO,
                     memory_gb=needed / 2**30,
-                    config=self.keeper.priced(
-                        scaling.cold_start_price_gb_s, scaling.cold_start_price_s
-                    ),
+                    config=keeper.priced(scaling.cold_start_price_gb_s, scaling.cold_start_price_s),
                     ahead=True,
+                    budget_bytes=self._memory.budget_bytes,
                 )
-                await self._memory.make_room(scheduler.key, needed, below=due)
-            if self._memory.fits(needed) and (
+                await self._memory.make_room(scheduler.key, needed + loading, below=due)
+                loading = sum(self._prewarming.values())
+            if self._memory.fits(needed + loading) and (
                 gpu is None or gpu.fits(stats.last_load_device_bytes or size)
             ):
-                if await sched.prewarm(scheduler):
-                    log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
+                self._prewarming[scheduler.key] = needed
+                try:
+                    if await sched.prewarm(scheduler):
+                        log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
+                finally:
+                    self._prewarming.pop(scheduler.key, None)
             else:
                 await asyncio.to_thread(self._loader.prefetch, scheduler.version)
         except Exception as exc:

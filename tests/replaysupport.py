@@ -5,7 +5,9 @@ simulator: shared by tests/runtime/prewarm/test_live_order.py and
 The node is the server ``fnrt serve`` runs (its app and node, built from its
 settings) on a real uvicorn socket on 127.0.0.1, with a manual clock a minute
 of the trace moves at once (a day's slice replays in seconds). Each call is an
-HTTP request; after each minute the sweeper runs, as its timer would. The
+HTTP request; after each minute the sweeper runs, as its timer would, and the
+pre-warms it starts finish before the next minute's calls (as their lead, the load's
+time, makes them on a node in real time). The
 budget is set to three instances' bytes once three are loaded, so from there on
 the budget decides. The live order of evictions is read from the node's logs
 (``fnrt.memory``: "evicting ... (reason: budget)"), then the same trace, with
@@ -15,6 +17,7 @@ the instances' measured sizes, runs through
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.node import Node
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.prewarm.node import GB, simulate_node
 from fnrt.runtime.prewarm.trace import Trace
@@ -79,11 +83,17 @@ class _Evictions(logging.Handler):
             self.seen.append((int(self.clock.now() // 60), found.group(1).split("/")[0]))
 
 
+async def _settled(node: Node) -> None:
+    """Until the node's background work (pre-warms) is done."""
+    await asyncio.gather(*node.registry._tasks, return_exceptions=True)
+
+
 def replay(tmp: Path, trace: Trace) -> Replayed:
     """Replay ``trace`` (at most a few functions, one call a minute) through a live node in
     ``tmp`` under a budget of three of its instances, and the simulator under the same."""
     clock = ManualClock(start=0.0)
-    keeper = Keeper(tmp / "history.json", wall=lambda: BASE_UNIX + clock.now())
+    # as under ``fnrt serve --memory-budget-bytes``: each plan fills the budget or not
+    keeper = Keeper(tmp / "history.json", wall=lambda: BASE_UNIX + clock.now(), fill_memory=None)
     node = make_node(tmp, clock, keeper=keeper)
     logs = _Evictions(clock)
     memory_log = logging.getLogger("fnrt.memory")
@@ -110,6 +120,9 @@ def replay(tmp: Path, trace: Trace) -> Replayed:
                         sized = True
                 clock.advance(60)
                 srv.call(node.sweeper.sweep())
+                # a pre-warm starts its load's time ahead of the minute it is for (the
+                # simulator's are loaded at once): the minute's calls find them loaded
+                srv.call(_settled(node))
             budget = node.memory.budget_bytes
     finally:
         memory_log.removeHandler(logs)

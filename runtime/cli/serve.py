@@ -249,12 +249,19 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     "higher keeps functions loaded longer and pre-warms wider (fewer cold starts, more "
     "memory); a manifest's [scaling] cold_start_price_gb_s or cold_start_price_s overrides it",
 )
-@flag(
+@setting(
     "fill_memory",
+    "--fill-memory/--no-fill-memory",
+    default=None,
+    default_text="with --memory-budget-bytes, each plan while what a fixed 10-minute "
+    "keep-alive would hold fits the budget; else never",
     help="keep idle instances past their keep-alive plans while the memory budget has "
     "room, evicting the least worth when a load needs it (a pre-warm may evict those "
     "worth less than it): the budget is a cache of warm functions, filled; auto plans "
-    "at 4x the price of a cold start (idle memory within the budget costs nothing)",
+    "those at 4x the price of a cold start (idle memory within the budget costs "
+    "nothing). By default, on a node given --memory-budget-bytes, a plan made after a "
+    "call fills it when what a fixed 10-minute keep-alive would hold then fits the "
+    "budget, and is made at the plain price when it does not (docs/prewarm.md)",
 )
 @setting(
     "cold_start_price_gb_s",

@@ -22,7 +22,17 @@ from typing import Any
 
 from fnrt.loader.stores.file import write_atomic
 from fnrt.runtime.prewarm.history import History
-from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, Worth, decide, weigh, worth
+from fnrt.runtime.prewarm.policies import (
+    Plan,
+    Policy,
+    PolicyConfig,
+    Worth,
+    decide,
+    filling,
+    fills,
+    weigh,
+    worth,
+)
 
 log = logging.getLogger("fnrt.prewarm")
 
@@ -55,10 +65,17 @@ class Keeper:
         path: Path | None = None,
         config: PolicyConfig | None = None,
         wall: Callable[[], float] = time.time,
+        *,
+        fill_memory: bool | None = False,
     ) -> None:
         self.path = path
         self.config = config or PolicyConfig()
         self.wall = wall
+        #: keep instances past their plans while the memory budget has room (planned at
+        #: FILL_PRICE_FACTOR the price): always (True), never (False), or each plan as
+        #: :func:`~fnrt.runtime.prewarm.policies.fills` says (None: a node given a budget)
+        self.fill_memory = fill_memory
+        self._filling: dict[str, bool] = {}  # each plan's: does it fill the budget
         self.histories: dict[str, History] = {}
         self._live: dict[str, _Live] = {}
         self._prewarm_at: dict[str, float] = {}  # unix time of a planned pre-warm
@@ -141,9 +158,12 @@ class Keeper:
         *,
         memory_gb: float = 1.0,
         config: PolicyConfig | None = None,
+        budget_bytes: int | None = None,
     ) -> Plan | None:
         """The plan after ``name``'s last call for an instance of ``memory_gb`` (at
-        ``config``'s price, default the node's), or None when it was never called."""
+        ``config``'s price, default the node's), or None when it was never called.
+        ``budget_bytes``: the node's memory budget, which a plan may fill (made once
+        after each call: whether it fills is decided then, :meth:`filling`)."""
         self._settle(name)
         history = self.histories.get(name)
         if history is None or history.last_minute is None:
@@ -154,9 +174,37 @@ class Keeper:
         cached = self._plans.get(name)
         if cached is not None and cached[0] == key:
             return cached[1]  # nothing new since: the same plan (the sweep asks every second)
-        plan = decide(policy, config, history, history.last_minute, memory_gb)
+        fill = self.fill_memory
+        if fill is None:
+            working_set = self.working_set_bytes(history.last_minute)
+            fill = policy is Policy.AUTO and fills(working_set, budget_bytes)
+        self._filling[name] = fill
+        plan = decide(
+            policy, filling(config) if fill else config, history, history.last_minute, memory_gb
+        )
         self._plans[name] = (key, plan)
         return plan
+
+    def filling(self, name: str) -> bool:
+        """Whether ``name``'s plan fills the memory budget: its instance is kept past the
+        plan while the budget has room, and its pre-warm may evict those worth less."""
+        return self._filling.get(name, bool(self.fill_memory))
+
+    def working_set_bytes(self, minute: int) -> float:
+        """What a fixed keep-alive of ``keep_alive_min`` would hold after ``minute``: the
+        instances of the functions called in it or in the ``keep_alive_min`` minutes
+        before (as last loaded, the planned ones), in bytes."""
+        since = minute - self.config.keep_alive_min
+        total = 0.0
+        for name, gb in self._sizes.items():
+            live = self._live.get(name)
+            history = self.histories.get(name)
+            last = live.minute if live is not None and live.count else None
+            if history is not None and history.last_minute is not None:
+                last = max(last or history.last_minute, history.last_minute)
+            if last is not None and last >= since:
+                total += gb
+        return total * 2**30
 
     def act(
         self,
@@ -169,6 +217,7 @@ class Keeper:
         memory_gb: float = 1.0,
         config: PolicyConfig | None = None,
         lead_s: float = 60.0,
+        budget_bytes: int | None = None,
     ) -> Action:
         """What to do now with an idle function: unload, pre-warm, or nothing.
 
@@ -187,7 +236,9 @@ class Keeper:
             self._fixed.add(name)
             return Action(unload=loaded and now - idle_since_unix >= keep_alive_s, why="idle")
         self._fixed.discard(name)
-        plan = self.plan(name, policy, memory_gb=memory_gb, config=config)
+        plan = self.plan(
+            name, policy, memory_gb=memory_gb, config=config, budget_bytes=budget_bytes
+        )
         if plan is None or plan.why.startswith("fixed"):  # not enough known: the manifest's
             return Action(unload=loaded and now - idle_since_unix >= keep_alive_s, why="idle")
         history = self.histories[name]
@@ -214,20 +265,25 @@ class Keeper:
         *,
         memory_gb: float = 1.0,
         config: PolicyConfig | None = None,
-        kept: bool = False,
         ahead: bool = False,
+        budget_bytes: int | None = None,
     ) -> tuple[float, bool]:
         """What keeping ``name``'s loaded instance is worth now, and whether it must stay
         (:func:`~fnrt.runtime.prewarm.policies.weigh`, as ``fnrt simulate`` weighs it);
-        ``kept``: the node keeps instances past their plans while memory is free;
-        ``ahead``: what a pre-warm's instance will be worth as its window opens."""
-        plan = self.plan(name, policy, memory_gb=memory_gb, config=config)
+        past its plan, when the plan fills the budget (:meth:`filling`), a worth below
+        every planned one; ``ahead``: what a pre-warm's instance will be worth as its
+        window opens."""
+        plan = self.plan(
+            name, policy, memory_gb=memory_gb, config=config, budget_bytes=budget_bytes
+        )
         history = self.histories.get(name)
         if plan is None or history is None or history.last_minute is None:
             return 0.0, False
+        kept = self.filling(name)
         cached = self._worth.get(name)
         if cached is None or cached[0] is not plan:
             priced = self.at_mean(config or self.config)
+            priced = filling(priced) if kept else priced
             cached = (
                 plan,
                 worth(priced, history, plan, memory_gb),

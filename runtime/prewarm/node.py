@@ -6,24 +6,30 @@ The node holds one instance per function, at minute granularity, as
 the order :func:`fnrt.loader.memory.evictions` gives (the server's own
 decision), each weighed as its policy says:
 
-- ``auto``: its plan's :class:`~fnrt.runtime.prewarm.policies.Worth` (the
+- ``auto_plan``: its plan's :class:`~fnrt.runtime.prewarm.policies.Worth` (the
   expected price of the cold start it saves per GB·minute it will yet be
-  held); a pre-warm evicts only instances worth less than it will be, never
-  one pre-warmed for a call that is due.
-  Plans unload instances early ("plan") and at their window's end ("idle") and
-  pre-warm them, only into free memory, as the server does.
-- ``auto_fill``: the same, on a node that keeps instances past their plans
-  while its budget has room (``fnrt serve --fill-memory``): it holds the memory
-  it was given, and evicts first those past their plans (least worth first),
-  then by worth; a pre-warm may evict instances worth less than the one it
-  loads.
+  held). Plans unload instances early ("plan") and at their window's end
+  ("idle") and pre-warm them, only into free memory, as the server does with
+  ``--no-fill-memory``.
+- ``auto_fill``: every plan fills the budget (``fnrt serve --fill-memory``): it
+  is made at :data:`~fnrt.runtime.prewarm.policies.FILL_PRICE_FACTOR` the
+  price, its instance is kept past it while the budget has room (the node holds
+  the memory it was given and evicts first those past their plans, least worth
+  first, then by worth), and its pre-warm may evict instances worth less than
+  the one it loads, never one pre-warmed for a call that is due.
+- ``auto``: the server's default under a budget it was given: each plan, made
+  after a call, fills the budget as ``auto_fill``'s do when the working set then
+  (what a fixed keep-alive would hold: the functions called in the last
+  ``keep_alive_min`` minutes) fits it, else is planned as ``auto_plan``'s are
+  (:func:`~fnrt.runtime.prewarm.policies.fills`).
 - ``fixed``: a 10-minute keep-alive ("idle"); under the budget, the least
   recently used goes first (what the server did before plans weighed in).
 - ``lru``: kept until evicted, least recently used first.
 - ``belady`` (not a policy a node can run: it knows every call ahead): kept until
-  evicted, the one whose next call is furthest per GB first (Belady's rule for
-  instances of different sizes), never pre-warmed; what eviction alone could do,
-  beside :func:`~fnrt.runtime.prewarm.bound.floor`.
+  evicted, the one whose next call is furthest per GB first, never pre-warmed.
+  With instances of different sizes this is a heuristic, not the optimum of
+  eviction alone (that problem is NP-hard), and no bound:
+  :func:`~fnrt.runtime.prewarm.bound.floor` is the bound.
 - ``greedy_dual``: FaasCache's Greedy-Dual-Size-Frequency keep-alive
   (Fuerst and Sharma, ASPLOS 2021): kept until evicted, lowest priority first,
   ``priority = clock + frequency * cost / size`` set at each call (frequency:
@@ -45,6 +51,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from fnrt.loader.memory import Held, evictions
 from fnrt.runtime.prewarm.history import History
 from fnrt.runtime.prewarm.policies import (
@@ -53,6 +61,7 @@ from fnrt.runtime.prewarm.policies import (
     Worth,
     decide,
     filling,
+    fills,
     weigh,
     worth,
 )
@@ -60,7 +69,9 @@ from fnrt.runtime.prewarm.simulator import _instance_gb, _runs, mean_instance_gb
 from fnrt.runtime.prewarm.trace import Trace
 
 #: The policies a node's memory is compared under.
-NODE_POLICIES = ("auto", "auto_fill", "fixed", "greedy_dual", "lru")
+NODE_POLICIES = ("auto", "auto_plan", "auto_fill", "fixed", "greedy_dual", "lru")
+#: The ``auto`` policies: whether a plan fills the budget (None: as :func:`fills` says).
+AUTO_FILLS: dict[str, bool | None] = {"auto": None, "auto_plan": False, "auto_fill": True}
 #: A bound, not a policy: evictions that know every call ahead.
 ORACLE = "belady"
 GB = 2**30
@@ -113,15 +124,15 @@ def simulate_node(
     config = config or PolicyConfig()
     if config.mean_instance_gb is None:
         config = replace(config, mean_instance_gb=mean_instance_gb(trace))
-    fill = policy == "auto_fill" and budget_gb is not None
-    if fill:
-        config = filling(config)  # as the server's keeper with --fill-memory
-    planned = policy in ("auto", "auto_fill", "fixed")
+    plain, filled = config, filling(config)  # a plan that fills the budget: at 4x the price
+    planned = policy in (*AUTO_FILLS, "fixed")
     memory = trace.memory_mb / 1024 if trace.memory_mb is not None else None
     functions = trace.counts.shape[0]
     gb = [_instance_gb(memory, f) for f in range(functions)]
     size = [max(1, int(g * GB)) for g in gb]
     budget = None if budget_gb is None else int(budget_gb * GB)
+    working_set = _working_set(trace, size, config.keep_alive_min) if policy == "auto" else []
+    filling_plan: dict[int, bool] = {}  # each function's last plan: does it fill the budget
     starts: dict[int, list[tuple[int, int]]] = defaultdict(list)
     ends: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     calls_at: list[list[int]] = []  # belady: each function's runs' first minutes
@@ -168,8 +179,9 @@ def simulate_node(
             i = bisect.bisect_left(calls_at[f], now)  # a run due this minute: the most
             value = 1.0 / (gb[f] * (calls_at[f][i] - now + 1)) if i < len(calls_at[f]) else 0.0
         elif held.worth is not None:  # auto
-            plan = _due_worth.get(f, held.worth) if fill else held.worth
-            value, due = weigh(plan, now - held.last_call, held.worth if fill else None)
+            kept = filling_plan.get(f, False)
+            plan = _due_worth.get(f, held.worth) if kept else held.worth
+            value, due = weigh(plan, now - held.last_call, held.worth if kept else None)
             pinned = pinned or (below is not None and due)
         pinned = pinned or (below is not None and value >= below)
         return Held(str(f), size[f], value, float(held.last_call), pinned)
@@ -184,7 +196,7 @@ def simulate_node(
             if what == "prewarm":
                 if f in loaded:
                     continue
-                if fill and budget is not None and used + size[f] > budget:
+                if filling_plan.get(f, False) and budget is not None and used + size[f] > budget:
                     plan_worth = _due_worth.get(f)
                     if plan_worth is not None:
                         value = plan_worth.at(plan_worth.first - 1)  # as its window opens
@@ -260,6 +272,11 @@ def simulate_node(
             history = histories.setdefault(f, History())
             history.record_run(first, t, calls)
             kind = Policy.FIXED if policy == "fixed" else Policy.AUTO
+            fill = budget is not None and AUTO_FILLS.get(policy, False) is not False
+            if fill and AUTO_FILLS[policy] is None:  # the default: while the working set fits
+                fill = fills(working_set[t], budget)
+            filling_plan[f] = fill
+            config = filled if fill else plain
             plan = decide(kind, config, history, t, gb[f])
             token = tokens[f] = tokens[f] + 1
             if kind is Policy.AUTO:
@@ -292,6 +309,29 @@ def simulate_node(
         skipped,
         order,
     )
+
+
+def _working_set(trace: Trace, size: list[int], keep_alive_min: int) -> list[float]:
+    """What a fixed keep-alive of ``keep_alive_min`` would hold after each minute, in
+    bytes: the instances of the functions called in it or in the ``keep_alive_min``
+    minutes before (what the server's keeper counts from its histories,
+    :meth:`~fnrt.runtime.prewarm.keeper.Keeper.working_set_bytes`)."""
+    change = np.zeros(trace.minutes + 1, dtype=np.float64)
+    for f in range(trace.counts.shape[0]):
+        firsts, lasts, _ = _runs(trace.counts[f])
+        begin, end = -1, -2
+        for first, last in zip(firsts.tolist(), lasts.tolist(), strict=True):
+            if first > end + 1:  # a new stretch: the last one's is over
+                if begin >= 0:
+                    change[begin] += size[f]
+                    change[min(end + 1, trace.minutes)] -= size[f]
+                begin = first
+            end = last + keep_alive_min
+        if begin >= 0:
+            change[begin] += size[f]
+            change[min(end + 1, trace.minutes)] -= size[f]
+    out: list[float] = np.cumsum(change[: trace.minutes]).tolist()
+    return out
 
 
 def compare(

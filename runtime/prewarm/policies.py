@@ -62,17 +62,34 @@ class Policy(Enum):
 DEFAULT_PRICE_MEAN_S = 4000.0
 
 
-#: A node that fills its memory budget (``fnrt serve --fill-memory``) holds idle
-#: instances for nothing while the budget has room, so ``auto`` plans there at this many
-#: times the price of a cold start: its plans then rank who stays when the budget is
-#: short (bench/prewarm.py --checks 4: at a budget of fixed 10 minutes' peak, 0.57x to
-#: 0.87x the cold starts at 1x, on each half of the Azure sample and every synthetic day).
+#: A plan that fills the node's memory budget (keeps its instance past the plan while the
+#: budget has room) holds idle memory for nothing while there is room, so ``auto`` plans
+#: it at this many times the price of a cold start: its plans then rank who stays when
+#: the budget is short (bench/prewarm.py --checks 4: at a budget of fixed 10 minutes'
+#: peak, 0.57x to 0.87x the cold starts at 1x, on each half of the Azure sample and every
+#: synthetic day).
 FILL_PRICE_FACTOR = 4.0
+
+#: Under a memory budget, a plan fills it when what a fixed keep-alive would hold then
+#: (the instances of the functions called in its last ``keep_alive_min`` minutes) is at
+#: most this share of the budget (:func:`fills`).
+FILL_SHARE = 1.0
 
 
 def filling(config: PolicyConfig) -> PolicyConfig:
-    """``config`` for a node that fills its memory budget (:data:`FILL_PRICE_FACTOR`)."""
+    """``config`` for a plan that fills the memory budget (:data:`FILL_PRICE_FACTOR`)."""
     return replace(config, price_factor=FILL_PRICE_FACTOR)
+
+
+def fills(working_set_bytes: float, budget_bytes: float | None) -> bool:
+    """Whether a plan made now fills the node's memory budget (the default, with no
+    ``--fill-memory``/``--no-fill-memory``): yes while the node's working set, what a
+    fixed keep-alive of ``keep_alive_min`` would hold now, fits :data:`FILL_SHARE` of the
+    budget, so the budget has room the plans alone would leave idle; no when it does
+    not (the budget is short, and plans at the plain price decide who stays), nor with
+    no budget. The server's keeper and ``fnrt simulate --node-memory-gb`` both ask here
+    after each call, with the same working set."""
+    return budget_bytes is not None and working_set_bytes <= FILL_SHARE * budget_bytes
 
 
 @dataclass(frozen=True)

@@ -67,11 +67,11 @@ def test_node_memory_compares_every_policy_at_each_budget(
     png = tmp_path / "node.png"
     assert main([*base, "--node-memory-gb", "50%,100%", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    rows = [line.split() for line in out.splitlines()[1:13]]
-    policies = ["floor", "auto", "auto_fill", "fixed", "greedy_dual", "lru"]
+    rows = [line.split() for line in out.splitlines()[1:15]]
+    policies = ["floor", "auto", "auto_plan", "auto_fill", "fixed", "greedy_dual", "lru"]
     assert [r[1] for r in rows] == policies * 2
-    for first in (0, 6):  # no policy below the floor
-        assert all(int(r[2].replace(",", "")) >= int(rows[first][2]) for r in rows[first:][:6])
+    for first in (0, 7):  # no policy below the floor
+        assert all(int(r[2].replace(",", "")) >= int(rows[first][2]) for r in rows[first:][:7])
     assert "fixed 10 minutes' peak with no budget" in out and png.stat().st_size > 10_000
     assert main([*base, "--node-memory-gb", "2.5"]) == 0
     assert capsys.readouterr().out.splitlines()[1].split()[0] == "2.5"

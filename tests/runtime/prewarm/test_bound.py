@@ -56,3 +56,20 @@ def test_no_policy_goes_below_the_floor() -> None:
         for policy in (*NODE_POLICIES, ORACLE):
             cold = simulate_node(trace, policy, share * peak).cold_starts
             assert cold >= bounded, (share, policy)
+
+
+def test_the_floor_counts_what_leftovers_over_the_budget_can_serve() -> None:
+    # 3 GB: b (2 GB), kept since minute 0, is busy at 10 when a (2 GB, busy 10-12) loads
+    # cold: 4 GB, over the budget. b stays loaded as it goes idle (no load evicts it),
+    # so its run at 12 is warm beside a, where a strict node has room for nothing
+    trace = made({"b": [0, 10, 12], "a": [10, 11, 12]}, {"b": 2048, "a": 2048})
+    bounded = floor(trace, 3.0)
+    assert bounded.strict_cold_starts == 3  # first calls, and b at 12 beside a
+    assert simulate_node(trace, "lru", 3.0).cold_starts == 2  # below the strict count
+    assert bounded.cold_starts == 2 and bounded.over_budget_kept == 0
+    # a first call between the two (c at 11) is a load: it evicts b, a leftover no more
+    evicted = made(
+        {"b": [0, 10, 12], "a": [10, 11, 12], "c": [11]}, {"b": 2048, "a": 2048, "c": 512}
+    )
+    assert floor(evicted, 3.0).over_budget_kept == 1
+    assert simulate_node(evicted, "lru", 3.0).cold_starts == 4

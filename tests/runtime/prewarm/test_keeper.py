@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.prewarm.policies import Policy
@@ -138,3 +140,50 @@ def test_the_price_is_in_seconds_of_the_nodes_mean_instance() -> None:
     keeper.plan("large", Policy.AUTO, memory_gb=3.5)
     assert keeper.mean_instance_gb() == 2.0
     assert keeper.at_mean(keeper.config).mean_instance_gb == 2.0
+
+
+def test_a_plan_fills_the_budget_by_the_working_set_the_simulator_counts() -> None:
+    # three functions of 1, 2 and 0.5 GB on their own rhythms; after each minute the
+    # keeper plans the ones called in it, as the sweep does: its working set (what a
+    # fixed 10-minute keep-alive would hold) is the simulator's, minute by minute, and
+    # so is each plan's choice to fill a budget of 2.5 GB (at 4x the price) or not
+    from fnrt.runtime.prewarm.node import _working_set
+    from fnrt.runtime.prewarm.policies import PolicyConfig, decide, filling
+    from fnrt.runtime.prewarm.trace import Trace
+
+    minutes, gb = 90, [1.0, 2.0, 0.5]
+    counts = np.zeros((3, minutes), dtype=np.int32)
+    counts[0, ::7] = counts[1, 3::40] = counts[2, 1::13] = 1
+    trace = Trace(["a", "b", "c"], ["a", "b", "c"], ["http"] * 3, counts)
+    expected = _working_set(trace, [int(g * 2**30) for g in gb], 10)
+    now = [BASE_UNIX]
+    keeper = Keeper(None, PolicyConfig(mean_instance_gb=1.0), wall=lambda: now[0], fill_memory=None)
+    budget = int(2.5 * 2**30)
+    chosen = []
+    for minute in range(minutes):
+        now[0] = BASE_UNIX + minute * 60
+        called = np.flatnonzero(counts[:, minute]).tolist()
+        for f in called:
+            keeper.invoked(trace.functions[f])
+        now[0] += 60
+        for f in called:
+            name = trace.functions[f]
+            plan = keeper.plan(name, Policy.AUTO, memory_gb=gb[f], budget_bytes=budget)
+            history = keeper.histories[name]
+            fill = expected[minute] <= budget
+            config = keeper.at_mean(keeper.config)
+            want = decide(Policy.AUTO, filling(config) if fill else config, history, minute, gb[f])
+            assert keeper.filling(name) is fill and plan == want, (minute, name)
+            chosen.append(fill)
+        if called:
+            at = int(BASE_UNIX // 60) + minute
+            assert keeper.working_set_bytes(at) == expected[minute], minute
+    assert True in chosen and False in chosen  # the budget decides both ways here
+    never = Keeper(None, wall=lambda: now[0], fill_memory=False)
+    always = Keeper(None, wall=lambda: now[0], fill_memory=True)
+    for k in (never, always):
+        k.invoked("a")
+    now[0] += 60
+    for k in (never, always):
+        k.plan("a", Policy.AUTO, memory_gb=1.0, budget_bytes=budget)
+    assert not never.filling("a") and always.filling("a")

@@ -188,8 +188,22 @@ def test_a_node_that_fills_its_budget_plans_at_a_higher_price_as_the_simulator_d
     assert own.cold_start_gb_min(0.5) == pytest.approx(2 * 600 / 60 * 0.5)
     with pytest.raises(ValueError, match="price_factor"):
         PolicyConfig(price_factor=0)
-    filled = build_node(node_settings(tmp_path, fill_memory=True))
-    plain = build_node(node_settings(tmp_path / "plain"))
-    assert filled.sweeper.keeper is not None and plain.sweeper.keeper is not None
-    assert filled.sweeper.keeper.config.price_factor == FILL_PRICE_FACTOR
-    assert plain.sweeper.keeper.config.price_factor == 1.0
+    built = {
+        fill: build_node(node_settings(tmp_path / str(fill), fill_memory=fill))
+        for fill in (True, False, None)
+    }
+    for fill, node in built.items():  # the plans decide the price: the node's is plain
+        assert node.sweeper.keeper is not None and node.sweeper.keeper.config.price_factor == 1
+        # by default, none under the default budget (a share of physical memory)
+        assert node.sweeper.keeper.fill_memory is (fill or False)
+    given = build_node(node_settings(tmp_path / "given", memory_budget_bytes=2**30))
+    assert given.sweeper.keeper is not None and given.sweeper.keeper.fill_memory is None
+
+
+def test_a_plan_fills_the_budget_while_what_fixed_keep_alive_holds_fits_it() -> None:
+    from fnrt.runtime.prewarm.policies import FILL_SHARE, fills
+
+    assert fills(3 * 2**30, 4 * 2**30) and fills(4 * 2**30, 4 * 2**30)
+    assert not fills(5 * 2**30, 4 * 2**30)
+    assert not fills(0, None)  # no budget: nothing to fill
+    assert FILL_SHARE == 1.0
