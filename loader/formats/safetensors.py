@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import math
 import os
 import struct
 import threading
@@ -112,17 +113,28 @@ _filling = threading.Condition()  # its count: fills in flight in this process
 _fills = [0]
 
 
-def core_idle() -> bool:
+def core_idle(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> bool:
     """Whether a core this process may run on is idle now: fewer threads running on the
-    machine (``/proc/loadavg``'s fourth field, the caller included) than such cores.
-    True where that cannot be read."""
+    machine (``/proc/loadavg``'s fourth field, the caller included) than such cores,
+    which a cgroup's CPU quota (``cpu.max``, a container's limit) may make fewer than
+    its affinity says. True where that cannot be read."""
     try:
         with open("/proc/loadavg", "rb") as f:
             running = int(f.read().split()[3].split(b"/")[0])
-        cores = len(os.sched_getaffinity(0))
+        cores = float(len(os.sched_getaffinity(0)))
     except (OSError, ValueError, IndexError, AttributeError):
         return True
-    return running < cores
+    return running < min(cores, quota_cores(cpu_max))
+
+
+def quota_cores(cpu_max: Path) -> float:
+    """The cores a cgroup v2 CPU quota allows (``cpu.max``: ``QUOTA PERIOD``, or
+    ``max PERIOD``); infinity with none, or where it cannot be read."""
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        return math.inf if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return math.inf
 
 
 def settled(timeout_s: float) -> bool:

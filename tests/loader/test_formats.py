@@ -170,3 +170,13 @@ def test_what_a_load_did_not_take_is_let_go(tmp_path: Path) -> None:
     ahead.close()  # the load used its own reader
     assert ahead.wait(10)
     assert _mapped_pages(st.tensors(path)["w"].numpy())[0] == 0  # a mapping of its own
+
+
+def test_a_cgroup_quota_counts_as_fewer_cores(tmp_path: Path) -> None:
+    cpu_max = tmp_path / "cpu.max"
+    assert st.quota_cores(cpu_max) == float("inf")  # no cgroup v2 file: no quota
+    cpu_max.write_text("max 100000\n")
+    assert st.quota_cores(cpu_max) == float("inf")
+    cpu_max.write_text("50000 100000\n")  # half a core: never one idle beside the caller
+    assert st.quota_cores(cpu_max) == 0.5
+    assert not st.core_idle(cpu_max)
