@@ -15,10 +15,12 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, getitem, itemgetter
 from typing import Any, BinaryIO
 
 import orjson
+
+from fnrt.tracing.recorder import SPAN_ID_CHARS, TRACE_ID_CHARS
 
 
 class AccessLog:
@@ -74,10 +76,10 @@ class AccessLog:
 
     def requests(self, ended: Sequence[tuple[Any, ...]]) -> None:
         """Queue the lines of requests that ended together (a tuple each: route,
-        function, version, status, milliseconds, cold start, trace ids, as
+        function, version, status, milliseconds, cold start, server span or None, as
         ``Telemetry.request`` keeps them): one stamp and one append for them all, and the
         usual lines (no cold start; traced or not) made with ``map`` (no Python frame a
-        line)."""
+        line), a traced one's ids cut from its span's ``traceparent``."""
         now = time.time()
         second = int(now)
         if second != self._second:
@@ -98,18 +100,25 @@ class AccessLog:
         # traced and warm (every request, tracing at 100%): the same, with the trace's ids
         traced = [e for e in ended if e[5] is None and e[6] is not None]
         if traced:
+            parents = list(map(_TRACEPARENT, map(_SPAN, traced)))
+            ids = zip(
+                map(getitem, parents, repeat(TRACE_ID_CHARS)),
+                map(getitem, parents, repeat(SPAN_ID_CHARS)),
+                strict=True,
+            )
             rows = map(tuple.__add__, repeat(head), map(_FIELDS, traced))
-            rows = map(tuple.__add__, rows, map(_TRACE, traced))
+            rows = map(tuple.__add__, rows, ids)
             self._lines.extend(map(orjson.dumps, map(dict, map(zip, repeat(_TRACED_KEYS), rows))))
         if len(plain) + len(traced) < len(ended):
-            for route, function, version, status, ms, cold_start, trace, *_ in ended:
+            for route, function, version, status, ms, cold_start, span, *_ in ended:
                 if cold_start is None:
                     continue
                 line = dict(zip(_KEYS, (*head, route, function, version, status, ms), strict=True))
                 if cold_start is not None:
                     line["cold_start"] = cold_start
-                if trace is not None:
-                    line["trace_id"], line["span_id"] = trace
+                if span is not None:
+                    line["trace_id"] = span.traceparent[TRACE_ID_CHARS]
+                    line["span_id"] = span.traceparent[SPAN_ID_CHARS]
                 self._lines.append(orjson.dumps(line))
 
     def flush(self) -> None:
@@ -149,6 +158,8 @@ _KEYS = (
     "duration_ms",
 )
 _FIELDS = itemgetter(0, 1, 2, 3, 4)
-#: A traced line's keys (the trace's and span's ids last), and where they come from.
+#: A traced line's keys (the trace's and span's ids last, cut from the ``traceparent``
+#: of the span an ended request carries).
 _TRACED_KEYS = (*_KEYS, "trace_id", "span_id")
-_TRACE = itemgetter(6)
+_SPAN = itemgetter(6)
+_TRACEPARENT = attrgetter("traceparent")

@@ -377,6 +377,28 @@ class ServerSpan(list[Any]):
 _S_SINK, _S_RARE = 12, 13
 #: A ServerSpan's head, the request it ends as: one C call
 _REQUEST = itemgetter(*range(12))
+#: Where a :class:`ServerSpan` keeps its end time (0 while it runs): the data path ends
+#: a request's span by setting it, and :func:`answered` makes the turn's requests.
+END_NS = 5
+_RARE_OF = itemgetter(_S_RARE)
+_STATUS_OF = itemgetter(0)
+
+
+def answered(spans: Sequence[ServerSpan], responses: Sequence[Response]) -> list[Flat]:
+    """The requests that recorded ``spans`` end as (see :data:`Flat`), each answered as
+    its item of ``responses`` says: what :meth:`ServerSpan.ended` makes of each, for a
+    turn's requests at once, with no Python frame a request unless one failed (5xx) or
+    has what a span seldom has. Each span's end time is set already (at ``END_NS``,
+    when its answer was sent: see ``fnrt.tracing.telemetry.Telemetry.request``)."""
+    deque(map(setitem, spans, repeat(7), responses), maxlen=0)
+    if max(map(_STATUS_OF, responses), default=0) >= 500 or any(map(_RARE_OF, spans)):
+        for span, (status_code, *_) in zip(spans, responses, strict=True):
+            if status_code >= 500:
+                span._more().status = StatusCode.ERROR
+            rare: _Rare | None = span[_S_RARE]
+            if rare is not None:
+                span[10] = rare.flat()
+    return list(map(_REQUEST, spans))
 
 
 def set_queued(spans: Iterable[ServerSpan], queued: Iterable[Queued]) -> None:
@@ -591,6 +613,12 @@ def parse_traceparent(value: str | None, trace_state: str | None = None) -> Span
         state if len(state) <= _MAX_TRACE_STATE else "",
         remote=True,
     )
+
+
+#: Where a ``traceparent`` (``00-{trace id}-{span id}-{flags}``) holds the trace's id and
+#: the span's, in hex (the request log's ids).
+TRACE_ID_CHARS = slice(3, 35)
+SPAN_ID_CHARS = slice(36, 52)
 
 
 def format_traceparent(context: SpanContext) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 from fnrt.tracing.recorder import (
+    SPAN_ID_CHARS,
+    TRACE_ID_CHARS,
     BaseSpan,
     ServerSpan,
     Span,
@@ -149,4 +151,4 @@ def ids(span: Span | ServerSpan | None) -> tuple[str, str] | None:
     if span is None:
         return None
     traceparent = span.traceparent  # 00-{trace id}-{span id}-{flags}
-    return traceparent[3:35], traceparent[36:52]
+    return traceparent[TRACE_ID_CHARS], traceparent[SPAN_ID_CHARS]

@@ -8,10 +8,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
+from time import time_ns
 
 from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
-from fnrt.tracing.recorder import Flat
+from fnrt.tracing.recorder import END_NS, ServerSpan, answered
 from fnrt.tracing.spans import Tracing
 
 
@@ -24,8 +25,8 @@ class Telemetry:
     access: AccessLog | None = None
     #: requests ended since the last :meth:`flush` (a turn of the event loop ago at most)
     ended: list[Ended] = field(default_factory=list)
-    #: the spans of those requests, when recorded (``ServerSpan.ended``), exported at once
-    spans: list[Flat] = field(default_factory=list)
+    #: those of them whose spans are recorded, exported at once (:func:`answered`)
+    spans: list[Ended] = field(default_factory=list)
 
     def request(
         self,
@@ -35,31 +36,35 @@ class Telemetry:
         status: int,
         seconds: float,
         cold_start: str | None,
-        trace: tuple[str, str] | None,
-        span: Flat | None = None,
+        span: ServerSpan | None = None,
     ) -> None:
         """One request ended: its metrics and its request-log line are made with the
         others that ended in the same turn of the event loop (the answers of a batch),
-        at the end of it (:meth:`flush`), and so is its ended span (``span``), when
-        recorded. An append a request."""
+        at the end of it (:meth:`flush`), and so is its span (``span``, its server span
+        when tracing is on), when recorded: ended here (its end time set), made the
+        request it exports as at the turn's end (:func:`answered`), with the log's ids
+        cut from its ``traceparent`` there. An append a request."""
         ended = self.ended
         if not ended:
             asyncio.get_running_loop().call_soon(self.flush)
         ms = round(seconds * 1000, 3)  # as the request log shows it
-        ended.append((route, function, version, status, ms, cold_start, trace, seconds))
-        if span is not None:
-            self.spans.append(span)
+        request = (route, function, version, status, ms, cold_start, span, seconds)
+        ended.append(request)
+        if span is not None and span.recording and not span[END_NS]:  # not ended already
+            span[END_NS] = time_ns()
+            self.spans.append(request)
 
     def flush(self) -> None:
         """The metrics and log lines of the requests ended since the last flush: counted
         per label set and per histogram bucket with ``Counter`` and ``map`` (no Python
-        frame an item), the log lines queued at once."""
+        frame an item), the log lines queued at once, and the recorded spans handed to
+        the tracer's export at once."""
         ended, self.ended = self.ended, []
         if self.spans:
-            spans, self.spans = self.spans, []
+            traced, self.spans = self.spans, []
             tracer = self.tracing.tracer
             if tracer is not None:
-                tracer.export(spans)
+                tracer.export(answered(list(map(_SPAN, traced)), list(map(_RESPONSE, traced))))
         if not ended:
             return
         if len(ended) == 1:  # a lone request (one connection): no Counter, set or map
@@ -101,9 +106,13 @@ class Telemetry:
 
 
 #: A request as it ended: route, function, version, status, milliseconds (rounded as
-#: the request log writes them), the tier of its cold start, its trace's and span's ids,
-#: seconds.
-Ended = tuple[str, str, str, int, float, "str | None", "tuple[str, str] | None", float]
+#: the request log writes them), the tier of its cold start, its server span (None:
+#: tracing off), seconds.
+Ended = tuple[str, str, str, int, float, "str | None", "ServerSpan | None", float]
 _LABELS = itemgetter(1, 2, 3)
+_SPAN = itemgetter(6)
+#: What answered a request, as its span keeps it (``recorder.Response``): status
+#: code, function, version, the cold start's tier.
+_RESPONSE = itemgetter(3, 1, 2, 5)
 _FUNCTION = itemgetter(1)
 _SECONDS = itemgetter(7)

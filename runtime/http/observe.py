@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Protocol
 
-from fnrt.tracing.spans import ids
 from fnrt.tracing.telemetry import Telemetry
 
 
@@ -42,22 +41,16 @@ def server_span(
 
 
 def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:
+    """The request ended: its metrics, log line and span, made with those of the others
+    that end in this turn of the event loop, at its end (``Telemetry.request``)."""
     if telemetry is None:
         return
-    seconds = time.perf_counter() - trail.started_s
-    span = trail.span
-    if span is None:
-        telemetry.request(
-            trail.route, trail.function, trail.version, status, seconds, trail.cold_tier, None
-        )
-        return
-    telemetry.request(  # its metrics, log line and span: with the batch's, at the turn's end
+    telemetry.request(
         trail.route,
         trail.function,
         trail.version,
         status,
-        seconds,
+        time.perf_counter() - trail.started_s,
         trail.cold_tier,
-        ids(span),
-        span.ended(status, trail.function, trail.version, trail.cold_tier),
+        trail.span,
     )

@@ -113,6 +113,8 @@ def test_one_batch_span_links_every_request_it_served(
     server, exporter = traced
     with server.client() as c:
         c.post("/v1/functions/echo/invoke", json={"x": X})  # load it first
+    # its spans leave at the end of the server's turn, which may come after the answer
+    wait_until(lambda: len(by_name(exporter.spans, "encode")) == 1)
     gate("release").clear()
     exporter.clear()
     results: list[int] = []

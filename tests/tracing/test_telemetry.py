@@ -14,9 +14,26 @@ from fnrt.tracing.access import AccessLog
 from fnrt.tracing.config import TraceConfig
 from fnrt.tracing.export import BatchExporter, MemoryExporter
 from fnrt.tracing.metrics import Metrics
-from fnrt.tracing.recorder import Tracer
-from fnrt.tracing.spans import Tracing, ids
+from fnrt.tracing.recorder import (
+    END_NS,
+    Flat,
+    ServerSpan,
+    SpanContext,
+    Tracer,
+    format_traceparent,
+    server_span,
+)
+from fnrt.tracing.spans import Tracing, fail
 from fnrt.tracing.telemetry import Telemetry
+
+HTTP = ("POST", "/v1/functions/{name}/invoke", "/v1/functions/a/invoke", "")
+
+
+def _span(trace_id: str, span_id: str, sink: Any = None) -> ServerSpan:
+    """A server span with these ids (recorded into ``sink``, when given)."""
+    context = SpanContext(int(trace_id, 16), int(span_id, 16), True)
+    return server_span(context, None, format_traceparent(context), HTTP, 1, sink)
+
 
 ENDED: list[tuple[str, str, str, int, float, str | None, tuple[str, str] | None]] = [
     ("/v1/functions/{name}/invoke", "a", "v-1", 200, 0.0012, None, None),
@@ -44,8 +61,8 @@ def test_a_turns_requests_make_what_each_request_made_alone() -> None:
         alone.access.request(route, function, version, status, seconds, cold, trace)
 
     async def turn() -> None:
-        for ended in ENDED:
-            batched.request(*ended)
+        for *ended, trace in ENDED:  # a traced request's ids come from its span
+            batched.request(*ended, None if trace is None else _span(*trace))  # type: ignore[arg-type]
         assert len(batched.ended) == len(ENDED)  # nothing made yet: an append each
         await asyncio.sleep(0)  # the end of the turn
         assert batched.ended == []
@@ -66,8 +83,8 @@ def test_a_turn_with_one_request_makes_what_it_made_alone() -> None:
         reference.metrics.request(function, version, status, seconds)
 
     async def turns() -> None:
-        for ended in ENDED:
-            each.request(*ended)
+        for *ended, trace in ENDED:
+            each.request(*ended, None if trace is None else _span(*trace))  # type: ignore[arg-type]
             assert len(each.ended) == 1
             await asyncio.sleep(0)  # the end of its turn
 
@@ -77,7 +94,7 @@ def test_a_turn_with_one_request_makes_what_it_made_alone() -> None:
 
 
 def test_a_turns_request_spans_are_exported_at_its_end_and_bounded() -> None:
-    """Requests' spans ended on the data path (``ServerSpan.ended``) reach the exporter
+    """Requests' spans ended on the data path (``Telemetry.request``) reach the exporter
     together at the end of their turn, bounded as one at a time are (past
     ``max_queued``, dropped and counted); an unsampled one makes none."""
     memory = MemoryExporter()
@@ -89,8 +106,7 @@ def test_a_turns_request_spans_are_exported_at_its_end_and_bounded() -> None:
 
     async def turn(n: int) -> None:
         for span in [tracer.start_server(http) for _ in range(n)] + [unsampled.start_server(http)]:
-            request = span.ended(200, "a", "v-1")
-            telemetry.request(http[1], "a", "v-1", 200, 0.001, None, ids(span), request)
+            telemetry.request(http[1], "a", "v-1", 200, 0.001, None, span)
         assert len(telemetry.spans) == n  # nothing handed over yet
         await asyncio.sleep(0)  # the end of the turn
         assert telemetry.spans == []
@@ -101,3 +117,52 @@ def test_a_turns_request_spans_are_exported_at_its_end_and_bounded() -> None:
     assert batcher.dropped == 1
     telemetry.close()  # the exporter ships what it holds
     assert [s.attributes["http.response.status_code"] for s in memory.spans] == [200] * 3
+
+
+def test_a_turns_spans_end_as_each_would_have_ended_alone() -> None:
+    """The spans a turn's requests end with (``Telemetry.request``, made requests to
+    export at the turn's end) are what ``ServerSpan.ended`` makes of each: what
+    answered, a 5xx an error, attributes and exceptions set on one kept; a span ended
+    already is not exported again, and an unsampled one not at all."""
+    exported: list[Flat] = []
+    tracer = Tracer(TraceConfig(), exported.append, None, exported.extend)
+    telemetry = Telemetry(tracing=Tracing(tracer), metrics=Metrics(gpu=False))
+    reference: list[Flat] = []
+    answers = [(200, "a", "v-1", None), (503, "a", "v-1", None), (200, "b", "v-2", "l2")]
+    answers += [(500, "a", "v-1", None), (200, "a", "v-1", None)]
+    pairs = [
+        (
+            _span(f"{i + 1:032x}", f"{i + 1:016x}", exported.append),
+            _span(f"{i + 1:032x}", f"{i + 1:016x}", reference.append),
+        )
+        for i in range(len(answers))
+    ]
+    failed, twin = pairs[3]  # an error recorded on it, and an attribute
+    fail(failed, RuntimeError("boom"))
+    failed.set_attribute("fnrt.split", 2)
+    twin[-1] = failed[-1]  # the same rare part (the exception's event has a time)
+    for span in pairs[2]:
+        span.queued = (2, 3, "high")
+        span.encoded = (4, 5, 64)
+    pairs[4][0].finish(404, "x", "v-0")  # ended already: it keeps what it had
+    exported.clear()
+    unsampled = _span("f" * 32, "f" * 16)  # no sink: not recorded
+
+    async def turn() -> None:
+        for (span, _), (status, function, version, cold) in zip(pairs, answers, strict=True):
+            telemetry.request("/r", function, version, status, 0.001, cold, span)
+        telemetry.request("/r", "a", "v-1", 200, 0.001, None, unsampled)
+        assert exported == []  # nothing made before the turn's end
+        await asyncio.sleep(0)
+
+    asyncio.run(turn())
+    for (_, twin), (status, function, version, cold) in zip(pairs[:4], answers[:4], strict=True):
+        twin.finish(status, function, version, cold)
+    assert all(span[END_NS] for span, _ in pairs) and not unsampled[END_NS]
+
+    def timeless(flat: Flat) -> Flat:
+        return (*flat[:END_NS], *flat[END_NS + 1 :])
+
+    assert len(exported) == 4
+    assert [timeless(f) for f in exported] == [timeless(f) for f in reference]
+    assert exported[1][10][2] == exported[3][10][2] == 2  # 5xx: an error (StatusCode.ERROR)
