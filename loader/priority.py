@@ -10,6 +10,17 @@ thread of its own at the lowest priority (``LOW_NICE``), so it takes only the
 CPU that serving leaves; its main thread, which serves once it is given a
 function, keeps the server's priority throughout.
 
+A thread's nice value weighs only against the threads of its own scheduling
+group. With autogroups on (``/proc/sys/kernel/sched_autogroup_enabled``, the
+default of most distributions, for processes in the root CPU cgroup) every
+session is a group, and a worker starts a session of its own: its group
+competes with the server's as an equal whatever its threads' nice values
+(measured: the nice-19 import thread alone took as much of the burst as at
+nice 0). So the spare also lowers its session's group (``/proc/self/autogroup``,
+:func:`set_group_nice`) while it imports, and raises it back after; raising
+a group back to 0 needs no privilege, only a tenth of a second between any
+two writes on the machine.
+
 On Linux a nice value belongs to a thread, and threads inherit their creator's:
 the imports run on a thread whose nice is raised, and the threads they start
 (``import torch`` starts none; torch's intra-op threads start in the rehearsal,
@@ -23,13 +34,45 @@ says so in its log.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 #: The nice value a spare's imports run at, above the server's (the lowest priority).
 LOW_NICE = 19
+#: How long a write to an autogroup's nice value is tried again while the kernel
+#: answers EAGAIN (it takes one write a tenth of a second on the whole machine).
+GROUP_RETRY_S = 1.0
+
+
+def group_nice(pid: int) -> int | None:
+    """The nice value of the autogroup of process ``pid`` (None: no autogroups here, or
+    it exited)."""
+    try:
+        text = Path(f"/proc/{pid}/autogroup").read_text()
+    except OSError:
+        return None
+    fields = text.split()
+    return int(fields[-1]) if len(fields) >= 3 and fields[-2] == "nice" else None
+
+
+def set_group_nice(pid: int, nice: int) -> bool:
+    """Set the nice value of the autogroup (the session's scheduling group) of process
+    ``pid``; whether it was set (False: no autogroups here, it exited, or a value
+    below 0 without the right to it)."""
+    path = Path(f"/proc/{pid}/autogroup")
+    deadline = time.monotonic() + GROUP_RETRY_S
+    while True:
+        try:
+            path.write_text(str(nice))
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN or time.monotonic() > deadline:
+                return False
+        time.sleep(0.02)  # the kernel's rate limit: a tenth of a second between writes
 
 
 def thread_nices(pid: int) -> dict[int, int]:
@@ -74,8 +117,12 @@ def own_nice() -> int:
 
 def restore(pid: int, nice: int | None = None) -> bool:
     """Bring every thread of process ``pid`` whose nice value is above ``nice`` (None:
-    its main thread's) back to it; whether none is left above it (False: not allowed
-    here, see the module's note). A process that ended has none."""
+    its main thread's) back to it, and its autogroup to 0 where it is above; whether no
+    thread is left above it (False: not allowed here, see the module's note). A
+    process that ended has none."""
+    grouped = group_nice(pid)
+    if grouped is not None and grouped > 0:
+        set_group_nice(pid, 0)
     nices = thread_nices(pid)
     if nice is None:
         nice = nices.get(pid, 0)

@@ -59,7 +59,14 @@ from fnrt.loader.descendants import TOKEN_VARIABLE, become_subreaper, start_keep
 from fnrt.loader.device import context_cost, free_bytes_now, process_device_bytes
 from fnrt.loader.imports import from_site, site_roots
 from fnrt.loader.instance import Built, Ran, build_handler, run_checked
-from fnrt.loader.priority import in_background, restore, thread_nices
+from fnrt.loader.priority import (
+    LOW_NICE,
+    group_nice,
+    in_background,
+    restore,
+    set_group_nice,
+    thread_nices,
+)
 from fnrt.loader.staging import Stager
 from fnrt.loader.transfer import pinned_ring_bytes
 from fnrt.tracing.handler_spans import capture
@@ -382,7 +389,14 @@ def _serve(argv: list[str]) -> int:
         names = [name for name in options["--spare"].split(",") if name]
         nice = int(options.get("--nice", "0"))
         if nice:  # a replacement: its imports take only what serving leaves (priority.py)
-            in_background(lambda: import_ahead(names), nice)
+            grouped = group_nice(os.getpid())  # its session's group: what the server's meets
+            low = min(grouped + nice, LOW_NICE) if grouped is not None else None
+            lowered = low is not None and set_group_nice(os.getpid(), low)
+            try:
+                in_background(lambda: import_ahead(names), nice)
+            finally:
+                if lowered and grouped is not None:
+                    set_group_nice(os.getpid(), grouped)
             if not restore(os.getpid()):
                 log.warning(
                     "a spare's imports left threads at a low priority (not allowed to raise "

@@ -9,7 +9,15 @@ import threading
 
 import pytest
 
-from fnrt.loader.priority import in_background, own_nice, restore, thread_nices
+from fnrt.loader.priority import (
+    LOW_NICE,
+    group_nice,
+    in_background,
+    own_nice,
+    restore,
+    set_group_nice,
+    thread_nices,
+)
 
 
 def test_work_in_the_background_runs_lower_and_the_caller_stays_where_it_was() -> None:
@@ -64,3 +72,21 @@ def test_a_process_that_ended_has_no_threads_to_restore() -> None:
     pid = int(ended.stdout)
     assert thread_nices(pid) == {}
     assert restore(pid)
+
+
+def test_a_sessions_scheduling_group_is_lowered_and_raised_back() -> None:
+    session = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        start_new_session=True,  # as a worker: a session, so an autogroup, of its own
+    )
+    try:
+        if group_nice(session.pid) is None:
+            pytest.skip("no autogroups on this kernel")
+        assert set_group_nice(session.pid, LOW_NICE)
+        assert group_nice(session.pid) == LOW_NICE
+        assert set_group_nice(session.pid, 0)  # raising it back to 0 needs no privilege
+        assert group_nice(session.pid) == 0
+    finally:
+        session.kill()
+        session.wait()

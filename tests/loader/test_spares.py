@@ -21,7 +21,7 @@ from fnrt.loader.device import detect_device
 from fnrt.loader.environment import Environment
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.launch import launch
-from fnrt.loader.priority import LOW_NICE, own_nice, thread_nices
+from fnrt.loader.priority import LOW_NICE, group_nice, own_nice, thread_nices
 from fnrt.loader.process import ProcessInstance
 from fnrt.loader.repository import Repository
 from fnrt.loader.spares import SpareWorkers, Started, end
@@ -420,8 +420,11 @@ def test_a_replacement_imports_at_the_lowest_priority_and_serves_at_the_servers(
         # (which will serve) at the server's
         assert list(_above_main(spare.process.pid).values()) == [LOW_NICE]
         assert thread_nices(spare.process.pid)[spare.process.pid] == own_nice()
+        # and its session's scheduling group, which is what meets the server's (autogroups)
+        assert group_nice(spare.process.pid) in (None, LOW_NICE)
         os.close(held)
         assert spare.wait_ready(60)
+        assert group_nice(spare.process.pid) in (None, 0)  # back once its imports are done
         loader, vm = _loader(tmp_path, pool)
         instance = _cold_start(loader, vm)  # takes it
         assert _served_by(instance) == spare.process.pid
@@ -441,6 +444,7 @@ def test_a_spare_a_deploy_or_the_start_waits_for_imports_at_the_servers_priority
         held = _importing(gate)
         (spare,) = pool._spares
         assert not _above_main(spare.process.pid)
+        assert group_nice(spare.process.pid) in (None, 0)
         os.close(held)
         assert spare.wait_ready(60)
     finally:
@@ -458,6 +462,7 @@ def test_a_cold_start_raises_a_replacement_still_warming_before_it_waits(gate: P
         with ThreadPoolExecutor(1) as waiting:
             taking = waiting.submit(pool.take)  # a cold start: it waits for the imports
             wait_until(lambda: not _above_main(spare.process.pid), timeout_s=30)
+            assert group_nice(spare.process.pid) in (None, 0)
             assert not taking.done()
             os.close(held)
             assert taking.result(60) is spare
