@@ -743,10 +743,14 @@ class Tracer:
             self._sink if context.sampled else None,
         )
 
-    def start_server(self, http: Http, parent: SpanContext | None = None) -> ServerSpan:
-        """The span of one request on the data path (a new trace when ``parent``, the
-        caller's, is None); sampled by the sampler's rule."""
-        if parent is None and self._always_on:  # the common case: one list, built in C
+    def start_request(
+        self, method: str, route: str, path: str, headers: Mapping[str, str]
+    ) -> ServerSpan:
+        """The span of one HTTP request (:meth:`start_server`), continuing the caller's
+        trace when its headers (``traceparent``, ``tracestate``) name one. The data path's
+        way in: the common case (every trace sampled, no caller's trace) builds the list
+        here, in C, with no other Python frame."""
+        if self._always_on and "traceparent" not in headers:
             trace_id, span_id = self._bits(128) or 1, self._bits(64) or 1
             span = ServerSpan(
                 (
@@ -756,7 +760,7 @@ class Tracer:
                     None,
                     time_ns(),
                     0,
-                    http,
+                    (method, route, path, headers.get("user-agent", "")),
                     None,
                     None,
                     None,
@@ -770,6 +774,14 @@ class Tracer:
             span.traceparent = "00-%032x-%016x-01" % (trace_id, span_id)  # noqa: UP031 (format_traceparent's)
             span.recording = True
             return span
+        traceparent = headers.get("traceparent")
+        parent = parse_traceparent(traceparent, headers.get("tracestate")) if traceparent else None
+        # an unsampled span only carries ids (for traceresponse and the request log)
+        return self.start_server((method, route, path, headers.get("user-agent", "")), parent)
+
+    def start_server(self, http: Http, parent: SpanContext | None = None) -> ServerSpan:
+        """The span of one request on the data path (a new trace when ``parent``, the
+        caller's, is None); sampled by the sampler's rule."""
         context = self._context(parent)
         return server_span(
             context,

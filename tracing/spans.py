@@ -30,7 +30,6 @@ from fnrt.tracing.recorder import (
     StatusCode,
     Tracer,
     format_traceparent,
-    parse_traceparent,
 )
 
 
@@ -47,14 +46,11 @@ class Tracing:
     def server_span(
         self, method: str, route: str, path: str, headers: Mapping[str, str]
     ) -> ServerSpan | None:
-        """The span of one HTTP request, continuing the caller's trace when it sent one."""
+        """The span of one HTTP request, continuing the caller's trace when it sent one
+        (:meth:`Tracer.start_request`)."""
         if self.tracer is None:
             return None
-        traceparent = headers.get("traceparent")
-        parent = parse_traceparent(traceparent, headers.get("tracestate")) if traceparent else None
-        # an unsampled span only carries ids (for traceresponse and the request log)
-        http = (method, route, path, headers.get("user-agent", ""))
-        return self.tracer.start_server(http, parent)
+        return self.tracer.start_request(method, route, path, headers)
 
     def start(self, name: str, *, kind: SpanKind = SpanKind.INTERNAL) -> Span | None:
         """A span that begins a trace (a client's call)."""

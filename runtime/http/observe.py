@@ -34,10 +34,14 @@ def server_span(
     scope: MutableMapping[str, Any],
     headers: Mapping[str, str],
 ) -> Any:
-    """The request's server span (None without telemetry)."""
+    """The request's server span (None without telemetry or tracing): the tracer's
+    ``start_request``, called from here (one frame less than through ``Tracing``)."""
     if telemetry is None:
         return None
-    return telemetry.tracing.server_span(scope["method"], route, scope["path"], headers)
+    tracer = telemetry.tracing.tracer
+    if tracer is None:
+        return None
+    return tracer.start_request(scope["method"], route, scope["path"], headers)
 
 
 def end(telemetry: Telemetry | None, trail: Trail, status: int) -> None:

@@ -241,3 +241,33 @@ def test_a_traced_requests_exported_spans_are_pinned() -> None:
     parents = [as_span(s).parent for item in ended for s in expand(item)]
     assert parents[2] is not None and parents[2].remote and parents[2].trace_state == "k=v"
     assert {as_span(s).context.trace_state for s in expand(ended[2])} == {"k=v"}
+
+
+def test_a_requests_span_starts_as_its_headers_say() -> None:
+    """``Tracer.start_request`` (the data path's way in, its common case built apart):
+    a new trace without a caller's ``traceparent`` (absent, empty or malformed), the
+    caller's trace when it sent one, and ratio sampling's unrecorded spans, each with
+    its ids in its ``traceparent`` and its HTTP side kept."""
+    ended: list[Flat] = []
+    always = Tracer(TraceConfig(), ended.append)
+    never = Tracer(TraceConfig(sampler="traceidratio", sampler_ratio=0.0), ended.append)
+    agent = {"user-agent": "t"}
+    caller = {"traceparent": f"00-{TRACE}-00f067aa0ba902b7-01", "tracestate": "k=v", **agent}
+    for headers in (agent, {"traceparent": "", **agent}, {"traceparent": "00-x-y-01", **agent}):
+        span = always.start_request("POST", "/r/{name}", "/r/a", headers)
+        assert (
+            span.recording
+            and span.parent is None
+            and span.http == ("POST", "/r/{name}", "/r/a", "t")
+        )
+        assert span.traceparent == format_traceparent(span.context) and span.context.sampled
+        assert span.context.trace_id and span.context.span_id and span.start_ns and not span.end_ns
+    continued = always.start_request("GET", "/r", "/r", caller)
+    assert continued.parent == parse_traceparent(caller["traceparent"], "k=v")
+    assert f"{continued.context.trace_id:032x}" == TRACE and continued.context.trace_state == "k=v"
+    assert continued.traceparent == format_traceparent(continued.context)
+    unrecorded = never.start_request("GET", "/r", "/r", {})
+    assert not unrecorded.recording and unrecorded.traceparent.endswith("-00")
+    unrecorded.finish(200, "f", "v")
+    continued.finish(200, "f", "v")
+    assert [item[0] for item in ended] == [continued.context.trace_id]  # only the recorded
