@@ -15,6 +15,7 @@ import threading
 import urllib.parse
 from collections import deque
 from collections.abc import Mapping, Sequence
+from itertools import islice
 from typing import Any, Protocol, TextIO
 
 import orjson
@@ -203,8 +204,8 @@ class BatchExporter:
     def flush(self) -> None:
         """Export everything taken so far, now (on the calling thread)."""
         pending = self._pending
-        while pending:
-            batch = [pending.popleft() for _ in range(min(len(pending), self.batch_size))]
+        while pending:  # each batch taken in C (iter calls popleft; no frame a span)
+            batch = list(islice(iter(pending.popleft, None), min(len(pending), self.batch_size)))
             try:
                 self.exporter.export(batch)
             except Exception:

@@ -24,6 +24,7 @@ import fcntl
 import json
 import logging
 import marshal
+import math
 import os
 import select
 import signal
@@ -49,6 +50,11 @@ PIPE_BYTES = 1 << 20
 FRAME_SPANS = 256
 #: Spans the shipper posts at most in one request: the frames waiting, together.
 POST_SPANS = 4096
+#: How long the shipper holds the spans it read for more frames before it posts them
+#: (the export thread writes a frame every 50 ms under load): a post costs the shipper
+#: and the collector about as much as encoding a hundred spans, so at thousands of
+#: requests a second one post per half second rather than one per frame.
+POST_HOLD_S = 0.5
 
 
 class ShippedExporter:
@@ -157,24 +163,28 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _waiting(fd: int) -> bool:
-    """Whether more is already written to ``fd`` (the next frame, or its start);
-    ``poll``, not ``select``, which takes no descriptor past 1023."""
+def _waiting(fd: int, timeout_s: float = 0.0) -> bool:
+    """Whether more is written to ``fd`` (the next frame, or its start, or its end)
+    within ``timeout_s``; ``poll``, not ``select``, which takes no descriptor past 1023."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
+    return bool(poller.poll(max(0, math.ceil(timeout_s * 1000))))
 
 
 def serve(
     fd: int,
     post: Callable[[list[Flat]], None],
     max_spans: int = POST_SPANS,
-    waiting: Callable[[int], bool] = _waiting,
+    waiting: Callable[[int, float], bool] = _waiting,
+    hold_s: float = POST_HOLD_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Read frames from ``fd`` until it ends and ``post`` their spans: the frames
-    already waiting together, up to ``max_spans`` a post (a collector's cost is
-    mostly per request), and what is left when it ends."""
+    """Read frames from ``fd`` until it ends and ``post`` their spans: the frames that
+    come within ``hold_s`` of the first one read since the last post together, up to
+    ``max_spans`` a post (a collector's cost is mostly per request), and what is left
+    when it ends."""
     spans: list[Flat] = []
+    due = 0.0
     while True:
         head = _read_exactly(fd, _LENGTH.size)
         frame = None if head is None else _read_exactly(fd, _LENGTH.unpack(head)[0])
@@ -182,8 +192,10 @@ def serve(
             if spans:
                 post(spans)
             return
+        if not spans:
+            due = clock() + hold_s
         spans += marshal.loads(frame)
-        if len(spans) >= max_spans or not waiting(fd):
+        if len(spans) >= max_spans or not waiting(fd, due - clock()):
             post(spans)
             spans = []
 

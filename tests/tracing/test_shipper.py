@@ -135,9 +135,34 @@ def test_a_frame_alone_is_posted_at_once() -> None:
     got: list[list[tuple[object, ...]]] = []
     with os.fdopen(write, "wb") as out:
         out.write(_frame(("a", 1, 2, "", 3, 4, {})) + _frame(("b", 1, 2, "", 3, 4, {})))
-    serve(read, lambda batch: got.append(list(batch)), waiting=lambda fd: False)
+    serve(read, lambda batch: got.append(list(batch)), waiting=lambda fd, timeout_s: False)
     os.close(read)
     assert [[s[0] for s in batch] for batch in got] == [["a"], ["b"]]
+
+
+def test_frames_within_the_hold_go_in_one_post() -> None:
+    """The shipper waits for the next frame as long as is left of ``hold_s`` from the
+    first frame of the post, and posts the frames that came meanwhile together."""
+    read, write = os.pipe()
+    os.write(write, _frame(("a", 1, 2, "", 3, 4, {})))
+    clock = Clock()
+    asked: list[float] = []
+
+    def waiting(fd: int, timeout_s: float) -> bool:
+        asked.append(timeout_s)
+        if len(asked) == 1:  # the next frame comes while the shipper waits
+            clock.now = 0.2
+            os.write(write, _frame(("b", 1, 2, "", 3, 4, {})))
+            return True
+        clock.now = 0.5
+        os.close(write)  # the stream ends after the post
+        return False  # nothing more within the hold: post
+
+    got: list[list[tuple[object, ...]]] = []
+    serve(read, lambda batch: got.append(list(batch)), waiting=waiting, hold_s=0.5, clock=clock)
+    assert asked == pytest.approx([0.5, 0.3])
+    os.close(read)
+    assert [[s[0] for s in batch] for batch in got] == [["a", "b"]]
 
 
 def test_a_server_ships_and_a_client_encodes_in_its_own_thread(collector: OtlpCollector) -> None:
