@@ -16,10 +16,12 @@ default of most distributions, for processes in the root CPU cgroup) every
 session is a group, and a worker starts a session of its own: its group
 competes with the server's as an equal whatever its threads' nice values
 (measured: the nice-19 import thread alone took as much of the burst as at
-nice 0). So the spare also lowers its session's group (``/proc/self/autogroup``,
-:func:`set_group_nice`) while it imports, and raises it back after; raising
-a group back to 0 needs no privilege, only a tenth of a second between any
-two writes on the machine.
+nice 0). So the server lowers a replacement's session's group as it starts it
+(``/proc/PID/autogroup``, :func:`set_group_nice`: its interpreter's own start
+and fnrt's imports, about 0.5 s of a core, run low too), and the spare raises
+it back to 0 (where a session's group starts) once its imports are done;
+raising a group back to 0 needs no privilege, only a tenth of a second
+between any two writes on the machine.
 
 On Linux a nice value belongs to a thread, and threads inherit their creator's:
 the imports run on a thread whose nice is raised, and the threads they start

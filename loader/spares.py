@@ -74,7 +74,7 @@ from pathlib import Path
 from fnrt.loader.descendants import with_token
 from fnrt.loader.environment import Environment
 from fnrt.loader.imports import installed, installed_in
-from fnrt.loader.priority import LOW_NICE, restore
+from fnrt.loader.priority import LOW_NICE, restore, set_group_nice
 from fnrt.loader.stores.file import write_atomic
 
 log = logging.getLogger("fnrt.loader")
@@ -212,6 +212,8 @@ def start_worker(
         theirs.close()
         if ready is not None:
             os.close(passed[1])  # the worker's end of the pipe
+    if imports is not None and nice:  # its interpreter's start too (priority.py)
+        set_group_nice(process.pid, min(nice, LOW_NICE))
     return Started(process, ours, frozenset(names), ready, nice if imports is not None else 0)
 
 

@@ -389,14 +389,16 @@ def _serve(argv: list[str]) -> int:
         names = [name for name in options["--spare"].split(",") if name]
         nice = int(options.get("--nice", "0"))
         if nice:  # a replacement: its imports take only what serving leaves (priority.py)
-            grouped = group_nice(os.getpid())  # its session's group: what the server's meets
-            low = min(grouped + nice, LOW_NICE) if grouped is not None else None
-            lowered = low is not None and set_group_nice(os.getpid(), low)
+            # its session's group, what meets the server's: lowered by the server as it
+            # started (its interpreter's own start), at 0 again once the imports are done
+            grouped = group_nice(os.getpid())
+            if grouped is not None and grouped < min(nice, LOW_NICE):
+                set_group_nice(os.getpid(), min(nice, LOW_NICE))
             try:
                 in_background(lambda: import_ahead(names), nice)
             finally:
-                if lowered and grouped is not None:
-                    set_group_nice(os.getpid(), grouped)
+                if grouped is not None:
+                    set_group_nice(os.getpid(), 0)  # where a session's group starts
             if not restore(os.getpid()):
                 log.warning(
                     "a spare's imports left threads at a low priority (not allowed to raise "
