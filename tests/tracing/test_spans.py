@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from fnrt.runtime import scheduler as sched
+from fnrt.runtime.http.app import build_app
+from fnrt.tracing.access import AccessLog
 from fnrt.tracing.export import MemoryExporter
+from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.recorder import Span, SpanKind, StatusCode
+from fnrt.tracing.setup import TraceConfig, build_tracer
+from fnrt.tracing.spans import Tracing
+from fnrt.tracing.telemetry import Telemetry
 from support import (
     LiveServer,
     gate,
+    make_node,
     publish,
     traced_server,
     wait_until,
@@ -178,3 +187,39 @@ def test_oip_infer_is_traced_too(traced: tuple[LiveServer, MemoryExporter]) -> N
     with server.client() as c:
         assert c.post("/v2/models/echo/infer", json=body).status_code == 200
     wait_until(lambda: bool(by_name(exporter.spans, "POST /v2/models/{name}/infer")))
+
+
+def test_the_request_log_names_the_trace_the_answer_names(tmp_path: Path) -> None:
+    """A traced request's log line carries its trace's and span's ids, cut from its
+    span's ``traceparent`` when its turn ends: the ``traceresponse`` header's and the
+    exported server span's."""
+    log = io.BytesIO()
+    exporter = MemoryExporter()
+    telemetry = Telemetry(
+        Tracing(build_tracer(TraceConfig(), exporter, batch=False)),
+        Metrics(gpu=False),
+        AccessLog(log, 60.0),
+    )
+    node = make_node(tmp_path, telemetry=telemetry)
+    server = LiveServer(build_app(node.settings, node)).start()
+    try:
+        folder = write_function(tmp_path / "src", "echo", GATED.replace("Gated", "Echo"))
+        server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+        gate("release").set()
+        with server.client() as c:
+            answers = [c.post("/v1/functions/echo/invoke", json={"x": X}) for _ in range(2)]
+        wait_until(lambda: len(by_name(exporter.spans, "encode")) == 2)
+    finally:
+        server.stop()
+    assert telemetry.access is not None
+    telemetry.access.flush()
+    lines = [orjson.loads(line) for line in log.getvalue().splitlines()]
+    logged = [
+        (line["trace_id"], line["span_id"]) for line in lines if line["route"].endswith("invoke")
+    ]
+    named = [tuple(a.headers["traceresponse"].split("-")[1:3]) for a in answers]
+    roots = by_name(exporter.spans, "POST /v1/functions/{name}/invoke")
+    exported = [(f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}") for s in roots]
+    assert logged == named == exported
+    assert lines[-1]["status"] == 200 and "cold_start" not in lines[-1]
+    assert lines[-2]["cold_start"] in ("l2", "l3")  # the first: a cold start's line
