@@ -297,8 +297,8 @@ async def serve_raw(
             lines = extra.lines
         else:
             lines = header_lines(_raw_headers(media_type, extra))
-        if trace_header is not None:
-            lines += header_lines((trace_header,))
+        if trace_header is not None:  # fnrt's own: hex digits and dashes
+            lines += b"%s: %s\r\n" % trace_header
         write(status, lines, body)
         return status
     if isinstance(extra, Head):  # encoded already: the content type and who answered
