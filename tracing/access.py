@@ -79,18 +79,36 @@ class AccessLog:
         function, version, status, milliseconds, cold start, server span or None, as
         ``Telemetry.request`` keeps them): one stamp and one append for them all, and the
         usual lines (no cold start; traced or not) made with ``map`` (no Python frame a
-        line), a traced one's ids cut from its span's ``traceparent``."""
+        line), a traced one's ids cut from its span's ``traceparent``; a lone request's
+        line (one connection) as it is, without setting up the maps."""
         now = time.time()
         second = int(now)
         if second != self._second:
             self._second = second
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        head = (
-            f"{self._stamp}.{int((now - second) * 1000):03d}Z",
-            "info",
-            "fnrt.access",
-            "request",
-        )
+        stamp = f"{self._stamp}.{int((now - second) * 1000):03d}Z"
+        if len(ended) == 1:  # a lone request (one connection): its line as it is
+            route, function, version, status, ms, cold_start, span, *_ = ended[0]
+            line = {
+                "ts": stamp,
+                "level": "info",
+                "logger": "fnrt.access",
+                "message": "request",
+                "route": route,
+                "function": function,
+                "version": version,
+                "status": status,
+                "duration_ms": ms,
+            }
+            if cold_start is not None:
+                line["cold_start"] = cold_start
+            if span is not None:
+                traceparent = span.traceparent
+                line["trace_id"] = traceparent[TRACE_ID_CHARS]
+                line["span_id"] = traceparent[SPAN_ID_CHARS]
+            self._lines.append(orjson.dumps(line))
+            return
+        head = (stamp, "info", "fnrt.access", "request")
         plain = [e for e in ended if e[5] is None and e[6] is None]
         if plain:
             rows = map(tuple.__add__, repeat(head), map(_FIELDS, plain))

@@ -390,15 +390,29 @@ def answered(spans: Sequence[ServerSpan], responses: Sequence[Response]) -> list
     turn's requests at once, with no Python frame a request unless one failed (5xx) or
     has what a span seldom has. Each span's end time is set already (at ``END_NS``,
     when its answer was sent: see ``fnrt.tracing.telemetry.Telemetry.request``)."""
+    if len(spans) <= 2:  # one connection or two: a plain loop costs them less than the maps
+        requests = []
+        for span, response in zip(spans, responses, strict=True):
+            span[7] = response
+            if response[0] >= 500 or span[_S_RARE] is not None:
+                _rarely(span, response[0])
+            requests.append(_REQUEST(span))
+        return requests
     deque(map(setitem, spans, repeat(7), responses), maxlen=0)
-    if max(map(_STATUS_OF, responses), default=0) >= 500 or any(map(_RARE_OF, spans)):
+    if max(map(_STATUS_OF, responses)) >= 500 or any(map(_RARE_OF, spans)):
         for span, (status_code, *_) in zip(spans, responses, strict=True):
-            if status_code >= 500:
-                span._more().status = StatusCode.ERROR
-            rare: _Rare | None = span[_S_RARE]
-            if rare is not None:
-                span[10] = rare.flat()
+            _rarely(span, status_code)
     return list(map(_REQUEST, spans))
+
+
+def _rarely(span: ServerSpan, status_code: int) -> None:
+    """What :meth:`ServerSpan.ended` does for a 5xx (an error) and a span's rare part
+    (made flat into its head)."""
+    if status_code >= 500:
+        span._more().status = StatusCode.ERROR
+    rare: _Rare | None = span[_S_RARE]
+    if rare is not None:
+        span[10] = rare.flat()
 
 
 def set_queued(spans: Iterable[ServerSpan], queued: Iterable[Queued]) -> None:

@@ -9,6 +9,7 @@ import io
 from typing import Any
 
 import orjson
+import pytest
 
 from fnrt.tracing.access import AccessLog
 from fnrt.tracing.config import TraceConfig
@@ -77,10 +78,15 @@ def test_a_turns_requests_make_what_each_request_made_alone() -> None:
 
 
 def test_a_turn_with_one_request_makes_what_it_made_alone() -> None:
-    """A lone request's turn (one connection) takes the short way: the same metrics."""
-    reference, each = Telemetry(metrics=Metrics(gpu=False)), Telemetry(metrics=Metrics(gpu=False))
-    for _, function, version, status, seconds, _, _ in ENDED:
+    """A lone request's turn (one connection) takes the short way: the same metrics and
+    log lines."""
+    one_by_one, lone = io.BytesIO(), io.BytesIO()
+    reference = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(one_by_one, 60.0))
+    each = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(lone, 60.0))
+    for route, function, version, status, seconds, cold, trace in ENDED:
         reference.metrics.request(function, version, status, seconds)
+        assert reference.access is not None
+        reference.access.request(route, function, version, status, seconds, cold, trace)
 
     async def turns() -> None:
         for *ended, trace in ENDED:
@@ -91,6 +97,9 @@ def test_a_turn_with_one_request_makes_what_it_made_alone() -> None:
     asyncio.run(turns())
     assert each.metrics.requests.values == reference.metrics.requests.values
     assert each.metrics.request_seconds.series == reference.metrics.request_seconds.series
+    reference.close()
+    each.close()
+    assert _lines(lone) == _lines(one_by_one)
 
 
 def test_a_turns_request_spans_are_exported_at_its_end_and_bounded() -> None:
@@ -119,11 +128,13 @@ def test_a_turns_request_spans_are_exported_at_its_end_and_bounded() -> None:
     assert [s.attributes["http.response.status_code"] for s in memory.spans] == [200] * 3
 
 
-def test_a_turns_spans_end_as_each_would_have_ended_alone() -> None:
+@pytest.mark.parametrize("together", [True, False])
+def test_a_turns_spans_end_as_each_would_have_ended_alone(together: bool) -> None:
     """The spans a turn's requests end with (``Telemetry.request``, made requests to
     export at the turn's end) are what ``ServerSpan.ended`` makes of each: what
     answered, a 5xx an error, attributes and exceptions set on one kept; a span ended
-    already is not exported again, and an unsampled one not at all."""
+    already is not exported again, and an unsampled one not at all. Whether they end
+    in one turn (the maps) or each in its own (one connection: a plain loop)."""
     exported: list[Flat] = []
     tracer = Tracer(TraceConfig(), exported.append, None, exported.extend)
     telemetry = Telemetry(tracing=Tracing(tracer), metrics=Metrics(gpu=False))
@@ -151,8 +162,11 @@ def test_a_turns_spans_end_as_each_would_have_ended_alone() -> None:
     async def turn() -> None:
         for (span, _), (status, function, version, cold) in zip(pairs, answers, strict=True):
             telemetry.request("/r", function, version, status, 0.001, cold, span)
+            if not together:
+                await asyncio.sleep(0)  # the end of its own turn
         telemetry.request("/r", "a", "v-1", 200, 0.001, None, unsampled)
-        assert exported == []  # nothing made before the turn's end
+        assert together or len(exported) == 4
+        assert not together or exported == []  # nothing made before the turn's end
         await asyncio.sleep(0)
 
     asyncio.run(turn())
