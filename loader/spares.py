@@ -122,9 +122,12 @@ class Started:
         return self.ready_fd is not None
 
     def hurry(self) -> bool:
-        """Whether it runs at the server's priority now: a spare still warming at a low
-        one is raised back where Linux allows it (``priority.py``)."""
-        return not (self.warming and self.nice) or restore(self.process.pid)
+        """Whether it runs at the server's priority now, or is warm: a spare started at
+        a low one is raised back where Linux allows it (``priority.py``; its session's
+        group always: a warm one raised it itself, unless the kernel kept refusing)."""
+        if not self.nice:
+            return True
+        return restore(self.process.pid) or not self.warming
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait until its imports and rehearsal are done, or it ended; whether that was
