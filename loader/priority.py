@@ -31,7 +31,9 @@ the worker back to the server's priority when that is allowed. Lowering a nice
 value needs ``CAP_SYS_NICE`` or a ``RLIMIT_NICE`` that permits it: without
 either, a spare still warming at the low priority is not waited for by a cold
 start (it starts a worker of its own), and a worker whose threads stayed low
-says so in its log.
+says so in its log. A module that can only be imported on a main thread (one
+that sets signal handlers as it is imported) fails on the import thread: it
+is left to the handler's own import, as any import ahead that fails is.
 """
 
 from __future__ import annotations
