@@ -8,7 +8,8 @@ the leanest batching server: every figure #42's "done when" names, in one run.
 All run on uvicorn with uvloop and httptools, one process each, with
 ``OMP_NUM_THREADS=1``, driven by ``wrk`` (Debian package ``wrk``) with the same
 body at the same concurrency, in ``--rounds`` interleaved rounds (drift hits all
-alike; the median round is reported, with each round's ratios):
+alike; each round starts with another server; the median round is reported,
+with each round's ratios):
 
 - ``raw``: a raw ASGI app that reads the body and answers a constant one
   (``raw_app.py``): the floor the stack allows, no model (#42's floor);
@@ -151,11 +152,16 @@ def main() -> None:
         results: dict[tuple[str, str], list[Result]] = {}
         lone: dict[str, list[Result]] = {}
         bursts: list[Result] = []
+        names = list(urls)
         for round_ in range(args.rounds):
+            # each round starts with another server: the first measured after a pause
+            # (the warm-up, the last round's burst) ran 0.64-0.94x its own figure when
+            # measured later, whichever it was
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for fmt in FORMATS:
-                for name, url in urls.items():
+                for name in order:
                     results.setdefault((name, fmt), []).append(
-                        wrk(url, scripts[fmt], args.connections, args.duration_s, pids[name])
+                        wrk(urls[name], scripts[fmt], args.connections, args.duration_s, pids[name])
                     )
             for name, url in urls.items():
                 lone.setdefault(name, []).append(
