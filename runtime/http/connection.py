@@ -158,16 +158,6 @@ class OneWrite:
         else:
             self._pending.append(data)
 
-    def write_whole(self, data: bytes) -> None:
-        """Write a whole answer (head and body in one buffer): at once, unless
-        something written earlier in this turn still waits (then after it)."""
-        if self._pending is not None:
-            self.write(data)
-            return
-        self.written += len(data)
-        if not self._transport.is_closing():
-            self._transport.write(data)
-
     def is_closing(self) -> bool:
         return self._transport.is_closing()
 
@@ -224,11 +214,10 @@ class Answering(RequestResponseCycle):
             b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n",
             body,
         )
-        transport: Any = self.transport
-        if isinstance(transport, OneWrite):
-            transport.write_whole(b"".join(head))
-        else:
-            transport.write(b"".join(head))
+        # through OneWrite: with the other answers of this turn, at its end. Written at
+        # once instead, the loop sat idle a fifth of the time under 32 connections and
+        # served 0.8x the requests/s (interleaved runs, 2026-12-06)
+        self.transport.write(b"".join(head))
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:
