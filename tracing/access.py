@@ -52,13 +52,8 @@ class AccessLog:
         """Queue one request's line (the request path: one dict, a dump and an append):
         its route, who answered, the status, the time in ms, the tier of a cold start,
         and its trace's and span's ids (:func:`fnrt.tracing.spans.ids`)."""
-        now = time.time()
-        second = int(now)
-        if second != self._second:  # strftime once a second, not once a line
-            self._second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         line: dict[str, Any] = {
-            "ts": f"{self._stamp}.{int((now - second) * 1000):03d}Z",
+            "ts": self._timestamp(),
             "level": "info",
             "logger": "fnrt.access",
             "message": "request",
@@ -74,6 +69,15 @@ class AccessLog:
             line["trace_id"], line["span_id"] = trace
         self._lines.append(orjson.dumps(line))
 
+    def _timestamp(self) -> str:
+        """Now, to the millisecond, UTC (strftime once a second, not once a line)."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
+
     def requests(self, ended: Sequence[tuple[Any, ...]]) -> None:
         """Queue the lines of requests that ended together (a tuple each: route,
         function, version, status, milliseconds, cold start, server span or None, as
@@ -81,12 +85,7 @@ class AccessLog:
         usual lines (no cold start; traced or not) made with ``map`` (no Python frame a
         line), a traced one's ids cut from its span's ``traceparent``; a lone request's
         line (one connection) as it is, without setting up the maps."""
-        now = time.time()
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        stamp = f"{self._stamp}.{int((now - second) * 1000):03d}Z"
+        stamp = self._timestamp()
         if len(ended) == 1:  # a lone request (one connection): its line as it is
             route, function, version, status, ms, cold_start, span, *_ = ended[0]
             line = {
