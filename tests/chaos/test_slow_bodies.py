@@ -66,11 +66,17 @@ class Trickle:
                 self._finish(sock, None)
 
     @staticmethod
-    def _read_answer(sock: socket.socket) -> bytes:
+    def _read_answer(sock: socket.socket) -> bytes | None:
+        """What the server sent until it closed; None: a reset came before any of it.
+        An answer the kernel holds before a reset is read first: the client has it."""
         sock.settimeout(5)
         out = b""
-        while chunk := sock.recv(65536):
-            out += chunk
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except OSError:
+            if not out:
+                raise
         return out
 
     def _finish(self, sock: socket.socket, answer: bytes | None) -> None:
@@ -99,9 +105,7 @@ def test_slow_bodies_leave_room_for_normal_requests(tmp_path: Path) -> None:
     if soft < 4 * SLOW:  # this process holds the slow sockets
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(4 * SLOW, hard), hard))
     env = {"FNRT_BODY_RATE_WINDOW_S": str(WINDOW_S)}
-    # no spare workers: a spare importing torch beside the server would race its 408s
-    spares = ("--spare-workers", "0")
-    with serve_process(tmp_path, "--log-level", "warning", *spares, env=env, nofile=1024) as server:
+    with serve_process(tmp_path, "--log-level", "warning", env=env, nofile=1024) as server:
         folder = write_function(tmp_path / "src", "echo")
         assert main(["deploy", str(folder), "--server", server.url, "-q"]) == 0
         port = int(server.url.rsplit(":", 1)[1])
@@ -137,11 +141,9 @@ def test_slow_bodies_leave_room_for_normal_requests(tmp_path: Path) -> None:
         # room; one that came while every connection held had not yet waited long enough
         # to be judged was refused 503 (busy) at once
         assert not trickle.open, f"{len(trickle.open)} slow bodies still open"
-        # the connections beyond what the server holds open (1,024 less its reserve of 128)
-        # are refused 503 as they come, before their head is sent: the head then meets a
-        # closed socket and the kernel resets it; any other reset is a byte that raced a 408
-        beyond = SLOW - (1024 - 128)
-        assert trickle.resets < beyond + SLOW // 20, (trickle.resets, asked_s)
+        # an answer followed by a reset (a byte sent after the server closed) is read
+        # whole first: the client has it. A reset before any answer is a body lost
+        assert trickle.resets < SLOW // 20, (trickle.resets, asked_s)
         too_slow = 0
         for answer in trickle.answers:
             head, _, body = answer.partition(b"\r\n\r\n")
