@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from itertools import repeat
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any
 
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
@@ -87,24 +87,30 @@ class PrewarmOutcome(StrEnum):
     MISS = "miss"  # it was unloaded unused
 
 
-class Events(Protocol):
-    """What the batcher and the instance pool tell the world."""
+class Events:
+    """What the batcher and the instance pool tell the world; this base drops every
+    event (:class:`NoEvents`), an observer overrides those it keeps."""
 
-    def started(self, name: str, kind: StartKind) -> None: ...
+    def started(self, name: str, kind: StartKind) -> None:
+        pass
 
-    def prewarmed(self, name: str, outcome: PrewarmOutcome) -> None: ...
+    def prewarmed(self, name: str, outcome: PrewarmOutcome) -> None:
+        pass
 
     def loaded(
         self, vm: VersionManifest, instance: Runnable, started_ns: int, ended_ns: int
-    ) -> None: ...
+    ) -> None:
+        pass
 
     def first_batch(self, vm: VersionManifest, instance: Runnable) -> None:
         """A new instance ran its first batch (its ``timings_s``' ``first_batch_s``)."""
 
-    def lost(self, vm: VersionManifest, cause: str) -> None: ...
+    def lost(self, vm: VersionManifest, cause: str) -> None:
+        pass
 
     def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
         """The batch's span, open while it runs (None when not traced)."""
+        return None
 
     def batch(
         self,
@@ -140,62 +146,11 @@ class Events(Protocol):
         """A generate request ended (``reason``) with ``usage``."""
 
 
-class NoEvents:
+class NoEvents(Events):
     """An observer that drops every event."""
 
-    def step_started(self, vm: VersionManifest, joining: Sequence[Call], started_ns: int) -> None:
-        pass
 
-    def step(
-        self,
-        vm: VersionManifest,
-        size: int,
-        joined: int,
-        elapsed_s: float,
-        failure: BaseException | None,
-        tokens: int = 0,
-    ) -> None:
-        pass
-
-    def sequence_ended(self, vm: VersionManifest, waiting: Call, reason: str, usage: Usage) -> None:
-        pass
-
-    def started(self, name: str, kind: StartKind) -> None:
-        pass
-
-    def prewarmed(self, name: str, outcome: PrewarmOutcome) -> None:
-        pass
-
-    def loaded(
-        self, vm: VersionManifest, instance: Runnable, started_ns: int, ended_ns: int
-    ) -> None:
-        pass
-
-    def first_batch(self, vm: VersionManifest, instance: Runnable) -> None:
-        pass
-
-    def lost(self, vm: VersionManifest, cause: str) -> None:
-        pass
-
-    def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
-        return None
-
-    def batch(
-        self,
-        vm: VersionManifest,
-        batch: Sequence[Call],
-        waits_s: Sequence[float],
-        started_ns: int,
-        elapsed_s: float,
-        failure: BaseException | None,
-        span: Any = None,
-        handler_spans: Sequence[Mapping[str, Any]] = (),
-        rows: int | None = None,
-    ) -> None:
-        pass
-
-
-class TelemetryEvents:
+class TelemetryEvents(Events):
     """Metrics and (tracing on) spans of the scheduler's events."""
 
     def __init__(self, telemetry: Telemetry) -> None:
