@@ -226,7 +226,11 @@ class InstancePool:
             raise
         finally:
             slot.loading = None
-        await self._watches.start(slot, instance)
+        try:
+            await self._watches.start(slot, instance)
+        except BaseException:  # no slot holds it: end it here (a worker would run on)
+            await asyncio.shield(asyncio.to_thread(_release, instance))
+            raise
         slot.instance = instance
         slot.first_batch = True
         slot.last_active = self._clock.now()

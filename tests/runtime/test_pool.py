@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,13 +15,22 @@ import pytest
 
 from fnrt.functions.errors import HandlerTimeout, LoadError
 from fnrt.functions.handler import Request
+from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.instance import Instance
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import Instance, InstanceLoader, Runnable
+from fnrt.loader.launch import launch
+from fnrt.loader.process import ProcessInstance
+from fnrt.loader.repository import Repository
+from fnrt.loader.scrub import Watch
+from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.events import NoEvents, StartKind
 from fnrt.runtime.pool import InstancePool, InstanceState
 from fnrt.runtime.stats import Stats
-from support import packed, write_function
+from support import ISOLATED_MANIFEST as ISOLATED
+from support import MISBEHAVING_HANDLER as HANDLER
+from support import packed, publish, write_function
 
 ISOLATION = "\n[isolation]\ntimeout_s = {timeout_s}\nrestart_backoff_s = 2\n"
 MANIFEST = """
@@ -228,3 +238,36 @@ def test_a_gpu_with_no_room_for_another_instance_gets_none(tmp_path: Path) -> No
         await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_whose_file_watch_fails_to_start_is_stopped(tmp_path: Path) -> None:
+    """The load started a worker process; starting the watch on its mapped files then
+    raised (a blob gone before its record was read): the load fails and the worker
+    ends with it, not left running with no slot holding it."""
+    repository = Repository(FileStore(tmp_path / "store"))
+    fields = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+    vm = publish(repository, write_function(tmp_path / "src", "w", HANDLER, ISOLATED, **fields))
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    started: list[Runnable] = []
+
+    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Runnable:
+        started.append(launch(loader, IsolationMode.PROCESS, vm, executor))
+        return started[-1]
+
+    def watch_files(vm: VersionManifest) -> Watch | None:
+        raise FileNotFoundError("the blob went before its record was read")
+
+    async def scenario() -> None:
+        pool = InstancePool(vm, load, ManualClock(), Stats(), NoEvents(), watch_files=watch_files)
+        with pytest.raises(FileNotFoundError):
+            await pool.ensure(pool.slots[0])
+        assert pool.slots[0].instance is None and pool.slots[0].loading is None
+        await pool.close()
+
+    asyncio.run(scenario())
+    [instance] = started
+    assert isinstance(instance, ProcessInstance)
+    assert not instance.alive
+    with pytest.raises(ProcessLookupError):  # ended and reaped
+        os.kill(instance.pid, 0)
+    assert not instance.workdir.exists()  # its arenas went with it
