@@ -43,6 +43,14 @@ from fnrt.runtime.http.spec import (
 from fnrt.runtime.http.state import server_version
 
 
+def _query(name: str, schema: Schema, description: str | None = None) -> Schema:
+    """An optional query parameter."""
+    param: Schema = {"name": name, "in": "query", "schema": schema}
+    if description is not None:
+        param["description"] = description
+    return param
+
+
 def _v1_versions() -> dict[str, Schema]:
     """Versions, traffic, rollback and failures (docs/rollout.md)."""
     traffic = {
@@ -127,24 +135,17 @@ def _v1_versions() -> dict[str, Schema]:
                 404,
                 415,
                 parameters=[
-                    {
-                        "name": "version",
-                        "in": "query",
-                        "schema": {"type": "string"},
-                        "description": "only this version's",
-                    },
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
-                        "description": "failures per page (default 20)",
-                    },
-                    {
-                        "name": "offset",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 0, "maximum": 2147483648},
-                        "description": "where the page starts (the last page's next_offset)",
-                    },
+                    _query("version", {"type": "string"}, "only this version's"),
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": 100},
+                        "failures per page (default 20)",
+                    ),
+                    _query(
+                        "offset",
+                        {"type": "integer", "minimum": 0, "maximum": 2147483648},
+                        "where the page starts (the last page's next_offset)",
+                    ),
                 ],
             ),
         },
@@ -184,12 +185,9 @@ def _v1_split() -> dict[str, Schema]:
             "server_wait_ms": {"type": "number", "description": "queue wait expected now"},
         },
     }
-    version_query = {
-        "name": "version",
-        "in": "query",
-        "schema": {"type": "string"},
-        "description": "this version's (default: the one routing picks)",
-    }
+    version_query = _query(
+        "version", {"type": "string"}, "this version's (default: the one routing picks)"
+    )
     return {
         "/v1/functions/{name}/split": {
             "parameters": [NAME],
@@ -319,13 +317,9 @@ def _v1_jobs() -> dict[str, Schema]:
                 "checked first: a bad one is refused naming its index (and line).",
                 "operationId": "submitJob",
                 "parameters": [
-                    {
-                        "name": "chunk_records",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 100_000},
-                    },
-                    {"name": "webhook", "in": "query", "schema": {"type": "string"}},
-                    {"name": "version", "in": "query", "schema": {"type": "string"}},
+                    _query("chunk_records", {"type": "integer", "minimum": 1, "maximum": 100_000}),
+                    _query("webhook", {"type": "string"}),
+                    _query("version", {"type": "string"}),
                 ],
                 "requestBody": {"required": True, "content": {JSON: {"schema": submit}}},
                 "responses": {
@@ -350,17 +344,9 @@ def _v1_jobs() -> dict[str, Schema]:
                 ),
                 400,
                 parameters=[
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
-                    },
-                    {
-                        "name": "after",
-                        "in": "query",
-                        "schema": {"type": "string", "pattern": "^[0-9a-f]{25}$"},
-                    },
-                    {"name": "function", "in": "query", "schema": {"type": "string"}},
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
+                    _query("after", {"type": "string", "pattern": "^[0-9a-f]{25}$"}),
+                    _query("function", {"type": "string"}),
                 ],
             ),
         },
@@ -426,18 +412,16 @@ def _v1() -> dict[str, Schema]:
                 ok(summary),
                 400,
                 parameters=[
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
-                        "description": "functions per page (default 100)",
-                    },
-                    {
-                        "name": "cursor",
-                        "in": "query",
-                        "schema": {"type": "string", "pattern": NAME_PATTERN.pattern},
-                        "description": "list after this function (the last page's next_cursor)",
-                    },
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": 1000},
+                        "functions per page (default 100)",
+                    ),
+                    _query(
+                        "cursor",
+                        {"type": "string", "pattern": NAME_PATTERN.pattern},
+                        "list after this function (the last page's next_cursor)",
+                    ),
                 ],
             ),
             "post": admin_op(
@@ -453,12 +437,11 @@ def _v1() -> dict[str, Schema]:
                 413,
                 422,
                 parameters=[
-                    {
-                        "name": "policy",
-                        "in": "query",
-                        "schema": {"type": "string", "enum": ["immediate", "canary"]},
-                        "description": "how traffic moves (default: the manifest's rollout.policy)",
-                    }
+                    _query(
+                        "policy",
+                        {"type": "string", "enum": ["immediate", "canary"]},
+                        "how traffic moves (default: the manifest's rollout.policy)",
+                    )
                 ],
                 requestBody={
                     "required": True,
@@ -489,12 +472,11 @@ def _v1() -> dict[str, Schema]:
                 400,
                 404,
                 parameters=[
-                    {
-                        "name": "wait_s",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 0, "maximum": 3600},
-                        "description": "seconds to wait for running batches (default 10)",
-                    }
+                    _query(
+                        "wait_s",
+                        {"type": "integer", "minimum": 0, "maximum": 3600},
+                        "seconds to wait for running batches (default 10)",
+                    )
                 ],
             ),
         },
