@@ -675,6 +675,8 @@ def _built(
                     loop.close()
                 raise
         unload = getattr(handler, "unload", None)
+        if loop is not None and unload is not None:  # awaited there, before what follows
+            unload = functools.partial(_run, loop, unload)  # it (a stager's, lanes') closes
     if lanes is not None and lanes.on_gpu:  # cuBLAS's workspace: counted, not a batch's
         on_stream(device, warm_libraries)(device)
     load_s = time.perf_counter() - mark
@@ -693,6 +695,8 @@ def _built(
         assert lanes is not None
         stager = Stager(cast(Any, handler).forward, vm.manifest.inputs, vm.manifest.outputs, lanes)
         unload = _closing_stager(stager, unload)
+        if loop is not None:  # the loop of its async load and unload closes with it
+            _, unload = _on_loop(loop, stager.run, unload)
         return Built(stager.run, unload, size, import_s, load_s, None, stager, device_size)
     call = cast(Callable[[list[Request]], Sequence[Any]], handler)
     if loop is not None:  # async hooks run on the instance's own loop, on its thread

@@ -4,10 +4,12 @@ refused at deploy (they used to pass deploy and then fail every call with a 500)
 from __future__ import annotations
 
 import gc
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from fnrt.loader.device import detect_device
@@ -130,3 +132,67 @@ def test_an_async_load_that_fails_closes_its_instances_loop(tmp_path: Path) -> N
             assert len(open_fds()) <= before + 2  # less than one loop's
         finally:
             gc.enable()
+
+
+ASYNC_STAGED = """
+import asyncio, os
+
+class Model:
+    async def load(self, artifacts, device):
+        await asyncio.sleep(0)
+        self.scale = 2.0
+
+    def forward(self, inputs):
+        return {"y": inputs["x"] * self.scale}
+
+    async def unload(self):
+        await asyncio.sleep(0)
+        count = os.environ.get("FNRT_TEST_STAGED_UNLOADED", "0")
+        os.environ["FNRT_TEST_STAGED_UNLOADED"] = str(int(count) + 1)
+"""
+
+STAGED_MANIFEST = """
+name = "{name}"
+handler = "handler:Model"
+
+[inputs]
+x = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 4] }}
+
+[isolation]
+mode = "thread"
+"""
+
+
+def test_a_staged_handlers_async_hooks_loop_closes_with_its_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``forward`` handler with an async ``load``/``unload``: closing its instance
+    awaits its ``unload`` and closes the loop made for them (before, each load left
+    one open: its epoll and self-pipe, until a collection, and ``unload`` never ran)."""
+    monkeypatch.setenv("FNRT_TEST_STAGED_UNLOADED", "0")
+    folder = write_function(tmp_path / "src", "staged", ASYNC_STAGED, STAGED_MANIFEST)
+    repository = Repository(FileStore(tmp_path / "store"))
+    vm = publish(repository, folder)
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+
+    def load_run_close() -> None:
+        with ThreadPoolExecutor(1) as executor:  # the instance's thread, ended with it
+            instance = executor.submit(loader.load, vm, executor).result()
+            assert instance.stages
+            ran = executor.submit(instance.run_timed, [{"x": np.ones((2, 4), np.float32)}])
+            np.testing.assert_array_equal(ran.result().results[0]["y"], np.full((2, 4), 2.0))
+            instance.close()
+
+    load_run_close()  # the first load's one-time costs (torch's imports) are behind
+    gc.disable()  # what the collector would free, left to it
+    try:
+        before = len(open_fds())
+        for _ in range(4):
+            load_run_close()
+        assert len(open_fds()) <= before + 2  # less than one loop's
+    finally:
+        gc.enable()
+    assert os.environ["FNRT_TEST_STAGED_UNLOADED"] == "5"  # every async unload ran
