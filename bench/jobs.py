@@ -26,11 +26,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import shutil
 import statistics
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +34,7 @@ import httpx
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import DELAY, Result, copy_mlp, deploy, median, require_wrk, start_fnrt, wrk
+from loadgen import DELAY, Result, deploy, median, mlp_server, require_wrk, wrk
 
 CYCLE = """
 wrk.method = "POST"
@@ -131,12 +127,7 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.5, help="live rate, of capacity")
     args = parser.parse_args()
     require_wrk()
-    work = Path(tempfile.mkdtemp(prefix="fnrt-bench-jobs-"))
-    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        example, _ = copy_mlp(work)
-        url, proc = start_fnrt(str(work / "store"), work / "cache", env)
+    with mlp_server("fnrt-bench-jobs-") as (work, example, url):
         deploy(url, example)
         x = np.random.default_rng(0).standard_normal((args.records, 1, 64)).astype(np.float32)
         invoke = f"{url}/v1/functions/mlp/invoke"
@@ -195,11 +186,6 @@ def main() -> None:
             f"median round (per round {[round(r, 2) for r in ratios]}); the job meanwhile: "
             f"{statistics.median(took):,.0f} records/s"
         )
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

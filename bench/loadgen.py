@@ -9,8 +9,11 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -307,6 +310,25 @@ def copy_mlp(work: Path) -> tuple[Path, Path]:
         capture_output=True,
     )
     return example, weights
+
+
+@contextmanager
+def mlp_server(prefix: str, *extra: str) -> Iterator[tuple[Path, Path, str]]:
+    """A work folder (``prefix``), a copy of ``examples/mlp`` in it and one ``fnrt serve``
+    (``extra`` flags) on a store there, one BLAS thread: the folder, the example and the
+    server's URL. The server stops and the folder goes at the end."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        example, _ = copy_mlp(work)
+        url, proc = start_fnrt(str(work / "store"), work / "cache", env, *extra)
+        yield work, example, url
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def rounds(

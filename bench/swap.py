@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -35,7 +33,7 @@ from pathlib import Path
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import BIN, Result, copy_mlp, deploy, require_wrk, start_fnrt, write_script, wrk
+from loadgen import BIN, Result, deploy, mlp_server, require_wrk, write_script, wrk
 
 CANARY = """
 steps_percent = [10, 50, 100]
@@ -98,12 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     require_wrk()
 
-    work = Path(tempfile.mkdtemp(prefix="fnrt-bench-swap-"))
-    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        example, _ = copy_mlp(work)
-        server, proc = start_fnrt(str(work / "store"), work / "cache", env)
+    with mlp_server("fnrt-bench-swap-") as (work, example, server):
         deploy(server, variant(example, work, 0))
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
         body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
@@ -157,11 +150,6 @@ def main() -> None:
                 f"p99 during / steady median {statistics.median(ratios):.2f}x; "
                 f"non-2xx {sum(r.errors for r in results[phase])}"
             )
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
