@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import tempfile
 from pathlib import Path
 
 import msgpack
 import msgpack_numpy
 import numpy as np
-from loadgen import Result, copy_mlp, deploy, report, require_wrk, start_fnrt, write_script, wrk
+from loadgen import Result, deploy, mlp_server, report, require_wrk, write_script, wrk
 
 BASELINE = "v1-msgpack"
 
@@ -89,12 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     require_wrk()
 
-    work = Path(tempfile.mkdtemp(prefix="fnrt-bench-oip-"))
-    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        example, _ = copy_mlp(work)
-        server, proc = start_fnrt(str(work / "store"), work / "cache", env)
+    with mlp_server("fnrt-bench-oip-") as (work, example, server):
         deploy(server, example)
         x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
         scripts = {}
@@ -117,11 +108,6 @@ def main() -> None:
         report(results, BASELINE, "route")
         if args.plot:
             plot(results, args.plot)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def plot(results: dict[str, list[Result]], path: Path) -> None:
