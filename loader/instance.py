@@ -408,7 +408,10 @@ class InstanceLoader:
                     continue
                 known = read_record(record)
                 if known is None:  # verified without a record (an older cache): now
-                    known = Record(identity(path), quick_digest(path))
+                    try:
+                        known = Record(identity(path), quick_digest(path))
+                    except FileNotFoundError:  # removed since it was listed: as one
+                        continue  # gone before, skipped (nothing recreates it here)
                 found.append(Mapped(path, file.digest, known.identity, known.xxh3))
         return found
 

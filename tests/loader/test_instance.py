@@ -172,3 +172,53 @@ def test_a_loads_weights_are_mapped_before_its_first_batch_when_a_core_is_idle(
         assert present == (pages if idle else 0)
     finally:
         instance.close()
+
+
+MAPPED_WEIGHTS = """
+class Reader:
+    def load(self, artifacts, device):
+        self.size = artifacts["w"].path.stat().st_size
+
+    def __call__(self, batch):
+        return [{"n": [self.size]} for _ in batch]
+"""
+
+
+def test_a_blob_removed_as_its_watch_starts_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch on a loaded instance's files lists the version's blobs (one gone by
+    then is skipped), then reads the identity of any without a record (verified by an
+    older fnrt); a blob removed in between is skipped the same way: the watch starts
+    with the other files, nothing recreates it (before, the start raised
+    FileNotFoundError, failing a load that had succeeded)."""
+    from fnrt.loader.scrub import Scrubber
+
+    folder = write_function(
+        tmp_path / "src",
+        "reader",
+        MAPPED_WEIGHTS,
+        manifest='name = "{name}"\nhandler = "handler:Reader"\n[artifacts]\nw = "w.bin"\n',
+        files={"w.bin": b"\x07" * 4096},
+    )
+    node = make_node(tmp_path)
+    vm = publish(node.repository, folder)
+    with ThreadPoolExecutor(1) as executor:
+        instance = executor.submit(node.loader.load, vm, executor).result()
+    node.loader.scrubber = Scrubber()
+    [mapped] = node.loader.mapped_files(vm)
+    (node.loader.verifier.root / mapped.digest).unlink()  # no record: its identity is read
+    listed = node.repository.blob_path
+
+    def listed_then_removed(digest: str) -> Path | None:  # the race, made to happen
+        path = listed(digest)
+        if path is not None:
+            path.unlink()
+        return path
+
+    monkeypatch.setattr(node.repository, "blob_path", listed_then_removed)
+    watch = node.loader.watch_files(vm)
+    assert watch is not None and watch.files == () and watch.check() is None
+    assert not mapped.path.exists()  # nothing recreated it
+    watch.close()
+    instance.close()

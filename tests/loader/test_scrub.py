@@ -81,3 +81,42 @@ def test_pacing_and_bounds() -> None:
         ScrubConfig(interval_s=0)
     with pytest.raises(ValueError, match="rate_bytes_s"):
         ScrubConfig(rate_bytes_s=-1)
+
+
+class _RemovedAfterListing(Scrubber):
+    """A scrubber whose next listing of the watched files is followed, before any is
+    read, by ``remove`` (the race made to happen, every time)."""
+
+    remove: list[Path]
+
+    def _files(self) -> list[Mapped]:
+        files = super()._files()
+        for path in self.remove:
+            path.unlink()
+        self.remove = []
+        return files
+
+
+@pytest.mark.parametrize("half_read", [False, True], ids=["unread", "half-read"])
+def test_a_blob_removed_between_listing_and_reading_is_skipped(
+    tmp_path: Path, half_read: bool
+) -> None:
+    """A watched blob removed after the scrub listed the files and before it read them:
+    skipped, not recreated, nothing raised, and the other files are read on as before;
+    the stat is what finds a removal. (This passed before: it guards the skip.)"""
+    scrubber = _RemovedAfterListing(ScrubConfig(rate_bytes_s=MiB))
+    scrubber.remove = []
+    gone, kept = tmp_path / "a", tmp_path / "b"
+    gone_watch = scrubber.watch([_mapped(gone, b"\x01" * (2 * MiB))])
+    kept_watch = scrubber.watch([_mapped(kept, b"\x02" * MiB)])
+    if half_read:
+        assert scrubber.read_some(MiB) == MiB  # half of "a", read on at the next call
+    scrubber.remove = [gone]
+    read = scrubber.read_some(4 * MiB)
+    assert read == MiB and scrubber.files_read == 1  # "b" alone, whole
+    assert not gone.exists()
+    assert kept_watch.reason is None and gone_watch.reason is None  # nothing read differs
+    assert scrubber.read_some(4 * MiB) >= MiB and scrubber.files_read >= 2  # "b" again
+    assert not gone.exists()
+    assert gone_watch.check() is not None  # the stat: the file is not what was verified
+    assert kept_watch.check() is None
