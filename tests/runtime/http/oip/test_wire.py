@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -27,6 +28,15 @@ from fnrt.runtime.http.oip.wire import (
 from fnrt.runtime.queue import Priority
 
 SPECS = {"x": TensorSpec("float32", (-1, 2))}
+
+
+def x_input(**fields: Any) -> dict:
+    """Input ``x`` of SPECS, FP32 [1, 2], with ``fields`` added or changed."""
+    return {"name": "x", "shape": [1, 2], "datatype": "FP32", **fields}
+
+
+#: A well-formed ``x``.
+X = x_input(data=[1, 2])
 
 
 def body(header: dict, *blobs: bytes) -> tuple[bytes, int | None]:
@@ -102,135 +112,50 @@ def test_bytes_tensors_have_length_prefixes() -> None:
             BadRequest,
             "string 'name'",
         ),
+        ({"inputs": [x_input(datatype="FP33", data=[1, 2])]}, (), BadRequest, "datatype 'FP33'"),
+        ({"inputs": [x_input(shape=[1, -2], data=[1, 2])]}, (), BadRequest, "non-negative"),
+        ({"inputs": [x_input(data=[1, 2, 3])]}, (), BadRequest, "holds 2 elements, 'data' has 3"),
+        ({"inputs": [x_input(data=[[1], [2, 3]])]}, (), BadRequest, "rectangular"),
+        ({"inputs": [x_input()]}, (), BadRequest, "needs 'data'"),
         (
-            {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP33", "data": [1, 2]}]},
-            (),
-            BadRequest,
-            "datatype 'FP33'",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [1, -2], "datatype": "FP32", "data": [1, 2]}]},
-            (),
-            BadRequest,
-            "non-negative",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2, 3]}]},
-            (),
-            BadRequest,
-            "holds 2 elements, 'data' has 3",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [[1], [2, 3]]}]},
-            (),
-            BadRequest,
-            "rectangular",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32"}]},
-            (),
-            BadRequest,
-            "needs 'data'",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP64", "data": [1, 2]}]},
+            {"inputs": [x_input(datatype="FP64", data=[1, 2])]},
             (),
             InvalidInput,
             "expected datatype FP32, got FP64",
         ),
+        ({"inputs": [x_input(data=["a", "b"])]}, (), InvalidInput, "numbers or booleans"),
         (
-            {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": ["a", "b"]}]},
-            (),
-            InvalidInput,
-            "numbers or booleans",
-        ),
-        (
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "shape": [1, 2],
-                        "datatype": "FP32",
-                        "parameters": {"binary_data_size": 4},
-                    }
-                ]
-            },
+            {"inputs": [x_input(parameters={"binary_data_size": 4})]},
             (b"\0" * 4,),
             BadRequest,
             "needs 8 bytes",
         ),
         (
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "shape": [1, 2],
-                        "datatype": "FP32",
-                        "parameters": {"binary_data_size": 8},
-                    }
-                ]
-            },
+            {"inputs": [x_input(parameters={"binary_data_size": 8})]},
             (b"\0" * 4,),
             BadRequest,
             "runs past the body",
         ),
         (
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "shape": [1, 2],
-                        "datatype": "FP32",
-                        "parameters": {"binary_data_size": 8},
-                    }
-                ]
-            },
+            {"inputs": [x_input(parameters={"binary_data_size": 8})]},
             (b"\0" * 12,),
             BadRequest,
             "4 bytes after the tensors",
         ),
         (
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "shape": [1, 2],
-                        "datatype": "FP32",
-                        "parameters": {"shared_memory_region": "r"},
-                    }
-                ]
-            },
+            {"inputs": [x_input(parameters={"shared_memory_region": "r"})]},
             (),
             BadRequest,
             "shared memory",
         ),
+        ({"inputs": [X], "parameters": {"sequence_id": 7}}, (), BadRequest, "sequence"),
         (
-            {
-                "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
-                "parameters": {"sequence_id": 7},
-            },
-            (),
-            BadRequest,
-            "sequence",
-        ),
-        (
-            {
-                "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
-                "outputs": [{"name": "y", "parameters": {"classification": 3}}],
-            },
+            {"inputs": [X], "outputs": [{"name": "y", "parameters": {"classification": 3}}]},
             (),
             BadRequest,
             "classification",
         ),
-        (
-            {
-                "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
-                "id": 3,
-            },
-            (),
-            BadRequest,
-            "'id' must be a string",
-        ),
+        ({"inputs": [X], "id": 3}, (), BadRequest, "'id' must be a string"),
     ],
 )
 def test_malformed_requests_say_what_is_wrong(
@@ -253,12 +178,7 @@ def test_not_json_and_bad_header_length() -> None:
 
 def test_priority_and_timeout_parameters() -> None:
     def parse(parameters: dict):  # type: ignore[no-untyped-def]
-        raw, _ = body(
-            {
-                "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
-                "parameters": parameters,
-            }
-        )
+        raw, _ = body({"inputs": [X], "parameters": parameters})
         return decode_request(raw, None, SPECS)
 
     assert parse({}).priority is None
@@ -275,7 +195,7 @@ def test_response_binary_and_json_outputs_in_requested_order() -> None:
     raw, _ = body(
         {
             "id": "q",
-            "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
+            "inputs": [X],
             "outputs": [{"name": "s", "parameters": {"binary_data": True}}, {"name": "y"}],
         }
     )
@@ -298,24 +218,14 @@ def test_response_binary_and_json_outputs_in_requested_order() -> None:
 
 
 def test_response_all_binary_when_asked_request_wide() -> None:
-    raw, _ = body(
-        {
-            "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
-            "parameters": {"binary_data_output": True},
-        }
-    )
+    raw, _ = body({"inputs": [X], "parameters": {"binary_data_output": True}})
     y = np.array([[1, 2]], ">f4")  # big-endian arrays go out little-endian
     out, length = encode_response("m", "v", decode_request(raw, None, SPECS), {"y": y}, {})
     assert out[length:] == np.array([[1, 2]], "<f4").tobytes()
 
 
 def test_unknown_output_is_refused() -> None:
-    raw, _ = body(
-        {
-            "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}],
-            "outputs": [{"name": "nope"}],
-        }
-    )
+    raw, _ = body({"inputs": [X], "outputs": [{"name": "nope"}]})
     with pytest.raises(BadRequest, match="output 'nope' is not an output of 'm'"):
         encode_response("m", "v", decode_request(raw, None, SPECS), {"y": np.zeros(1)}, {})
     assert RequestedOutput("y", None).binary is None
