@@ -110,13 +110,15 @@ class AsyncClient:
 
     async def list_page(self, limit: int = LIST_PAGE, cursor: str | None = None) -> dict[str, Any]:
         """Up to ``limit`` functions after ``cursor`` (the last page's ``next_cursor``)."""
-        return dict((await self._send(list_call(limit, cursor))).json())
+        return await self._json(list_call(limit, cursor))
 
     async def describe(self, name: str) -> dict[str, Any]:
-        return dict((await self._send(Call("GET", f"/v1/functions/{name}", True))).json())
+        return await self._json(Call("GET", f"/v1/functions/{name}", True))
 
     async def versions(self, name: str) -> dict[str, Any]:
-        call = Call("GET", f"/v1/functions/{name}/versions", True)
+        return await self._json(Call("GET", f"/v1/functions/{name}/versions", True))
+
+    async def _json(self, call: Call) -> dict[str, Any]:
         return dict((await self._send(call)).json())
 
     async def _send(self, call: Call) -> httpx.Response:

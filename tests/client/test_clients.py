@@ -212,6 +212,8 @@ def test_the_async_client_answers_many_calls_at_once(server: LiveServer) -> None
             with pytest.raises(NotFoundError):
                 await fnrt.invoke("missing", x=X)
             assert (await fnrt.describe("echo"))["name"] == "echo"
+            assert [f["name"] for f in await fnrt.list()] == ["echo"]
+            assert list((await fnrt.versions("echo"))["traffic"].values()) == [100]
             return [r["y"] for r in results]
 
     outputs = asyncio.run(main())
