@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fnrt.loader.device import detect_device
@@ -82,6 +83,17 @@ def _deployed_unready_then_served(
         assert c.post("/v1/functions/late/invoke", json=X).status_code == 200
 
 
+def _first_call_takes_a_spare(c: httpx.Client, name: str, spares: SpareWorkers, taken: int) -> None:
+    """``name``'s first call is a cold start on a warmed spare, the ``taken``-th: no
+    Python was started for it (short worker and setup stages), and its stages add up."""
+    r = c.post(f"/v1/functions/{name}/invoke", json=X)
+    assert r.status_code == 200 and r.headers["x-fnrt-cold-start"]
+    assert spares.taken == taken
+    timings = c.get(f"/v1/functions/{name}").json()["instance"]["last_load_timings_s"]
+    assert timings["worker_s"] < 0.1 and timings["setup_s"] < 0.25, timings
+    assert_stages_add_up(timings)
+
+
 def test_each_of_deploys_one_right_after_another_finds_a_warmed_worker(
     tmp_path: Path, spares: SpareWorkers
 ) -> None:
@@ -90,16 +102,11 @@ def test_each_of_deploys_one_right_after_another_finds_a_warmed_worker(
             for i, name in enumerate(["f1", "f2", "f3", "f4"]):
                 ready = _deploy(srv, tmp_path, name)
                 assert ready["worker"] == "ready" and ready["files"] == "ready", ready
-                r = c.post(f"/v1/functions/{name}/invoke", json=X)  # at once
-                assert r.status_code == 200 and r.headers["x-fnrt-cold-start"]
-                # a spare, warm: before, from the second on, the spare taken by the call
-                # before was replaced only a second after its load, so this call started
-                # a Python of its own (its interpreter and imports in setup_s)
-                assert spares.taken == i + 1
-                timings = c.get(f"/v1/functions/{name}").json()["instance"]
-                timings = timings["last_load_timings_s"]
-                assert timings["worker_s"] < 0.1 and timings["setup_s"] < 0.25, timings
-                assert_stages_add_up(timings)
+                # called at once, it takes a spare, warm: before, from the second on, the
+                # spare taken by the call before was replaced only a second after its
+                # load, so this call started a Python of its own (its interpreter and
+                # imports in setup_s)
+                _first_call_takes_a_spare(c, name, spares, i + 1)
 
 
 def test_deploys_one_right_after_another_then_their_first_calls_each_find_a_warmed_worker(
@@ -112,15 +119,9 @@ def test_deploys_one_right_after_another_then_their_first_calls_each_find_a_warm
         assert spares.ready == len(names)
         with srv.client() as c:
             for i, name in enumerate(names):
-                r = c.post(f"/v1/functions/{name}/invoke", json=X)
-                assert r.status_code == 200 and r.headers["x-fnrt-cold-start"]
                 # before, one spare was kept whatever came: the second call started a
                 # Python of its own
-                assert spares.taken == i + 1
-                timings = c.get(f"/v1/functions/{name}").json()["instance"]
-                timings = timings["last_load_timings_s"]
-                assert timings["worker_s"] < 0.1 and timings["setup_s"] < 0.25, timings
-                assert_stages_add_up(timings)
+                _first_call_takes_a_spare(c, name, spares, i + 1)
 
 
 def test_deploys_that_load_their_version_keep_no_spare_ahead(
