@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from tracesupport import made
 
 from fnrt.runtime.prewarm.bound import floor
 from fnrt.runtime.prewarm.node import NODE_POLICIES, ORACLE, fixed_peak_gb, simulate_node
-from fnrt.runtime.prewarm.trace import Trace, synthetic
-
-
-def made(calls: dict[str, list[int]], memory_mb: dict[str, float], minutes: int = 60) -> Trace:
-    names = list(calls)
-    counts = np.zeros((len(names), minutes), dtype=np.int32)
-    for i, name in enumerate(names):
-        counts[i, calls[name]] = 1
-    memory = np.array([memory_mb[n] for n in names], dtype=float)
-    return Trace(names, names, ["http"] * len(names), counts, memory)
+from fnrt.runtime.prewarm.trace import synthetic
 
 
 def test_the_floor_counts_first_calls_and_runs_that_cannot_fit_beside_the_busy() -> None:
