@@ -52,14 +52,21 @@ def _lines(stream: io.BytesIO) -> list[dict[str, Any]]:
     return lines
 
 
+def _one_by_one(log: io.BytesIO) -> Telemetry:
+    """Telemetry that made its metrics and log lines (into ``log``) of ENDED's requests
+    one at a time, with no turn: what a turn's are compared with."""
+    telemetry = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(log, 60.0))
+    assert telemetry.access is not None
+    for route, function, version, status, seconds, cold, trace in ENDED:
+        telemetry.metrics.request(function, version, status, seconds)
+        telemetry.access.request(route, function, version, status, seconds, cold, trace)
+    return telemetry
+
+
 def test_a_turns_requests_make_what_each_request_made_alone() -> None:
     one_by_one, together = io.BytesIO(), io.BytesIO()
-    alone = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(one_by_one, 60.0))
+    alone = _one_by_one(one_by_one)
     batched = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(together, 60.0))
-    for route, function, version, status, seconds, cold, trace in ENDED:
-        alone.metrics.request(function, version, status, seconds)
-        assert alone.access is not None
-        alone.access.request(route, function, version, status, seconds, cold, trace)
 
     async def turn() -> None:
         for *ended, trace in ENDED:  # a traced request's ids come from its span
@@ -81,12 +88,8 @@ def test_a_turn_with_one_request_makes_what_it_made_alone() -> None:
     """A lone request's turn (one connection) takes the short way: the same metrics and
     log lines."""
     one_by_one, lone = io.BytesIO(), io.BytesIO()
-    reference = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(one_by_one, 60.0))
+    reference = _one_by_one(one_by_one)
     each = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(lone, 60.0))
-    for route, function, version, status, seconds, cold, trace in ENDED:
-        reference.metrics.request(function, version, status, seconds)
-        assert reference.access is not None
-        reference.access.request(route, function, version, status, seconds, cold, trace)
 
     async def turns() -> None:
         for *ended, trace in ENDED:
