@@ -104,9 +104,11 @@ class Keeper:
         self._unload_after.pop(name, None)
 
     def _settle(self, name: str) -> None:
-        """Commit ``name``'s calls of a past minute to its history."""
-        live = self._live.pop(name, None)
-        if live is not None:
+        """Commit ``name``'s calls of a past minute to its history (those of the current
+        minute wait for its end: a minute goes in once, whole)."""
+        live = self._live.get(name)
+        if live is not None and live.minute < int(self.wall() // 60):
+            del self._live[name]
             self._commit(name, live)
 
     def _commit(self, name: str, live: _Live) -> None:
@@ -292,7 +294,9 @@ class Keeper:
             self._worth[name] = cached
         if ahead:
             return cached[1].at(cached[1].first - 1), False
-        idle_min = int(self.wall() // 60) - history.last_minute
+        live = self._live.get(name)  # called this minute: idle 0 (its minute not in yet)
+        last = history.last_minute if live is None else live.minute
+        idle_min = int(self.wall() // 60) - last
         return weigh(cached[1], idle_min, cached[2] if kept else None)
 
     def knows(self, name: str) -> bool:
@@ -336,10 +340,12 @@ class Keeper:
         """Write every history (atomically) so a restart keeps them."""
         if self.path is None:
             return
-        for name, live in list(self._live.items()):
-            self._commit(name, live)
-            self._live[name] = _Live(live.minute, 0)
-        data = {name: h.to_dict() for name, h in self.histories.items()}
+        data = {name: h.to_dict() for name, h in list(self.histories.items())}
+        for name, live in list(self._live.items()):  # written with the minute so far, but
+            history = self.histories.get(name)  # left out of memory until the minute ends
+            copy = History() if history is None else History.from_dict(data[name], history.config)
+            copy.record(live.minute, live.count)
+            data[name] = copy.to_dict()
         write_atomic(self.path, [json.dumps({"version": 1, "functions": data}).encode()])
 
     def _load(self, path: Path) -> None:

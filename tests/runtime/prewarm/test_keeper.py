@@ -187,3 +187,63 @@ def test_a_plan_fills_the_budget_by_the_working_set_the_simulator_counts() -> No
     for k in (never, always):
         k.plan("a", Policy.AUTO, memory_gb=1.0, budget_bytes=budget)
     assert not never.filling("a") and always.filling("a")
+
+
+def _periodic(keeper: Keeper, wall: list[float], calls: int = 8) -> int:
+    """``calls`` calls of "job" 30 minutes apart, each minute over; the next one's minute."""
+    for _ in range(calls):
+        keeper.invoked("job")
+        wall[0] += 30 * 60
+    keeper.plan("job", Policy.AUTO)  # the minutes so far, committed
+    return int(wall[0] // 60)
+
+
+def test_a_minute_is_committed_to_the_history_only_once_it_is_over() -> None:
+    """Weighing an instance (the memory budget asks at any time) or saving the histories
+    within a minute leaves that minute's calls out of the history until it ends: they
+    go in once, with every call of the minute (one at its last instant included), as a
+    keeper nobody asked meanwhile has them (before, a weigh committed the minute so
+    far, and its later calls went in as a second record of the same minute)."""
+    wall, quiet_wall = [BASE_UNIX], [BASE_UNIX]
+    keeper = Keeper(None, wall=lambda: wall[0])
+    quiet = Keeper(None, wall=lambda: quiet_wall[0])  # asked nothing within the minute
+    minute = _periodic(keeper, wall)
+    assert _periodic(quiet, quiet_wall) == minute
+    history = keeper.histories["job"]
+    before = history.to_dict()
+    keeper.invoked("job")  # at the minute's first instant
+    wall[0] += 30
+    value, _ = keeper.weigh("job", Policy.AUTO)
+    keeper.plan("job", Policy.AUTO)
+    assert history.to_dict() == before and history.last_minute == minute - 30
+    wall[0] += 29.999  # the minute's last instant: still this minute
+    keeper.invoked("job")
+    assert keeper.weigh("job", Policy.AUTO) == (value, False)  # idle 0 both times
+    quiet.invoked("job")
+    quiet.invoked("job")
+    wall[0] = quiet_wall[0] = (minute + 1) * 60.0  # the minute is over
+    assert keeper.weigh("job", Policy.AUTO) == quiet.weigh("job", Policy.AUTO)
+    assert history.last_minute == minute and history.to_dict() == quiet.histories["job"].to_dict()
+    assert history.invocations == 9 + 1
+
+
+def test_saving_within_a_minute_commits_nothing_early(tmp_path: Path) -> None:
+    """The periodic save writes the minute's calls so far, and leaves the live count
+    alone: the minute goes into the history once, whole, when it ends."""
+    wall, quiet_wall = [BASE_UNIX], [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    quiet = Keeper(None, wall=lambda: quiet_wall[0])
+    minute = _periodic(keeper, wall)
+    _periodic(quiet, quiet_wall)
+    for k in (keeper, quiet):
+        k.invoked("job")
+    keeper.save()
+    saved = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    assert saved.histories["job"].last_minute == minute  # a restart knows the call
+    assert keeper.histories["job"].last_minute == minute - 30  # not in memory yet
+    for k in (keeper, quiet):
+        k.invoked("job")
+    wall[0] = quiet_wall[0] = (minute + 1) * 60.0
+    keeper.plan("job", Policy.AUTO)
+    quiet.plan("job", Policy.AUTO)
+    assert keeper.histories["job"].to_dict() == quiet.histories["job"].to_dict()
