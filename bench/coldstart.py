@@ -121,6 +121,31 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def read_through(path: Path, buf: bytearray) -> None:
+    """Read ``path`` to its end in pieces of ``buf`` (it is in the page cache after)."""
+    with path.open("rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+def floor_in_process(weights: Path, layers: int, x: np.ndarray) -> float:
+    """The floor in this process: seconds to build the model on the meta device, assign
+    it the weights mapped from ``weights`` and run one forward of ``x``; the imports
+    are done before the clock, as ``FRESH_FLOOR``'s (``MODEL`` on ``sys.path``)."""
+    import torch
+    from net import WIDTH, build
+    from safetensors.torch import load_file
+
+    def floor() -> None:
+        with torch.device("meta"):
+            net = build(WIDTH, layers)
+        net.load_state_dict(load_file(weights), assign=True)
+        with torch.inference_mode():
+            net(torch.from_numpy(x))
+
+    return timed(floor)
+
+
 def build_models(work: Path, layers: int) -> tuple[Path, Path, Path]:
     """The safetensors function folder, a torch checkpoint of the same weights, the ONNX folder."""
     import torch
@@ -324,29 +349,30 @@ def main() -> None:
         def add(label: str, seconds: float) -> None:
             rows.setdefault(label, []).append(seconds)
 
+        def wake(server: Server, name: str, tier: str, label: str) -> dict[str, float]:
+            """A cold start of ``name`` that loads from ``tier``: the call's seconds in
+            ``label``'s row, its stages' coverage kept; its stages."""
+            elapsed, t, found = server.cold_invoke(name, x)
+            assert found == tier, found
+            add(label, elapsed)
+            covers.setdefault(label, []).append(coverage(t, elapsed))
+            return t
+
         buf = bytearray(16 * MiB)
         # a folder store's blobs are mapped in place: fnrt's copy of the weights
         cached = work / "store" / "blobs" / "sha256" / _digest_of(weights)
-
-        def into_page_cache(path: Path) -> None:
-            with path.open("rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
 
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds}", flush=True)
             # L2: the file is on local disk and in the page cache, as the floor's file is
             # (the last round's downloads may have pushed either out)
-            into_page_cache(cached)
+            read_through(cached, buf)
             # a cold start comes after idle time: the spare worker the last one took has
             # been replaced, its imports done (back to back, a cold start waits for them)
             time.sleep(SPARE_READY_S)
-            into_page_cache(weights)
+            read_through(weights, buf)
             add(FRESH_FLOOR_LABEL, fresh_floor(weights, args.layers, env))
-            elapsed, t, tier = local.cold_invoke("wide", x)
-            assert tier == "l2", tier
-            add("fnrt L2 wake -> first response", elapsed)
-            covers.setdefault("fnrt L2 wake -> first response", []).append(coverage(t, elapsed))
+            t = wake(local, "wide", "l2", "fnrt L2 wake -> first response")
             add("fnrt L2 wake: handler import", t["import_s"])
             add("fnrt L2 wake: handler load (map)", t["load_s"])
             add("fnrt L2 wake: content check (xxh3, every load)", t["verify_s"])
@@ -359,24 +385,13 @@ def main() -> None:
 
             add("baseline torch.load + load_state_dict + forward", timed(baseline))
 
-            def floor() -> None:
-                from safetensors.torch import load_file
-
-                with torch.device("meta"):
-                    net = build(WIDTH, args.layers)
-                net.load_state_dict(load_file(weights), assign=True)
-                with torch.inference_mode():
-                    net(torch.from_numpy(x))
-
-            into_page_cache(weights)
-            add("floor: safetensors mmap + meta module + forward", timed(floor))
+            read_through(weights, buf)
+            floor = floor_in_process(weights, args.layers, x)
+            add("floor: safetensors mmap + meta module + forward", floor)
 
             # L3: an empty disk cache, fetched from the S3 endpoint
             remote.drop_blobs()
-            elapsed, t, tier = remote.cold_invoke("wide", x)
-            assert tier == "l3", tier
-            add("fnrt L3 wake -> first response", elapsed)
-            covers.setdefault("fnrt L3 wake -> first response", []).append(coverage(t, elapsed))
+            t = wake(remote, "wide", "l3", "fnrt L3 wake -> first response")
             add("fnrt L3 fetch (parallel ranged GETs)", t["fetch_s"])
             add("fnrt L3 verify (sha256)", t["verify_s"])
             dest = str(work / "download_file.bin")
@@ -392,35 +407,19 @@ def main() -> None:
             )
             os.unlink(dest)
 
-            def raw_read() -> None:
-                with weights.open("rb", buffering=0) as f:
-                    while f.readinto(buf):
-                        pass
-
-            add("raw read of the cached file", timed(raw_read))
+            add("raw read of the cached file", timed(lambda: read_through(weights, buf)))
 
             # after idle time too, as the torch model's: its spare replaced (with none
             # ready, a wake waits for the one still importing: seconds on two cores)
             time.sleep(SPARE_READY_S)
-            elapsed, t, tier = local.cold_invoke("wide-onnx", x)
-            assert tier == "l2", tier
-            add("onnx: fnrt L2 wake -> first response", elapsed)
-            label = "onnx: fnrt L2 wake -> first response"
-            covers.setdefault(label, []).append(coverage(t, elapsed))
-            remote.drop_blobs()
-            elapsed, t, tier = remote.cold_invoke("wide-onnx", x)  # its spare: ready by now
-            assert tier == "l3", tier
-            add("onnx: fnrt L3 wake -> first response", elapsed)
-            label = "onnx: fnrt L3 wake -> first response"
-            covers.setdefault(label, []).append(coverage(t, elapsed))
+            wake(local, "wide-onnx", "l2", "onnx: fnrt L2 wake -> first response")
+            remote.drop_blobs()  # its spare: ready by now
+            wake(remote, "wide-onnx", "l3", "onnx: fnrt L3 wake -> first response")
 
             if in_environment is not None:  # its spare, started after the last one
                 time.sleep(SPARE_READY_S)
-                into_page_cache(cached)
-                elapsed, t, tier = local.cold_invoke("wide-env", x)
-                assert tier == "l2", tier
-                add(ENV_WAKE_LABEL, elapsed)
-                covers.setdefault(ENV_WAKE_LABEL, []).append(coverage(t, elapsed))
+                read_through(cached, buf)
+                wake(local, "wide-env", "l2", ENV_WAKE_LABEL)
 
         for label, (seconds, verify_s) in firsts.items():
             rows[f"fnrt first cold start {label}"] = [seconds]

@@ -34,8 +34,9 @@ from coldstart import (
     Server,
     _digest_of,
     build_models,
+    floor_in_process,
     fresh_floor,
-    timed,
+    read_through,
 )
 
 PARTS = ("client", "edge", "functions", "loader", "runtime", "tracing")
@@ -66,7 +67,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from safetensors.torch import load_file
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="fnrt-coldstart-ab-"))
@@ -76,7 +76,7 @@ def main() -> None:
         wide, _, _ = build_models(work, args.layers)
         weights = wide / "weights.safetensors"
         sys.path.insert(0, str(MODEL))
-        from net import WIDTH, build
+        from net import WIDTH
 
         for spec in args.rev:
             name, _, rev = spec.partition("=")
@@ -88,19 +88,6 @@ def main() -> None:
         for server, _ in servers.values():  # first loads: imports, page cache
             server.cold_invoke("wide", x)
         buf = bytearray(16 << 20)
-
-        def into_page_cache(path: Path) -> None:
-            with path.open("rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
-
-        def floor() -> None:
-            with torch.device("meta"):
-                net = build(WIDTH, args.layers)
-            net.load_state_dict(load_file(weights), assign=True)
-            with torch.inference_mode():
-                net(torch.from_numpy(x))
-
         wakes: dict[str, list[float]] = {name: [] for name in servers}
         stages: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
         floors: list[float] = []
@@ -109,16 +96,16 @@ def main() -> None:
             order = list(servers) if r % 2 == 0 else list(reversed(servers))
             for name in order:
                 server, blob = servers[name]
-                into_page_cache(blob)
+                read_through(blob, buf)
                 time.sleep(SPARE_READY_S)  # its spare replaced and warm, as after idle time
                 elapsed, timings, tier = server.cold_invoke("wide", x)
                 assert tier == "l2", tier
                 wakes[name].append(elapsed)
                 stages[name].append(timings)
-            into_page_cache(weights)
+            read_through(weights, buf)
             fresh.append(fresh_floor(weights, args.layers, env))
-            into_page_cache(weights)
-            floors.append(timed(floor))
+            read_through(weights, buf)
+            floors.append(floor_in_process(weights, args.layers, x))
             line = " ".join(f"{n} {wakes[n][-1] * 1e3:.1f}" for n in servers)
             print(
                 f"round {r + 1}: {line}, floor {floors[-1] * 1e3:.1f}, "
