@@ -28,17 +28,22 @@ the imports run on a thread whose nice is raised, and the threads they start
 (``import torch`` starts none; torch's intra-op threads start in the rehearsal,
 on the main thread) would inherit it, so :func:`restore` brings every thread of
 the worker back to the server's priority when that is allowed. Lowering a nice
-value needs ``CAP_SYS_NICE`` or a ``RLIMIT_NICE`` that permits it: without
-either, a spare still warming at the low priority is not waited for by a cold
-start (it starts a worker of its own), and a worker whose threads stayed low
-says so in its log. A module that can only be imported on a main thread (one
-that sets signal handlers as it is imported) fails on the import thread: it
-is left to the handler's own import, as any import ahead that fails is.
+value needs ``CAP_SYS_NICE`` or a ``RLIMIT_NICE`` that permits it
+(:func:`may_raise`): without either, a spare's import thread is not lowered at
+all, only its session's group (which any process may raise back to 0), so a
+cold start that finds it still warming raises the group and takes it, as with
+the right (a thread left at nice 19 could not be raised, and the cold start
+would start a worker of its own beside it rather than wait: two importing at
+once). A worker whose threads stayed low anyway says so in its log. A module
+that can only be imported on a main thread (one that sets signal handlers as
+it is imported) fails on the import thread: it is left to the handler's own
+import, as any import ahead that fails is.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 import time
@@ -112,6 +117,28 @@ def in_background(work: Callable[[], None], nice: int) -> None:
     thread.join()
     if failed:
         raise failed[0]
+
+
+@functools.cache
+def may_raise() -> bool:
+    """Whether this process may bring a thread's nice value back down once raised
+    (``CAP_SYS_NICE``, or a ``RLIMIT_NICE`` that reaches this thread's): tried once, on
+    a thread of its own."""
+    allowed: list[bool] = []
+
+    def probe() -> None:
+        tid, nice = threading.get_native_id(), own_nice()
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice + 1)
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            allowed.append(True)
+        except PermissionError:
+            allowed.append(False)
+
+    thread = threading.Thread(target=probe, name="fnrt-nice-probe", daemon=True)
+    thread.start()
+    thread.join()
+    return bool(allowed and allowed[0])
 
 
 def own_nice() -> int:

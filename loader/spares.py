@@ -308,7 +308,8 @@ class SpareWorkers:
         ``[environment]`` of that key, once its imports are done (waited for, up to
         ``TAKE_WAIT_S``: the cold start's wait for a worker); None when there is none, or
         when the only one is a replacement still warming at a low priority that cannot be
-        raised back here (it stays, for a later cold start)."""
+        raised back here (it stays, for a later cold start; none is started so where the
+        node may not raise a thread's priority back: ``priority.may_raise``)."""
         taken = None
         with self._lock:
             if environment is None:

@@ -63,6 +63,7 @@ from fnrt.loader.priority import (
     LOW_NICE,
     group_nice,
     in_background,
+    may_raise,
     restore,
     set_group_nice,
     thread_nices,
@@ -394,8 +395,12 @@ def _serve(argv: list[str]) -> int:
             grouped = group_nice(os.getpid())
             if grouped is not None and grouped < min(nice, LOW_NICE):
                 set_group_nice(os.getpid(), min(nice, LOW_NICE))
+            # its import thread too, unless no one here may raise it back (no
+            # CAP_SYS_NICE): then a cold start could not hurry it, and would start a
+            # worker of its own beside it; the group alone, which any may raise, is low
+            thread_nice = nice if may_raise() else 0
             try:
-                in_background(lambda: import_ahead(names), nice)
+                in_background(lambda: import_ahead(names), thread_nice)
             finally:
                 if grouped is not None:
                     set_group_nice(os.getpid(), 0)  # where a session's group starts
