@@ -4,12 +4,10 @@ and what gen.py reads from the source agrees with the running objects."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from docsupport import docs_gen
 
 from fnrt.functions import errors
 from fnrt.runtime.http import problems
@@ -19,26 +17,17 @@ from fnrt.tracing.metrics import FunctionState, Metrics
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fnrt_docs_gen", ROOT / "docs" / "gen.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_reference_pages_are_what_the_code_says() -> None:
     stale = [
         path.relative_to(ROOT).as_posix()
-        for path, text in _gen().pages().items()
+        for path, text in docs_gen().pages().items()
         if not path.exists() or path.read_text() != text
     ]
     assert stale == [], f"stale: {stale}; run `make docs` and commit docs/reference/"
 
 
 def test_the_status_table_read_from_source_is_the_one_the_server_uses() -> None:
-    read = _gen()._status_table()
+    read = docs_gen()._status_table()
     assert read == [(cls.__name__, status) for cls, status in problems._STATUS]
     assert all(isinstance(getattr(errors, name), type) for name, _ in read)
 
@@ -54,7 +43,7 @@ def test_every_series_the_registry_serves_is_in_the_table() -> None:
         for family in metrics.registry.collect()
         if family.name.startswith("fnrt_")
     }
-    listed = {name for name, *_ in _gen().metric_series()}
+    listed = {name for name, *_ in docs_gen().metric_series()}
     assert served and served <= listed, served - listed
 
 
@@ -62,7 +51,7 @@ def test_the_cli_page_gives_each_serve_bound_the_settings_check() -> None:
     # `fnrt serve --max-json-body-bytes 1000` exits on a bound --help did not say:
     # the page lists each bound read from the settings' checks, and each one listed
     # is the one a running ServerSettings enforces
-    gen = _gen()
+    gen = docs_gen()
     bounds = gen.serve_bounds()
     page = (ROOT / "docs" / "reference" / "cli.md").read_text()
     for flag in ("max-json-body-bytes", "max-response-bytes", "max-body-bytes", "max-job-bytes"):

@@ -5,23 +5,13 @@ matched, for most of its length, by a string or f-string of the server's source
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
+
+from docsupport import docs_gen
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "troubleshooting.md"
-
-
-def _gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fnrt_docs_gen_t", ROOT / "docs" / "gen.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def quoted() -> list[str]:
@@ -34,7 +24,7 @@ def quoted() -> list[str]:
 
 
 def code_patterns() -> list[re.Pattern[str]]:
-    gen = _gen()
+    gen = docs_gen()
     patterns = []
     for _, tree in gen._sources():
         for node in ast.walk(tree):
