@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import httpx
 import msgpack
 import msgpack_numpy
 import numpy as np
@@ -27,6 +29,14 @@ def server(tmp_path: Path):
         yield srv
 
 
+def _invoke_msgpack(server: LiveServer, inputs: dict[str, Any]) -> httpx.Response:
+    """An invoke of echo with ``inputs`` in a msgpack body (arrays as msgpack_numpy's)."""
+    body = msgpack.packb(inputs, default=msgpack_numpy.encode)
+    headers = {"content-type": "application/msgpack"}
+    with server.client() as c:
+        return c.post("/v1/functions/echo/invoke", content=body, headers=headers)
+
+
 def test_json_in_json_out(server: LiveServer) -> None:
     with server.client() as c:
         r = c.post("/v1/functions/echo/invoke", json={"x": X})
@@ -39,13 +49,7 @@ def test_json_in_json_out(server: LiveServer) -> None:
 
 def test_msgpack_numpy_client_round_trip(server: LiveServer) -> None:
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
-    with server.client() as c:
-        r = c.post(
-            "/v1/functions/echo/invoke",
-            content=body,
-            headers={"content-type": "application/msgpack"},
-        )
+    r = _invoke_msgpack(server, {"x": x})
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == "application/msgpack"
     out = msgpack.unpackb(r.content, object_hook=msgpack_numpy.decode)
@@ -108,13 +112,7 @@ def test_bad_requests(
 
 
 def test_wrong_dtype_over_msgpack_names_the_input(server: LiveServer) -> None:
-    body = msgpack.packb({"x": np.ones((1, 4), dtype=np.float64)}, default=msgpack_numpy.encode)
-    with server.client() as c:
-        r = c.post(
-            "/v1/functions/echo/invoke",
-            content=body,
-            headers={"content-type": "application/msgpack"},
-        )
+    r = _invoke_msgpack(server, {"x": np.ones((1, 4), dtype=np.float64)})
     assert r.status_code == 422
     # the error comes back in the request's own format
     error = msgpack.unpackb(r.content)
@@ -122,13 +120,7 @@ def test_wrong_dtype_over_msgpack_names_the_input(server: LiveServer) -> None:
 
 
 def test_object_arrays_are_refused_not_unpickled(server: LiveServer) -> None:
-    body = msgpack.packb({"x": np.array([object()], dtype=object)}, default=msgpack_numpy.encode)
-    with server.client() as c:
-        r = c.post(
-            "/v1/functions/echo/invoke",
-            content=body,
-            headers={"content-type": "application/msgpack"},
-        )
+    r = _invoke_msgpack(server, {"x": np.array([object()], dtype=object)})
     assert r.status_code == 400
     assert "object" in msgpack.unpackb(r.content)["error"]
 
