@@ -87,11 +87,7 @@ def plot(outcomes: Sequence[Outcome], path: Path, title: str = "") -> Path:
     ax.set_title(title or "keep-alive policies: cold starts against idle memory")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _saved(plt, fig, path)
 
 
 def fleet_table(outcomes: Sequence[FleetOutcome]) -> str:
@@ -126,11 +122,7 @@ def fleet_plot(outcomes: Sequence[FleetOutcome], path: Path) -> Path:
         ax.set_xticklabels(labels, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("routing across a fleet (routing, nodes): what the nodes load, fetch and hold")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _saved(plt, fig, path)
 
 
 def _aligned(rows: Sequence[Sequence[str]], left: int = 0) -> str:
@@ -150,6 +142,15 @@ def _twos_and_fives(value: float, _: object) -> str:
     """Minor tick labels of a log axis: 0.02 and 0.05, not every one between."""
     leading = f"{value:.0e}"[0]
     return f"{value:g}" if leading in "25" else ""
+
+
+def _saved(plt: Any, fig: Any, path: Path) -> Path:
+    """``fig`` laid out, written to ``path`` (its folder made) and closed; ``path``."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _pyplot() -> Any:
@@ -220,8 +221,4 @@ def node_plot(
     ax.set_title(title or "the node's memory as a cache: cold starts by budget")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _saved(plt, fig, path)
