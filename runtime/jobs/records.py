@@ -22,7 +22,7 @@ import math
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgpack
 import numpy as np
@@ -136,13 +136,19 @@ def _npz_rows(path: Path) -> int:
     with zipfile.ZipFile(path) as archive:
         for name in archive.namelist():
             with archive.open(name) as member:
-                version = np.lib.format.read_magic(member)
-                if version == (1, 0):
-                    shape, _, _ = np.lib.format.read_array_header_1_0(member)
-                else:
-                    shape, _, _ = np.lib.format.read_array_header_2_0(member)
+                shape, _ = _array_header(member)
             return int(shape[0]) if shape else 0
     return 0
+
+
+def _array_header(member: IO[bytes]) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """The shape and dtype of a ``.npy`` file open at its start, from its header alone."""
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+    return shape, dtype
 
 
 def check_records(raw: Sequence[Any], specs: Mapping[str, TensorSpec]) -> list[Record]:
@@ -229,11 +235,7 @@ def _npz_bytes(path: Path) -> int:
         with zipfile.ZipFile(path) as archive:
             for name in archive.namelist():
                 with archive.open(name) as member:
-                    version = np.lib.format.read_magic(member)
-                    if version == (1, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
-                    else:
-                        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+                    shape, dtype = _array_header(member)
                 total += math.prod(shape) * dtype.itemsize
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise BadRequest(f"not a readable .npz file: {exc}") from None
