@@ -135,13 +135,20 @@ class EdgeClient:
         tracer: Any = None,
         link: LinkConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``clock`` says when the plan data is due again (seconds); ``timer`` times
+        calls, heads and probes (seconds), and ``sleep`` makes an emulated slowdown:
+        all three injectable, so a test runs the client on a virtual clock."""
         self.name = name
         self.config = config or EdgeConfig()
         self.transport = transport or HttpTransport(server, self.config.timeout_s)
         self.tracer = tracer  # a fnrt.tracing Tracer (client_tracer), or None
         self.link = LinkEstimate(link)
         self._clock = clock
+        self._timer = timer
+        self._sleep = sleep
         self._folder = self.config.cache_dir / _slug(server) / name
         self._plan_data: dict[str, Any] | None = None
         self._fetched_at = -float("inf")
@@ -182,7 +189,7 @@ class EdgeClient:
     def refresh(self) -> None:
         """Ask the server for its plan data again (its load changes); download and time
         the heads of a version not seen before."""
-        started = time.perf_counter()
+        started = self._timer()
         response = self._call("GET", f"/v1/functions/{self.name}/split", None, {})
         self._observe(len(response.body), started, response)
         if not self._sized:
@@ -205,7 +212,7 @@ class EdgeClient:
         if (self.link.last_bytes or 0) > size // 2:
             size //= 8
         body = bytes(size)
-        started = time.perf_counter()
+        started = self._timer()
         response = self._call(
             "POST", PROBE_PATH, body, {"content-type": "application/octet-stream"}
         )
@@ -213,7 +220,7 @@ class EdgeClient:
 
     def _observe(self, moved_bytes: int, started: float, response: Response) -> None:
         server_ms = float(response.headers.get(SERVER_MS_HEADER, "0") or 0)
-        self.link.observe(moved_bytes, time.perf_counter() - started, server_ms / 1000.0)
+        self.link.observe(moved_bytes, self._timer() - started, server_ms / 1000.0)
         if moved_bytes >= self.link.config.probe_bytes // 4:
             self._sized = True
 
@@ -291,7 +298,7 @@ class EdgeClient:
         return result
 
     def _run(self, inputs: Mapping[str, Array], split: int | None, root: Any) -> EdgeResult:
-        started = time.perf_counter()
+        started = self._timer()
         try:
             chosen = split if split is not None else self.config.split
             k = chosen if chosen is not None else self.plan().split
@@ -302,22 +309,22 @@ class EdgeClient:
             raise NoSuchSplit(self.name, f"split {k} is not one of 0 to {last}")
         if k == last:
             return self._locally(inputs, started, root, offline=False)
-        head_started = time.perf_counter()
+        head_started = self._timer()
         span = self._span("edge.head", root, {"fnrt.split": k})
         activation = self._head(k, inputs)
-        head_ended = time.perf_counter()
+        head_ended = self._timer()
         head_ms = (head_ended - head_started) * 1000.0
         if span is not None:
             span.end()
         if k > 0:
             self._learn(k, head_ms)
         body = pack(activation, self.config.encoding)
-        sent_at = time.perf_counter()
+        sent_at = self._timer()
         try:
             response = self._upload(k, body, root)
         except OSError as exc:
             return self._offline(inputs, started, root, exc)
-        request_s = time.perf_counter() - sent_at
+        request_s = self._timer() - sent_at
         server_ms = float(response.headers.get(SERVER_MS_HEADER, "0") or 0)
         self._observe(len(body) + len(response.body), sent_at, response)
         return EdgeResult(
@@ -327,7 +334,7 @@ class EdgeClient:
             head_ms,
             request_s * 1000.0,
             server_ms,
-            (time.perf_counter() - started) * 1000.0,
+            (self._timer() - started) * 1000.0,
             plan_ms=(head_started - started) * 1000.0,
             encode_ms=(sent_at - head_ended) * 1000.0,
         )
@@ -355,10 +362,10 @@ class EdgeClient:
 
     def _timed_run(self, session: Any, outputs: list[str] | None, feed: dict[str, Array]) -> Any:
         """``session.run``, made ``emulate_slowdown`` times as long."""
-        started = time.perf_counter()
+        started = self._timer()
         ran = session.run(outputs, feed)
         if self.config.emulate_slowdown > 1:
-            time.sleep((time.perf_counter() - started) * (self.config.emulate_slowdown - 1))
+            self._sleep((self._timer() - started) * (self.config.emulate_slowdown - 1))
         return ran
 
     def _upload(self, k: int, body: bytes, root: Any) -> Response:
@@ -402,15 +409,15 @@ class EdgeClient:
     ) -> EdgeResult:
         last = self.splits - 1
         span = self._span("edge.head", root, {"fnrt.split": last})
-        planned = time.perf_counter()
+        planned = self._timer()
         feed = self._feed(inputs)
-        mark = time.perf_counter()
+        mark = self._timer()
         ran = self._timed_run(self._session(last), list(self.data["outputs"]), feed)
-        model_ms = (time.perf_counter() - mark) * 1000.0
+        model_ms = (self._timer() - mark) * 1000.0
         self._learn(last, model_ms)
         if span is not None:
             span.end()
-        total = (time.perf_counter() - started) * 1000.0
+        total = (self._timer() - started) * 1000.0
         outputs = {n: np.asarray(v) for n, v in zip(self.data["outputs"], ran, strict=True)}
         return EdgeResult(
             outputs,
@@ -454,7 +461,7 @@ class EdgeClient:
             )
 
     def _download(self, k: int, digest: str, path: Path) -> None:
-        started = time.perf_counter()
+        started = self._timer()
         version = self.data["version"]  # the plan's: during a canary, routing may pick another
         url = f"/v1/functions/{self.name}/split/{k}/head?version={version}"
         response = self._call("GET", url, None, {})
@@ -498,9 +505,9 @@ class EdgeClient:
             session.run(None, feed)
             times = []
             for _ in range(self.config.profile_runs):
-                mark = time.perf_counter()
+                mark = self._timer()
                 self._timed_run(session, None, feed)
-                times.append((time.perf_counter() - mark) * 1000.0)
+                times.append((self._timer() - mark) * 1000.0)
             head_ms.append(statistics.median(times))
         return head_ms + [float("inf")] * (self.splits - len(head_ms))
 
