@@ -27,7 +27,7 @@ from fnrt.loader.channel import Channel
 from fnrt.loader.environment import Environment
 from fnrt.loader.instance import InstanceLoader, Runnable, map_ahead_now
 from fnrt.loader.process import LOAD_TIMEOUT_S, ProcessInstance
-from fnrt.loader.spares import start_worker
+from fnrt.loader.spares import end, start_worker
 
 log = logging.getLogger("fnrt.loader")
 
@@ -72,14 +72,22 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
         shutil.rmtree(workdir, ignore_errors=True)
         loader.unpin(files.pinned)
         raise
-    instance = ProcessInstance(
-        vm,
-        executor,
-        started.process,
-        Channel(started.sock),
-        workdir,
-        lambda: loader.unpin(files.pinned),
-    )
+    try:
+        instance = ProcessInstance(
+            vm,
+            executor,
+            started.process,
+            Channel(started.sock),
+            workdir,
+            lambda: loader.unpin(files.pinned),
+        )
+    except BaseException:  # its arenas or its memory watch: the worker ends here
+        end(started)
+        shutil.rmtree(workdir, ignore_errors=True)
+        loader.unpin(files.pinned)
+        if spares is not None:
+            spares.refill()
+        raise
     device = loader.device_for(vm)
     instance.device = device
     sent = time.perf_counter()

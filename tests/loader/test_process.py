@@ -16,11 +16,13 @@ import pytest
 from fnrt.functions.errors import HandlerTimeout, InstanceLost
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
+from fnrt.loader.arena import shm_dir
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader, Ran
 from fnrt.loader.launch import launch
 from fnrt.loader.process import ProcessInstance, RemoteError, rss_bytes
 from fnrt.loader.repository import Repository
+from fnrt.loader.spares import start_worker
 from fnrt.loader.stores import FileStore
 from support import FORWARD_WORKER_MANIFEST, publish, write_function
 from support import ISOLATED_MANIFEST as MANIFEST
@@ -431,3 +433,38 @@ def test_the_spans_of_a_batch_sent_ahead_move_under_its_batch_span() -> None:
     assert [s["trace_id"] for s in moved] == [trace[0]] * 2
     assert [s["parent_span_id"] for s in moved] == [trace[1], "1" * 16]  # the child keeps its own
     assert reparented(spans, None) == []  # the batch was not traced: nothing to record
+
+
+def test_a_worker_whose_memory_watch_cannot_start_is_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker process was started; the thread that watches its memory then could
+    not start (no thread left to this process: forced here, as nothing else makes
+    Thread.start fail): the launch fails and the worker ends with it, its arenas gone
+    (before, it ran on with nothing holding it)."""
+    import threading
+
+    import fnrt.loader.launch as launching
+
+    loader, vm = _loader(tmp_path, memory_limit_bytes=1 << 30)
+    started: list[object] = []
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        started.append(start_worker(*args, **kwargs))  # type: ignore[arg-type]
+        return started[-1]
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name.startswith("fnrt-rss-"):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    start = threading.Thread.start
+    monkeypatch.setattr(launching, "start_worker", recorded)
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    before = set(shm_dir().glob("fnrt-w-*"))
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        launch(loader, IsolationMode.PROCESS, vm, ThreadPoolExecutor(1))  # type: ignore[arg-type]
+    monkeypatch.undo()
+    [worker] = started
+    assert worker.process.poll() is not None  # type: ignore[attr-defined]
+    assert set(shm_dir().glob("fnrt-w-*")) <= before
