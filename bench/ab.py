@@ -21,14 +21,13 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 from loadgen import ROOT, copy_mlp, deploy, require_wrk, start_fnrt, write_script, wrk
 
-from tracing import SINK
+from tracing import start_sink
 
 FOLDERS = ("client", "functions", "loader", "runtime", "tracing", "edge")
 
@@ -55,10 +54,8 @@ def main() -> None:
     procs = []
     serve_args: list[str] = []
     if args.trace:
-        sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+        collector, sink = start_sink()
         procs.append(sink)
-        assert sink.stdout is not None
-        collector = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
         serve_args = ["--trace", "otlp", "--trace-endpoint", collector, "--trace-sample", "1.0"]
     try:
         example, _ = copy_mlp(work)

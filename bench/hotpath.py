@@ -95,7 +95,7 @@ from fnrt.functions.version import VersionManifest
 from fnrt.runtime.http.app import build_app
 from fnrt.runtime.settings import ServerSettings
 from fnrt.tracing.config import TraceConfig
-from tracing import SINK
+from tracing import start_sink
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 CONCURRENCY = 32
@@ -528,10 +528,8 @@ def main() -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return
-    sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    collector, sink = start_sink()
     try:
-        assert sink.stdout is not None
-        collector = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
         example, _ = copy_mlp(work)
         if args.instructions:
             count_instructions(args, example, collector, work)

@@ -33,8 +33,6 @@ import contextlib
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -47,6 +45,7 @@ from loadgen import copy_mlp
 
 from fnrt.loader import channel, process
 from fnrt.runtime.batcher import Batcher
+from tracing import start_sink
 
 marks: dict[str, int] = {}
 
@@ -157,10 +156,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     work = Path(tempfile.mkdtemp(prefix="fnrt-bench-lone-"))
-    sink = subprocess.Popen([sys.executable, "-c", hotpath.SINK], stdout=subprocess.PIPE, text=True)
+    collector, sink = start_sink()
     try:
-        assert sink.stdout is not None
-        collector = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
         example, _ = copy_mlp(work)
         uvloop.run(measure(args, work, example, collector))
     finally:

@@ -67,6 +67,17 @@ print(server.server_address[1], flush=True)
 server.serve_forever()
 """
 
+
+def start_sink(*prefix: str) -> tuple[str, subprocess.Popen[str]]:
+    """The OTLP sink (``SINK``) in a process of its own, its command after ``prefix``
+    (``taskset -c …``); its URL and process, once it listens."""
+    sink = subprocess.Popen(
+        [*prefix, sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True
+    )
+    assert sink.stdout is not None
+    return f"http://127.0.0.1:{sink.stdout.readline().strip()}", sink
+
+
 BASELINE = "off"
 
 
@@ -96,13 +107,9 @@ def main() -> None:
         parser.error("--pin needs 2 CPUs or more")
     others = f"1-{cpus - 1}" if cpus > 2 else "1"
     wrk_cpus = others if args.pin else None
-    sink_argv = [sys.executable, "-c", SINK]
-    if args.pin:
-        sink_argv = ["taskset", "-c", others, *sink_argv]
-    sink = subprocess.Popen(sink_argv, stdout=subprocess.PIPE, text=True)
+    pinned = ["taskset", "-c", others] if args.pin else []
+    collector, sink = start_sink(*pinned)
     try:
-        assert sink.stdout is not None
-        collector = f"http://127.0.0.1:{sink.stdout.readline().strip()}"
         example, _ = copy_mlp(work)
         variants = {
             "off": [],
