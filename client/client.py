@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +141,7 @@ class Client:
         body = encode({**inputs, "parameters": asked}, Format.MSGPACK)
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
         path = f"/v1/functions/{name}/generate"
-        with self._http.stream("POST", path, content=body, headers=sent, timeout=timeout) as r:
-            if r.status_code >= 400:
-                r.read()
-                raise error_of(r)
+        with self._stream("POST", path, content=body, headers=sent, timeout=timeout) as r:
             yield from read_frames(r.iter_bytes())
 
     # --- the server ---------------------------------------------------------------------
@@ -266,11 +264,7 @@ class Client:
     def job_results(self, job_id: str) -> Iterator[dict[str, Any]]:
         """A finished job's results in input order: ``{"index", "outputs"}`` (numpy
         arrays) or ``{"index", "error"}`` per record."""
-        call = Call("GET", f"/v1/jobs/{job_id}/result", True, headers={"accept": RECORDS})
-        with self._http.stream(call.method, call.path, headers=call.headers) as r:
-            if r.status_code >= 400:
-                r.read()
-                raise error_of(r)
+        with self._stream("GET", f"/v1/jobs/{job_id}/result", headers={"accept": RECORDS}) as r:
             yield from iter_msgpack(_Pieces(r.iter_bytes()), UNBOUNDED)
 
     def download_job_result(
@@ -281,10 +275,7 @@ class Client:
         media = record_media(dest.name)
         written = 0
         path = f"/v1/jobs/{job_id}/result"
-        with self._http.stream("GET", path, headers={"accept": media}) as r:
-            if r.status_code >= 400:
-                r.read()
-                raise error_of(r)
+        with self._stream("GET", path, headers={"accept": media}) as r:
             partial = dest.with_name(dest.name + ".part")
             with partial.open("wb") as out:
                 for piece in r.iter_bytes():
@@ -329,6 +320,16 @@ class Client:
         return bool(self._json(call).get("created", False))
 
     # --- sending ------------------------------------------------------------------------
+
+    @contextmanager
+    def _stream(self, method: str, path: str, **options: Any) -> Iterator[httpx.Response]:
+        """An answer whose body is read as it arrives (``options``: httpx's); the typed
+        error of an error answer is raised instead, its body read whole. Not retried."""
+        with self._http.stream(method, path, **options) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise error_of(r)
+            yield r
 
     def _json(self, call: Call) -> dict[str, Any]:
         return dict(self._send(call).json())

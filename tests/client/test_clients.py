@@ -204,6 +204,21 @@ def test_a_server_that_is_not_there_is_unreachable_after_the_retries() -> None:
     assert len(waits) == 2
 
 
+def test_streamed_answers_raise_the_typed_error_before_any_body(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    missing_job, out = "0" * 25, tmp_path / "out"
+    out.mkdir()
+    with Client(server.url) as fnrt:
+        with pytest.raises(NotFoundError, match="'missing' is not deployed"):
+            list(fnrt.generate("missing", {"prompt": ["hi"]}))
+        with pytest.raises(NotFoundError, match=missing_job):
+            list(fnrt.job_results(missing_job))
+        with pytest.raises(NotFoundError, match=missing_job):
+            fnrt.download_job_result(missing_job, out / "results.npz")
+    assert list(out.iterdir()) == []  # nothing written, not even a part
+
+
 def test_the_async_client_answers_many_calls_at_once(server: LiveServer) -> None:
     async def main() -> list[np.ndarray]:
         async with AsyncClient(server.url) as fnrt:
