@@ -38,7 +38,13 @@ accounting of ``fnrt simulate``). Three checks:
    the others that fail are unreached. ``--oracle`` adds Belady's evictions (they
    know every call ahead, never pre-warm: a heuristic with instances of
    different sizes, not a bound). ``--plot`` draws half A of the sample's cold
-   starts by budget beside the frontier (``-node`` added to its name).
+   starts by budget beside the frontier (``-node`` added to its name). ``--day``
+   and ``--budgets`` pick cells (``--day "half B" --budgets 25``), ``--half B``
+   takes half B's synthetic days (seeds 200+) in place of half A's, and
+   ``--causes`` breaks each cell's cold starts down by cause (first call,
+   evicted by the budget after a call or after a pre-warm, unloaded by the plan
+   and pre-warmed too late or into no room, window ran out), each with how many
+   of them the floor's oracle avoids.
 
 5. **A live node evicts what the simulator evicts.** A slice of five functions
    (150 minutes) replayed through the server ``fnrt serve`` runs (its app and
@@ -60,8 +66,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fnrt.runtime.prewarm.bound import Floor, floor
-from fnrt.runtime.prewarm.node import ORACLE, NodeOutcome, compare, fixed_peak_gb, simulate_node
+from fnrt.runtime.prewarm.bound import Floor, floor, strict_cold
+from fnrt.runtime.prewarm.node import ORACLE, Cause, NodeOutcome, fixed_peak_gb, simulate_node
 from fnrt.runtime.prewarm.policies import Policy, PolicyConfig
 from fnrt.runtime.prewarm.report import node_plot, plot
 from fnrt.runtime.prewarm.simulator import Outcome, simulate
@@ -212,14 +218,47 @@ SHARES = (0.25, 0.5, 1.0)  # node budgets, of fixed 10 minutes' peak memory
 GOAL_GD, GOAL_LRU = 0.8, 0.6
 
 
+def causes(trace: Trace, outcomes: list[NodeOutcome], budget_gb: float) -> None:
+    """Each policy's cold starts by cause (:class:`~fnrt.runtime.prewarm.node.Cause`), each
+    split into those the oracle of the floor has too (cold by its strict count: first
+    calls, runs that do not fit beside the busy ones) and those it avoids (pre-warmed in
+    their minute)."""
+    unavoidable = strict_cold(trace, budget_gb)
+    index = {name: f for f, name in enumerate(trace.functions)}
+    for o in outcomes:
+        both = dict.fromkeys(Cause, 0)
+        avoided = dict.fromkeys(Cause, 0)
+        for minute, name, why in o.colds:
+            (both if (minute, index[name]) in unavoidable else avoided)[why] += 1
+        print(
+            f"      {o.policy}: {o.cold_starts:,} cold ({sum(avoided.values()):,} that the "
+            f"oracle avoids); evictions {o.evictions}; pre-warms {o.prewarms:,}, "
+            f"{o.prewarms_skipped:,} found no room"
+        )
+        for why in Cause:
+            if both[why] or avoided[why]:
+                total = both[why] + avoided[why]
+                print(f"         {why.value:<30} {total:>7,}  oracle avoids {avoided[why]:>7,}")
+
+
 def node_memory(
-    synthetic_functions: int, synthetic_days: int, oracle: bool, modes: bool, png: str | None
+    synthetic_functions: int,
+    synthetic_days: int,
+    oracle: bool,
+    modes: bool,
+    png: str | None,
+    day: str = "",
+    shares: tuple[float, ...] = (),
+    why: bool = False,
+    half: str = "A",
 ) -> bool:
     """4. Each half of the sample and a synthetic day of each shape (seeds 100+) on one node
     whose memory holds 25%, 50% and 100% of fixed 10 minutes' peak: ``auto`` at its
     default against Greedy-Dual and LRU, beside the floor no policy goes below (and, with
     ``oracle``, Belady's evictions, which know every call ahead; with ``modes``, ``auto``
-    never and always filling the budget)."""
+    never and always filling the budget). ``day``: only the days whose name holds it;
+    ``shares``: only those budgets; ``why``: each cell's cold starts by cause; ``half``
+    "B": half B's synthetic days (seeds 200+) in place of half A's."""
     print(
         "\n4. one node's memory as a cache: cold starts of auto at its default (a plan fills "
         "the budget\n   while what fixed 10 minutes would hold fits it) over Greedy-Dual's "
@@ -233,15 +272,22 @@ def node_memory(
     head = f"   {'day':<46} {'budget':>7}  {'auto/GD':>7}  {'auto/LRU':>8}"
     print(head + f"  cold: auto, GD, LRU, floor{extra}")
     halves = days(synthetic_functions, synthetic_days)
+    if half == "B":  # the other half's synthetic days (seeds 200+), which chose nothing
+        halves = (halves[1], {k: v for k, v in halves[0].items() if k.startswith("Azure")})
     sample_b = {k: v for k, v in halves[1].items() if k.startswith("Azure")}
     policies = ("auto", "greedy_dual", "lru") + (("auto_plan", "auto_fill") if modes else ())
     met = cells = 0
     drawn: list[NodeOutcome] = []
     floors: list[Floor] = []
     for name, trace in {**halves[0], **sample_b}.items():
+        if day.lower() not in name.lower():
+            continue
         peak = fixed_peak_gb(trace)
-        for share in SHARES:
-            outcomes = compare(trace, [share * peak], policies)
+        for share in shares or SHARES:
+            outcomes = [
+                simulate_node(trace, p, share * peak, record=why and p in policies[:3])
+                for p in policies
+            ]
             cold = {o.policy: o.cold_starts for o in outcomes}
             a, gd, lru = cold["auto"], cold["greedy_dual"], cold["lru"]
             good = a <= GOAL_GD * gd and a <= GOAL_LRU * lru
@@ -262,6 +308,8 @@ def node_memory(
                 f"   {name:<46} {share:>6.0%}  {a / gd:>6.2f}x  {a / lru:>7.2f}x  {a:,}, {gd:,}, "
                 f"{lru:,}, {least.cold_starts:,}{''.join(', ' + x for x in shown)}{verdict}"
             )
+            if why:
+                causes(trace, outcomes[:3], share * peak)
     print(f"   {met} of {cells} cells meet the goal at the default")
     if png:
         path = Path(png)
@@ -319,6 +367,25 @@ def main() -> None:
         action="store_true",
         help="check 4: auto never and always filling the budget too, beside the default (slower)",
     )
+    parser.add_argument(
+        "--day", default="", help="check 4: only the days whose name holds this ('half B')"
+    )
+    parser.add_argument(
+        "--budgets",
+        default="",
+        help="check 4: only these budgets, in %% of fixed 10 minutes' peak (25,50)",
+    )
+    parser.add_argument(
+        "--half",
+        choices=("A", "B"),
+        default="A",
+        help="check 4: whose synthetic days (B: seeds 200+, which chose nothing)",
+    )
+    parser.add_argument(
+        "--causes",
+        action="store_true",
+        help="check 4: each cell's cold starts by cause, and how many the floor's oracle avoids",
+    )
     args = parser.parse_args()
     checks = {int(c) for c in args.checks.split(",")}
     started = time.perf_counter()
@@ -338,7 +405,18 @@ def main() -> None:
             args.plot,
         )
     if 4 in checks:
-        ok &= node_memory(args.synthetic, args.days, args.oracle, args.modes, args.plot)
+        shares = tuple(float(b) / 100 for b in args.budgets.split(",") if b.strip())
+        ok &= node_memory(
+            args.synthetic,
+            args.days,
+            args.oracle,
+            args.modes,
+            args.plot,
+            day=args.day,
+            shares=shares,
+            why=args.causes,
+            half=args.half,
+        )
     if 3 in checks:
         made = synthetic(args.synthetic, days=3, seed=args.seed)
         title = f"3. the frontier on a synthetic trace (3 days, {args.synthetic:,} functions)"

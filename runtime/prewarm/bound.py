@@ -78,10 +78,19 @@ class Floor:
         return self.first_calls + self.over_budget
 
 
-def floor(trace: Trace, budget_gb: float | None) -> Floor:
-    """The floor of cold starts for ``trace`` on one node of ``budget_gb``."""
-    if budget_gb is not None and not budget_gb > 0:
-        raise ValueError("budget_gb: must be > 0")
+@dataclass
+class _Busy:
+    """A trace's runs as the floor counts them."""
+
+    continuing: np.ndarray  # busy bytes carried into each minute
+    active: np.ndarray  # busy bytes in each minute
+    later: dict[int, list[tuple[int, int]]]  # minute: (size, f) of the later runs starting
+    firsts_at: dict[int, list[int]]  # minute: the functions called first then
+    spans: list[tuple[int, int, int]]  # (f, first, last) of every run
+    first_calls: int
+
+
+def _busy(trace: Trace) -> _Busy:
     memory = trace.memory_mb / 1024 if trace.memory_mb is not None else None
     minutes = trace.minutes
     continuing = np.zeros(minutes + 2, dtype=np.int64)  # busy bytes carried into a minute
@@ -104,22 +113,50 @@ def floor(trace: Trace, budget_gb: float | None) -> Floor:
         for first in firsts[1:].tolist():
             later[first].append((size, f))
         spans.extend((f, a, b) for a, b in zip(firsts.tolist(), lasts.tolist(), strict=True))
-    continuing = np.cumsum(continuing)
-    active = np.cumsum(active)
-    if budget_gb is None:
-        return Floor(None, first_calls, 0, 0)
-    budget = int(budget_gb * GB)
-    strict: dict[int, list[tuple[int, int]]] = {}  # minute: the runs cold by the strict count
-    for t, runs in later.items():
-        room = budget - int(continuing[t])
+    return _Busy(np.cumsum(continuing), np.cumsum(active), later, firsts_at, spans, first_calls)
+
+
+def _strict(busy: _Busy, budget: int) -> dict[int, list[tuple[int, int]]]:
+    """Minute: the later runs cold by the strict count (those that do not fit beside the
+    runs busy on from the minute before, the smallest fitting first)."""
+    strict: dict[int, list[tuple[int, int]]] = {}
+    for t, runs in busy.later.items():
+        room = budget - int(busy.continuing[t])
         ordered = sorted(runs)
         fitting = int(np.searchsorted(np.cumsum([r[0] for r in ordered]), room, side="right"))
         if fitting < len(ordered):
             strict[t] = ordered[fitting:]
+    return strict
+
+
+def floor(trace: Trace, budget_gb: float | None) -> Floor:
+    """The floor of cold starts for ``trace`` on one node of ``budget_gb``."""
+    if budget_gb is not None and not budget_gb > 0:
+        raise ValueError("budget_gb: must be > 0")
+    busy = _busy(trace)
+    if budget_gb is None:
+        return Floor(None, busy.first_calls, 0, 0)
+    budget = int(budget_gb * GB)
+    strict = _strict(busy, budget)
     over = sum(len(r) for r in strict.values())
-    over_minutes = np.flatnonzero(active[:minutes] > budget)
-    kept = _kept(trace, spans, later, firsts_at, strict, over_minutes)
-    return Floor(budget_gb, first_calls, over, len(over_minutes), kept)
+    over_minutes = np.flatnonzero(busy.active[: trace.minutes] > budget)
+    kept = _kept(trace, busy.spans, busy.later, busy.firsts_at, strict, over_minutes)
+    return Floor(budget_gb, busy.first_calls, over, len(over_minutes), kept)
+
+
+def strict_cold(trace: Trace, budget_gb: float) -> set[tuple[int, int]]:
+    """The runs (minute, function index) cold by the strict count on a node of
+    ``budget_gb``: first calls, and the runs that do not fit beside those busy on (an
+    oracle that pre-warms each run in its minute reaches exactly these on a strict node).
+    A policy's cold start outside them is one the oracle avoids (``bench/prewarm.py
+    --causes`` splits each cause so)."""
+    if not budget_gb > 0:
+        raise ValueError("budget_gb: must be > 0")
+    busy = _busy(trace)
+    cold = {(t, f) for t, fs in busy.firsts_at.items() for f in fs}
+    for t, runs in _strict(busy, int(budget_gb * GB)).items():
+        cold.update((t, f) for _, f in runs)
+    return cold
 
 
 def _kept(

@@ -50,6 +50,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 import numpy as np
 
@@ -72,6 +73,20 @@ from fnrt.runtime.prewarm.trace import Trace
 NODE_POLICIES = ("auto", "auto_plan", "auto_fill", "fixed", "greedy_dual", "lru")
 #: The ``auto`` policies: whether a plan fills the budget (None: as :func:`fills` says).
 AUTO_FILLS: dict[str, bool | None] = {"auto": None, "auto_plan": False, "auto_fill": True}
+
+
+class Cause(Enum):
+    """Why a run found its function cold (:attr:`NodeOutcome.causes`)."""
+
+    FIRST_CALL = "first call"
+    BUDGET_AFTER_CALL = "budget, after a call"  # evicted for a load, kept after its call
+    BUDGET_AHEAD = "budget, after a pre-warm"  # evicted before the call it was loaded for
+    TOO_LATE = "plan, pre-warm too late"  # unloaded by its plan; called before the pre-warm
+    NO_ROOM = "plan, pre-warm found no room"  # unloaded by its plan; the pre-warm did not fit
+    NOT_KEPT = "plan, not kept"  # unloaded by its plan for good (a window of no minutes)
+    RAN_OUT = "window ran out"  # its keep-alive, or its pre-warm's window, ended before
+
+
 #: A bound, not a policy: evictions that know every call ahead.
 ORACLE = "belady"
 GB = 2**30
@@ -91,6 +106,8 @@ class NodeOutcome:
     prewarms: int
     prewarms_skipped: int  # no free memory: not loaded ahead
     order: list[tuple[int, str]] = field(default_factory=list)  # (minute, function) evicted
+    causes: dict[Cause, int] = field(default_factory=dict)  # cold starts by cause
+    colds: list[tuple[int, str, Cause]] = field(default_factory=list)  # record: each one
 
     @property
     def cold_percent(self) -> float:
@@ -164,6 +181,7 @@ def simulate_node(
     def unload(f: int, reason: str) -> None:
         nonlocal used
         del loaded[f]
+        gone[f] = (reason, f in ahead)
         ahead.discard(f)
         used -= size[f]
         evicted[reason] += 1
@@ -221,6 +239,25 @@ def simulate_node(
             elif f in loaded:
                 unload(f, what)
 
+    gone: dict[int, tuple[str, bool]] = {}  # each unloaded function: why, and if pre-warmed
+    prewarm_at: dict[int, int] = {}  # the minute of each function's pending pre-warm
+    causes = dict.fromkeys(Cause, 0)
+    colds: list[tuple[int, str, Cause]] = []
+
+    def cause(f: int, t: int) -> Cause:
+        """Why ``f``'s run at minute ``t`` is cold."""
+        if f not in histories and f not in gone:
+            return Cause.FIRST_CALL
+        reason, was_ahead = gone.get(f, ("idle", False))
+        if reason == "budget":
+            return Cause.BUDGET_AHEAD if was_ahead else Cause.BUDGET_AFTER_CALL
+        if reason == "plan":
+            at = prewarm_at.get(f)
+            if at is None:
+                return Cause.NOT_KEPT
+            return Cause.TOO_LATE if t < at else Cause.NO_ROOM
+        return Cause.RAN_OUT
+
     _plan_worth: dict[int, Worth] = {}
     _closes: dict[int, int] = {}  # the last minute of each plan's pre-warm window
     _due_worth: dict[int, Worth] = {}  # fill: the plan's own window, for its pre-warm
@@ -242,6 +279,10 @@ def simulate_node(
             held = loaded.get(f)
             if held is None:
                 cold += 1
+                why = cause(f, t)
+                causes[why] += 1
+                if record:
+                    colds.append((t, trace.functions[f], why))
                 if budget is not None and used + size[f] > budget:
                     candidates = [appraise(g, h, t) for g, h in loaded.items()]
                     victims = evictions(budget, size[f], candidates)
@@ -285,6 +326,10 @@ def simulate_node(
                     _due_worth[f] = worth(config, history, plan, gb[f])
             begin, end = plan.loaded
             _closes[f] = t + end
+            if plan.prewarm_after_min and end >= begin:
+                prewarm_at[f] = t + begin
+            else:
+                prewarm_at.pop(f, None)
             if fill:  # kept while memory is free; loaded again ahead when evicted
                 if plan.prewarm_after_min and end >= begin:
                     heapq.heappush(timers, (t + begin, f, token, "prewarm"))
@@ -308,6 +353,8 @@ def simulate_node(
         prewarms,
         skipped,
         order,
+        {k: v for k, v in causes.items() if v},
+        colds,
     )
 
 

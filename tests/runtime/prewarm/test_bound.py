@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tracesupport import made
 
-from fnrt.runtime.prewarm.bound import floor
+from fnrt.runtime.prewarm.bound import floor, strict_cold
 from fnrt.runtime.prewarm.node import NODE_POLICIES, ORACLE, fixed_peak_gb, simulate_node
 from fnrt.runtime.prewarm.trace import synthetic
 
@@ -64,3 +64,19 @@ def test_the_floor_counts_what_leftovers_over_the_budget_can_serve() -> None:
     )
     assert floor(evicted, 3.0).over_budget_kept == 1
     assert simulate_node(evicted, "lru", 3.0).cold_starts == 4
+
+
+def test_strict_cold_names_the_runs_the_oracle_cannot_serve_warm() -> None:
+    # the trace of the first test: four first calls, and at 15 one of b and c (the
+    # larger index among equal sizes: c) does not fit beside a
+    trace = made(
+        {"a": list(range(10, 21)), "b": [0, 15], "c": [1, 15], "d": [2, 40]},
+        {"a": 2048, "b": 1024, "c": 1024, "d": 1024},
+    )
+    assert strict_cold(trace, 3.0) == {(10, 0), (0, 1), (1, 2), (2, 3), (15, 2)}
+    day = synthetic(60, days=1, seed=5)
+    peak = fixed_peak_gb(day)
+    for share in (0.25, 0.5):
+        assert len(strict_cold(day, share * peak)) == floor(day, share * peak).strict_cold_starts
+    with pytest.raises(ValueError, match="budget_gb"):
+        strict_cold(trace, 0)

@@ -6,7 +6,7 @@ import pytest
 from tracesupport import made
 
 from fnrt.runtime.prewarm.history import History
-from fnrt.runtime.prewarm.node import NODE_POLICIES, compare, fixed_peak_gb, simulate_node
+from fnrt.runtime.prewarm.node import NODE_POLICIES, Cause, compare, fixed_peak_gb, simulate_node
 from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, worth
 from fnrt.runtime.prewarm.simulator import simulate_one
 from fnrt.runtime.prewarm.trace import synthetic
@@ -105,3 +105,37 @@ def test_by_default_a_plan_fills_the_budget_while_the_working_set_fits_it() -> N
     assert run("auto", peak) == run("auto_fill", peak) != run("auto_plan", peak)
     assert run("auto", 0.001) == run("auto_plan", 0.001) != run("auto_fill", 0.001)
     assert run("auto", peak / 2) not in (run("auto_plan", peak / 2), run("auto_fill", peak / 2))
+
+
+def test_each_cold_start_is_counted_by_its_cause() -> None:
+    # 1 GB holds one of a and b (1 GB each): a at 0 and 4, b at 2. Under LRU a's run at 4
+    # is cold because b's load evicted it: "budget, after a call"; the two others are first
+    trace = made({"a": [0, 4], "b": [2]}, {"a": 1024, "b": 1024})
+    lru = simulate_node(trace, "lru", 1.0, record=True)
+    assert lru.causes == {Cause.FIRST_CALL: 2, Cause.BUDGET_AFTER_CALL: 1}
+    assert lru.colds == [
+        (0, "a", Cause.FIRST_CALL),
+        (2, "b", Cause.FIRST_CALL),
+        (4, "a", Cause.BUDGET_AFTER_CALL),
+    ]
+    # fixed 1 minute, no budget: a's keep-alive ran out before its call at 4
+    fixed = simulate_node(trace, "fixed", None, PolicyConfig(keep_alive_min=1))
+    assert fixed.causes == {Cause.FIRST_CALL: 2, Cause.RAN_OUT: 1}
+    # every cold start has one cause, whatever the policy and budget
+    day = synthetic(40, days=1, seed=4)
+    peak = fixed_peak_gb(day)
+    for policy in NODE_POLICIES:
+        for budget in (None, 0.25 * peak):
+            o = simulate_node(day, policy, budget, record=True)
+            assert sum(o.causes.values()) == o.cold_starts == len(o.colds), (policy, budget)
+
+
+def test_a_plan_that_unloads_and_prewarms_names_its_misses() -> None:
+    # every 30 minutes for a day: auto unloads after each call and pre-warms ahead of the
+    # next; a call that comes early (20 minutes on), before the pre-warm, is "plan, pre-warm
+    # too late", and one that comes after the pre-warm's window (35 minutes on), "window ran out"
+    calls = [*range(0, 1200, 30), 1190, 1225]
+    trace = made({"job": calls}, {"job": 2048}, minutes=1440)
+    o = simulate_node(trace, "auto", None, record=True)
+    assert o.causes[Cause.FIRST_CALL] == 1
+    assert o.colds[-2:] == [(1190, "job", Cause.TOO_LATE), (1225, "job", Cause.RAN_OUT)]
