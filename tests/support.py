@@ -33,6 +33,7 @@ from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import Clock
+from fnrt.runtime.deployment import Deployed
 from fnrt.runtime.http.app import build_app, connection_limits, data_apps
 from fnrt.runtime.http.connection import guarded_protocol
 from fnrt.runtime.node import Node, build_node
@@ -364,6 +365,12 @@ class LiveServer:
         """Run a coroutine on the server's event loop and return its result."""
         assert self.loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def deploy(self, folder: Path, **options: Any) -> Deployed:
+        """Deploy the function in ``folder`` through the node's deployer, its blobs put in
+        the store first (``options``: the deployer's, ``policy``); what it answered."""
+        node = self.node
+        return self.call(node.deployer.deploy(publish(node.repository, folder), **options))
 
     def open_connections(self) -> int:
         return len(self._server.server_state.connections)

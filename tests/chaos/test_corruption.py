@@ -36,7 +36,7 @@ def test_a_corrupt_folder_store_blob_is_refused_naming_it(tmp_path: Path) -> Non
     )
     digest = hashlib.sha256(WEIGHTS).hexdigest()
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         assert c.post("/v1/functions/weighted/invoke", json=X).json() == {"y": [[8, 9, 10, 11]]}
         assert c.post("/v1/functions/weighted/unload").json()["unloaded"]
         corrupt_in_place(tmp_path / "store" / "blobs" / "sha256" / digest)

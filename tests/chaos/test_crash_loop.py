@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from support import MISBEHAVING_HANDLER as HANDLER
-from support import LiveServer, error_of, live_server, publish, write_function
+from support import LiveServer, error_of, live_server, write_function
 
 MANIFEST = """
 name = "{name}"
@@ -43,7 +43,7 @@ FINE = {"x": [[10, 1, 2, 3]]}
 
 def _deploy(srv: LiveServer, tmp_path: Path, name: str) -> None:
     folder = write_function(tmp_path / "src", name, HANDLER, MANIFEST)
-    srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+    srv.deploy(folder)
 
 
 class Steady:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from fnrt.runtime.cli.main import main
-from support import error_of, live_server, publish, serve_process, wait_until, write_function
+from support import error_of, live_server, serve_process, wait_until, write_function
 
 SPAWNER = """
 import ctypes, os, subprocess, time
@@ -112,7 +112,7 @@ def _all_gone(pids: set[int]) -> None:
 def test_an_unload_ends_what_the_handler_started(tmp_path: Path) -> None:
     folder, marker = _spawner(tmp_path)
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         started = _spawned(c, marker)
         assert c.post("/v1/functions/spawner/unload").json()["unloaded"]
         _all_gone(started)
@@ -121,7 +121,7 @@ def test_an_unload_ends_what_the_handler_started(tmp_path: Path) -> None:
 def test_a_worker_that_crashes_takes_what_its_handler_started_with_it(tmp_path: Path) -> None:
     folder, marker = _spawner(tmp_path)
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         started = _spawned(c, marker)
         r = c.post("/v1/functions/spawner/invoke", json=CRASH)
         assert r.status_code == 500 and error_of(r)["cause"] == "signal"

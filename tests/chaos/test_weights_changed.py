@@ -12,7 +12,7 @@ import pytest
 from s3support import MotoEndpoint
 
 from fnrt.runtime.clock import ManualClock
-from support import error_of, live_server, publish, s3_registry, wait_until, write_function
+from support import error_of, live_server, s3_registry, wait_until, write_function
 
 X = {"x": [[1.0, 2.0, 3.0, 4.0]]}
 WEIGHTS = bytes([7]) * (1 << 20)
@@ -74,7 +74,7 @@ def _mapped(tmp_path: Path, mode: str) -> Path:
 def test_weights_changed_in_a_folder_store_are_never_served(tmp_path: Path, mode: str) -> None:
     folder = _mapped(tmp_path, mode)
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         assert c.post("/v1/functions/mapped/invoke", json=X).json() == RIGHT
         blob = tmp_path / "store" / "blobs" / "sha256" / DIGEST
         assert stat.S_IMODE(blob.stat().st_mode) == 0o444  # nobody but root writes to it
@@ -95,7 +95,7 @@ def test_a_batch_that_ends_after_its_weights_changed_is_not_served(
 ) -> None:
     folder = _mapped(tmp_path, mode)
     with live_server(tmp_path, scrub_interval_s=3600) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         assert c.post("/v1/functions/mapped/invoke", json=X).json() == RIGHT
         scheduler = srv.node.registry.loaded()[0]
         slow = {"x": [[-1.0, 2.0, 3.0, 4.0]]}
@@ -112,7 +112,7 @@ def test_a_batch_that_ends_after_its_weights_changed_is_not_served(
 def test_the_scrub_retires_an_idle_instance_within_its_interval(tmp_path: Path) -> None:
     folder = _mapped(tmp_path, "thread")
     with live_server(tmp_path, scrub_interval_s=0.1) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         assert c.post("/v1/functions/mapped/invoke", json=X).json() == RIGHT
         scheduler = srv.node.registry.loaded()[0]
         assert scheduler.pool.instances == 1

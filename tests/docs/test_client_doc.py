@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fnrt.runtime.cli.main import main
-from support import live_server, publish, write_function
+from support import live_server, write_function
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 
@@ -67,7 +67,7 @@ def test_the_javascript_fetch_example_runs(tmp_path: Path) -> None:
     (code,) = re.findall(r"```javascript\n(.*?)```", DOC.read_text(), flags=re.S)
     folder = write_function(tmp_path / "src", "hello", HELLO, HELLO_MANIFEST)
     with live_server(tmp_path) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         script = tmp_path / "fetch_example.mjs"  # a module: top-level await
         script.write_text(code.replace("http://127.0.0.1:8000", srv.url))
         done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from support import live_server, publish
+from support import live_server
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "edge.md"
 
@@ -23,7 +23,7 @@ def test_the_edge_client_example_runs(
     ]
     monkeypatch.chdir(tmp_path)  # its cache folder lands here
     with live_server(tmp_path) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, cnn)))
+        srv.deploy(cnn)
         script = tmp_path / "edge_client.py"
         script.write_text(code.replace("http://fnrt:8000", srv.url))
         capsys.readouterr()

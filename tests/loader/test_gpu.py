@@ -21,7 +21,7 @@ from fnrt.loader.repository import Repository
 from fnrt.loader.stores.file import FileStore
 from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.telemetry import Telemetry
-from support import FORWARD_WORKER_MANIFEST, live_server, make_node, publish, write_function
+from support import FORWARD_WORKER_MANIFEST, live_server, make_node, write_function
 
 pytestmark = pytest.mark.gpu
 
@@ -40,7 +40,7 @@ def _answers(tmp: Path, built: Path, names: list[str], gpu: bool, isolation: str
     out = {}
     with live_server(tmp, node=node) as srv, srv.client() as c:
         for name in names:
-            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, built / name)))
+            srv.deploy(built / name)
             width = 256 if name == "wide-mlp" else 64
             x = rng.standard_normal((5, width)).astype(np.float32)
             r = c.post(f"/v1/functions/{name}/invoke", json={"x": x.tolist()})
@@ -108,7 +108,7 @@ def test_torch_handlers_run_on_the_instances_own_stream(tmp_path: Path, mode: st
             folder = write_function(
                 tmp_path / "src", name, STREAMS, STREAMS_MANIFEST, cls=cls, shape=shape, mode=mode
             )
-            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            srv.deploy(folder)
         plain = c.post("/v1/functions/plain/invoke", json={"x": [[0.0, 1.0]]}).json()["s"]
         staged = c.post("/v1/functions/staged/invoke", json={"x": [[0.0, 1.0]] * 3}).json()["s"]
     stream, at_load, during = plain
@@ -197,7 +197,7 @@ def test_gpu_memory_is_released_on_scale_to_zero(tmp_path: Path, mode: str) -> N
     )
     torch.cuda.init()
     with live_server(tmp_path, node=_gpu_node(tmp_path)) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         before = _device_used_bytes()
         r = c.post("/v1/functions/big/invoke", json={"x": np.ones((2, 8192)).tolist()})
         assert r.status_code == 200, r.text
@@ -216,7 +216,7 @@ def test_staged_batches_in_flight_never_mix(tmp_path: Path, built: Path) -> None
     import asyncio
 
     with live_server(tmp_path, node=_gpu_node(tmp_path, isolation="thread")) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, built / "wide-mlp")))
+        srv.deploy(built / "wide-mlp")
 
         async def many() -> None:
             async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
@@ -297,7 +297,7 @@ def test_a_load_past_the_gpu_budget_evicts_the_least_recently_used(tmp_path: Pat
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
         for name in ("big-a", "big-b"):
             folder = _big_function(tmp_path, name)
-            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            srv.deploy(folder)
         assert c.post("/v1/functions/big-a/invoke", json=x).status_code == 200
         a = srv.call(srv.registry.get("big-a"))
         assert a.device_bytes >= 256 << 20 and a.resident_bytes < 64 << 20
@@ -348,7 +348,7 @@ def test_gpu_concurrency_caps_the_instances_sharing_the_gpu(tmp_path: Path) -> N
     node = _gpu_node(tmp_path, gpu_concurrency=2)
     with live_server(tmp_path, node=node) as srv:
         folder = write_function(tmp_path / "src", "slow", SLOW, SLOW_MANIFEST)
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         scheduler = srv.call(srv.registry.get("slow"))
         most = 0
 
@@ -396,7 +396,7 @@ def test_400_staged_requests_in_a_worker_on_the_gpu_each_get_their_own_answer(
         tmp_path / "src", "fwd", FORWARD, FORWARD_WORKER_MANIFEST, cls="Forward"
     )
     with live_server(tmp_path, node=_gpu_node(tmp_path)) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
 
         async def all_at_once() -> list[httpx.Response]:
             limits = httpx.Limits(max_connections=400)
@@ -420,7 +420,7 @@ def test_a_workers_cuda_context_is_measured_into_the_gpu_budget(tmp_path: Path) 
     before = _device_used_bytes()
     node = _gpu_node(tmp_path)
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         assert c.post("/v1/functions/fwd/invoke", json={"x": [[1.0, 2.0]]}).status_code == 200
         (instance,) = srv.call(srv.registry.get("fwd")).pool.loaded_instances()
         used = _device_used_bytes() - before
@@ -444,7 +444,7 @@ def test_instances_go_to_the_gpu_with_the_most_free_budget(tmp_path: Path) -> No
             folder = write_function(
                 tmp_path / "src", name, FORWARD, FORWARD_WORKER_MANIFEST, cls="Forward"
             )
-            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            srv.deploy(folder)
             assert c.post(f"/v1/functions/{name}/invoke", json={"x": [[1.0, 2.0]]}).is_success
         devices = {c.get(f"/v1/functions/{n}").json()["instance"]["devices"][0] for n in "ab"}
     assert devices == {"cuda:0", "cuda:1"}  # the second went to the emptier GPU

@@ -8,7 +8,7 @@ import pytest
 
 from fnrt.functions.handler import Device
 from fnrt.loader.placement import DeviceRoom, Placement, place
-from support import live_server, publish, write_function
+from support import live_server, write_function
 
 GIB = 1 << 30
 
@@ -73,7 +73,7 @@ def test_describe_and_metrics_name_the_device_of_every_instance(
     """On the CPU, the twin of a GPU node: each instance says where it runs."""
     folder = write_function(tmp_path / "src", "echo")
     with live_server(tmp_path, isolation=isolation) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         assert (
             c.post("/v1/functions/echo/invoke", json={"x": [[1.0, 2.0, 3.0, 4.0]]}).status_code
             == 200

@@ -394,7 +394,7 @@ def test_400_concurrent_requests_to_a_forward_handler_in_a_worker_each_get_their
         tmp_path / "src", "staged", FORWARD_HANDLER, FORWARD_WORKER_MANIFEST, cls="Staged"
     )
     with live_server(tmp_path) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
 
         async def all_at_once() -> list[httpx.Response]:
             limits = httpx.Limits(max_connections=400)

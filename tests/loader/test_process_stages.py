@@ -92,7 +92,7 @@ def test_the_load_span_shows_the_first_batch(tmp_path: Path) -> None:
     values = {"mode": "thread", "timeout_s": 0, "memory_limit_bytes": 0}
     folder = write_function(tmp_path / "src", "lazy", LAZY_HANDLER, ISOLATED_MANIFEST, **values)
     with traced_server(tmp_path) as (srv, exporter), srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         assert c.post("/v1/functions/lazy/invoke", json={"x": [[1.0] * 4]}).status_code == 200
         wait_until(lambda: any(s.name == "load" for s in list(exporter.spans)))
         (load,) = [s for s in list(exporter.spans) if s.name == "load"]

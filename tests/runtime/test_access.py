@@ -14,7 +14,7 @@ import pytest
 from fnrt.functions.errors import Unauthorized
 from fnrt.runtime.access import InvokeKeys
 from fnrt.runtime.settings import read_token_file
-from support import live_server, publish, serve_process, write_function
+from support import live_server, serve_process, write_function
 
 X = {"x": [[1, 2, 3, 4]]}
 
@@ -49,7 +49,7 @@ def test_invokes_need_a_key_where_the_keys_file_says(tmp_path: Path) -> None:
     with live_server(tmp_path, invoke_keys_file=keys) as srv, srv.client() as c:
         for name in ("locked", "open"):
             folder = write_function(tmp_path / "src", name)
-            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            srv.deploy(folder)
         r = c.post("/v1/functions/locked/invoke", json=X)
         assert r.status_code == 401 and "Bearer" in r.json()["error"]
         ok = c.post("/v1/functions/locked/invoke", json=X, headers={"authorization": "Bearer k-1"})
@@ -65,7 +65,7 @@ def test_cors_preflight_and_exposed_headers(tmp_path: Path) -> None:
     origin = "https://app.example"
     with live_server(tmp_path, cors_origins=(origin,)) as srv, srv.client() as c:
         folder = write_function(tmp_path / "src", "echo")
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         preflight = c.options(
             "/v1/functions/echo/invoke",
             headers={

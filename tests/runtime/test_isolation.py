@@ -36,7 +36,7 @@ from support import (
 def _deploy(srv: LiveServer, tmp_path: Path, name: str, **fields: object) -> None:
     values = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0, **fields}
     folder = write_function(tmp_path / "src", name, HANDLER, MANIFEST, **values)
-    srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+    srv.deploy(folder)
 
 
 def _call(c: httpx.Client, name: str, what: float) -> httpx.Response:
@@ -194,7 +194,7 @@ def test_a_handler_whose_load_crashes_fails_with_a_clear_error_and_backs_off(
             timeout_s=0,
             memory_limit_bytes=0,
         )
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         r = _call(c, "doomed", 10)
         assert r.status_code == 500, error_of(r)
         assert "failed to load" in error_of(r)["error"]
@@ -222,7 +222,7 @@ def test_threads_a_handler_leaks_end_with_its_worker(tmp_path: Path) -> None:
         memory_limit_bytes=0,
     )  # fmt: skip
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         pid = int(_call(c, "leaky", 7).json()["y"][0][0])
         assert len(list(Path(f"/proc/{pid}/task").iterdir())) >= 4  # its leaked threads
         server_threads = set(threading.enumerate())

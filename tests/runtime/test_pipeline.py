@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from fnrt.runtime import scheduler as sched
-from support import gate, live_server, publish, wait_until, write_function
+from support import gate, live_server, wait_until, write_function
 
 HANDLER = """
 import fnrt_test_gates
@@ -56,7 +56,7 @@ def _post(url: str, value: float) -> httpx.Response:
 
 def _deploy(srv: Any, tmp_path: Path, timeout_s: float = 0) -> Any:
     folder = write_function(tmp_path / "src", "staged", HANDLER, MANIFEST, timeout_s=timeout_s)
-    srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+    srv.deploy(folder)
     assert _post(srv.url, 1.0).json()["y"] == [[2.0, 2.0]]  # loaded
     return srv.call(srv.registry.get("staged"))
 
@@ -129,7 +129,7 @@ def test_a_pipelined_function_still_scales_up_under_load(tmp_path: Path) -> None
     so it asks for another instance itself (a deep queue must not stay on one)."""
     with live_server(tmp_path) as srv, ThreadPoolExecutor(64) as pool:
         folder = write_function(tmp_path / "src", "staged", SLOW, SLOW_MANIFEST, timeout_s=0)
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         scheduler = srv.call(srv.registry.get("staged"))
         calls = [pool.submit(_post, srv.url, float(i)) for i in range(400)]
         wait_until(lambda: scheduler.pool.instances == 2, timeout_s=20)
@@ -211,7 +211,7 @@ mode = "{mode}"
 def test_a_request_whose_inputs_disagree_on_rows_is_its_own_422(tmp_path: Path, mode: str) -> None:
     with live_server(tmp_path) as srv, srv.client() as c:
         folder = write_function(tmp_path / "src", "two", TWO, TWO_MANIFEST, mode=mode)
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         url = "/v1/functions/two/invoke"
         good = {"x": [[1.0, 2.0]], "k": [10.0]}
         assert c.post(url, json=good).json()["y"] == [[11.0, 12.0]]
@@ -249,7 +249,7 @@ def test_a_request_that_would_expire_behind_the_running_batch_is_not_sent_ahead(
     )
     with live_server(tmp_path) as srv, ThreadPoolExecutor(4) as pool:
         folder = write_function(tmp_path / "src", "staged", SLEEPY, manifest, timeout_s=0)
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         for _ in range(2):  # loaded; its batches take 0.6 s
             assert _post(srv.url, -0.6).status_code == 200
         scheduler = srv.call(srv.registry.get("staged"))
@@ -277,7 +277,7 @@ def test_a_request_sent_ahead_whose_deadline_passed_meanwhile_is_a_504(tmp_path:
     )
     with live_server(tmp_path) as srv, ThreadPoolExecutor(4) as pool:
         folder = write_function(tmp_path / "src", "staged", SLEEPY, manifest, timeout_s=0)
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         for _ in range(3):  # fast batches: nothing predicts the slow one
             assert _post(srv.url, 1.0).status_code == 200
         scheduler = srv.call(srv.registry.get("staged"))

@@ -109,7 +109,7 @@ def test_keep_alive_counts_from_the_last_request(tmp_path: Path) -> None:
     folder = write_function(tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=60)
     gate("load").set()
     with live_server(tmp_path, clock=clock) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         c.post("/v1/functions/tracked/invoke", json={"x": X})
         clock.advance(50)
         c.post("/v1/functions/tracked/invoke", json={"x": X})
@@ -124,7 +124,7 @@ def test_concurrent_first_invokes_share_one_load(tmp_path: Path) -> None:
         tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300
     )
     with live_server(tmp_path) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         scheduler = srv.call(srv.registry.get("tracked"))
         with srv.client() as c, ThreadPoolExecutor(16) as pool:
             futures = [
@@ -156,7 +156,7 @@ def test_a_load_failure_answers_500_and_the_next_request_tries_again(tmp_path: P
     manifest = TRACKED_MANIFEST.replace("Tracked", "Broken")
     folder = write_function(tmp_path / "src", "broken", BROKEN_LOAD, manifest, keep_alive_s=300)
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         for _ in range(2):
             r = c.post("/v1/functions/broken/invoke", json={"x": X})
             assert r.status_code == 500
@@ -206,7 +206,7 @@ def test_a_second_node_serves_what_the_first_deployed(tmp_path: Path) -> None:
         tmp_path / "src", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300
     )
     with live_server(tmp_path) as first:
-        first.call(first.node.deployer.deploy(publish(first.node.repository, folder)))
+        first.deploy(folder)
         with (
             live_server(tmp_path, node=make_node(tmp_path)) as second,
             second.client() as c,

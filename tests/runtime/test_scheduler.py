@@ -17,7 +17,6 @@ from support import (
     gates,
     live_server,
     make_node,
-    publish,
     wait_until,
     write_function,
 )
@@ -83,7 +82,7 @@ def deploy(srv: LiveServer, tmp: Path, name: str = "rec", **fields: object) -> N
         **fields,
     }
     folder = write_function(tmp / "src", name, RECORDING, MANIFEST, **values)
-    srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+    srv.deploy(folder)
 
 
 def body(v: float) -> dict[str, list[list[float]]]:
@@ -293,7 +292,7 @@ def test_adaptive_refuses_what_cannot_finish_in_time(tmp_path: Path) -> None:
     reset_calls()
     with live_server(tmp_path) as srv, srv.client() as c, ThreadPoolExecutor(16) as pool:
         folder = write_function(tmp_path / "src", "adaptive", RECORDING, ADAPTIVE)
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         scheduler = srv.call(srv.registry.get("adaptive"))
         for n in (1, 2, 4, 8):  # what the handler has been measured to cost: 10 ms an item
             scheduler.batcher.cost.observe(n, 0.010 * n)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fnrt.tracing.recorder import SpanKind, StatusCode
-from support import publish, traced_server, wait_until, write_function
+from support import traced_server, wait_until, write_function
 
 HANDLER = """
 from opentelemetry import trace
@@ -52,7 +52,7 @@ def test_handler_spans_are_children_of_the_batch(tmp_path: Path, mode: str) -> N
     pytest.importorskip("opentelemetry.trace")
     folder = write_function(tmp_path / "src", "otel", HANDLER, MANIFEST, mode=mode)
     with traced_server(tmp_path) as (srv, exporter), srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         r = c.post("/v1/functions/otel/invoke", json={"x": [[1, 2, 3, 4]]})
         assert r.status_code == 200, r.text
         wait_until(lambda: bool(exporter.named("lookup")) and bool(exporter.named("batch otel")))

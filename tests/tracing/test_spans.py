@@ -23,7 +23,6 @@ from support import (
     LiveServer,
     gate,
     make_node,
-    publish,
     traced_server,
     wait_until,
     write_function,
@@ -47,7 +46,7 @@ class Gated:
 def traced(tmp_path: Path) -> Iterator[tuple[LiveServer, MemoryExporter]]:
     with traced_server(tmp_path) as (server, exporter):
         folder = write_function(tmp_path / "src", "echo", GATED.replace("Gated", "Echo"))
-        server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+        server.deploy(folder)
         gate("release").set()
         yield server, exporter
 
@@ -204,7 +203,7 @@ def test_the_request_log_names_the_trace_the_answer_names(tmp_path: Path) -> Non
     server = LiveServer(build_app(node.settings, node)).start()
     try:
         folder = write_function(tmp_path / "src", "echo", GATED.replace("Gated", "Echo"))
-        server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+        server.deploy(folder)
         gate("release").set()
         with server.client() as c:
             answers = [c.post("/v1/functions/echo/invoke", json={"x": X}) for _ in range(2)]

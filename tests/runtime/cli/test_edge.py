@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from fnrt.runtime.cli.main import main
-from support import live_server, publish
+from support import live_server
 
 
 def test_edge_run_and_plan(tmp_path: Path, cnn: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -21,7 +21,7 @@ def test_edge_run_and_plan(tmp_path: Path, cnn: Path, capsys: pytest.CaptureFixt
     expected = session.run(None, {"x": x})[0]
     cache = ("--cache-dir", str(tmp_path / "edge"))
     with live_server(tmp_path) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, cnn)))
+        srv.deploy(cnn)
         s = ("--server", srv.url, *cache)
         code = main(["edge", "run", "cnn-split", "-i", f"x={tmp_path / 'x.npy'}", "-v", *s])
         out, err = capsys.readouterr()
@@ -71,7 +71,7 @@ def test_plan_of_a_function_without_splits_names_it_once(
 
     folder = write_function(tmp_path / "src", "echo")
     with live_server(tmp_path) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         cache = ("--cache-dir", str(tmp_path / "edge"))
         assert main(["edge", "plan", "echo", "--server", srv.url, *cache]) == 1
         err = capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 
 from fnrt.runtime.cli.job import is_store_ref
 from fnrt.runtime.cli.main import main
-from support import live_server, publish, write_function
+from support import live_server, write_function
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -24,7 +24,7 @@ def test_submit_wait_get_ls_and_cancel(tmp_path: Path, capsys: pytest.CaptureFix
     records.write_text("".join(json.dumps({"x": [[i, 0, 0, 1]]}) + "\n" for i in range(300)))
     with live_server(tmp_path, isolation="thread", job_poll_interval_s=0.05) as srv:
         folder = write_function(tmp_path / "src", "echo", max_batch_size=32)
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         s = ("--server", srv.url)
         code, out, err = run(
             capsys, "job", "submit", "echo", "-i", str(records), "--chunk-records", "100",

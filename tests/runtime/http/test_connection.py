@@ -18,7 +18,7 @@ import pytest
 
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.http.connection import ConnectionLimits, connection_cap, guarded_protocol
-from support import LiveServer, gate, live_server, publish, wait_until, write_function
+from support import LiveServer, gate, live_server, wait_until, write_function
 
 BODY = b'{"x": [[1, 2, 3, 4]]}'
 HEAD = (
@@ -52,7 +52,7 @@ def server(tmp_path: Path, request: pytest.FixtureRequest):
             ("gated", {"handler": GATED, "manifest": GATED_MANIFEST}),
         ):
             folder = write_function(tmp_path / "src", name, **kwargs)
-            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            srv.deploy(folder)
         yield srv
         gate("connections").set()
 
@@ -167,7 +167,7 @@ def test_a_request_whose_client_left_is_dropped_before_compute(
 
     fnrt_test_gates.calls = []
     folder = write_function(tmp_path / "src", "counted", COUNTED, manifest=GATED_MANIFEST)
-    server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+    server.deploy(folder)
     release = gate("abandon")
     scheduler = None
     with ThreadPoolExecutor(1) as pool, server.client() as c:
@@ -208,7 +208,7 @@ def paced_server(tmp_path: Path, **limits: object) -> contextlib.AbstractContext
     def serving() -> Iterator[LiveServer]:
         with live_server(tmp_path, **limits) as srv:
             folder = write_function(tmp_path / "src", "echo")
-            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            srv.deploy(folder)
             yield srv
 
     return serving()

@@ -8,7 +8,7 @@ import msgpack
 import msgpack_numpy
 import numpy as np
 
-from support import MISBEHAVING_HANDLER, live_server, publish, write_function
+from support import MISBEHAVING_HANDLER, live_server, write_function
 
 MANIFEST = """
 name = "{name}"
@@ -23,7 +23,7 @@ failed_inputs_bytes = 3000000
 def test_failed_requests_are_kept_within_their_bytes_and_paged(tmp_path: Path) -> None:
     folder = write_function(tmp_path / "src", "raises", MISBEHAVING_HANDLER, manifest=MANIFEST)
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         x = np.full((250_000, 1), 5, dtype=np.float32)  # 1 MB each; 5: the handler raises
         body = msgpack.packb({"x": x}, default=msgpack_numpy.encode)
         headers = {"content-type": "application/msgpack"}

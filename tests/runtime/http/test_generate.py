@@ -349,12 +349,12 @@ def test_a_traced_generate_records_queue_and_generate_under_its_server_span(
     tmp_path: Path,
 ) -> None:
     from fnrt.runtime.http.generate import ROUTE
-    from support import publish, traced_server
+    from support import traced_server
 
     with traced_server(tmp_path) as (srv, exporter):
         folder = write_function(tmp_path / "src", "count", COUNTER_HANDLER, COUNTER_MANIFEST,
                                 max_active=4, max_queue=8, mode="thread")  # fmt: skip
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         r = httpx.post(url(srv), json={"x": [0], "parameters": {"max_new_tokens": 3}})
         assert r.status_code == 200
 

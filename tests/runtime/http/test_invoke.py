@@ -170,7 +170,7 @@ def test_handler_exception_is_500_with_error_id_and_server_keeps_serving(
     folder = write_function(
         tmp_path / "src", "flaky", FAILING, manifest=_manifest("flaky", "handler:Flaky")
     )
-    server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+    server.deploy(folder)
     with server.client() as c:
         r = c.post("/v1/functions/flaky/invoke", json={"x": [[-1, -1, -1, -1]]})
         assert r.status_code == 500
@@ -189,7 +189,7 @@ def test_wrong_result_count_fails_the_batch_not_the_server(
     folder = write_function(
         tmp_path / "src", "miscount", WRONG_COUNT, manifest=_manifest("miscount", "handler:handle")
     )
-    server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+    server.deploy(folder)
     with server.client() as c:
         r = c.post("/v1/functions/miscount/invoke", json={"x": X})
         assert r.status_code == 500
@@ -215,7 +215,7 @@ def test_slow_handler_stalls_neither_health_nor_other_functions(
         SLOW,
         manifest=_manifest("slow", "handler:handle", max_queue=2, max_batch_size=1),
     )
-    server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+    server.deploy(folder)
     release = gate("release")
     with server.client() as c, ThreadPoolExecutor(4) as pool:
         first = pool.submit(c.post, "/v1/functions/slow/invoke", json={"x": X})
@@ -285,7 +285,7 @@ def test_bytes_and_bfloat16_tensors_over_json_and_msgpack(tmp_path: Path) -> Non
 
     folder = write_function(tmp_path / "src", "text", TEXT_HANDLER, TEXT_MANIFEST)
     with live_server(tmp_path) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         with srv.client() as c:
             r = c.post(
                 "/v1/functions/text/invoke", json={"s": ["ab", "\u00e9t\u00e9"], "b": [[1, 3]]}

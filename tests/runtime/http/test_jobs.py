@@ -28,7 +28,6 @@ from support import (
     error_of,
     gate,
     live_server,
-    publish,
     wait_until,
     write_function,
 )
@@ -81,7 +80,7 @@ def _deploy(
     if handler is not None:
         kwargs["handler"] = handler
     folder = write_function(tmp / "src", name, **kwargs)
-    return server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+    return server.deploy(folder)
 
 
 @pytest.fixture
@@ -501,7 +500,7 @@ def test_a_generative_functions_records_get_whole_answers(tmp_path: Path) -> Non
             max_queue=64,
             mode="thread",
         )
-        server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+        server.deploy(folder)
         with server.client() as c:
             records = [{"x": [start]} for start in (1, 10, 100)]
             r = c.post("/v1/functions/counter/jobs", json={"records": records})

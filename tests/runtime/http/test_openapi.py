@@ -24,7 +24,7 @@ from fnrt.runtime.http.oip.infer import INFER_PATH
 from fnrt.runtime.http.openapi import document
 from fnrt.runtime.http.split import SPLIT_PATH
 from fnrt.runtime.settings import ServerSettings
-from support import live_server, publish, write_function
+from support import live_server, write_function
 
 #: Routes answered as raw ASGI ahead of Starlette's router, with the paths they match.
 RAW_ROUTES = {
@@ -106,7 +106,7 @@ def test_the_server_lives_up_to_its_document(tmp_path: Path) -> None:
     """
     folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
     with live_server(tmp_path, max_body_bytes=1 << 20) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         for selection in (["--exclude-method", "DELETE"], ["--include-method", "DELETE"]):
             done = schemathesis_run(srv.url, *selection)
             assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
@@ -140,7 +140,7 @@ def test_each_served_function_has_its_own_schemas_and_docs_page(tmp_path: Path) 
 
     folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         doc = c.get("/openapi.json").json()
         post = doc["paths"]["/v1/functions/mlp/invoke"]["post"]
         request = post["requestBody"]["content"]["application/json"]["schema"]
@@ -170,7 +170,7 @@ def test_a_served_functions_document_says_all_it_accepts(tmp_path: Path) -> None
     )
     folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
     with live_server(tmp_path, max_body_bytes=1 << 20) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         done = schemathesis_run(srv.url, "--include-operation-id", "invoke_mlp", config=strict)
         assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
         assert " passed" in done.stdout and "failed" not in done.stdout
@@ -185,7 +185,7 @@ def test_the_document_and_the_server_agree_on_deadlines_and_empty_inputs(tmp_pat
     folder = write_function(tmp_path / "src", "mlp", HALF, MLP_MANIFEST)
     body = {"x": [[0.5] * 64]}
     with live_server(tmp_path) as srv, srv.client() as c:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         doc = c.get("/openapi.json").json()
         invoke = doc["paths"]["/v1/functions/{name}/invoke"]["post"]
         (header,) = [p for p in invoke["parameters"] if p["name"] == "x-fnrt-timeout-ms"]

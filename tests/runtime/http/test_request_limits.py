@@ -8,7 +8,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from support import LiveServer, error_of, live_server, publish, write_function
+from support import LiveServer, error_of, live_server, write_function
 
 #: An echo with no declared inputs or outputs: any names and shapes come back as sent.
 UNDECLARED = """
@@ -31,7 +31,7 @@ def server(tmp_path: Path):
             ("echo", {}),
         ):
             folder = write_function(tmp_path / "src", name, **kwargs)
-            srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+            srv.deploy(folder)
         yield srv
 
 

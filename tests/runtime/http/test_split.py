@@ -20,7 +20,7 @@ X = np.random.default_rng(3).random((1, 3, 32, 32), dtype=np.float32)
 
 
 def deploy(srv: LiveServer, folder: Path) -> str:
-    return srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder))).version
+    return srv.deploy(folder).version
 
 
 def head_activation(srv: LiveServer, k: int, x: np.ndarray = X) -> np.ndarray:

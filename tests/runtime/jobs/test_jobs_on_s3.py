@@ -10,7 +10,7 @@ from pathlib import Path
 from s3support import MotoEndpoint
 
 from fnrt.runtime.clock import SystemClock
-from support import live_server, publish, s3_registry, write_function
+from support import live_server, s3_registry, write_function
 
 
 def test_a_job_reads_its_records_from_s3_and_writes_its_results_there(
@@ -19,7 +19,7 @@ def test_a_job_reads_its_records_from_s3_and_writes_its_results_there(
     node = s3_registry(tmp_path / "node", s3.url, SystemClock())
     with live_server(tmp_path / "node", node=node) as srv:
         folder = write_function(tmp_path / "src", "echo", max_batch_size=16)
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         store = srv.node.repository.store
         lines = [json.dumps({"x": [[i, 1, 2, 3]]}) for i in range(500)]
         store.put("inputs/day.jsonl", ("\n".join(lines) + "\n").encode())

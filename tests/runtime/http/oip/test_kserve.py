@@ -12,7 +12,7 @@ import pytest
 from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 from kserve.protocol.infer_type import RequestedOutput
 
-from support import LiveServer, live_server, publish, write_function
+from support import LiveServer, live_server, write_function
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp: Path = tmp_path_factory.mktemp("kserve")
     with live_server(tmp) as srv:
         echo = write_function(tmp / "src", "echo")
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, echo)))
+        srv.deploy(echo)
         yield srv
 
 

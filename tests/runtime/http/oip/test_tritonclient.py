@@ -330,7 +330,7 @@ class Gated:
     from concurrent.futures import ThreadPoolExecutor
 
     with live_server(tmp_path) as srv:
-        srv.call(srv.node.deployer.deploy(publish(srv.node.repository, folder)))
+        srv.deploy(folder)
         c = th.InferenceServerClient(srv.url.removeprefix("http://"), concurrency=4)
         tensor = th.InferInput("x", [1, 4], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
