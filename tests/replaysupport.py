@@ -30,7 +30,7 @@ from fnrt.runtime.node import Node
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.prewarm.node import GB, simulate_node
 from fnrt.runtime.prewarm.trace import Trace
-from support import ECHO_MANIFEST, live_server, make_node, publish, write_function
+from support import ECHO_MANIFEST, live_server, make_node, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 BASE_UNIX = 1_800_000_000.0  # a minute boundary
@@ -104,7 +104,7 @@ def replay(tmp: Path, trace: Trace) -> Replayed:
         with live_server(tmp, node=node) as srv, srv.client() as c:
             for name in trace.functions:
                 folder = write_function(tmp, name, manifest=ECHO_MANIFEST)
-                srv.call(node.deployer.deploy(publish(node.repository, folder)))
+                srv.deploy(folder)
             schedulers = [srv.call(node.registry.get(n)) for n in trace.functions]
             sized = False
             sizes = [0] * len(schedulers)

@@ -252,15 +252,14 @@ def test_a_manifest_without_isolation_runs_where_the_node_says(
 ) -> None:
     settings = {} if node_default == "process" else {"isolation": "thread"}  # process: default
     with live_server(tmp_path, **settings) as srv, srv.client() as c:
-        repository = srv.node.repository
         plain = write_function(tmp_path / "src", "plain", HANDLER, PLAIN)
-        srv.call(srv.node.deployer.deploy(publish(repository, plain)))
+        srv.deploy(plain)
         _deploy(srv, tmp_path, "pinned", mode="thread")  # the manifest's mode wins
         capped = MANIFEST.replace('mode = "{mode}"\n', "")  # a memory limit needs a process
         folder = write_function(
             tmp_path / "src", "capped", HANDLER, capped, timeout_s=0, memory_limit_bytes=512 << 20
         )
-        srv.call(srv.node.deployer.deploy(publish(repository, folder)))
+        srv.deploy(folder)
         where = {
             name: "thread" if _pid_of(c, name) == os.getpid() else "process"
             for name in ("plain", "pinned", "capped")
@@ -329,7 +328,7 @@ def test_a_deploy_teaches_a_new_node_what_to_import_ahead_of_its_first_cold_star
     assert spares is not None and not spares.known
     with live_server(tmp_path, node=node) as srv:
         folder = _importing(tmp_path)
-        deployed = srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        deployed = srv.deploy(folder)
         stored = node.repository.get_version("p", deployed.version)
         assert {"idna", "numpy"} <= set(stored.imports)
         wait_until(lambda: spares.ready == 1)  # no cold start yet: learned from the code
@@ -364,7 +363,7 @@ def test_a_node_whose_functions_run_in_threads_starts_no_spares_for_them(
     assert spares is not None
     with live_server(tmp_path, node=node) as srv:
         folder = write_function(tmp_path / "src", "t", IMPORTING, PLAIN)
-        srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        srv.deploy(folder)
         with srv.client() as c:
             assert _call(c, "t", 6).status_code == 200
         assert not spares.known and spares.ready == 0

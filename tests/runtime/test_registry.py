@@ -75,7 +75,7 @@ def test_deploy_invoke_scale_to_zero_invoke_again(tmp_path: Path) -> None:
     gate("load").set()
     with live_server(tmp_path, clock=clock) as srv:
         node = srv.node
-        srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        srv.deploy(folder)
         scheduler = srv.call(node.registry.get("tracked"))
         assert scheduler.pool.state.value == "cold"  # nothing loads at deploy
         assert gates.loads == []
@@ -181,9 +181,9 @@ def test_redeploy_swaps_version_and_old_one_unloads_after_the_rollback_window(
         keep_alive_s=300,
     )
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
-        first = srv.call(node.deployer.deploy(publish(node.repository, v1)))
+        first = srv.deploy(v1)
         assert c.post("/v1/functions/tracked/invoke", json={"x": X}).json()["y"] == [[2, 3, 4, 5]]
-        second = srv.call(node.deployer.deploy(publish(node.repository, v2)))
+        second = srv.deploy(v2)
         assert second.version != first.version
         r = c.post("/v1/functions/tracked/invoke", json={"x": X})
         assert r.json()["y"] == [[3, 4, 5, 6]]
@@ -235,7 +235,7 @@ def test_a_slow_watch_read_never_undoes_a_newer_cut_over(tmp_path: Path) -> None
         for add in (1, 2)
     ]
     with live_server(tmp_path, node=node) as srv:
-        first = srv.call(node.deployer.deploy(publish(node.repository, folders[0])))
+        first = srv.deploy(folders[0])
         v2 = publish(node.repository, folders[1])
         read, write = node.repository.get_routing, node.repository.update_routing
         read_started, written, release = threading.Event(), threading.Event(), threading.Event()

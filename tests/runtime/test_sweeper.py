@@ -26,7 +26,7 @@ def test_a_function_scaled_to_zero_stays_cold_until_it_is_called_again(tmp_path:
         folder = write_function(
             tmp_path, "f", manifest=ECHO_MANIFEST + "cold_start_price_gb_s = 0\n"
         )
-        srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        srv.deploy(folder)
         stats = srv.call(node.registry.get("f")).stats
 
         def call_and_sweep_it_down() -> None:
@@ -86,7 +86,7 @@ def test_the_memory_budget_evicts_by_plan_not_recency_and_says_why(tmp_path: Pat
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
         for name in ("tick", "once", "new"):
             folder = write_function(tmp_path, name, manifest=ECHO_MANIFEST)
-            srv.call(node.deployer.deploy(publish(node.repository, folder)))
+            srv.deploy(folder)
         tick, once = (srv.call(node.registry.get(n)) for n in ("tick", "once"))
 
         def call(name: str) -> None:
@@ -119,7 +119,7 @@ def test_an_idle_unload_under_a_fixed_keep_alive_is_logged_and_counted(
     node = make_node(tmp_path, clock)  # no keeper: the manifest's fixed keep-alive
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
         folder = write_function(tmp_path, "fixed", manifest=ECHO_MANIFEST)
-        srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        srv.deploy(folder)
         assert c.post("/v1/functions/fixed/invoke", json={"x": X}).status_code == 200
         scheduler = srv.call(node.registry.get("fixed"))
         clock.advance(scheduler.version.manifest.scaling.keep_alive_s + 1)

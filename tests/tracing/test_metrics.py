@@ -15,7 +15,7 @@ from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import LoopHistogram, Metrics
 from fnrt.tracing.spans import Tracing
 from fnrt.tracing.telemetry import Telemetry
-from support import LiveServer, make_node, publish, write_function
+from support import LiveServer, make_node, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 
@@ -35,7 +35,7 @@ def test_metrics_count_requests_batches_and_cold_starts(tmp_path: Path) -> None:
     server = LiveServer(build_app(node.settings, node)).start()
     try:
         folder = write_function(tmp_path / "src", "echo")
-        version = server.call(node.deployer.deploy(publish(node.repository, folder))).version
+        version = server.deploy(folder).version
         with server.client() as c:
             for _ in range(5):
                 assert c.post("/v1/functions/echo/invoke", json={"x": X}).status_code == 200

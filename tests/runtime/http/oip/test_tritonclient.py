@@ -78,12 +78,11 @@ def sample(datatype: str) -> np.ndarray:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp = tmp_path_factory.mktemp("triton")
     with live_server(tmp) as srv:
-        repository = srv.node.repository
         for folder in (
             write_function(tmp / "src", "echo"),
             write_function(tmp / "src", "types", IDENTITY, identity_manifest()),
         ):
-            srv.call(srv.node.deployer.deploy(publish(repository, folder)))
+            srv.deploy(folder)
         yield srv
 
 
