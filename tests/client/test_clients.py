@@ -31,7 +31,6 @@ from support import (
     free_port,
     gate,
     live_server,
-    publish,
     wait_until,
     write_function,
 )
@@ -65,9 +64,7 @@ max_queue = 1
 
 
 def _deploy(srv: LiveServer, folder: Path) -> str:
-    vm = publish(srv.node.repository, folder)
-    srv.call(srv.node.deployer.deploy(vm))
-    return vm.version
+    return srv.deploy(folder).version
 
 
 @pytest.fixture

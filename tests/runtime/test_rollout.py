@@ -78,8 +78,7 @@ def adder(tmp: Path, name: str, add: int, rollout: str = "", breaker: str = "", 
 
 
 def deploy(srv: LiveServer, folder: Path, policy: str | None = None) -> str:
-    vm = publish(srv.node.repository, folder)
-    return srv.call(srv.node.deployer.deploy(vm, policy=policy)).version
+    return srv.deploy(folder, policy=policy).version
 
 
 @dataclass(frozen=True)
