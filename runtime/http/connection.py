@@ -274,10 +274,22 @@ class GuardedProtocol(HttpToolsProtocol):
     lifecycle: Lifecycle | None = None
     data_apps: DataApps | None = None  # the data routes, served without the ASGI app
     _closing_at: float | None = None  # the server stops: close when idle past this time
+    _trailing = False  # the head has been read: fields now are a body's trailer
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
     swept_at: list[float] = [0.0]  # when the server's sweep last ran (the loop's clock)
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._trailing = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # after the head, a chunked body's trailer fields: never the request's headers
+        # (RFC 9110 6.5.1); uvicorn added them to the head's, where they won
+        if not self._trailing:
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        self._trailing = True
         if not (self.data_apps is not None and self._start_data(self.data_apps)):
             super().on_headers_complete()
         self._upload.restart(self._received)
