@@ -290,8 +290,11 @@ async def serve_raw(
             failed.media_type,
             failed.headers,
         )
+    cycle = getattr(send, "__self__", None)  # uvicorn's request cycle, where there is one
+    if getattr(cycle, "disconnected", False):
+        return CLIENT_GONE  # it left while the request ran: the answer reaches nobody
     trace_header = traceresponse(span)
-    write = getattr(getattr(send, "__self__", None), "answer", None)
+    write = getattr(cycle, "answer", None)
     if write is not None:  # the connection writes it whole (connection.Answering)
         if isinstance(extra, Head):
             lines = extra.lines

@@ -49,9 +49,8 @@ max_batch_size = 1
 
 # not fixed yet (each commit that fixes one removes its mark)
 PIPELINED_400 = pytest.mark.xfail(strict=True, reason="the 400 jumps ahead of answers")
-GONE_499 = pytest.mark.xfail(strict=True, reason="logged 200")
-HEAD_LIMIT = pytest.mark.xfail(strict=True, reason="no limit on a head")
 EXPECT_CLOSE = pytest.mark.xfail(strict=True, reason="kept alive")
+HEAD_LIMIT = pytest.mark.xfail(strict=True, reason="no limit on a head")
 
 
 @pytest.fixture
@@ -400,7 +399,6 @@ def test_a_malformed_request_in_a_pipeline_is_refused_after_the_answers_before_i
 # --- clients that leave -------------------------------------------------------------------
 
 
-@GONE_499
 def test_a_client_gone_while_its_request_computes_is_logged_499(server: LiveServer) -> None:
     """The answer has nobody to reach: metrics say 499, not 200 (as they say for a
     client gone while its request waited in the queue)."""
