@@ -291,8 +291,10 @@ async def serve_raw(
             failed.headers,
         )
     cycle = getattr(send, "__self__", None)  # uvicorn's request cycle, where there is one
-    if getattr(cycle, "disconnected", False):
-        return CLIENT_GONE  # it left while the request ran: the answer reaches nobody
+    if getattr(cycle, "disconnected", False) and not hasattr(cycle, "refused"):
+        # it left while the request ran: the answer reaches nobody (a body the connection
+        # refused, too slow, was answered 408 there: ``refused``)
+        return CLIENT_GONE
     trace_header = traceresponse(span)
     write = getattr(cycle, "answer", None)
     if write is not None:  # the connection writes it whole (connection.Answering)
