@@ -295,6 +295,10 @@ async def serve_raw(
         # it left while the request ran: the answer reaches nobody (a body the connection
         # refused, too slow, was answered 408 there: ``refused``)
         return CLIENT_GONE
+    if getattr(cycle, "waiting_for_100_continue", False):
+        # answered before its body was asked for (no 100 Continue): the client need not
+        # send it, and kept open the connection would read its next request as that body
+        cycle.keep_alive = False  # type: ignore[union-attr]
     trace_header = traceresponse(span)
     write = getattr(cycle, "answer", None)
     if write is not None:  # the connection writes it whole (connection.Answering)

@@ -49,7 +49,6 @@ max_batch_size = 1
 
 # not fixed yet (each commit that fixes one removes its mark)
 PIPELINED_400 = pytest.mark.xfail(strict=True, reason="the 400 jumps ahead of answers")
-EXPECT_CLOSE = pytest.mark.xfail(strict=True, reason="kept alive")
 HEAD_LIMIT = pytest.mark.xfail(strict=True, reason="no limit on a head")
 
 
@@ -524,7 +523,6 @@ def test_a_body_over_the_limit_is_413_in_the_requests_format(
     assert status(answers[1]) == 200 and body_of(answers[1]) == ANSWER
 
 
-@EXPECT_CLOSE
 @pytest.mark.parametrize("path", [DIRECT, THROUGH_APP])
 def test_an_expected_body_over_the_limit_is_refused_without_100_and_closes(
     server: LiveServer, path: bytes
