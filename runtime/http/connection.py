@@ -275,6 +275,7 @@ class GuardedProtocol(HttpToolsProtocol):
     data_apps: DataApps | None = None  # the data routes, served without the ASGI app
     _closing_at: float | None = None  # the server stops: close when idle past this time
     _trailing = False  # the head has been read: fields now are a body's trailer
+    _malformed: str | None = None  # a request refused 400, after the answers before it
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
     swept_at: list[float] = [0.0]  # when the server's sweep last ran (the loop's clock)
 
@@ -298,6 +299,31 @@ class GuardedProtocol(HttpToolsProtocol):
             (lifecycle is not None and lifecycle.draining) or self._closing_at is not None
         ):
             self.cycle.keep_alive = False  # this answer closes the connection
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser refuses: 400 and close, as uvicorn does, but after the
+        answers of the pipelined requests before it (uvicorn wrote it at once, ahead of
+        them: their client read it as the first one's answer). Nothing more is read."""
+        if self._malformed is not None:
+            return  # held already: what came after it is not read
+        cycle, pipeline = self.cycle, self.pipeline
+        if cycle is not None and cycle.more_body:  # refused within this request's body
+            if not (pipeline and pipeline[0][0] is cycle):
+                super().send_400_response(msg)  # the request in progress is the one
+                return
+            pipeline.popleft()  # a pipelined one, never started: dropped
+            cycle.more_body = False  # (no body awaited: no deadline, no rate for it)
+        elif cycle is None or cycle.response_complete:
+            super().send_400_response(msg)
+            return
+        self._malformed = msg
+        self.transport.pause_reading()
+
+    def on_response_complete(self) -> None:
+        last = not self.pipeline
+        super().on_response_complete()
+        if last and self._malformed is not None:  # the answers before it are out
+            super().send_400_response(self._malformed)
 
     def on_body(self, body: bytes) -> None:
         self._received += len(body)
