@@ -126,6 +126,16 @@ _BUSY = _closing_answer(
 )
 _HEAD_TIMEOUT = _closing_answer("408 Request Timeout", "the request head did not arrive in time")
 
+#: The most of a request head held while it is still arriving (h11, uvicorn's other
+#: parser, stops at 16 KiB; nginx's default buffers at 32 KiB). httptools sets none: a
+#: head that never ended was held until its deadline, 100 MiB for 13 MB of small
+#: fields, and one long value was joined again at each read (quadratic).
+MAX_HEAD_BYTES = 64 * 1024
+_HEAD_TOO_LARGE = _closing_answer(
+    "431 Request Header Fields Too Large",
+    f"the request head is larger than the limit of {MAX_HEAD_BYTES} bytes (64 KiB)",
+)
+
 
 _ORDER = itertools.count()  # orders connections made within one tick of the loop's clock
 
@@ -274,23 +284,25 @@ class GuardedProtocol(HttpToolsProtocol):
     lifecycle: Lifecycle | None = None
     data_apps: DataApps | None = None  # the data routes, served without the ASGI app
     _closing_at: float | None = None  # the server stops: close when idle past this time
-    _trailing = False  # the head has been read: fields now are a body's trailer
+    _head_read = False  # the head has been read: fields now are a body's trailer
+    _head_bytes = 0  # bytes read while the head was arriving (from the read it began in)
     _malformed: str | None = None  # a request refused 400, after the answers before it
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
     swept_at: list[float] = [0.0]  # when the server's sweep last ran (the loop's clock)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._trailing = False
+        self._head_read = False
+        self._head_bytes = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # after the head, a chunked body's trailer fields: never the request's headers
         # (RFC 9110 6.5.1); uvicorn added them to the head's, where they won
-        if not self._trailing:
+        if not self._head_read:
             super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        self._trailing = True
+        self._head_read = True
         if not (self.data_apps is not None and self._start_data(self.data_apps)):
             super().on_headers_complete()
         self._upload.restart(self._received)
@@ -324,6 +336,24 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if last and self._malformed is not None:  # the answers before it are out
             super().send_400_response(self._malformed)
+        elif self._head_bytes > MAX_HEAD_BYTES and not self._head_read:
+            self._drop(_HEAD_TOO_LARGE)  # the next head, held until this answer was out
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_read:
+            super().data_received(data)
+            return
+        self._head_bytes += len(data)
+        super().data_received(data)
+        if self._head_bytes > MAX_HEAD_BYTES and not self._head_read:
+            # refused as it passes the limit (a head that ends in the read that passed it
+            # is served: at most one read more), after the answer in progress if any
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                self.flow.pause_reading()  # on_response_complete refuses it
+            elif not self.transport.is_closing():
+                log.info("refusing a request head over %d bytes", MAX_HEAD_BYTES)
+                self._drop(_HEAD_TOO_LARGE)
 
     def on_body(self, body: bytes) -> None:
         self._received += len(body)
