@@ -369,6 +369,36 @@ def test_a_pipeline_with_errors_in_the_middle_is_answered_in_order(server: LiveS
     assert body_of(answers[6]) == b'{"y":[[10.0,12.0,14.0,16.0]]}'
 
 
+def test_oip_infer_and_generate_in_a_pipeline_answer_as_the_app(server: LiveServer) -> None:
+    """The other data routes the connection answers: an OIP infer that is malformed, one
+    whose binary header length lies, a good one, and a generate of a function that does
+    not generate, pipelined; the same answers, in order, as the app's."""
+    x = b'{"name": "x", "shape": [1, 4], "datatype": "FP32"'
+    good = b'{"inputs": [' + x + b', "data": [1, 2, 3, 4]}]}'
+    binary = b'{"inputs": [' + x + b', "parameters": {"binary_data_size": 16}}]}'
+
+    def pipeline(path: bytes) -> bytes:
+        infer = path.replace(b"/v1/functions/", b"/v2/models/").replace(b"/invoke", b"/infer")
+        generate = path.replace(b"/invoke", b"/generate")
+        return b"".join(
+            (
+                request(infer, b'{"inputs": 5}'),
+                request(infer, binary, b"inference-header-content-length: 99999"),
+                request(infer, good),
+                request(generate),
+                request(path),
+            )
+        )
+
+    answers = both_paths(server, pipeline, answers=5)
+    assert [status(a) for a in answers] == [400, 400, 200, 400, 200], answers
+    assert "inputs" in error(answers[0])
+    assert "Inference-Header-Content-Length" in error(answers[1])
+    assert json.loads(body_of(answers[2]))["outputs"][0]["data"] == [2.0, 4.0, 6.0, 8.0]
+    assert "not generative" in error(answers[3])
+    assert body_of(answers[4]) == ANSWER
+
+
 @pytest.mark.parametrize("path", [DIRECT, THROUGH_APP])
 @pytest.mark.parametrize("malformed", ["head", "chunk"])
 def test_a_malformed_request_in_a_pipeline_is_refused_after_the_answers_before_it(
