@@ -43,7 +43,14 @@ class FileWatches:
         if self._watch_files is None:
             return
         loop = asyncio.get_running_loop()
-        watch = await asyncio.to_thread(self._watch_files, self._version)
+        starting = asyncio.ensure_future(asyncio.to_thread(self._watch_files, self._version))
+        try:
+            watch = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # the load was cancelled: its thread goes on, and the watch it registers with
+            # the scrub has nobody to close it, so it is closed when it comes
+            starting.add_done_callback(_close_started)
+            raise
         if watch is None:
             return
         self._by_slot[slot.index] = watch
@@ -77,3 +84,11 @@ class FileWatches:
             return None
         watch.close()
         return watch.reason or None
+
+
+def _close_started(starting: asyncio.Future[Watch | None]) -> None:
+    """Close the watch a cancelled start registered (a failed start registered none)."""
+    if not starting.cancelled() and starting.exception() is None:
+        watch = starting.result()
+        if watch is not None:
+            watch.close()
