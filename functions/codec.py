@@ -96,34 +96,58 @@ def _field(obj: Mapping[Any, Any], key: bytes) -> Any:
     return obj.get(key.decode())
 
 
+#: Numeric dtypes by the type string a client sent (``type``), each checked once: the
+#: same few strings come in every body. Bounded: strings are the client's.
+_DTYPES: dict[Any, np.dtype[Any]] = {}
+_DTYPES_KEPT = 256
+_DIM_TYPES = frozenset((int, bool))  # what isinstance(d, int) accepts
+_BUFFERS = (bytes, bytearray, memoryview)
+_SEQUENCES = (list, tuple)
+
+
+def _numeric_dtype(descr: Any) -> np.dtype[Any]:
+    """The numeric dtype ``descr`` names; BadRequest for any other."""
+    text = descr.decode("ascii", "replace") if isinstance(descr, bytes) else descr
+    try:
+        dtype = np.dtype(text)
+    except (TypeError, ValueError):
+        raise BadRequest(f"array has an unknown dtype {text!r}") from None
+    if not is_numeric(dtype) or dtype.fields is not None:
+        raise BadRequest(f"array dtype {text!r} is not a numeric dtype")
+    if isinstance(descr, bytes | str) and len(_DTYPES) < _DTYPES_KEPT:
+        _DTYPES[descr] = dtype
+    return dtype
+
+
 def _decode_array(obj: Mapping[Any, Any], limits: TensorLimits) -> np.ndarray[Any, Any]:
-    kind = _field(obj, _KIND)
+    try:  # the usual map: msgpack_numpy's bytes keys, all there
+        kind, descr, data, shape, nd = obj[_KIND], obj[_TYPE], obj[_DATA], obj[_SHAPE], obj[_ND]
+    except KeyError:  # keys as str, or some missing
+        kind, descr = _field(obj, _KIND), _field(obj, _TYPE)
+        data, shape, nd = _field(obj, _DATA), _field(obj, _SHAPE), _field(obj, _ND)
     if kind not in (None, b"", ""):
         raise BadRequest("arrays of object or structured dtype are not accepted")
-    descr = _field(obj, _TYPE)
-    if isinstance(descr, bytes):
-        descr = descr.decode("ascii", "replace")
     try:
-        dtype = np.dtype(descr)
-    except (TypeError, ValueError):
-        raise BadRequest(f"array has an unknown dtype {descr!r}") from None
-    if not is_numeric(dtype) or dtype.fields is not None:
-        raise BadRequest(f"array dtype {descr!r} is not a numeric dtype")
-    data = _field(obj, _DATA)
-    shape = _field(obj, _SHAPE)
-    if not isinstance(data, bytes | bytearray | memoryview):
+        dtype = _DTYPES[descr]
+    except (KeyError, TypeError):  # not seen yet (or unhashable: refused there)
+        dtype = _numeric_dtype(descr)
+    if not isinstance(data, _BUFFERS):
         raise BadRequest("array 'data' must be raw bytes")
-    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, _SEQUENCES) or not (
+        not shape or (set(map(type, shape)) <= _DIM_TYPES and min(shape) >= 0)
+    ):
         raise BadRequest("array 'shape' must be a list of non-negative integers")
-    check_shape(None, shape, limits)  # before anything is sized by it
-    if _field(obj, _ND) is not True:  # a numpy scalar
+    count = math.prod(shape)
+    if not 0 < count <= limits.max_elements or len(shape) > limits.max_dims:
+        check_shape(None, shape, limits)  # a 0 in it, or past a limit: before any sizing
+    if nd is not True:  # a numpy scalar
         if len(data) != dtype.itemsize:
             raise BadRequest("scalar data does not match its dtype's size")
         return np.frombuffer(data, dtype=dtype).reshape(())
-    if math.prod(shape) * dtype.itemsize != len(data):
+    if count * dtype.itemsize != len(data):
         raise BadRequest(
             f"array of shape {list(shape)} and dtype {dtype.str} needs "
-            f"{math.prod(shape) * dtype.itemsize} bytes, got {len(data)}"
+            f"{count * dtype.itemsize} bytes, got {len(data)}"
         )
     array = np.frombuffer(data, dtype=dtype).reshape(shape)
     if dtype.byteorder == ">":
@@ -141,6 +165,9 @@ def _hook(limits: TensorLimits) -> Any:
 
 
 _DEFAULT_HOOK = _hook(DEFAULT_LIMITS)
+#: The limits a body was last decoded under, and their hook (a server decodes every body
+#: under the same limits: one closure, not one a body). Swapped whole: thread-safe.
+_last_hook: tuple[TensorLimits, Any] = (DEFAULT_LIMITS, _DEFAULT_HOOK)
 
 
 def encode_array(array: np.ndarray[Any, Any]) -> dict[bytes, Any]:
@@ -178,7 +205,11 @@ def _default(obj: Any) -> Any:
 def decode_msgpack(body: bytes, limits: TensorLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """A msgpack body as ``{name: value}``; raises BadRequest when malformed, and
     TensorTooLarge for an array whose shape is past ``limits``."""
-    hook = _DEFAULT_HOOK if limits is DEFAULT_LIMITS else _hook(limits)
+    global _last_hook
+    known, hook = _last_hook
+    if known is not limits:
+        hook = _hook(limits)
+        _last_hook = (limits, hook)
     try:
         obj = msgpack.unpackb(body, object_hook=hook, raw=False, strict_map_key=False)
     except TensorTooLarge as exc:
@@ -293,7 +324,57 @@ class MalformedAt(BadRequest):
 
 def encode_msgpack(payload: Mapping[str, Any]) -> bytes:
     """Encode a mapping whose values may be numpy arrays."""
+    fast = _encode_arrays(payload)
+    if fast is not None:
+        return fast
     return msgpack.packb(payload, default=_default, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+#: A packed array map less its data, by (dtype, shape): every answer of one output of a
+#: version has the same; and output names packed. Each cleared when it holds _KEPT.
+_ARRAY_HEADS: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
+_PACKED_NAMES: dict[str, bytes] = {}
+_KEPT = 1024
+
+
+def _array_head(array: np.ndarray[Any, Any]) -> bytes | None:
+    """``array``'s packed map less its data; None for an array packed the general way
+    (big-endian or of objects)."""
+    dtype = array.dtype
+    if dtype.byteorder == ">" or dtype.hasobject:
+        return None
+    packed: bytes = msgpack.packb(encode_array(array), use_bin_type=True)
+    head = packed[: len(packed) - array.nbytes]  # ``data`` is the map's last value
+    if len(_ARRAY_HEADS) >= _KEPT:
+        _ARRAY_HEADS.clear()
+    _ARRAY_HEADS[dtype, array.shape] = head
+    return head
+
+
+def _encode_arrays(payload: Mapping[str, Any]) -> bytes | None:
+    """What ``msgpack.packb`` makes of ``payload``, byte for byte, when it is a map of up
+    to 15 names to numeric arrays laid out as they travel (C order, little-endian or
+    one byte): each array's packed map less its data made once per dtype and shape, its
+    data joined as it lies. None for anything else (packed the general way)."""
+    if type(payload) is not dict or len(payload) > 15:
+        return None
+    parts: list[Any] = [_FIXMAPS[len(payload)]]
+    for name, value in payload.items():
+        if type(value) is not np.ndarray or type(name) is not str or not value.flags.c_contiguous:
+            return None
+        head = _ARRAY_HEADS.get((value.dtype, value.shape)) or _array_head(value)
+        if head is None:
+            return None
+        packed_name = _PACKED_NAMES.get(name)
+        if packed_name is None:
+            if len(_PACKED_NAMES) >= _KEPT:  # an echo's names are its clients'
+                _PACKED_NAMES.clear()
+            packed_name = _PACKED_NAMES[name] = msgpack.packb(name, use_bin_type=True)
+        parts += (packed_name, head, value)  # the array's buffer, as it lies
+    return b"".join(parts)
+
+
+_FIXMAPS = [bytes([0x80 | n]) for n in range(16)]
 
 
 # --- JSON --------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 from fnrt.functions.codec import (
     Format,
     NotJsonNumber,
+    _encode_arrays,
     decode_json,
     decode_msgpack,
     encode_json,
@@ -60,6 +61,15 @@ def test_non_contiguous_and_big_endian_arrays_encode() -> None:
         ),
         ({b"nd": True, b"type": "zz", b"kind": b"", b"shape": [1], b"data": b""}, "unknown dtype"),
         ({b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [-1], b"data": b""}, "non-negative"),
+        (
+            {b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [1.0], b"data": b"1234"},
+            "integers",
+        ),
+        ({b"nd": True, b"type": "<f4", b"kind": b"", b"shape": "1", b"data": b"1234"}, "integers"),
+        ({b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [1], b"data": "1234"}, "raw bytes"),
+        ({b"nd": False, b"type": "<f4", b"kind": b"", b"shape": [], b"data": b"12"}, "scalar data"),
+        ({"nd": True, "type": "<f4", "kind": "", "shape": [2], "data": b"123"}, "needs 8 bytes"),
+        ({"nd": True, "type": [1], "kind": "", "shape": [1], "data": b"1234"}, "unknown dtype"),
     ],
 )
 def test_bad_arrays_are_bad_requests(payload: dict, words: str) -> None:
@@ -113,3 +123,67 @@ def test_json_refuses_nan_and_infinities_rather_than_writing_null(bad: float) ->
     )
     kept = decode_msgpack(encode_msgpack({"y": np.array([bad], np.float32)}))["y"]
     np.testing.assert_array_equal(kept, [bad])  # msgpack carries them as they are
+
+
+@pytest.mark.parametrize("keys", ["bytes", "str"])
+def test_an_array_decodes_the_same_whatever_its_keys_and_however_often(keys: str) -> None:
+    array = np.arange(6, dtype=">i4").reshape(2, 3)  # big-endian: made little on the way in
+    layout = {"nd": True, "type": ">i4", "kind": "", "shape": [2, 3], "data": array.tobytes()}
+    if keys == "bytes":
+        layout = {k.encode(): v for k, v in layout.items()}
+    for _ in range(3):  # its dtype string is looked up once, then known
+        got = decode_msgpack(msgpack.packb({"x": layout}))["x"]
+        assert got.dtype == np.dtype("<i4") and got.tolist() == array.tolist()
+    with pytest.raises(BadRequest, match="unknown dtype 'zz'"):  # nothing known of a bad one
+        type_key = b"type" if keys == "bytes" else "type"
+        decode_msgpack(msgpack.packb({"x": {**layout, type_key: "zz"}}))
+
+
+def _packed_the_general_way(payload: dict) -> bytes:
+    from fnrt.functions.codec import _default
+
+    return msgpack.packb(payload, default=_default, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "dtype", ["bool", "uint8", "int8", "int64", "uint64", "float16", "float32", "<f8", "bfloat16"]
+)
+@pytest.mark.parametrize("shape", [(), (0,), (1, 4), (3, 0, 2), (70_000,)])
+def test_an_answer_of_arrays_packs_to_the_same_bytes_as_msgpack_does(dtype: str, shape) -> None:
+    import ml_dtypes  # noqa: F401  (numpy reads "bfloat16" once it is imported)
+
+    array = (np.arange(int(np.prod(shape))) % 3).astype(dtype).reshape(shape)
+    for payload in ({"y": array}, {"y": array, "é": array.copy(), "z" * 40: array}):
+        assert _encode_arrays(payload) is not None  # packed here, not by msgpack
+        for _ in range(2):  # made, then known
+            assert encode_msgpack(payload) == _packed_the_general_way(payload)
+        decoded = decode_msgpack(encode_msgpack(payload))
+        assert decoded.keys() == payload.keys()
+        assert all(v.tobytes() == array.tobytes() and v.shape == shape for v in decoded.values())
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"y": np.arange(6, dtype=">i4").reshape(2, 3)},  # big-endian: made little first
+        {"y": np.arange(6, dtype="<i4").reshape(2, 3).T},  # not C order
+        {"y": np.array([b"a", b"bc"], dtype=object)},  # bytes elements
+        {"y": 3, "z": np.zeros(2)},
+        {f"y{i}": np.zeros(2) for i in range(16)},  # past a fixmap
+    ],
+)
+def test_other_answers_are_packed_the_general_way(payload: dict) -> None:
+    assert _encode_arrays(payload) is None
+    assert encode_msgpack(payload) == _packed_the_general_way(payload)
+
+
+def test_what_the_packer_keeps_is_bounded() -> None:
+    from fnrt.functions import codec
+
+    for i in range(codec._KEPT + 10):  # an echo whose clients name every input anew
+        encode_msgpack({f"x{i}": np.zeros((1, i % 7 + 1), np.float32)})
+        encode_msgpack({"y": np.zeros(i + 1, np.uint8)})
+    assert len(codec._PACKED_NAMES) <= codec._KEPT
+    assert len(codec._ARRAY_HEADS) <= codec._KEPT
+    assert encode_msgpack({}) == _packed_the_general_way({})
+    assert encode_msgpack({"x": np.ones(3)}) == _packed_the_general_way({"x": np.ones(3)})
