@@ -290,7 +290,7 @@ async def serve_raw(
             failed.media_type,
             failed.headers,
         )
-    cycle = getattr(send, "__self__", None)  # uvicorn's request cycle, where there is one
+    cycle: Any = getattr(send, "__self__", None)  # uvicorn's request cycle, where there is one
     if getattr(cycle, "disconnected", False) and not hasattr(cycle, "refused"):
         # it left while the request ran: the answer reaches nobody (a body the connection
         # refused, too slow, was answered 408 there: ``refused``)
@@ -298,10 +298,14 @@ async def serve_raw(
     if getattr(cycle, "waiting_for_100_continue", False):
         # answered before its body was asked for (no 100 Continue): the client need not
         # send it, and kept open the connection would read its next request as that body
-        cycle.keep_alive = False  # type: ignore[union-attr]
+        cycle.keep_alive = False
     trace_header = traceresponse(span)
     write = getattr(cycle, "answer", None)
     if write is not None:  # the connection writes it whole (connection.Answering)
+        if cycle.flow.write_paused:  # the answer before is not taken yet: wait, as send does
+            await cycle.flow.drain()  # (else a pipeline's answers piled up unsent)
+            if cycle.disconnected:
+                return CLIENT_GONE
         if isinstance(extra, Head):
             lines = extra.lines
         else:

@@ -457,6 +457,46 @@ def test_a_client_that_closes_right_after_sending_leaves_the_server_serving(
     serves_normally(server)
 
 
+BIG = """
+import numpy as np
+import fnrt_test_gates
+
+def handle(batch):
+    fnrt_test_gates.calls.append(len(batch))
+    return [{"y": np.zeros(1 << 19, np.float32)} for r in batch]
+"""
+
+
+@pytest.mark.parametrize("path", [b"/v1/functions/big/invoke", b"/v1/functions/bi%67/invoke"])
+def test_pipelined_answers_a_client_does_not_take_wait_for_it(
+    tmp_path: Path, server: LiveServer, path: bytes
+) -> None:
+    """20 pipelined requests of 80 bytes, each answered 2 MiB, from a client that reads
+    nothing: the next answer waits until the one before is taken, as uvicorn's send
+    waits. The connection's own answer did not wait: all 20 were computed and 37 MiB
+    held in its write buffer (bounded only by the minimum rate's window, 10 s)."""
+    import fnrt_test_gates  # type: ignore[import-not-found]
+
+    folder = write_function(tmp_path / "src", "big", BIG, manifest=GATED_MANIFEST)
+    server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
+    fnrt_test_gates.calls = []
+    one = msgpack.packb({"x": 1})
+    sent = request(path, one, media_type=b"application/msgpack")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes little at a time
+    sock.connect(("127.0.0.1", server.port))
+    with sock:
+        sock.sendall(sent * 20)  # and reads nothing yet
+        wait_until(lambda: len(fnrt_test_gates.calls) >= 2)
+        with pytest.raises(AssertionError):  # nor more computed, nor more held
+            wait_until(lambda: len(fnrt_test_gates.calls) > 3, timeout_s=2)
+        held = max(p.transport.get_write_buffer_size() for p in protocols(server))
+        assert held < 3 * 2**21, held
+        answers = read_answers(sock, 20)  # then all of them, in order
+    assert [status(a) for a in answers] == [200] * 20
+    assert len(fnrt_test_gates.calls) == 20
+
+
 # --- paths and headers --------------------------------------------------------------------
 
 
