@@ -71,7 +71,8 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
         yield srv
     finally:
         gate("abuse").set()
-        srv.stop()
+        if srv.loop is not None and not srv.loop.is_closed():  # (a test may have stopped it)
+            srv.stop()
 
 
 # --- talking to it -----------------------------------------------------------------------
@@ -656,3 +657,27 @@ def test_requests_while_draining_are_answered_with_connection_close(server: Live
         kept.sendall(request())
         answer = read_to_close(kept)
     assert status(answer) == 200 and header(answer, b"connection") == b"close"
+
+
+def test_a_request_in_progress_when_the_server_stops_is_answered_with_close(
+    server: LiveServer,
+) -> None:
+    """uvicorn's shutdown asks each connection to close after its answer: the data route
+    the connection answers says ``connection: close`` and closes, as the app's would."""
+    import threading
+
+    import fnrt_test_gates  # type: ignore[import-not-found]
+
+    fnrt_test_gates.calls = []
+    with connect(server) as sock:
+        sock.sendall(request(b"/v1/functions/gated/invoke", b'{"x": [[1.0]]}'))
+        wait_until(lambda: fnrt_test_gates.calls == [1])  # in the handler
+        (protocol,) = [p for p in protocols(server) if getattr(p, "cycle", None) is not None]
+        stopping = threading.Thread(target=server.stop)
+        stopping.start()
+        wait_until(lambda: not protocol.cycle.keep_alive)  # told to close after its answer
+        gate("abuse").set()
+        answer = read_to_close(sock)
+        stopping.join(30)
+    assert status(answer) == 200 and body_of(answer) == b'{"y":[[1.0]]}', answer
+    assert header(answer, b"connection") == b"close"
