@@ -42,6 +42,7 @@ import itertools
 import json
 import logging
 import resource
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +126,15 @@ _BUSY = _closing_answer(
     "retry-after: 1",
 )
 _HEAD_TIMEOUT = _closing_answer("408 Request Timeout", "the request head did not arrive in time")
+
+
+def _malformed_answer(error: BaseException | None, fallback: str) -> bytes:
+    """The 400 for a request the parser refused, naming why (llhttp's reason; a
+    callback's own error, such as a URL too long, where it raised one)."""
+    cause = error.__context__ if isinstance(error, httptools.HttpParserCallbackError) else error
+    reason = str(cause)[:200] if cause is not None else fallback
+    return _closing_answer("400 Bad Request", f"malformed HTTP request: {reason}")
+
 
 #: The most of a request head held while it is still arriving (h11, uvicorn's other
 #: parser, stops at 16 KiB; nginx's default buffers at 32 KiB). httptools sets none: a
@@ -286,7 +296,7 @@ class GuardedProtocol(HttpToolsProtocol):
     _closing_at: float | None = None  # the server stops: close when idle past this time
     _head_read = False  # the head has been read: fields now are a body's trailer
     _head_bytes = 0  # bytes read while the head was arriving (from the read it began in)
-    _malformed: str | None = None  # a request refused 400, after the answers before it
+    _malformed: bytes | None = None  # a request refused 400, after the answers before it
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
     swept_at: list[float] = [0.0]  # when the server's sweep last ran (the loop's clock)
 
@@ -313,29 +323,35 @@ class GuardedProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = False  # this answer closes the connection
 
     def send_400_response(self, msg: str) -> None:
-        """A request the parser refuses: 400 and close, as uvicorn does, but after the
-        answers of the pipelined requests before it (uvicorn wrote it at once, ahead of
-        them: their client read it as the first one's answer). Nothing more is read."""
+        """A request the parser refuses: 400 and close, as uvicorn does, but in JSON
+        naming why, and after the answers of the pipelined requests before it (uvicorn
+        wrote it at once, ahead of them: their client read it as the first one's
+        answer). Nothing more is read."""
         if self._malformed is not None:
             return  # held already: what came after it is not read
+        answer = _malformed_answer(sys.exc_info()[1], msg)  # (called where uvicorn caught it)
         cycle, pipeline = self.cycle, self.pipeline
         if cycle is not None and cycle.more_body:  # refused within this request's body
             if not (pipeline and pipeline[0][0] is cycle):
-                super().send_400_response(msg)  # the request in progress is the one
+                self._send_malformed(answer)  # the request in progress is the one
                 return
             pipeline.popleft()  # a pipelined one, never started: dropped
             cycle.more_body = False  # (no body awaited: no deadline, no rate for it)
         elif cycle is None or cycle.response_complete:
-            super().send_400_response(msg)
+            self._send_malformed(answer)
             return
-        self._malformed = msg
+        self._malformed = answer
         self.transport.pause_reading()
+
+    def _send_malformed(self, answer: bytes) -> None:
+        self.transport.write(answer)
+        self.transport.close()  # once what is written before it has left
 
     def on_response_complete(self) -> None:
         last = not self.pipeline
         super().on_response_complete()
         if last and self._malformed is not None:  # the answers before it are out
-            super().send_400_response(self._malformed)
+            self._send_malformed(self._malformed)
         elif self._head_bytes > MAX_HEAD_BYTES and not self._head_read:
             self._drop(_HEAD_TOO_LARGE)  # the next head, held until this answer was out
 
@@ -343,15 +359,17 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._head_read:
             super().data_received(data)
             return
+        if self._head_bytes > MAX_HEAD_BYTES:
+            return  # refused already: dropped unread until the answer in progress is out
         self._head_bytes += len(data)
         super().data_received(data)
         if self._head_bytes > MAX_HEAD_BYTES and not self._head_read:
             # refused as it passes the limit (a head that ends in the read that passed it
-            # is served: at most one read more), after the answer in progress if any
+            # is served: at most one read more), after the answer in progress if any (its
+            # bytes are read meanwhile: a close with bytes unread would reset the
+            # connection, and the answers not yet sent would be lost)
             cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                self.flow.pause_reading()  # on_response_complete refuses it
-            elif not self.transport.is_closing():
+            if (cycle is None or cycle.response_complete) and not self.transport.is_closing():
                 log.info("refusing a request head over %d bytes", MAX_HEAD_BYTES)
                 self._drop(_HEAD_TOO_LARGE)
 
