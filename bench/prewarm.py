@@ -37,8 +37,11 @@ accounting of ``fnrt simulate``). Three checks:
    floor is above the goal's cold starts is out of reach for any policy (proven),
    the others that fail are unreached. ``--oracle`` adds Belady's evictions (they
    know every call ahead, never pre-warm: a heuristic with instances of
-   different sizes, not a bound). ``--plot`` draws half A of the sample's cold
-   starts by budget beside the frontier (``-node`` added to its name). ``--day``
+   different sizes, not a bound) and a clairvoyant planner (each function
+   pre-warmed in the minute of its next call, into free memory, Belady's
+   evictions: what knowing the calls ahead gives on this node's rules).
+   ``--plot`` draws half A of the sample's cold starts by budget beside the
+   frontier (``-node`` added to its name). ``--day``
    and ``--budgets`` pick cells (``--day "half B" --budgets 25``), ``--half B``
    takes half B's synthetic days (seeds 200+) in place of half A's, and
    ``--causes`` breaks each cell's cold starts down by cause (first call,
@@ -67,7 +70,14 @@ from pathlib import Path
 import numpy as np
 
 from fnrt.runtime.prewarm.bound import Floor, floor, strict_cold
-from fnrt.runtime.prewarm.node import ORACLE, Cause, NodeOutcome, fixed_peak_gb, simulate_node
+from fnrt.runtime.prewarm.node import (
+    CLAIRVOYANT,
+    ORACLE,
+    Cause,
+    NodeOutcome,
+    fixed_peak_gb,
+    simulate_node,
+)
 from fnrt.runtime.prewarm.policies import Policy, PolicyConfig
 from fnrt.runtime.prewarm.report import node_plot, plot
 from fnrt.runtime.prewarm.simulator import Outcome, simulate
@@ -268,7 +278,7 @@ def node_memory(
         "budget); out of reach: floor > the goal's cold starts (proven); unreached: not met, "
         "floor below"
     )
-    extra = (", planned, filling" if modes else "") + (", Belady" if oracle else "")
+    extra = (", planned, filling" if modes else "") + (", Belady, clairvoyant" if oracle else "")
     head = f"   {'day':<46} {'budget':>7}  {'auto/GD':>7}  {'auto/LRU':>8}"
     print(head + f"  cold: auto, GD, LRU, floor{extra}")
     halves = days(synthetic_functions, synthetic_days)
@@ -299,7 +309,9 @@ def node_memory(
                 floors.append(least)
             shown = [f"{cold[p]:,}" for p in policies[3:]]
             if oracle:
-                shown.append(f"{simulate_node(trace, ORACLE, share * peak).cold_starts:,}")
+                for known in (ORACLE, CLAIRVOYANT):
+                    outcomes.append(simulate_node(trace, known, share * peak, record=why))
+                    shown.append(f"{outcomes[-1].cold_starts:,}")
             verdict = ""
             if not good:
                 reach = least.cold_starts <= min(GOAL_GD * gd, GOAL_LRU * lru)
@@ -309,7 +321,7 @@ def node_memory(
                 f"{lru:,}, {least.cold_starts:,}{''.join(', ' + x for x in shown)}{verdict}"
             )
             if why:
-                causes(trace, outcomes[:3], share * peak)
+                causes(trace, [o for o in outcomes if o.colds], share * peak)
     print(f"   {met} of {cells} cells meet the goal at the default")
     if png:
         path = Path(png)
@@ -360,7 +372,9 @@ def main() -> None:
     )
     parser.add_argument("--plot", metavar="PNG", help="draw the sample's frontier here")
     parser.add_argument(
-        "--oracle", action="store_true", help="check 4: Belady's evictions too (slower)"
+        "--oracle",
+        action="store_true",
+        help="check 4: Belady's evictions and a clairvoyant planner too (slower)",
     )
     parser.add_argument(
         "--modes",

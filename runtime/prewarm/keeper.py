@@ -30,6 +30,7 @@ from fnrt.runtime.prewarm.policies import (
     decide,
     filling,
     fills,
+    scarce,
     weigh,
     worth,
 )
@@ -85,6 +86,7 @@ class Keeper:
         self._fixed: set[str] = set()  # kept by the manifest's keep_alive_s: nothing to plan
         self._sizes: dict[str, float] = {}  # each planned function's instance, GB
         self._worth: dict[str, tuple[Plan, Worth, Worth]] = {}  # plan's, and kept past it
+        self._priced_as: dict[str, PolicyConfig] = {}  # each plan's config: filling, scarce
         if path is not None and path.is_file():
             self._load(path)
 
@@ -165,7 +167,10 @@ class Keeper:
         """The plan after ``name``'s last call for an instance of ``memory_gb`` (at
         ``config``'s price, default the node's), or None when it was never called.
         ``budget_bytes``: the node's memory budget, which a plan may fill (made once
-        after each call: whether it fills is decided then, :meth:`filling`)."""
+        after each call: whether it fills is decided then, :meth:`filling`); an ``auto``
+        plan that does not, made while the working set is over the budget, is made at
+        the share of it the budget holds times the price
+        (:func:`~fnrt.runtime.prewarm.policies.scarce`), as ``fnrt simulate`` makes it."""
         self._settle(name)
         history = self.histories.get(name)
         if history is None or history.last_minute is None:
@@ -177,14 +182,20 @@ class Keeper:
         if cached is not None and cached[0] == key:
             return cached[1]  # nothing new since: the same plan (the sweep asks every second)
         fill = self.fill_memory
+        working_set = None
         if fill is None:
             working_set = self.working_set_bytes(history.last_minute)
             fill = policy is Policy.AUTO and fills(working_set, budget_bytes)
         self._filling[name] = fill
-        plan = decide(
-            policy, filling(config) if fill else config, history, history.last_minute, memory_gb
-        )
+        if fill:
+            config = filling(config)
+        elif policy is Policy.AUTO and budget_bytes is not None:  # scarcer while it is short
+            if working_set is None:
+                working_set = self.working_set_bytes(history.last_minute)
+            config = scarce(config, working_set, budget_bytes)
+        plan = decide(policy, config, history, history.last_minute, memory_gb)
         self._plans[name] = (key, plan)
+        self._priced_as[name] = config
         return plan
 
     def filling(self, name: str) -> bool:
@@ -284,8 +295,7 @@ class Keeper:
         kept = self.filling(name)
         cached = self._worth.get(name)
         if cached is None or cached[0] is not plan:
-            priced = self.at_mean(config or self.config)
-            priced = filling(priced) if kept else priced
+            priced = self._priced_as[name]  # the plan's own price
             cached = (
                 plan,
                 worth(priced, history, plan, memory_gb),

@@ -10,7 +10,9 @@ decision), each weighed as its policy says:
   expected price of the cold start it saves per GB·minute it will yet be
   held). Plans unload instances early ("plan") and at their window's end
   ("idle") and pre-warm them, only into free memory, as the server does with
-  ``--no-fill-memory``.
+  ``--no-fill-memory``; a plan made while the working set (below) is over the
+  budget is made at the share of it the budget holds times the price
+  (:func:`~fnrt.runtime.prewarm.policies.scarce`).
 - ``auto_fill``: every plan fills the budget (``fnrt serve --fill-memory``): it
   is made at :data:`~fnrt.runtime.prewarm.policies.FILL_PRICE_FACTOR` the
   price, its instance is kept past it while the budget has room (the node holds
@@ -38,7 +40,11 @@ decision), each weighed as its policy says:
   becomes the highest priority evicted.
 
 A run of busy minutes is never evicted; when the busy ones alone fill the
-budget a load goes over it, as in the server. ``budget_gb=None``: no bound
+budget a load goes over it, as in the server. In a minute, the unloads plans
+set for it come before its pre-warms (the server's sweeps try a pre-warm again
+every second, so the room an unload frees at the minute's start is there for
+it), then its calls, in the trace's order of functions. Every cold start is
+counted by its :class:`Cause`. ``budget_gb=None``: no bound
 (then ``auto`` and ``fixed`` give exactly :func:`~fnrt.runtime.prewarm.
 simulator.simulate_one`'s figures).
 """
@@ -57,12 +63,14 @@ import numpy as np
 from fnrt.loader.memory import Held, evictions
 from fnrt.runtime.prewarm.history import History
 from fnrt.runtime.prewarm.policies import (
+    Plan,
     Policy,
     PolicyConfig,
     Worth,
     decide,
     filling,
     fills,
+    scarce,
     weigh,
     worth,
 )
@@ -89,6 +97,9 @@ class Cause(Enum):
 
 #: A bound, not a policy: evictions that know every call ahead.
 ORACLE = "belady"
+#: Not a policy either: plans that know each function's next call (pre-warmed in its
+#: minute, unloaded after each run), evictions as Belady's, pre-warms into free memory.
+CLAIRVOYANT = "clairvoyant"
 GB = 2**30
 
 
@@ -133,8 +144,8 @@ def simulate_node(
 ) -> NodeOutcome:
     """Replay ``trace`` on one node under ``policy`` (one of :data:`NODE_POLICIES`);
     ``record``: keep the order of budget evictions (minute, function)."""
-    if policy not in (*NODE_POLICIES, ORACLE):
-        names = ", ".join((*NODE_POLICIES, ORACLE))
+    if policy not in (*NODE_POLICIES, ORACLE, CLAIRVOYANT):
+        names = ", ".join((*NODE_POLICIES, ORACLE, CLAIRVOYANT))
         raise ValueError(f"policy: {policy!r} is not one of {names}")
     if budget_gb is not None and not budget_gb > 0:
         raise ValueError("budget_gb: must be > 0")
@@ -142,13 +153,15 @@ def simulate_node(
     if config.mean_instance_gb is None:
         config = replace(config, mean_instance_gb=mean_instance_gb(trace))
     plain, filled = config, filling(config)  # a plan that fills the budget: at 4x the price
-    planned = policy in (*AUTO_FILLS, "fixed")
+    planned = policy in (*AUTO_FILLS, "fixed", CLAIRVOYANT)
     memory = trace.memory_mb / 1024 if trace.memory_mb is not None else None
     functions = trace.counts.shape[0]
     gb = [_instance_gb(memory, f) for f in range(functions)]
     size = [max(1, int(g * GB)) for g in gb]
     budget = None if budget_gb is None else int(budget_gb * GB)
-    working_set = _working_set(trace, size, config.keep_alive_min) if policy == "auto" else []
+    # what fixed keep-alive would hold: whether a plan fills the budget, or how scarce it is
+    sized = budget is not None and policy in ("auto", "auto_plan")
+    working_set = _working_set(trace, size, config.keep_alive_min) if sized else []
     filling_plan: dict[int, bool] = {}  # each function's last plan: does it fill the budget
     starts: dict[int, list[tuple[int, int]]] = defaultdict(list)
     ends: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
@@ -166,7 +179,10 @@ def simulate_node(
     tokens: dict[int, int] = defaultdict(int)
     running: set[int] = set()
     ahead: set[int] = set()  # loaded by a pre-warm, not yet called
-    timers: list[tuple[int, int, int, str]] = []  # (minute, function, token, what)
+    # (minute, 0 for an unload or 1 for a pre-warm, function, token, what): in a minute, its
+    # unloads come first, then its pre-warms, as on the server, whose sweeps try a pre-warm
+    # again every second: an unload at the minute's start frees room for its pre-warms
+    timers: list[tuple[int, int, int, int, str]] = []
     used = running_bytes = 0
     peak = 0
     cold = prewarms = skipped = 0
@@ -193,7 +209,7 @@ def simulate_node(
         value = 0.0  # fixed, lru: all the same, least recently used first
         if policy == "greedy_dual":
             value = held.priority
-        elif policy == ORACLE:
+        elif policy in (ORACLE, CLAIRVOYANT):
             i = bisect.bisect_left(calls_at[f], now)  # a run due this minute: the most
             value = 1.0 / (gb[f] * (calls_at[f][i] - now + 1)) if i < len(calls_at[f]) else 0.0
         elif held.worth is not None:  # auto
@@ -208,7 +224,7 @@ def simulate_node(
         """Unloads and pre-warms the timers set for minute ``t``."""
         nonlocal used, peak, prewarms, skipped
         while timers and timers[0][0] <= t:
-            _, f, token, what = heapq.heappop(timers)
+            _, _, f, token, what = heapq.heappop(timers)
             if token != tokens[f] or f in running:
                 continue
             if what == "prewarm":
@@ -233,7 +249,7 @@ def simulate_node(
                     peak = max(peak, used)
                     prewarms += 1
                 elif t < _closes.get(f, t):  # tried again next minute, as the sweeps do
-                    heapq.heappush(timers, (t + 1, f, token, "prewarm"))
+                    heapq.heappush(timers, (t + 1, 1, f, token, "prewarm"))
                 else:
                     skipped += 1
             elif f in loaded:
@@ -318,7 +334,12 @@ def simulate_node(
                 fill = fills(working_set[t], budget)
             filling_plan[f] = fill
             config = filled if fill else plain
-            plan = decide(kind, config, history, t, gb[f])
+            if working_set and not fill:  # short of memory: at the share the budget holds
+                config = scarce(plain, working_set[t], budget)
+            if policy == CLAIRVOYANT:
+                kind, plan = Policy.FIXED, _next_call(calls_at[f], t)
+            else:
+                plan = decide(kind, config, history, t, gb[f])
             token = tokens[f] = tokens[f] + 1
             if kind is Policy.AUTO:
                 held.worth = _plan_worth[f] = worth(config, history, plan, gb[f], cached=fill)
@@ -332,15 +353,15 @@ def simulate_node(
                 prewarm_at.pop(f, None)
             if fill:  # kept while memory is free; loaded again ahead when evicted
                 if plan.prewarm_after_min and end >= begin:
-                    heapq.heappush(timers, (t + begin, f, token, "prewarm"))
+                    heapq.heappush(timers, (t + begin, 1, f, token, "prewarm"))
                 continue
             if plan.prewarm_after_min or end < 1:
-                heapq.heappush(timers, (t + 1, f, token, "plan"))
+                heapq.heappush(timers, (t + 1, 0, f, token, "plan"))
                 if plan.prewarm_after_min and end >= begin:
-                    heapq.heappush(timers, (t + begin, f, token, "prewarm"))
-                    heapq.heappush(timers, (t + end + 1, f, token, "idle"))
+                    heapq.heappush(timers, (t + begin, 1, f, token, "prewarm"))
+                    heapq.heappush(timers, (t + end + 1, 0, f, token, "idle"))
             else:
-                heapq.heappush(timers, (t + end + 1, f, token, "idle"))
+                heapq.heappush(timers, (t + end + 1, 0, f, token, "idle"))
         t_prev = t
     return NodeOutcome(
         policy,
@@ -356,6 +377,16 @@ def simulate_node(
         {k: v for k, v in causes.items() if v},
         colds,
     )
+
+
+def _next_call(calls_at: list[int], now: int) -> Plan:
+    """The clairvoyant plan after a run that ended at minute ``now``: loaded in the minute
+    of the next run only (kept a minute when it comes right after), or not at all."""
+    i = bisect.bisect_right(calls_at, now)
+    if i == len(calls_at):
+        return Plan(0, 0, why="no call ahead")
+    d = calls_at[i] - now
+    return Plan(0, 1, why="next call") if d == 1 else Plan(d, 1, why="next call")
 
 
 def _working_set(trace: Trace, size: list[int], keep_alive_min: int) -> list[float]:

@@ -92,6 +92,24 @@ def fills(working_set_bytes: float, budget_bytes: float | None) -> bool:
     return budget_bytes is not None and working_set_bytes <= FILL_SHARE * budget_bytes
 
 
+def scarce(
+    config: PolicyConfig, working_set_bytes: float, budget_bytes: float | None
+) -> PolicyConfig:
+    """``config`` for a plan that does not fill the memory budget, made while the node's
+    working set (what a fixed keep-alive of ``keep_alive_min`` would hold now) is over
+    it: memory is scarcer than the price of a cold start assumes, by the share of that
+    working set the budget holds, so the price is that share of itself (the mirror of
+    :data:`FILL_PRICE_FACTOR`, no number fitted). Windows shrink as the budget does: a
+    function with calls due soon is loaded just before them and released after, and the
+    memory is left to those whose calls a window catches at less idle memory. Unchanged
+    when the working set fits or with no budget. The server's keeper and ``fnrt simulate
+    --node-memory-gb`` both ask here after each call, with the same working set."""
+    if budget_bytes is None or working_set_bytes <= budget_bytes:
+        return config
+    share = max(budget_bytes, 1.0) / working_set_bytes
+    return replace(config, price_factor=config.price_factor * share)
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     keep_alive_min: int = 10

@@ -6,7 +6,14 @@ import pytest
 from tracesupport import made
 
 from fnrt.runtime.prewarm.bound import floor, strict_cold
-from fnrt.runtime.prewarm.node import NODE_POLICIES, ORACLE, fixed_peak_gb, simulate_node
+from fnrt.runtime.prewarm.node import (
+    CLAIRVOYANT,
+    NODE_POLICIES,
+    ORACLE,
+    Cause,
+    fixed_peak_gb,
+    simulate_node,
+)
 from fnrt.runtime.prewarm.trace import synthetic
 
 
@@ -44,7 +51,7 @@ def test_no_policy_goes_below_the_floor() -> None:
     peak = fixed_peak_gb(trace)
     for share in (0.25, 0.5, 1.0):
         bounded = floor(trace, share * peak).cold_starts
-        for policy in (*NODE_POLICIES, ORACLE):
+        for policy in (*NODE_POLICIES, ORACLE, CLAIRVOYANT):
             cold = simulate_node(trace, policy, share * peak).cold_starts
             assert cold >= bounded, (share, policy)
 
@@ -80,3 +87,17 @@ def test_strict_cold_names_the_runs_the_oracle_cannot_serve_warm() -> None:
         assert len(strict_cold(day, share * peak)) == floor(day, share * peak).strict_cold_starts
     with pytest.raises(ValueError, match="budget_gb"):
         strict_cold(trace, 0)
+
+
+def test_the_clairvoyant_planner_is_cold_only_where_memory_keeps_it_so() -> None:
+    # no budget: each run pre-warmed in its minute, only first calls are cold, and no
+    # memory is idle; the trace of the first test at 3 GB: the oracle's cold starts too
+    trace = synthetic(40, days=1, seed=6)
+    alone = simulate_node(trace, CLAIRVOYANT, None, record=True)
+    assert alone.cold_starts == floor(trace, None).cold_starts
+    assert alone.idle_gb_minutes == 0 and set(alone.causes) == {Cause.FIRST_CALL}
+    small = made(
+        {"a": list(range(10, 21)), "b": [0, 15], "c": [1, 15], "d": [2, 40]},
+        {"a": 2048, "b": 1024, "c": 1024, "d": 1024},
+    )
+    assert simulate_node(small, CLAIRVOYANT, 3.0).cold_starts == floor(small, 3.0).cold_starts

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
@@ -146,9 +147,10 @@ def test_a_plan_fills_the_budget_by_the_working_set_the_simulator_counts() -> No
     # three functions of 1, 2 and 0.5 GB on their own rhythms; after each minute the
     # keeper plans the ones called in it, as the sweep does: its working set (what a
     # fixed 10-minute keep-alive would hold) is the simulator's, minute by minute, and
-    # so is each plan's choice to fill a budget of 2.5 GB (at 4x the price) or not
+    # so is each plan's choice to fill a budget of 2.5 GB (at 4x the price) or not (at
+    # the share of the working set the budget holds), and what its instance is worth
     from fnrt.runtime.prewarm.node import _working_set
-    from fnrt.runtime.prewarm.policies import PolicyConfig, decide, filling
+    from fnrt.runtime.prewarm.policies import PolicyConfig, decide, filling, scarce, weigh, worth
     from fnrt.runtime.prewarm.trace import Trace
 
     minutes, gb = 90, [1.0, 2.0, 0.5]
@@ -172,8 +174,13 @@ def test_a_plan_fills_the_budget_by_the_working_set_the_simulator_counts() -> No
             history = keeper.histories[name]
             fill = expected[minute] <= budget
             config = keeper.at_mean(keeper.config)
-            want = decide(Policy.AUTO, filling(config) if fill else config, history, minute, gb[f])
+            priced = filling(config) if fill else scarce(config, expected[minute], budget)
+            want = decide(Policy.AUTO, priced, history, minute, gb[f])
             assert keeper.filling(name) is fill and plan == want, (minute, name)
+            assert fill or priced.price_factor == pytest.approx(budget / expected[minute])
+            weighed = keeper.weigh(name, Policy.AUTO, memory_gb=gb[f], budget_bytes=budget)
+            kept = worth(priced, history, want, gb[f], cached=True) if fill else None
+            assert weighed == weigh(worth(priced, history, want, gb[f]), 1, kept), (minute, name)
             chosen.append(fill)
         if called:
             at = int(BASE_UNIX // 60) + minute

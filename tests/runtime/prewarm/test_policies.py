@@ -14,9 +14,12 @@ from fnrt.runtime.prewarm.policies import (
     Policy,
     PolicyConfig,
     Window,
+    auto,
     best_window,
     decide,
+    filling,
     representative,
+    scarce,
 )
 
 CONFIG = PolicyConfig()
@@ -207,3 +210,25 @@ def test_a_plan_fills_the_budget_while_what_fixed_keep_alive_holds_fits_it() -> 
     assert not fills(5 * 2**30, 4 * 2**30)
     assert not fills(0, None)  # no budget: nothing to fill
     assert FILL_SHARE == 1.0
+
+
+def test_a_plan_short_of_memory_is_priced_at_the_share_of_the_working_set_the_budget_holds() -> (
+    None
+):
+    config = PolicyConfig(mean_instance_gb=1.0)
+    gb = 2**30
+    assert scarce(config, 2 * gb, None) is config  # no budget
+    assert scarce(config, 2 * gb, 2 * gb) is config  # the working set fits
+    assert scarce(config, 4 * gb, gb).price_factor == pytest.approx(0.25)
+    assert scarce(filling(config), 4 * gb, gb).price_factor == pytest.approx(1.0)  # 4x, x0.25
+    # a small function called every 5 minutes, every fifth time after 3: at the price it
+    # is loaded from 3 minutes after a call for hours; when the budget holds a twentieth of
+    # the working set, only for the minutes its calls come in
+    h = History()
+    minute = 0
+    for i in range(200):
+        h.record(minute)
+        minute += 3 if i % 5 == 0 else 5
+    plain = auto(config, h, minute, 0.125)
+    short = auto(scarce(config, 20 * gb, gb), h, minute, 0.125)
+    assert plain.loaded == (3, 240) and short.loaded == (3, 5)
