@@ -294,7 +294,7 @@ class GuardedProtocol(HttpToolsProtocol):
     lifecycle: Lifecycle | None = None
     data_apps: DataApps | None = None  # the data routes, served without the ASGI app
     _closing_at: float | None = None  # the server stops: close when idle past this time
-    _head_read = False  # the head has been read: fields now are a body's trailer
+    _head_read = False  # the request's head has been read
     _head_bytes = 0  # bytes read while the head was arriving (from the read it began in)
     _malformed: bytes | None = None  # a request refused 400, after the answers before it
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
@@ -305,16 +305,14 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_read = False
         self._head_bytes = 0
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        # after the head, a chunked body's trailer fields: never the request's headers
-        # (RFC 9110 6.5.1); uvicorn added them to the head's, where they won
-        if not self._head_read:
-            super().on_header(name, value)
-
     def on_headers_complete(self) -> None:
         self._head_read = True
         if not (self.data_apps is not None and self._start_data(self.data_apps)):
             super().on_headers_complete()
+        # a chunked body's trailer fields go on arriving through on_header: into a copy,
+        # never into the request's headers (RFC 9110 6.5.1; uvicorn added them, and they
+        # won), at no cost per field
+        self.headers = list(self.headers)
         self._upload.restart(self._received)
         lifecycle = self.lifecycle
         if self.cycle is not None and (
