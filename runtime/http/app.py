@@ -69,6 +69,10 @@ DATA_ROUTES = (INVOKE, INFER, INFER_VERSION, SPLIT, GENERATE, *OIP_GENERATE)
 
 #: How many data routes' paths a server keeps matched (a function's invoke path, say).
 DATA_PATHS_KEPT = 1024
+#: The longest path kept: a function's name is 63 characters at most, so a longer path
+#: names nothing served (it is matched each time, and answered 404). Kept, 1,024 paths
+#: of 60 KB held 120 MiB (the path, and the name in its parameters).
+DATA_PATH_KEPT_CHARS = 512
 
 
 class FnrtApp(Starlette):
@@ -138,9 +142,11 @@ def data_apps(app: Starlette) -> DataApps | None:
             if found is None:
                 return None
             item, params = found
-            if len(served) >= DATA_PATHS_KEPT:  # paths come and go: forget them all
-                served.clear()
-            route = served[path] = functools.partial(item.serve, node, params)
+            route = functools.partial(item.serve, node, params)
+            if len(path) <= DATA_PATH_KEPT_CHARS:
+                if len(served) >= DATA_PATHS_KEPT:  # paths come and go: forget them all
+                    served.clear()
+                served[path] = route
         return route
 
     return find

@@ -701,3 +701,26 @@ def test_a_request_in_progress_when_the_server_stops_is_answered_with_close(
         stopping.join(30)
     assert status(answer) == 200 and body_of(answer) == b'{"y":[[1.0]]}', answer
     assert header(answer, b"connection") == b"close"
+
+
+def test_long_data_paths_are_not_kept_by_the_connections_route_table(tmp_path: Path) -> None:
+    """The connection keeps the route of the last 1,024 data paths it matched; a path
+    longer than any function or version name can be is answered (404) but not kept:
+    1,024 names of 60 KB each held 120 MiB (the path, and the name in its parameters)."""
+    import tracemalloc
+
+    node = make_node(tmp_path)
+    find = data_apps(build_app(node.settings, node))
+    assert find is not None
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1024):
+            route = find(f"/v1/functions/{i:05d}{'f' * 60_000}/invoke")
+            assert route is not None  # still a data route: it answers 404 for the name
+            del route
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 8 * 2**20, held
+    assert find("/v1/functions/echo/invoke") is find("/v1/functions/echo/invoke")  # kept
