@@ -217,8 +217,16 @@ def decode_msgpack(body: bytes, limits: TensorLimits = DEFAULT_LIMITS) -> dict[s
     except FnrtError:
         raise
     except Exception as exc:
-        raise BadRequest(f"body is not valid msgpack: {exc}") from None
+        raise BadRequest(f"body is not valid msgpack: {_why(exc)}") from None
     return _top_level(obj)
+
+
+def _why(exc: Exception) -> str:
+    """What msgpack said was wrong; some of its errors say nothing (a body nested too
+    deep raises a bare StackError)."""
+    if isinstance(exc, msgpack.StackError):
+        return "nested too deep"
+    return str(exc) or type(exc).__name__
 
 
 class _Refused:
@@ -305,7 +313,7 @@ def iter_msgpack(
         except FnrtError as exc:
             raise MalformedAt(index, exc.message) from None
         except Exception as exc:
-            raise MalformedAt(index, f"not valid msgpack: {exc}") from None
+            raise MalformedAt(index, f"not valid msgpack: {_why(exc)}") from None
         try:
             yield _top_level(obj)
         except BadRequest as exc:

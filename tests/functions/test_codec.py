@@ -187,3 +187,8 @@ def test_what_the_packer_keeps_is_bounded() -> None:
     assert len(codec._ARRAY_HEADS) <= codec._KEPT
     assert encode_msgpack({}) == _packed_the_general_way({})
     assert encode_msgpack({"x": np.ones(3)}) == _packed_the_general_way({"x": np.ones(3)})
+
+
+def test_a_body_nested_too_deep_says_so() -> None:
+    with pytest.raises(BadRequest, match="not valid msgpack: nested too deep"):
+        decode_msgpack(b"\x81\xa1x" + b"\x91" * 100_000 + b"\x00")
