@@ -35,8 +35,8 @@ from fnrt.functions.headers import (
     VERSION_HEADER,
 )
 from fnrt.runtime.gateway import Target
+from fnrt.runtime.http.answering import header_lines
 from fnrt.runtime.http.body import ClientGone, Receive, client_of
-from fnrt.runtime.http.connection import header_lines
 from fnrt.runtime.http.observe import end, server_span
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node

@@ -478,11 +478,3 @@ def test_other_methods_on_a_data_route_still_get_405(server: LiveServer) -> None
     with server.client() as c:
         r = c.get("/v1/functions/echo/invoke")
     assert r.status_code == 405 and "POST" in r.headers["allow"]
-
-
-def test_header_lines_refuse_a_value_with_a_line_break() -> None:
-    from fnrt.runtime.http.connection import header_lines
-
-    assert header_lines([(b"x-a", b"1"), (b"x-b", b"two")]) == b"x-a: 1\r\nx-b: two\r\n"
-    with pytest.raises(ValueError, match="x-b"):
-        header_lines([(b"x-b", b"two\r\nset-cookie: evil")])
