@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -17,7 +18,12 @@ import numpy as np
 import pytest
 
 from fnrt.runtime import scheduler as sched
-from fnrt.runtime.http.connection import ConnectionLimits, connection_cap, guarded_protocol
+from fnrt.runtime.http.connection import (
+    ConnectionLimits,
+    OneWrite,
+    connection_cap,
+    guarded_protocol,
+)
 from support import LiveServer, gate, live_server, wait_until, write_function
 
 BODY = b'{"x": [[1, 2, 3, 4]]}'
@@ -478,3 +484,54 @@ def test_other_methods_on_a_data_route_still_get_405(server: LiveServer) -> None
     with server.client() as c:
         r = c.get("/v1/functions/echo/invoke")
     assert r.status_code == 405 and "POST" in r.headers["allow"]
+
+
+# --- OneWrite: a turn's writes held to its end ---------------------------------------
+
+
+class Recorded(asyncio.Transport):
+    """A transport that records what reaches it, one entry a call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Any] = []
+        self.closed = False
+
+    def writelines(self, data: Any) -> None:
+        self.calls.append(list(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def test_writes_of_one_turn_leave_in_one_call_at_its_end() -> None:
+    async def main() -> tuple[list[Any], list[Any], int]:
+        transport = Recorded()
+        one = OneWrite(transport, asyncio.get_running_loop())
+        one.write(b"head")
+        one.write(b"body")
+        during = list(transport.calls)  # nothing yet: the turn has not ended
+        await asyncio.sleep(0)
+        return during, transport.calls, one.written
+
+    during, after, written = asyncio.run(main())
+    assert during == [] and after == [[b"head", b"body"]] and written == 8
+
+
+def test_a_close_sends_what_is_held_first() -> None:
+    async def main() -> Recorded:
+        transport = Recorded()
+        one = OneWrite(transport, asyncio.get_running_loop())
+        one.write(b"answer")
+        one.close()
+        await asyncio.sleep(0)  # the flush scheduled for the turn's end finds nothing more
+        return transport
+
+    transport = asyncio.run(main())
+    assert transport.calls == [[b"answer"]] and transport.closed
