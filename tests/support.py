@@ -51,6 +51,15 @@ gates.instances = []  # type: ignore[attr-defined]
 gates.loads = []  # type: ignore[attr-defined]
 
 
+def read_to_close(sock: socket.socket) -> bytes:
+    """Everything a server sends on ``sock`` until it closes (the socket's timeout
+    bounds the wait)."""
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
 def gate(name: str) -> threading.Event:
     """A threading.Event shared with handler code as ``fnrt_test_gates.events[name]``."""
     event: threading.Event = gates.events.setdefault(name, threading.Event())  # type: ignore[attr-defined]

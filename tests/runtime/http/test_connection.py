@@ -24,7 +24,7 @@ from fnrt.runtime.http.connection import (
     connection_cap,
     guarded_protocol,
 )
-from support import LiveServer, gate, live_server, wait_until, write_function
+from support import LiveServer, gate, live_server, read_to_close, wait_until, write_function
 
 BODY = b'{"x": [[1, 2, 3, 4]]}'
 HEAD = (
@@ -68,14 +68,6 @@ def connect(server: LiveServer) -> socket.socket:
     return sock
 
 
-def read_all(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes (bounded by the socket's timeout)."""
-    out = b""
-    while chunk := sock.recv(65536):
-        out += chunk
-    return out
-
-
 def normal_request(server: LiveServer) -> int:
     with server.client() as c:
         return c.post("/v1/functions/echo/invoke", json={"x": [[1, 2, 3, 4]]}).status_code
@@ -86,7 +78,7 @@ def test_a_request_head_sent_too_slowly_is_answered_408(server: LiveServer) -> N
         for line in HEAD.split(b"\r\n")[:2]:  # a slowloris: part of a head, then nothing
             sock.sendall(line + b"\r\n")
             time.sleep(0.1)
-        answer = read_all(sock)
+        answer = read_to_close(sock)
     assert answer.startswith(b"HTTP/1.1 408")
     assert b"did not arrive in time" in answer
     assert normal_request(server) == 200
@@ -94,13 +86,13 @@ def test_a_request_head_sent_too_slowly_is_answered_408(server: LiveServer) -> N
 
 def test_a_connection_that_never_sends_is_closed(server: LiveServer) -> None:
     with connect(server) as sock:
-        assert read_all(sock).startswith(b"HTTP/1.1 408")
+        assert read_to_close(sock).startswith(b"HTTP/1.1 408")
 
 
 def test_a_stalled_body_closes_the_connection(server: LiveServer) -> None:
     with connect(server) as sock:
         sock.sendall(HEAD + b"\r\n" + BODY[:5])  # the head, then 5 of its bytes, then nothing
-        answer = read_all(sock)
+        answer = read_to_close(sock)
         assert answer.startswith(b"HTTP/1.1 408") and b"stalled" in answer
     assert normal_request(server) == 200
 
@@ -119,7 +111,7 @@ def test_a_slow_body_that_keeps_moving_is_served(server: LiveServer) -> None:
 def test_at_the_cap_a_new_connection_closes_the_longest_idle(server: LiveServer) -> None:
     idle = [connect(server) for _ in range(6)]  # the cap: all idle, none has sent a byte
     assert normal_request(server) == 200  # a 7th connection: the oldest idle one goes
-    assert read_all(idle[0]) == b""
+    assert read_to_close(idle[0]) == b""
     idle[1].sendall(HEAD + b"\r\n" + BODY)  # the others are still open
     assert idle[1].recv(65536).startswith(b"HTTP/1.1 200")
     for sock in idle:
@@ -140,7 +132,7 @@ def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503(server: LiveSe
         scheduler = server.call(server.registry.get("gated"))
         wait_until(lambda: scheduler.stats.requests == 6)
         with connect(server) as sock:
-            answer = read_all(sock)
+            answer = read_to_close(sock)
         assert answer.startswith(b"HTTP/1.1 503")
         assert b"retry-after: 1" in answer
         release.set()
@@ -244,7 +236,7 @@ def test_a_body_under_the_minimum_rate_gets_408_saying_why(tmp_path: Path) -> No
             except TimeoutError:
                 sock.sendall(b" ")  # never a pause long enough for the 30 s body timeout
         sock.settimeout(10)
-        answer += read_all(sock)
+        answer += read_to_close(sock)
         took_s = time.monotonic() - started
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408"), answer
@@ -364,7 +356,7 @@ def test_at_the_cap_a_silent_connection_goes_before_a_kept_alive_one(server: Liv
         silent = [connect(server) for _ in range(5)]  # the cap: 6; these never send a byte
         wait_until(lambda: server.open_connections() == 6)
         assert normal_request(server) == 200  # a 7th: a silent one goes
-        assert read_all(silent[0]) == b""  # the oldest of them
+        assert read_to_close(silent[0]) == b""  # the oldest of them
         kept.sendall(HEAD + b"\r\n" + BODY)
         assert kept.recv(65536).startswith(b"HTTP/1.1 200")
         for sock in silent:

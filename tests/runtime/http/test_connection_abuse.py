@@ -23,7 +23,15 @@ import pytest
 
 from fnrt.runtime.http.app import build_app, connection_limits, data_apps
 from fnrt.runtime.http.connection import guarded_protocol
-from support import LiveServer, gate, make_node, publish, wait_until, write_function
+from support import (
+    LiveServer,
+    gate,
+    make_node,
+    publish,
+    read_to_close,
+    wait_until,
+    write_function,
+)
 
 BODY = b'{"x": [[1, 2, 3, 4]]}'
 ANSWER = b'{"y":[[2.0,4.0,6.0,8.0]]}'
@@ -131,14 +139,6 @@ def read_answers(sock: socket.socket, answers: int, buffered: bytes = b"") -> li
         out.append(head + b"\r\n\r\n" + rest[:length])
         buffered = rest[length:]
     assert buffered == b"", buffered
-    return out
-
-
-def read_to_close(sock: socket.socket) -> bytes:
-    """Everything sent until the server closes (the socket's timeout bounds it)."""
-    out = b""
-    while chunk := sock.recv(65536):
-        out += chunk
     return out
 
 
