@@ -692,14 +692,14 @@ def _built(
         stepper = Stepper(handler, vm, functools.partial(on_stream(device, _run), loop))
         unload = _closing(stepper, unload)
         if loop is not None:
-            _, unload = _on_loop(loop, _not_batched, unload)
+            unload = _closing_loop(loop, unload)
         return Built(_not_batched, unload, size, import_s, load_s, stepper, None, device_size)
     if staged:
         assert lanes is not None
         stager = Stager(cast(Any, handler).forward, vm.manifest.inputs, vm.manifest.outputs, lanes)
         unload = _closing_stager(stager, unload)
         if loop is not None:  # the loop of its async load and unload closes with it
-            _, unload = _on_loop(loop, stager.run, unload)
+            unload = _closing_loop(loop, unload)
         return Built(stager.run, unload, size, import_s, load_s, None, stager, device_size)
     call = cast(Callable[[list[Request]], Sequence[Any]], handler)
     if loop is not None:  # async hooks run on the instance's own loop, on its thread
@@ -791,6 +791,14 @@ def _on_loop(
     def run_batch(batch: list[Request]) -> Sequence[Any]:
         return cast(Sequence[Any], _run(loop, call, batch))
 
+    return run_batch, _closing_loop(loop, unload)
+
+
+def _closing_loop(
+    loop: asyncio.AbstractEventLoop, unload: Callable[[], Any] | None
+) -> Callable[[], None]:
+    """``unload`` (a coroutine it returns run on ``loop``), then ``loop`` closed."""
+
     def close() -> None:
         try:
             if unload is not None:
@@ -798,7 +806,7 @@ def _on_loop(
         finally:
             loop.close()
 
-    return run_batch, close
+    return close
 
 
 def _materialise(dest: Path, fill: Callable[[Path], None]) -> Path:
