@@ -10,11 +10,15 @@ validation beyond the array's dtype, no routing, no admission, no isolation of
 the model (it runs on the loop's own thread), no metrics, no request log, no
 tracing. Whatever fnrt spends beyond this buys one of those.
 Run as ``python bench/lean_app.py EXAMPLE_DIR WEIGHTS PORT``.
+
+The same server as an RSGI app on Granian (``bench/stacks.py``):
+``LEAN_EXAMPLE=DIR LEAN_WEIGHTS=FILE granian --interface rsgi --factory lean_app:rsgi``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -59,6 +63,38 @@ class Lean:
                     start += len(x)
                 await asyncio.sleep(0)  # let the answered requests answer
 
+    def _start(self) -> asyncio.Event:
+        if self.wake is None:
+            self.wake = asyncio.Event()
+            asyncio.get_running_loop().create_task(self.batches())
+        return self.wake
+
+    async def answer(self, body: bytes, msgpacked: bool) -> tuple[bytes, bytes]:
+        """The answer to one request's body, and its media type."""
+        wake = self._start()
+        if msgpacked:
+            data = msgpack.unpackb(body, object_hook=msgpack_numpy.decode)
+        else:
+            data = orjson.loads(body)
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self.pending.append((np.asarray(data["x"], dtype=np.float32), future))
+        wake.set()
+        y = await future
+        if msgpacked:
+            return msgpack.packb({"y": y}, default=msgpack_numpy.encode), MSGPACK
+        return orjson.dumps({"y": y}, option=orjson.OPT_SERIALIZE_NUMPY), JSON
+
+    async def rsgi(self, scope: Any, proto: Any) -> None:
+        """The same, as an RSGI app."""
+        if scope.method != "POST":  # the readiness probe
+            proto.response_empty(405, [])
+            return
+        body = await proto()
+        out, media = await self.answer(
+            body, scope.headers.get("content-type") == "application/msgpack"
+        )
+        proto.response_bytes(200, [("content-type", media.decode())], out)
+
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
@@ -66,28 +102,13 @@ class Lean:
             await send({"type": "http.response.start", "status": 405, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        if self.wake is None:
-            self.wake = asyncio.Event()
-            asyncio.get_running_loop().create_task(self.batches())
         body = b""
         more = True
         while more:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        msgpacked = (b"content-type", MSGPACK) in scope["headers"]
-        if msgpacked:
-            data = msgpack.unpackb(body, object_hook=msgpack_numpy.decode)
-        else:
-            data = orjson.loads(body)
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self.pending.append((np.asarray(data["x"], dtype=np.float32), future))
-        self.wake.set()
-        y = await future
-        if msgpacked:
-            out, media = msgpack.packb({"y": y}, default=msgpack_numpy.encode), MSGPACK
-        else:
-            out, media = orjson.dumps({"y": y}, option=orjson.OPT_SERIALIZE_NUMPY), JSON
+        out, media = await self.answer(body, (b"content-type", MSGPACK) in scope["headers"])
         headers = [(b"content-type", media), (b"content-length", str(len(out)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": out})
@@ -95,6 +116,11 @@ class Lean:
 
 def build(example: Path, weights: Path) -> Lean:
     return Lean(model_runner(example, weights))
+
+
+def rsgi() -> Callable[[Any, Any], Awaitable[None]]:
+    """Granian's factory: the app of ``LEAN_EXAMPLE`` with ``LEAN_WEIGHTS``, as RSGI."""
+    return build(Path(os.environ["LEAN_EXAMPLE"]), Path(os.environ["LEAN_WEIGHTS"])).rsgi
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ Run as ``python bench/raw_app.py PORT``.
 answers at the connection, as fnrt's data routes do: uvicorn's httptools
 protocol parses each request (its head's callbacks as usual) and writes the
 constant answer when the request ends, with no ASGI cycle, task or app.
+
+``rsgi`` is the same answer as an RSGI app, the floor of Granian (a server in
+Rust, ``bench/stacks.py``): ``granian --interface rsgi raw_app:rsgi``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         more = message.get("more_body", False)
     await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
     await send({"type": "http.response.body", "body": ANSWER})
+
+
+#: ``HEADERS`` as RSGI takes them (Granian adds the length).
+RSGI_HEADERS = [("content-type", "application/json")]
+
+
+async def rsgi(scope: Any, proto: Any) -> None:
+    """``app`` as an RSGI app: the body read whole, the constant answered."""
+    await proto()
+    proto.response_bytes(200, RSGI_HEADERS, ANSWER)
 
 
 #: The whole response ``app`` sends, as one buffer.
