@@ -95,7 +95,7 @@ class Sweeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
         if self.keeper is not None:
-            await asyncio.to_thread(self.keeper.save)
+            await asyncio.to_thread(self.keeper.write, self.keeper.snapshot())
 
     async def sweep(self) -> list[str]:
         """Scale idle instances to zero as their keep-alive policies say, pre-warm those
@@ -128,7 +128,7 @@ class Sweeper:
             unloaded += await self._splits.sweep(now, held)
         if self.keeper is not None and now - self._saved_at >= HISTORY_SAVE_INTERVAL_S:
             self._saved_at = now
-            await asyncio.to_thread(self.keeper.save)
+            await asyncio.to_thread(self.keeper.write, self.keeper.snapshot())
         return unloaded
 
     def _at_rest(self, entry: ServedFunction) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -166,6 +166,16 @@ class History:
         return count
 
     # --- persistence ----------------------------------------------------------------
+
+    def copy(self) -> History:
+        """An independent copy (its containers copied too)."""
+        return replace(
+            self,
+            bins=list(self.bins),
+            nonzero=list(self.nonzero),
+            recent_idle=deque(self.recent_idle),
+            day_bits=self.day_bits.copy(),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

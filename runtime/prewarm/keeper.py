@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -347,15 +347,28 @@ class Keeper:
     # --- persistence ------------------------------------------------------------------
 
     def save(self) -> None:
-        """Write every history (atomically) so a restart keeps them."""
+        """Write every history (atomically) so a restart keeps them: :meth:`snapshot`
+        and :meth:`write` on one thread (a caller off the event loop that records calls
+        takes the snapshot there, and writes it on another)."""
+        self.write(self.snapshot())
+
+    def snapshot(self) -> dict[str, History]:
+        """A copy of every history, each with its function's minute so far (which its
+        history in memory takes only when the minute ends): taken on the thread that
+        records calls, so that no history changes while it is read."""
+        kept = {name: history.copy() for name, history in self.histories.items()}
+        for name, live in self._live.items():
+            history = kept.get(name)
+            if history is None:
+                history = kept[name] = History()
+            history.record(live.minute, live.count)
+        return kept
+
+    def write(self, histories: Mapping[str, History]) -> None:
+        """Write ``histories`` (a :meth:`snapshot`) atomically, from any thread."""
         if self.path is None:
             return
-        data = {name: h.to_dict() for name, h in list(self.histories.items())}
-        for name, live in list(self._live.items()):  # written with the minute so far, but
-            history = self.histories.get(name)  # left out of memory until the minute ends
-            copy = History() if history is None else History.from_dict(data[name], history.config)
-            copy.record(live.minute, live.count)
-            data[name] = copy.to_dict()
+        data = {name: history.to_dict() for name, history in histories.items()}
         write_atomic(self.path, [json.dumps({"version": 1, "functions": data}).encode()])
 
     def _load(self, path: Path) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,6 +79,47 @@ def test_a_restarted_node_serves_what_it_learned_and_reads_the_rest_on_call(
         assert held == ["early", "learned"]  # "idle" costs this node nothing yet
         assert c.post("/v1/functions/idle/invoke", json={"x": X}).status_code == 200
         assert sorted(e.name for e in restarted.registry.entries()) == ["early", "idle", "learned"]
+
+
+def test_the_sweep_saves_every_history_while_calls_keep_coming(tmp_path: Path) -> None:
+    """The sweep writes the histories on a thread while the event loop records calls.
+    Before, that thread read the histories as the loop changed them: a function whose
+    first minute the loop committed meanwhile failed the save (KeyError), and the
+    histories went unsaved. Now it writes a snapshot taken on the loop."""
+    clock = ManualClock(start=0.0)
+    wall = [1_800_000_000.0]
+    keeper = Keeper(tmp_path / "history.json", wall=lambda: wall[0])
+    node = make_node(tmp_path, clock, keeper=keeper)
+    calling = True
+
+    async def calls() -> int:
+        minute = 0
+        while calling and minute < 2000:  # each minute a new function, the last one's
+            # first minute committed
+            minute += 1
+            wall[0] += 60
+            keeper.invoked(f"f{minute}")
+            keeper.invoked(f"f{minute - 1}")
+            await asyncio.sleep(0)
+        return minute
+
+    async def sweeps() -> int:
+        nonlocal calling
+        caller = asyncio.ensure_future(calls())
+        for _ in range(10):
+            clock.advance(61)  # past the sweep's save interval: each sweep saves
+            await node.sweeper.sweep()
+        calling = False
+        return await caller
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch at every chance: the race, every time
+    try:
+        minutes = asyncio.run(sweeps())
+    finally:
+        sys.setswitchinterval(switch)
+    saved = json.loads((tmp_path / "history.json").read_text())["functions"]
+    assert len(saved) > 1 and set(saved) <= {f"f{m}" for m in range(minutes + 1)}
 
 
 def test_the_memory_budget_evicts_by_plan_not_recency_and_says_why(tmp_path: Path) -> None:

@@ -53,3 +53,16 @@ def test_it_round_trips_through_json_and_stays_small() -> None:
     assert list(again.day_bits) == list(h.day_bits) and again.last_minute == h.last_minute
     assert again.first_day == h.first_day and again.invocations == h.invocations
     assert len(json.dumps(h.to_dict())) < 64 * 1024
+
+
+def test_a_copy_goes_its_own_way() -> None:
+    history = History(HistoryConfig(range_min=60, recent_idle=4))
+    for minute in (0, 5, 12):
+        history.record(minute)
+    twin = history.copy()
+    assert twin.to_dict() == history.to_dict() and twin.config == history.config
+    for minute in (20, 30, 30 + MINUTES_PER_DAY):  # idle times, bins, a new day's bits
+        history.record(minute)
+    assert twin.to_dict() != history.to_dict()
+    assert twin.to_dict() == History.from_dict(json.loads(json.dumps(twin.to_dict()))).to_dict()
+    assert (twin.invocations, list(twin.recent_idle), twin.recent_idle.maxlen) == (3, [4, 6], 4)

@@ -109,6 +109,31 @@ def test_the_history_survives_a_restart(tmp_path: Path) -> None:
     assert Keeper(tmp_path / "bad.json").histories == {}  # unreadable: start afresh
 
 
+def test_a_snapshot_is_what_a_save_writes_whatever_is_recorded_after_it(
+    tmp_path: Path,
+) -> None:
+    """The sweep takes the snapshot on the event loop, which records calls, and writes it
+    on a thread: calls recorded meanwhile change nothing it writes."""
+    wall = [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    keeper.invoked("old")
+    wall[0] += 5 * 60
+    keeper.invoked("old")  # its first minute committed, this one live
+    keeper.invoked("new")  # live only: no history in memory yet
+    taken = keeper.snapshot()
+    for _ in range(3):  # after it: more calls, a first minute committed, a new function
+        wall[0] += 7 * 60
+        for name in ("old", "new", "later"):
+            keeper.invoked(name)
+    keeper.write(taken)
+    saved = Keeper(tmp_path / "h.json").histories
+    assert sorted(saved) == ["new", "old"]
+    assert (saved["old"].invocations, saved["new"].invocations) == (2, 1)
+    assert list(saved["old"].recent_idle) == [4]  # idle 4 minutes between its calls
+    assert keeper.histories["old"].invocations == 4  # the keeper's own went on (and its
+    # fifth call's minute is live)
+
+
 def test_an_idle_function_leaves_nothing_pending_once_its_minute_is_over(
     tmp_path: Path,
 ) -> None:
