@@ -118,9 +118,25 @@ class Keeper:
         if history is None:
             if len(self.histories) >= MAX_FUNCTIONS:  # drop the least recently called
                 oldest = min(self.histories, key=lambda n: self.histories[n].last_minute or 0)
-                del self.histories[oldest]
+                self._forget(oldest)
             history = self.histories[name] = History()
         history.record(live.minute, live.count)
+
+    def _forget(self, name: str) -> None:
+        """Drop all that is kept of ``name``: its history and its plan with it (a plan
+        left behind would keep the sweep looking at a function it knows nothing of)."""
+        for kept in (
+            self.histories,
+            self._prewarm_at,
+            self._unload_after,
+            self._plans,
+            self._filling,
+            self._sizes,
+            self._worth,
+            self._priced_as,
+        ):
+            kept.pop(name, None)
+        self._fixed.discard(name)
 
     # --- deciding (the sweep) ----------------------------------------------------------
 

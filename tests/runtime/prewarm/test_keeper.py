@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.prewarm import keeper as keeper_module
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.prewarm.policies import Policy
 from support import ECHO_MANIFEST, live_server, make_node, publish, wait_until, write_function
@@ -132,6 +133,28 @@ def test_a_snapshot_is_what_a_save_writes_whatever_is_recorded_after_it(
     assert list(saved["old"].recent_idle) == [4]  # idle 4 minutes between its calls
     assert keeper.histories["old"].invocations == 4  # the keeper's own went on (and its
     # fifth call's minute is live)
+
+
+def test_a_function_dropped_for_room_leaves_no_plan_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node keeps the histories of at most MAX_FUNCTIONS functions (the least recently
+    called goes); the plan of one that goes, goes with it: before, its planned pre-warm
+    stayed, and the sweep looked at a function it no longer knew, every second."""
+    monkeypatch.setattr(keeper_module, "MAX_FUNCTIONS", 2)
+    wall = [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    for _ in range(10):  # every half hour: a pre-warm is planned after each call
+        keeper.invoked("job")
+        wall[0] += 30 * 60
+    assert keeper.act("job", Policy.AUTO, keep_alive_s=600, idle_since_unix=0, loaded=False)
+    assert keeper.pending("job") and "prewarm_at_unix_s" in keeper.planned("job")
+    for name in ("a", "b"):  # two functions called since, each in two minutes (the
+        keeper.invoked(name)  # second commits the first to a history of its own)
+        wall[0] += 60
+        keeper.invoked(name)
+    assert not keeper.knows("job") and not keeper.pending("job")
+    assert keeper.planned("job") == {}
 
 
 def test_an_idle_function_leaves_nothing_pending_once_its_minute_is_over(
