@@ -237,7 +237,7 @@ def _written_answers() -> list[tuple[str, str, str]]:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
-                and node.func.id == "_closing_answer"
+                and node.func.id in ("_closing_answer", "RefusedHead")
                 and len(node.args) >= 2
             ):
                 status, error = _render(node.args[0]), _render(node.args[1])

@@ -52,6 +52,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from fnrt.functions.errors import BodyTooSlow
 from fnrt.runtime.http.data import Answering
+from fnrt.runtime.http.fields import RefusedHead
+from fnrt.runtime.http.fields import check as check_fields
 from fnrt.runtime.http.pace import Meter, Pace
 from fnrt.runtime.lifecycle import Lifecycle
 
@@ -126,8 +128,11 @@ _HEAD_TIMEOUT = _closing_answer("408 Request Timeout", "the request head did not
 
 def _malformed_answer(error: BaseException | None, fallback: str) -> bytes:
     """The 400 for a request the parser refused, naming why (llhttp's reason; a
-    callback's own error, such as a URL too long, where it raised one)."""
+    callback's own error, such as a URL too long, where it raised one); a head
+    :mod:`~fnrt.runtime.http.fields` refused, with its own status."""
     cause = error.__context__ if isinstance(error, httptools.HttpParserCallbackError) else error
+    if isinstance(cause, RefusedHead):  # a head read whole, and refused (fields.py)
+        return _closing_answer(cause.status, str(cause))
     reason = str(cause)[:200] if cause is not None else fallback
     return _closing_answer("400 Bad Request", f"malformed HTTP request: {reason}")
 
@@ -232,6 +237,9 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_read = True
+        headers = self.headers
+        if len(headers) != len(fields := dict(headers)) or b"transfer-encoding" in fields:
+            check_fields(headers)  # RefusedHead: answered as send_400_response answers
         if not (self.data_apps is not None and self._start_data(self.data_apps)):
             super().on_headers_complete()
         # a chunked body's trailer fields go on arriving through on_header: into a copy,

@@ -324,6 +324,67 @@ def test_a_malformed_content_length_is_refused_400(server: LiveServer, value: by
     serves_normally(server)
 
 
+# --- fields a proxy could read another way ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "coding",
+    [
+        (b"transfer-encoding: gzip, chunked",),
+        (b"transfer-encoding: gzip", b"transfer-encoding: chunked"),
+    ],
+)
+def test_a_transfer_coding_other_than_chunked_is_refused_501(
+    server: LiveServer, coding: tuple[bytes, ...]
+) -> None:
+    """uvicorn read the chunks and handed on what they held as the body, still
+    compressed (RFC 9112 6.1: 501 for a coding the server does not understand)."""
+    for path in (DIRECT, THROUGH_APP):
+        with connect(server) as sock:
+            sock.sendall(request(path, chunked(BODY), *coding, length=False))
+            answer = read_to_close(sock)
+        assert status(answer) == 501 and header(answer, b"connection") == b"close", answer
+        assert error(answer).startswith("transfer coding 'gzip' is not supported"), answer
+    serves_normally(server)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (b"host: other", "host"),
+        (b"host: t", "host"),
+        (b"content-type: application/msgpack", "content-type"),
+    ],
+)
+def test_a_field_that_may_come_once_given_twice_is_refused_400(
+    server: LiveServer, extra: bytes, field: str
+) -> None:
+    """Two Content-Types were read the last by the connection and the first by the app;
+    two Hosts are a 400 by RFC 9112 3.2, even alike."""
+    answers = both_paths(server, lambda path: request(path, BODY, extra))
+    assert status(answers[0]) == 400 and header(answers[0], b"connection") == b"close"
+    assert error(answers[0]) == f"'{field}' is given 2 times"
+    serves_normally(server)
+
+
+def test_the_same_content_type_twice_is_served(server: LiveServer) -> None:
+    answers = both_paths(
+        server, lambda path: request(path, BODY, b"content-type: application/json")
+    )
+    assert status(answers[0]) == 200 and body_of(answers[0]) == ANSWER
+
+
+def test_a_refused_head_in_a_pipeline_is_answered_after_the_requests_before_it(
+    server: LiveServer,
+) -> None:
+    bad = request(DIRECT, chunked(BODY), b"transfer-encoding: gzip, chunked", length=False)
+    with connect(server) as sock:
+        sock.sendall(request() + bad + request())  # nothing after the refused one is read
+        first, refused = read_answers_from(read_to_close(sock), 2)
+    assert status(first) == 200 and body_of(first) == ANSWER
+    assert status(refused) == 501
+
+
 # --- HTTP/1.0 ------------------------------------------------------------------------
 
 
