@@ -424,7 +424,7 @@ def cli_page() -> str:
 #: Where the settings' bounds are checked: (file, class) whose __post_init__ raises
 #: ValueError("field: must ..."), and the setting a field of it is given as.
 BOUNDED = (("runtime/settings.py", "ServerSettings"), ("functions/limits.py", "TensorLimits"))
-SETTING_OF = {"max_elements": "max_tensor_elements"}
+SETTING_OF = {"max_elements": "max_tensor_elements"}  # runtime/settings.py LIMIT_SETTINGS
 
 
 def serve_bounds() -> dict[str, str]:

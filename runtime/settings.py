@@ -31,6 +31,10 @@ def default_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
     return Path(base) / "fnrt"
 
 
+#: The settings that set :class:`TensorLimits`' fields of other names.
+LIMIT_SETTINGS = {"max_elements": "max_tensor_elements"}
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """``fnrt serve`` settings."""
@@ -134,9 +138,13 @@ class ServerSettings:
             raise ValueError("admin_token: must not be empty (leave it unset for no token)")
         if self.max_json_body_bytes < 1024:
             raise ValueError("max_json_body_bytes: must be at least 1024")
-        TensorLimits(  # raises ValueError on a bad limit
-            max_elements=self.max_tensor_elements, max_response_bytes=self.max_response_bytes
-        )
+        try:
+            TensorLimits(
+                max_elements=self.max_tensor_elements, max_response_bytes=self.max_response_bytes
+            )
+        except ValueError as exc:  # named as the setting, not as TensorLimits' field
+            field, _, why = str(exc).partition(": ")
+            raise ValueError(f"{LIMIT_SETTINGS.get(field, field)}: {why}") from None
         if self.shutdown_timeout_s <= 0:
             raise ValueError("shutdown_timeout_s: must be > 0")
         if self.drain_delay_s < 0:
