@@ -14,9 +14,12 @@ Minute by minute, the calls of each function are routed:
 
 A call that finds its function loaded on its node is warm. Otherwise it is a
 cold start from L2 (the files are on the node's disk) or L3 (fetched from the
-store). Loading makes room in L1 by evicting the least recently used instance
-not called this minute; the files stay in L2 until its budget evicts them
-(least recently used). After a function's last call on a node, the policy's
+store). Loading makes room in L1 as a node's memory budget does
+(:func:`fnrt.loader.memory.evictions`, the server's decision): the instance
+not called this minute worth least goes first, each weighed by its plan
+(:func:`~fnrt.runtime.prewarm.policies.weigh`; under ``fixed``, all alike:
+the least recently called first); the files stay in L2 until its budget
+evicts them (least recently used). After a function's last call on a node, the policy's
 plan says for which minutes it stays (or is pre-loaded) there; a pre-warm
 only takes free memory. A function's memory and its files' size are its
 app's average allocated memory (``--memory``), else ``default_memory_mb``.
@@ -32,8 +35,9 @@ from enum import Enum
 
 import numpy as np
 
+from fnrt.loader.memory import Held, evictions
 from fnrt.runtime.prewarm.history import History
-from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, decide
+from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, Worth, decide, weigh, worth
 from fnrt.runtime.prewarm.trace import Trace
 
 
@@ -150,6 +154,7 @@ class _Resident:
     history: History = field(default_factory=History)
     last: int = -1  # minute of the last call here
     plan: Plan | None = None  # decided after the last call of a run
+    worth: Worth | None = None  # what keeping it is worth under ``plan`` (made with it)
 
 
 class _Node:
@@ -271,24 +276,42 @@ class FleetSimulator:
             node.load(f, size)
         if resident.last != minute:
             resident.history.record(minute, calls)
-        resident.last, resident.plan = minute, None
+        resident.last, resident.plan, resident.worth = minute, None, None
 
-    def _make_room(self, node: _Node, called: set[int]) -> None:
-        """Evict the least recently used instances not called this minute until the
-        node is within its memory budget (what was called this minute stays)."""
-        for f in list(node.loaded):
-            if node.memory_mb <= self.config.memory_budget_mb:
-                return
-            if f not in called:
-                node.unload(f, self.sizes[f])
-                node.functions[f].plan = None
-                self.evictions += 1
+    def _make_room(self, node: _Node, called: set[int], minute: int) -> None:
+        """Evict instances not called this minute until the node is within its memory
+        budget, as a node's budget chooses (what was called this minute stays)."""
+        budget = self.config.memory_budget_mb
+        if node.memory_mb <= budget:
+            return
+        held = [self._held(node, f, f in called, minute) for f in node.loaded]
+        scale = 1024 * 1024  # MB to bytes, as the server's budget counts
+        for key in evictions(int(budget * scale), 0, held):
+            f = int(key)
+            node.unload(f, self.sizes[f])
+            resident = node.functions[f]
+            resident.plan = resident.worth = None
+            self.evictions += 1
+
+    def _held(self, node: _Node, f: int, busy: bool, minute: int) -> Held:
+        """``f``'s instance as the node's budget weighs it: by its plan's worth now (the
+        ``fixed`` policy: all alike, least recently called first)."""
+        resident = node.functions[f]
+        value = 0.0
+        if not busy and self.config.policy is not Policy.FIXED:
+            plan = self._plan(resident, f)
+            if resident.worth is None:
+                gb = self.sizes[f] / 1024
+                resident.worth = worth(self.config.policy_config, resident.history, plan, gb)
+            value, _ = weigh(resident.worth, minute - resident.last)
+        size = max(1, int(self.sizes[f] * 1024 * 1024))
+        return Held(str(f), size, value, float(resident.last), pinned=busy)
 
     def _end_of_minute(self, n: int, called: set[int], minute: int) -> None:
         """Evict for memory, then keep for the next minute what the plans keep. A run's
         plan is made the first minute with no call after it (the run has ended)."""
         node = self.nodes[n]
-        self._make_room(node, called)
+        self._make_room(node, called, minute)
         for f in list(node.loaded):
             if f in called:
                 continue

@@ -10,7 +10,7 @@ import pytest
 from fnrt.runtime.cli.main import main
 from fnrt.runtime.prewarm.fleet import FleetConfig, Routing, rendezvous, simulate_fleet, water_fill
 from fnrt.runtime.prewarm.policies import Policy
-from fnrt.runtime.prewarm.trace import read_app_memory, read_invocations, synthetic
+from fnrt.runtime.prewarm.trace import Trace, read_app_memory, read_invocations, synthetic
 
 SAMPLE = Path(__file__).resolve().parents[3] / "examples" / "traces" / "azure2019-sample"
 ROOMY = {"memory_budget_mb": 1e12, "disk_budget_mb": 1e12}
@@ -51,6 +51,23 @@ def test_a_small_memory_budget_evicts_and_costs_cold_starts() -> None:
     assert tight.cold_l3 == roomy.cold_l3  # files stay on disk: the extra cold starts are L2
     small_disk = simulate_fleet(trace, FleetConfig(2, memory_budget_mb=4 * 256, disk_budget_mb=512))
     assert small_disk.l3_fetches > tight.l3_fetches
+
+
+def test_a_node_short_of_memory_evicts_by_worth_as_a_node_does() -> None:
+    """A periodic function, called every 3 minutes, and one called once are idle when a
+    third loads into room for two: the one called once goes (a node's budget weighs each
+    by its plan), where least recently used would evict the periodic one just before
+    its next call, as under fixed (all alike there: the least recently called first)."""
+    counts = np.zeros((3, 60), dtype=np.int32)
+    counts[0, 1::3] = 1  # tick: minutes 1, 4, ... 19, 22 ...
+    counts[1, 20] = 1  # once
+    counts[2, 21] = 1  # new: room for two
+    trace = Trace(["tick", "once", "new"], ["a", "b", "c"], ["timer"] * 3, counts)
+    config = {"memory_budget_mb": 2 * 256, "disk_budget_mb": 1e12}  # 256 MB each
+    by_worth = simulate_fleet(trace, FleetConfig(1, **config))
+    assert (by_worth.cold_starts, by_worth.evictions) == (3, 1)  # each one's first call
+    by_recency = simulate_fleet(trace, FleetConfig(1, policy=Policy.FIXED, **config))
+    assert (by_recency.cold_starts, by_recency.evictions) == (4, 2)  # tick's at 22 too
 
 
 def test_water_fill_fills_the_least_loaded_first() -> None:
