@@ -23,6 +23,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,9 @@ def _render(node: ast.expr) -> str | None:
         left, right = _render(node.left), _render(node.right)
         if left is not None and right is not None:
             return left + right
+    if isinstance(node, ast.Attribute) and ast.unparse(node.value) == "HTTPStatus":
+        status = HTTPStatus[node.attr]  # as its status line says it
+        return f"{status.value} {status.phrase}"
     return None
 
 

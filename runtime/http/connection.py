@@ -52,8 +52,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from fnrt.functions.errors import BodyTooSlow
 from fnrt.runtime.http.data import Answering
-from fnrt.runtime.http.fields import RefusedHead
-from fnrt.runtime.http.fields import check as check_fields
+from fnrt.runtime.http.fields import refusal, refusing_app
 from fnrt.runtime.http.pace import Meter, Pace
 from fnrt.runtime.lifecycle import Lifecycle
 
@@ -128,11 +127,8 @@ _HEAD_TIMEOUT = _closing_answer("408 Request Timeout", "the request head did not
 
 def _malformed_answer(error: BaseException | None, fallback: str) -> bytes:
     """The 400 for a request the parser refused, naming why (llhttp's reason; a
-    callback's own error, such as a URL too long, where it raised one); a head
-    :mod:`~fnrt.runtime.http.fields` refused, with its own status."""
+    callback's own error, such as a URL too long, where it raised one)."""
     cause = error.__context__ if isinstance(error, httptools.HttpParserCallbackError) else error
-    if isinstance(cause, RefusedHead):  # a head read whole, and refused (fields.py)
-        return _closing_answer(cause.status, str(cause))
     reason = str(cause)[:200] if cause is not None else fallback
     return _closing_answer("400 Bad Request", f"malformed HTTP request: {reason}")
 
@@ -238,9 +234,16 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_read = True
         headers = self.headers
+        refused = None
         if len(headers) != len(fields := dict(headers)) or b"transfer-encoding" in fields:
-            check_fields(headers)  # RefusedHead: answered as send_400_response answers
-        if not (self.data_apps is not None and self._start_data(self.data_apps)):
+            refused = refusal(headers)
+        if refused is not None:  # answered in place of the route, as any request is
+            routed, self.app = self.app, refusing_app(refused)
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = routed
+        elif not (self.data_apps is not None and self._start_data(self.data_apps)):
             super().on_headers_complete()
         # a chunked body's trailer fields go on arriving through on_header: into a copy,
         # never into the request's headers (RFC 9110 6.5.1; uvicorn added them, and they

@@ -9,39 +9,48 @@ read one way and this server another.
   the last, the ASGI app (Starlette) the first; a field that may appear once (RFC 9110
   5.3) is refused 400 rather than read either way.
 
-:func:`check` runs on every request head that names a field twice or has a
-``Transfer-Encoding``; the usual request costs the connection one ``dict`` of its fields.
+:func:`refusal` runs on every request head that names a field twice or has a
+``Transfer-Encoding``; the usual request costs the connection one ``dict`` of its
+fields. A refused request is answered by :func:`refusing_app` in place of the route,
+as a request of the connection like any other (after the answers of those before it,
+its body under the same deadlines and minimum rate), and the connection closes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-
-class RefusedHead(ValueError):
-    """A request head refused: its status line and why (the connection answers it and
-    closes, after the answers of the requests before it)."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
 
 #: Fields a request may carry only once, and whether two equal values pass.
 SINGLE: dict[bytes, bool] = {b"host": False, b"content-type": True}
+#: The most of a refused request's body read (and dropped) before its answer: a client
+#: still sending when the connection closes meets a reset, and may never read the
+#: answer. Past it the answer goes at once.
+MAX_DISCARDED_BYTES = 64 * 1024 * 1024
 
 
-def check(headers: Sequence[tuple[bytes, bytes]]) -> None:
-    """Raise :class:`RefusedHead` for a head this server will not read (``headers``:
-    names lowercased, as uvicorn keeps them)."""
+@dataclass(frozen=True)
+class RefusedHead:
+    """A request head refused: its status and why."""
+
+    status: HTTPStatus
+    message: str
+
+
+def refusal(headers: Sequence[tuple[bytes, bytes]]) -> RefusedHead | None:
+    """Why this server will not read a request with ``headers`` (names lowercased, as
+    uvicorn keeps them), or None."""
     for name, value in headers:
         if name == b"transfer-encoding":
             for coding in value.split(b","):
                 coding = coding.strip().lower()
                 if coding and coding != b"chunked":
                     shown = coding.decode("latin-1")[:40]
-                    raise RefusedHead(
-                        "501 Not Implemented",
+                    return RefusedHead(
+                        HTTPStatus.NOT_IMPLEMENTED,
                         f"transfer coding '{shown}' is not supported: send the body as it "
                         "is, or chunked",
                     )
@@ -49,4 +58,33 @@ def check(headers: Sequence[tuple[bytes, bytes]]) -> None:
         values = [value for field, value in headers if field == name]
         if len(values) > 1 and not (equal_pass and len(set(values)) == 1):
             field, times = name.decode("latin-1"), len(values)
-            raise RefusedHead("400 Bad Request", f"'{field}' is given {times} times")
+            return RefusedHead(HTTPStatus.BAD_REQUEST, f"'{field}' is given {times} times")
+    return None
+
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def refusing_app(refused: RefusedHead) -> Callable[[Any, Receive, Send], Awaitable[None]]:
+    """An ASGI app answering one request ``refused`` (JSON naming why, and
+    ``Connection: close``), once its body is read and dropped (up to
+    :data:`MAX_DISCARDED_BYTES`; none when the client waits for ``100 Continue``)."""
+    body = json.dumps({"error": refused.message}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"connection", b"close"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+
+    async def app(scope: Any, receive: Receive, send: Send) -> None:
+        if (b"expect", b"100-continue") not in scope["headers"]:
+            dropped, more = 0, True
+            while more and dropped <= MAX_DISCARDED_BYTES:
+                message = await receive()
+                dropped += len(message.get("body", b""))
+                more = message.get("more_body", False)
+        await send({"type": "http.response.start", "status": refused.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app

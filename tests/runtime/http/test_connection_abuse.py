@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -374,15 +375,59 @@ def test_the_same_content_type_twice_is_served(server: LiveServer) -> None:
     assert status(answers[0]) == 200 and body_of(answers[0]) == ANSWER
 
 
+REFUSED = b"transfer-encoding: gzip, chunked"
+
+
+@pytest.mark.parametrize("path", [DIRECT, THROUGH_APP])
 def test_a_refused_head_in_a_pipeline_is_answered_after_the_requests_before_it(
+    server: LiveServer, path: bytes
+) -> None:
+    """Behind a request still computing, the refusal waits for its answer; nothing after
+    it is read, and the connection closes."""
+    import fnrt_test_gates  # type: ignore[import-not-found]
+
+    fnrt_test_gates.calls = []
+    gated = path.replace(b"echo", b"gated").replace(b"ech%6f", b"gate%64")
+    bad = request(path, chunked(BODY), REFUSED, length=False)
+    gate("abuse").clear()
+    with connect(server) as sock:
+        sock.sendall(request(gated) + bad + request(path))
+        wait_until(lambda: fnrt_test_gates.calls == [1])  # the first computes
+        sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # and nothing is answered yet
+            sock.recv(1)
+        sock.settimeout(10)
+        gate("abuse").set()
+        first, refused = read_answers_from(read_to_close(sock), 2)
+    assert status(first) == 200 and body_of(first) == b'{"y":[[1,2,3,4]]}', first
+    assert status(refused) == 501 and header(refused, b"connection") == b"close"
+    assert error(refused).startswith("transfer coding 'gzip' is not supported")
+    serves_normally(server)
+
+
+def test_a_refused_request_still_sending_a_large_body_gets_its_answer(server: LiveServer) -> None:
+    """Its body is read and dropped before the answer: closed while the client still
+    sent, the connection was reset, and most clients of a 4 MiB body never saw the 501."""
+    for _ in range(3):
+        with connect(server) as sock:
+            data = request(DIRECT, chunked(bytes(4 << 20), 1 << 20), REFUSED, length=False)
+            sender = threading.Thread(target=sock.sendall, args=(data,))
+            sender.start()
+            answer = read_to_close(sock)
+            sender.join(10)
+        assert status(answer) == 501, answer
+    serves_normally(server)
+
+
+def test_a_refused_request_that_waits_for_100_continue_is_answered_without_it(
     server: LiveServer,
 ) -> None:
-    bad = request(DIRECT, chunked(BODY), b"transfer-encoding: gzip, chunked", length=False)
+    head = request(DIRECT, b"", b"expect: 100-continue", REFUSED, length=False)
     with connect(server) as sock:
-        sock.sendall(request() + bad + request())  # nothing after the refused one is read
-        first, refused = read_answers_from(read_to_close(sock), 2)
-    assert status(first) == 200 and body_of(first) == ANSWER
-    assert status(refused) == 501
+        sock.sendall(head)  # and never the body: it waits to be told to send it
+        answer = read_to_close(sock)
+    assert status(answer) == 501 and not answer.startswith(b"HTTP/1.1 100"), answer
+    serves_normally(server)
 
 
 # --- HTTP/1.0 ------------------------------------------------------------------------
