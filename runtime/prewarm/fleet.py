@@ -16,10 +16,12 @@ A call that finds its function loaded on its node is warm. Otherwise it is a
 cold start from L2 (the files are on the node's disk) or L3 (fetched from the
 store). Loading makes room in L1 as a node's memory budget does
 (:func:`fnrt.loader.memory.evictions`, the server's decision): the instance
-not called this minute worth least goes first, each weighed by its plan
-(:func:`~fnrt.runtime.prewarm.policies.weigh`; under ``fixed``, all alike:
-the least recently called first); the files stay in L2 until its budget
-evicts them (least recently used). After a function's last call on a node, the policy's
+not called this minute worth least goes first, under ``auto`` each weighed by
+its plan (:func:`~fnrt.runtime.prewarm.policies.weigh`; other policies: all
+alike, the least recently called first), where plans are made without a
+budget's filling or scarcity (:func:`~fnrt.runtime.prewarm.node.simulate_node`
+models those for one node); the files stay in L2 until its budget evicts them
+(least recently used). After a function's last call on a node, the policy's
 plan says for which minutes it stays (or is pre-loaded) there; a pre-warm
 only takes free memory. A function's memory and its files' size are its
 app's average allocated memory (``--memory``), else ``default_memory_mb``.
@@ -294,11 +296,11 @@ class FleetSimulator:
             self.evictions += 1
 
     def _held(self, node: _Node, f: int, busy: bool, minute: int) -> Held:
-        """``f``'s instance as the node's budget weighs it: by its plan's worth now (the
-        ``fixed`` policy: all alike, least recently called first)."""
+        """``f``'s instance as the node's budget weighs it: under ``auto``, by its plan's
+        worth now (other policies: all alike, the least recently called first)."""
         resident = node.functions[f]
         value = 0.0
-        if not busy and self.config.policy is not Policy.FIXED:
+        if not busy and self.config.policy is Policy.AUTO:
             plan = self._plan(resident, f)
             if resident.worth is None:
                 gb = self.sizes[f] / 1024
