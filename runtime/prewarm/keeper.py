@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,14 @@ class Action:
     why: str = ""  # an unload's reason: "plan" (early, loaded again ahead) or "idle"
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """Every history as it was at one moment (:meth:`Keeper.snapshot`), numbered."""
+
+    taken: int
+    histories: dict[str, History]
+
+
 class Keeper:
     """Histories and plans of every function a node serves."""
 
@@ -87,6 +96,8 @@ class Keeper:
         self._sizes: dict[str, float] = {}  # each planned function's instance, GB
         self._worth: dict[str, tuple[Plan, Worth, Worth]] = {}  # plan's, and kept past it
         self._priced_as: dict[str, PolicyConfig] = {}  # each plan's config: filling, scarce
+        self._taken = self._written = 0  # the last snapshot taken, and written
+        self._writing = threading.Lock()
         if path is not None and path.is_file():
             self._load(path)
 
@@ -117,10 +128,16 @@ class Keeper:
         history = self.histories.get(name)
         if history is None:
             if len(self.histories) >= MAX_FUNCTIONS:  # drop the least recently called
-                oldest = min(self.histories, key=lambda n: self.histories[n].last_minute or 0)
-                self._forget(oldest)
+                self._forget(min(self.histories, key=self._last_called))
             history = self.histories[name] = History()
         history.record(live.minute, live.count)
+
+    def _last_called(self, name: str) -> int:
+        """The minute ``name`` was last called: its minute so far, if called since its
+        history's last."""
+        last = self.histories[name].last_minute or 0
+        live = self._live.get(name)
+        return last if live is None else max(last, live.minute)
 
     def _forget(self, name: str) -> None:
         """Drop all that is kept of ``name``: its history and its plan with it (a plan
@@ -368,7 +385,7 @@ class Keeper:
         takes the snapshot there, and writes it on another)."""
         self.write(self.snapshot())
 
-    def snapshot(self) -> dict[str, History]:
+    def snapshot(self) -> Snapshot:
         """A copy of every history, each with its function's minute so far (which its
         history in memory takes only when the minute ends): taken on the thread that
         records calls, so that no history changes while it is read."""
@@ -378,14 +395,20 @@ class Keeper:
             if history is None:
                 history = kept[name] = History()
             history.record(live.minute, live.count)
-        return kept
+        self._taken += 1
+        return Snapshot(self._taken, kept)
 
-    def write(self, histories: Mapping[str, History]) -> None:
-        """Write ``histories`` (a :meth:`snapshot`) atomically, from any thread."""
+    def write(self, snapshot: Snapshot) -> None:
+        """Write ``snapshot`` atomically, from any thread; never over a later one (a save
+        still running when the node stops, and the stop's own)."""
         if self.path is None:
             return
-        data = {name: history.to_dict() for name, history in histories.items()}
-        write_atomic(self.path, [json.dumps({"version": 1, "functions": data}).encode()])
+        with self._writing:
+            if snapshot.taken <= self._written:
+                return
+            data = {name: history.to_dict() for name, history in snapshot.histories.items()}
+            write_atomic(self.path, [json.dumps({"version": 1, "functions": data}).encode()])
+            self._written = snapshot.taken
 
     def _load(self, path: Path) -> None:
         try:

@@ -157,6 +157,38 @@ def test_a_function_dropped_for_room_leaves_no_plan_behind(
     assert keeper.planned("job") == {}
 
 
+def test_an_earlier_snapshot_never_overwrites_a_later_one(tmp_path: Path) -> None:
+    """A save still running when the node stops, and the stop's own: the later one
+    stays, whichever thread ends last."""
+    wall = [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    keeper.invoked("a")
+    first = keeper.snapshot()
+    keeper.invoked("b")
+    second = keeper.snapshot()
+    keeper.write(second)
+    keeper.write(first)
+    assert sorted(Keeper(tmp_path / "h.json").histories) == ["a", "b"]
+
+
+def test_the_history_dropped_for_room_is_the_least_recently_called_counting_this_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keeper_module, "MAX_FUNCTIONS", 2)
+    wall = [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+
+    def call_at(minute: int, name: str) -> None:
+        wall[0] = BASE_UNIX + minute * 60
+        keeper.invoked(name)
+
+    for minute, name in ((0, "old"), (1, "old"), (50, "mid"), (51, "mid"), (100, "old")):
+        call_at(minute, name)  # old: a history to minute 1, and called again now
+    call_at(101, "new")
+    call_at(102, "new")  # its first minute committed: one history must go
+    assert sorted(keeper.histories) == ["new", "old"]  # mid, last called at 51
+
+
 def test_an_idle_function_leaves_nothing_pending_once_its_minute_is_over(
     tmp_path: Path,
 ) -> None:
