@@ -428,7 +428,20 @@ def cli_page() -> str:
 #: Where the settings' bounds are checked: (file, class) whose __post_init__ raises
 #: ValueError("field: must ..."), and the setting a field of it is given as.
 BOUNDED = (("runtime/settings.py", "ServerSettings"), ("functions/limits.py", "TensorLimits"))
-SETTING_OF = {"max_elements": "max_tensor_elements"}  # runtime/settings.py LIMIT_SETTINGS
+
+
+def _limit_settings() -> dict[str, str]:
+    """runtime/settings.py's ``LIMIT_SETTINGS``: the setting of each TensorLimits field
+    named otherwise, read from its source."""
+    tree = ast.parse((ROOT / "runtime/settings.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "LIMIT_SETTINGS":
+            found: dict[str, str] = ast.literal_eval(node.value)
+            return found
+    raise LookupError("runtime/settings.py has no LIMIT_SETTINGS")
+
+
+SETTING_OF = _limit_settings()
 
 
 def serve_bounds() -> dict[str, str]:
