@@ -195,6 +195,15 @@ mode = "process"
 """
 
 
+#: A manifest that batches one request at a time (inputs and outputs undeclared), for a
+#: handler written inline: ``.format(name=...)``, as write_function does.
+BATCH_OF_ONE_MANIFEST = """
+name = "{name}"
+handler = "handler:handle"
+
+[batching]
+max_batch_size = 1
+"""
 ECHO_MANIFEST = """
 name = "{name}"
 handler = "handler:Echo"

@@ -137,6 +137,14 @@ SLOWDOWN = 30
 SEGMENT_MS = (0.086, 0.012, 0.029, 0.004, 0.11, 0.08, 0.019)
 
 
+def cached_heads(server: LiveServer, tmp_path: Path) -> Path:
+    """A device cache holding the plan and every head, fetched over the real link."""
+    cache = tmp_path / "edge"
+    with EdgeClient(server.url, NAME, EdgeConfig(cache_dir=cache)) as warm:
+        warm.plan()
+    return cache
+
+
 def emulated(
     server: LiveServer, cache: Path, bandwidth: float, emulate_slowdown: float = 1.0
 ) -> tuple[EmulatedDevice, Throttled, VirtualTime]:
@@ -166,9 +174,7 @@ def test_the_planned_split_is_within_ten_percent_of_the_best_measured(
     """The client plans on what it measures (the link from its calls and probes, each
     head here once) and meets what each split then takes: on a virtual clock, so a
     busy machine moves nothing (the model, the server and the bytes are real)."""
-    cache = tmp_path / "edge"
-    with EdgeClient(server.url, NAME, EdgeConfig(cache_dir=cache)) as warm:
-        warm.plan()  # the heads (2.6 MB) into the cache, at full speed
+    cache = cached_heads(server, tmp_path)  # the heads (2.6 MB), at full speed
     client, _, _ = emulated(server, cache, bandwidth)
     with client:
         first = client.plan().split  # from one probe and the heads' profile
@@ -322,9 +328,7 @@ def test_during_a_split_of_traffic_a_device_keeps_to_its_plans_version(
 def test_an_emulated_slowdown_makes_every_model_run_here_that_many_times_as_long(
     server: LiveServer, tmp_path: Path
 ) -> None:
-    cache = tmp_path / "edge"
-    with EdgeClient(server.url, NAME, EdgeConfig(cache_dir=cache)) as warm:
-        warm.plan()
+    cache = cached_heads(server, tmp_path)
     plain, _, _ = emulated(server, cache, 1e6)
     slowed, _, _ = emulated(server, cache, 1e6, emulate_slowdown=4)
     with plain, slowed:
@@ -339,9 +343,7 @@ def test_an_emulated_slowdown_makes_every_model_run_here_that_many_times_as_long
 def test_the_client_plans_again_when_the_link_slows_down(
     server: LiveServer, tmp_path: Path
 ) -> None:
-    cache = tmp_path / "edge"
-    with EdgeClient(server.url, NAME, EdgeConfig(cache_dir=cache)) as warm:
-        warm.plan()
+    cache = cached_heads(server, tmp_path)
     client, link, _ = emulated(server, cache, 20e6)
     with client:
         assert client.run({"x": X}).split == 0  # a fast link: all on the server

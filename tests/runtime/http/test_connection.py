@@ -24,7 +24,15 @@ from fnrt.runtime.http.connection import (
     connection_cap,
     guarded_protocol,
 )
-from support import LiveServer, gate, live_server, read_to_close, wait_until, write_function
+from support import (
+    BATCH_OF_ONE_MANIFEST,
+    LiveServer,
+    gate,
+    live_server,
+    read_to_close,
+    wait_until,
+    write_function,
+)
 
 BODY = b'{"x": [[1, 2, 3, 4]]}'
 HEAD = (
@@ -38,13 +46,6 @@ def handle(batch):
     fnrt_test_gates.gate("connections").wait(30)
     return [{"y": r["x"]} for r in batch]
 """
-GATED_MANIFEST = """
-name = "{name}"
-handler = "handler:handle"
-
-[batching]
-max_batch_size = 1
-"""
 
 
 @pytest.fixture(params=[0.5])
@@ -55,7 +56,7 @@ def server(tmp_path: Path, request: pytest.FixtureRequest):
     with live_server(tmp_path, **limits) as srv:
         for name, kwargs in (
             ("echo", {}),
-            ("gated", {"handler": GATED, "manifest": GATED_MANIFEST}),
+            ("gated", {"handler": GATED, "manifest": BATCH_OF_ONE_MANIFEST}),
         ):
             folder = write_function(tmp_path / "src", name, **kwargs)
             srv.deploy(folder)
@@ -164,7 +165,7 @@ def test_a_request_whose_client_left_is_dropped_before_compute(
     import fnrt_test_gates  # type: ignore[import-not-found]
 
     fnrt_test_gates.calls = []
-    folder = write_function(tmp_path / "src", "counted", COUNTED, manifest=GATED_MANIFEST)
+    folder = write_function(tmp_path / "src", "counted", COUNTED, manifest=BATCH_OF_ONE_MANIFEST)
     server.deploy(folder)
     release = gate("abandon")
     scheduler = None

@@ -25,6 +25,7 @@ import pytest
 from fnrt.runtime.http.app import build_app, connection_limits, data_apps
 from fnrt.runtime.http.connection import guarded_protocol
 from support import (
+    BATCH_OF_ONE_MANIFEST,
     LiveServer,
     gate,
     make_node,
@@ -47,13 +48,6 @@ def handle(batch):
     fnrt_test_gates.gate("abuse").wait(30)
     return [{"y": r["x"]} for r in batch]
 """
-GATED_MANIFEST = """
-name = "{name}"
-handler = "handler:handle"
-
-[batching]
-max_batch_size = 1
-"""
 
 
 @pytest.fixture
@@ -71,7 +65,7 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
     try:
         for name, kwargs in (
             ("echo", {}),
-            ("gated", {"handler": GATED, "manifest": GATED_MANIFEST}),
+            ("gated", {"handler": GATED, "manifest": BATCH_OF_ONE_MANIFEST}),
         ):
             folder = write_function(tmp_path / "src", name, **kwargs)
             srv.call(node.deployer.deploy(publish(node.repository, folder)))
@@ -603,7 +597,7 @@ def test_pipelined_answers_a_client_does_not_take_wait_for_it(
     held in its write buffer (bounded only by the minimum rate's window, 10 s)."""
     import fnrt_test_gates  # type: ignore[import-not-found]
 
-    folder = write_function(tmp_path / "src", "big", BIG, manifest=GATED_MANIFEST)
+    folder = write_function(tmp_path / "src", "big", BIG, manifest=BATCH_OF_ONE_MANIFEST)
     server.call(server.node.deployer.deploy(publish(server.node.repository, folder)))
     fnrt_test_gates.calls = []
     one = msgpack.packb({"x": 1})
