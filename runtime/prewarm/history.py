@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -168,21 +168,25 @@ class History:
     # --- persistence ----------------------------------------------------------------
 
     def copy(self) -> History:
-        """An independent copy (its containers copied too)."""
-        return replace(
-            self,
-            bins=list(self.bins),
-            nonzero=list(self.nonzero),
-            recent_idle=deque(self.recent_idle),
-            day_bits=self.day_bits.copy(),
-        )
+        """An independent copy (its containers copied too), without ``__init__``: a
+        snapshot makes one of each history called in a minute, on the event loop."""
+        copied = object.__new__(History)
+        copied.__dict__.update(self.__dict__)
+        copied.bins = self.bins.copy()
+        copied.nonzero = self.nonzero.copy()
+        copied.recent_idle = self.recent_idle.copy()
+        copied.day_bits = self.day_bits.copy()
+        return copied
 
     def to_dict(self) -> dict[str, Any]:
+        called = np.flatnonzero(self.day_bits)  # (Python ints: a numpy scalar a minute is slow)
         return {
             "bins": {str(i): c for i, c in enumerate(self.bins) if c},
             "out_of_range": self.out_of_range,
             "recent_idle": list(self.recent_idle),
-            "day_bits": {str(m): int(self.day_bits[m]) for m in np.flatnonzero(self.day_bits)},
+            "day_bits": dict(
+                zip(map(str, called.tolist()), self.day_bits[called].tolist(), strict=True)
+            ),
             "last_minute": self.last_minute,
             "last_day": self.last_day,
             "first_day": self.first_day,

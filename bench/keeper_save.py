@@ -1,0 +1,99 @@
+"""What saving the pre-warm histories costs the event loop, as the number of functions grows.
+
+    python bench/keeper_save.py [--functions 10000] [--called 200] [--rounds 5]
+
+A node keeps a :class:`~fnrt.runtime.prewarm.history.History` per function it has
+served (up to 10,000) and saves them once a minute: the event loop takes a
+snapshot (``Keeper.snapshot``), a thread writes it (``Keeper.write``). This
+fills a keeper with ``--functions`` histories of five hours of sparse calls,
+then times, in the same run:
+
+- a save after every function was called in the minute (what every save cost
+  before a snapshot copied only the histories changed since the last one);
+- a save after ``--called`` of them were (the usual minute of a large node).
+
+It prints the median milliseconds of each part, and the second over the first.
+Wall-clock on the thread that calls them; the machine's noise moves them, not
+their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from fnrt.runtime.prewarm.keeper import Keeper
+
+
+def filled(path: Path, functions: int, wall: list[float]) -> Keeper:
+    """A keeper with ``functions`` histories: five hours, each called in 5% of the minutes."""
+    keeper = Keeper(path, wall=lambda: wall[0])
+    rng = random.Random(1)
+    names = [f"f{i}" for i in range(functions)]
+    for _ in range(300):
+        for name in names:
+            if rng.random() < 0.05:
+                keeper.invoked(name)
+        wall[0] += 60
+    for name in names:
+        keeper.invoked(name)
+    settle(keeper, names, wall)
+    keeper.write(keeper.snapshot())
+    return keeper
+
+
+def settle(keeper: Keeper, names: list[str], wall: list[float]) -> None:
+    """The minute over and every called function's calls in its history, as the sweep
+    does for each function (``Keeper.act`` settles a minute that is over)."""
+    wall[0] += 60
+    for name in names:
+        keeper._settle(name)
+
+
+def timed_save(keeper: Keeper, names: list[str], wall: list[float]) -> tuple[float, float]:
+    """``names`` called in a minute, then one save: its snapshot's and write's ms."""
+    for name in names:
+        keeper.invoked(name)
+    settle(keeper, names, wall)
+    started = time.perf_counter()
+    snapshot = keeper.snapshot()
+    taken = time.perf_counter()
+    keeper.write(snapshot)
+    return (taken - started) * 1e3, (time.perf_counter() - taken) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--functions", type=int, default=10_000)
+    parser.add_argument("--called", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        wall = [1_800_000_000.0]
+        keeper = filled(Path(folder) / "history.json", args.functions, wall)
+        names = sorted(keeper.histories)
+        every: list[tuple[float, float]] = []
+        some: list[tuple[float, float]] = []
+        for _ in range(args.rounds):  # interleaved
+            every.append(timed_save(keeper, names, wall))
+            some.append(timed_save(keeper, names[: args.called], wall))
+        size_mb = (Path(folder) / "history.json").stat().st_size / 1e6
+    print(f"\n{args.functions} histories ({size_mb:.1f} MB saved), median of {args.rounds}\n")
+    print(f"{'called in the minute':<22} {'snapshot ms':>12} {'write ms':>10}")
+    rows = ((f"all {args.functions}", every), (str(args.called), some))
+    for label, times in rows:
+        snap = statistics.median(t[0] for t in times)
+        write = statistics.median(t[1] for t in times)
+        print(f"{label:<22} {snap:>12.1f} {write:>10.1f}")
+    ratio_snap = statistics.median(t[0] for t in some) / statistics.median(t[0] for t in every)
+    ratio_write = statistics.median(t[1] for t in some) / statistics.median(t[1] for t in every)
+    ratios = f"snapshot {ratio_snap:.3f}x, write {ratio_write:.3f}x"
+    print(f"\n{args.called} called / all {args.functions} called: {ratios}")
+
+
+if __name__ == "__main__":
+    main()
