@@ -97,6 +97,10 @@ class Keeper:
         self._filling: dict[str, bool] = {}  # each plan's: does it fill the budget
         self.histories: dict[str, History] = {}
         self._live: dict[str, _Live] = {}
+        #: every function with a history or a call this minute, least recently called
+        #: first (moved last at its first call of a minute): the one dropped for room
+        #: in O(1), not by a scan of up to MAX_FUNCTIONS on the request path
+        self._recency: dict[str, None] = {}
         self._prewarm_at: dict[str, float] = {}  # unix time of a planned pre-warm
         self._unload_after: dict[str, float] = {}  # unix time the plan releases it
         self._plans: dict[str, tuple[tuple[Policy, int, int, float, PolicyConfig], Plan]] = {}
@@ -128,6 +132,9 @@ class Keeper:
         if live is not None:
             self._commit(name, live)
         self._live[name] = _Live(minute, 1)
+        recency = self._recency
+        recency.pop(name, None)
+        recency[name] = None
         self._prewarm_at.pop(name, None)
         self._unload_after.pop(name, None)
 
@@ -143,17 +150,11 @@ class Keeper:
         history = self.histories.get(name)
         if history is None:
             if len(self.histories) >= MAX_FUNCTIONS:  # drop the least recently called
-                self._forget(min(self.histories, key=self._last_called))
+                self._forget(next(n for n in self._recency if n in self.histories))
             history = self.histories[name] = History()
+            self._recency.setdefault(name, None)
         history.record(live.minute, live.count)
         self._changed.add(name)
-
-    def _last_called(self, name: str) -> int:
-        """The minute ``name`` was last called: its minute so far, if called since its
-        history's last."""
-        last = self.histories[name].last_minute or 0
-        live = self._live.get(name)
-        return last if live is None else max(last, live.minute)
 
     def _forget(self, name: str) -> None:
         """Drop all that is kept of ``name``: its history and its plan with it (a plan
@@ -170,6 +171,7 @@ class Keeper:
         ):
             kept.pop(name, None)
         self._fixed.discard(name)
+        self._recency.pop(name, None)
         self._changed.add(name)
 
     # --- deciding (the sweep) ----------------------------------------------------------
@@ -461,6 +463,8 @@ class Keeper:
             data = json.loads(path.read_text())
             for name, raw in dict(data.get("functions", {})).items():
                 self.histories[str(name)] = History.from_dict(raw)
+            by_last_call = sorted(self.histories.items(), key=lambda h: h[1].last_minute or 0)
+            self._recency = dict.fromkeys(name for name, _ in by_last_call)
             # what the next write keeps of each, unless it changes
             self._fragments = {
                 name: b"%s: %s" % (json.dumps(name).encode(), json.dumps(h.to_dict()).encode())
@@ -470,3 +474,4 @@ class Keeper:
             log.warning("ignoring unreadable pre-warm history %s: %s", path, exc)
             self.histories = {}
             self._fragments = {}
+            self._recency = {}

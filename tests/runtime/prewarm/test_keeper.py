@@ -252,6 +252,25 @@ def test_the_history_dropped_for_room_is_the_least_recently_called_counting_this
     assert sorted(keeper.histories) == ["new", "old"]  # mid, last called at 51
 
 
+def test_after_a_restart_the_history_dropped_for_room_is_the_least_recently_called(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order of last calls comes back with the histories (the keeper keeps it as
+    it goes: no scan of every history for the one to drop)."""
+    monkeypatch.setattr(keeper_module, "MAX_FUNCTIONS", 3)
+    wall = [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    for minute, name in ((0, "b"), (1, "b"), (10, "a"), (11, "a"), (20, "c"), (21, "c")):
+        wall[0] = BASE_UNIX + minute * 60
+        keeper.invoked(name)  # histories: b to minute 0, a to 10, c to 20
+    keeper.save()
+    again = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    for minute in (30, 31):
+        wall[0] = BASE_UNIX + minute * 60
+        again.invoked("new")
+    assert sorted(again.histories) == ["a", "c", "new"]  # b, last called at minute 0
+
+
 def test_an_idle_function_leaves_nothing_pending_once_its_minute_is_over(
     tmp_path: Path,
 ) -> None:
