@@ -107,6 +107,17 @@ class Keeper:
         self._priced: dict[tuple[float | None, float | None], PolicyConfig] = {}
         self._fixed: set[str] = set()  # kept by the manifest's keep_alive_s: nothing to plan
         self._sizes: dict[str, float] = {}  # each planned function's instance, GB
+        # their mean as the price's unit, made again only when a size changes, and the
+        # config last priced at it: the sweep asks every second of every function with
+        # a plan pending (a sum over all sizes each time: 0.7 s a sweep at 10,000)
+        self._mean_gb: float | None = None
+        # the working set's parts, kept as calls come: each sized function's last call
+        # minute, and their instances' bytes by that minute (a plan's working set was a
+        # scan of every function: 2.7 ms a plan at 10,000)
+        self._last_of: dict[str, tuple[int, int]] = {}  # (minute, bytes counted)
+        self._bytes_by_minute: dict[int, int] = {}
+        self._newest_minute = 0  # the latest minute counted
+        self._at_mean: tuple[PolicyConfig, float, PolicyConfig] | None = None
         self._worth: dict[str, tuple[Plan, Worth, Worth]] = {}  # plan's, and kept past it
         self._priced_as: dict[str, PolicyConfig] = {}  # each plan's config: filling, scarce
         self._taken = 0  # the last snapshot's number
@@ -132,6 +143,8 @@ class Keeper:
         if live is not None:
             self._commit(name, live)
         self._live[name] = _Live(minute, 1)
+        if name in self._last_of:
+            self._called_in(name, minute)
         recency = self._recency
         recency.pop(name, None)
         recency[name] = None
@@ -172,6 +185,8 @@ class Keeper:
             kept.pop(name, None)
         self._fixed.discard(name)
         self._recency.pop(name, None)
+        self._mean_gb = None
+        self._unsized(name)
         self._changed.add(name)
 
     # --- deciding (the sweep) ----------------------------------------------------------
@@ -195,17 +210,24 @@ class Keeper:
     def mean_instance_gb(self) -> float:
         """The mean instance of the functions planned for (``auto``'s unit of price), to
         two significant digits (a plan is not made again for a small change of it)."""
-        if not self._sizes:
-            return 1.0
-        mean = sum(self._sizes.values()) / len(self._sizes)
-        return float(f"{max(mean, 1e-6):.2g}")
+        mean = self._mean_gb
+        if mean is None:
+            sizes = self._sizes
+            mean = float(f"{max(sum(sizes.values()) / len(sizes), 1e-6):.2g}") if sizes else 1.0
+            self._mean_gb = mean
+        return mean
 
     def at_mean(self, config: PolicyConfig) -> PolicyConfig:
         """``config`` priced at the node's mean instance, unless it names its own."""
         if config.mean_instance_gb is not None:
             return config
         mean = self.mean_instance_gb()
-        return replace(config, mean_instance_gb=mean)
+        last = self._at_mean
+        if last is not None and last[0] is config and last[1] == mean:
+            return last[2]  # the same object: the plan's cache key compares at once
+        priced = replace(config, mean_instance_gb=mean)
+        self._at_mean = (config, mean, priced)
+        return priced
 
     def plan(
         self,
@@ -227,7 +249,13 @@ class Keeper:
         history = self.histories.get(name)
         if history is None or history.last_minute is None:
             return None
-        self._sizes[name] = memory_gb
+        if self._sizes.get(name) != memory_gb:
+            self._unsized(name)
+            self._sizes[name] = memory_gb
+            self._mean_gb = None
+            live = self._live.get(name)
+            last = history.last_minute
+            self._called_in(name, last if live is None else max(last, live.minute))
         config = self.at_mean(config or self.config)
         key = (policy, history.invocations, history.last_minute, memory_gb, config)
         cached = self._plans.get(name)
@@ -258,18 +286,36 @@ class Keeper:
     def working_set_bytes(self, minute: int) -> float:
         """What a fixed keep-alive of ``keep_alive_min`` would hold after ``minute``: the
         instances of the functions called in it or in the ``keep_alive_min`` minutes
-        before (as last loaded, the planned ones), in bytes."""
+        before, or since (as last loaded, the planned ones), in bytes. From the bytes
+        kept by last call minute: a look at a few minutes, whatever the functions."""
         since = minute - self.config.keep_alive_min
-        total = 0.0
-        for name, gb in self._sizes.items():
-            live = self._live.get(name)
-            history = self.histories.get(name)
-            last = live.minute if live is not None and live.count else None
-            if history is not None and history.last_minute is not None:
-                last = max(last or history.last_minute, history.last_minute)
-            if last is not None and last >= since:
-                total += gb
-        return total * 2**30
+        by_minute = self._bytes_by_minute
+        newest = self._newest_minute
+        if newest - since < len(by_minute):  # the minutes since, one look each
+            return float(sum(by_minute.get(m, 0) for m in range(since, newest + 1)))
+        return float(sum(b for m, b in by_minute.items() if m >= since))
+
+    def _called_in(self, name: str, minute: int) -> None:
+        """``name``'s (sized) last call is now in ``minute``: its bytes are counted there."""
+        self._unsized(name)
+        size = int(self._sizes[name] * 2**30)
+        self._last_of[name] = (minute, size)
+        by_minute = self._bytes_by_minute
+        by_minute[minute] = by_minute.get(minute, 0) + size
+        if minute > self._newest_minute:
+            self._newest_minute = minute
+
+    def _unsized(self, name: str) -> None:
+        """``name``'s bytes no longer counted (forgotten, sized again, or moving)."""
+        counted = self._last_of.pop(name, None)
+        if counted is not None:
+            minute, size = counted
+            by_minute = self._bytes_by_minute
+            left = by_minute.get(minute, 0) - size
+            if left > 0:
+                by_minute[minute] = left
+            else:  # (one of 0 bytes may find its minute gone already)
+                by_minute.pop(minute, None)
 
     def act(
         self,

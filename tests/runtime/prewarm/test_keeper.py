@@ -358,6 +358,56 @@ def test_a_plan_fills_the_budget_by_the_working_set_the_simulator_counts() -> No
     assert not never.filling("a") and always.filling("a")
 
 
+def test_the_working_set_is_the_simulators_on_a_random_day() -> None:
+    """The keeper counts the working set as calls come (bytes by last call minute):
+    on 40 functions of random sizes (one of 0 bytes) and rhythms, it is the
+    simulator's after every minute."""
+    from fnrt.runtime.prewarm.node import _working_set
+    from fnrt.runtime.prewarm.trace import Trace
+
+    rng = np.random.default_rng(7)
+    functions, minutes = 40, 240
+    gb = [0.0, *rng.choice([0.25, 0.5, 1.0, 1.5, 3.0], functions - 1).tolist()]
+    counts = (rng.random((functions, minutes)) < rng.uniform(0.01, 0.3, (functions, 1))).astype(
+        np.int32
+    )
+    names = [f"f{i}" for i in range(functions)]
+    trace = Trace(names, names, ["http"] * functions, counts)
+    expected = _working_set(trace, [int(g * 2**30) for g in gb], 10)
+    now = [BASE_UNIX]
+    keeper = Keeper(None, wall=lambda: now[0], fill_memory=None)
+    for minute in range(minutes):
+        now[0] = BASE_UNIX + minute * 60
+        called = np.flatnonzero(counts[:, minute]).tolist()
+        for f in called:
+            keeper.invoked(names[f])
+        now[0] += 60
+        for f in called:
+            keeper.plan(names[f], Policy.AUTO, memory_gb=gb[f], budget_bytes=2**33)
+        if called:
+            at = int(BASE_UNIX // 60) + minute
+            assert keeper.working_set_bytes(at) == expected[minute], minute
+
+
+def test_the_working_set_follows_a_new_size_and_forgets_a_dropped_function() -> None:
+    now = [BASE_UNIX]
+    keeper = Keeper(None, wall=lambda: now[0], fill_memory=None)
+    minute = int(BASE_UNIX // 60)
+    for name in ("a", "b"):
+        keeper.invoked(name)
+    now[0] += 60
+    keeper.plan("a", Policy.AUTO, memory_gb=1.0)
+    keeper.plan("b", Policy.AUTO, memory_gb=2.0)
+    assert keeper.working_set_bytes(minute) == 3 * 2**30
+    keeper.invoked("a")  # a again: sized at 0.5 GB now
+    now[0] += 60
+    keeper.plan("a", Policy.AUTO, memory_gb=0.5)
+    assert keeper.working_set_bytes(minute + 1) == 2.5 * 2**30
+    assert keeper.working_set_bytes(minute + 11) == 0.5 * 2**30  # b's last call too old
+    keeper._forget("a")
+    assert keeper.working_set_bytes(minute + 1) == 2 * 2**30
+
+
 def _periodic(keeper: Keeper, wall: list[float], calls: int = 8) -> int:
     """``calls`` calls of "job" 30 minutes apart, each minute over; the next one's minute."""
     for _ in range(calls):

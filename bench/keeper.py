@@ -1,6 +1,6 @@
-"""What saving the pre-warm histories costs the event loop, as the number of functions grows.
+"""What the pre-warm keeper costs the event loop, as the number of functions grows.
 
-    python bench/keeper_save.py [--functions 10000] [--called 200] [--rounds 5]
+    python bench/keeper.py [--functions 10000] [--called 200] [--rounds 5]
 
 A node keeps a :class:`~fnrt.runtime.prewarm.history.History` per function it has
 served (up to 10,000) and saves them once a minute: the event loop takes a
@@ -15,8 +15,13 @@ then times, in the same run:
 It prints the median milliseconds of each part, and the second over the first.
 Then what a call costs the request path when it commits a function's last
 minute to its history: a known function's against a new one's at the cap,
-whose history takes the place of the least recently called one. Wall-clock on
-the thread that calls them; the machine's noise moves them, not their ratio.
+whose history takes the place of the least recently called one. Last, the
+sweep's part (each second it asks the plan of every function with one
+pending): a plan made after a call, under a memory budget, and a plan asked
+again with nothing new, microseconds each at ``--functions`` against the same
+at 100 functions (1x: a function's plan costs the same however many there are).
+Wall-clock on the thread that calls them; the machine's noise moves them, not
+their ratio.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 from pathlib import Path
 
 from fnrt.runtime.prewarm.keeper import Keeper
+from fnrt.runtime.prewarm.policies import Policy
 
 
 def filled(path: Path, functions: int, wall: list[float]) -> Keeper:
@@ -80,6 +86,29 @@ def commit_us(keeper: Keeper, names: list[str], wall: list[float]) -> float:
     return (time.perf_counter() - started) / len(names) * 1e6
 
 
+def plan_us(functions: int, wall: list[float]) -> tuple[float, float]:
+    """Microseconds a plan takes, made (under a budget) and asked again, among
+    ``functions`` functions, each called six times half an hour apart."""
+    keeper = Keeper(None, wall=lambda: wall[0], fill_memory=None)
+    names = [f"f{i}" for i in range(functions)]
+    for _ in range(6):
+        for name in names:
+            keeper.invoked(name)
+        wall[0] += 30 * 60
+    sample = names[:: max(functions // 100, 1)]
+    for name in names:
+        if name not in sample:
+            keeper.plan(name, Policy.AUTO, memory_gb=0.5, budget_bytes=2**34)
+    started = time.perf_counter()
+    for name in sample:
+        keeper.plan(name, Policy.AUTO, memory_gb=0.5, budget_bytes=2**34)
+    made = (time.perf_counter() - started) / len(sample) * 1e6
+    started = time.perf_counter()
+    for name in names:
+        keeper.plan(name, Policy.AUTO, memory_gb=0.5, budget_bytes=2**34)
+    return made, (time.perf_counter() - started) / len(names) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--functions", type=int, default=10_000)
@@ -113,6 +142,11 @@ def main() -> None:
         f"\na call committing its function's minute: known {known:.1f} us, new at the cap "
         f"{new:.1f} us ({new / known:.2f}x)"
     )
+    small = plan_us(100, [1_800_000_000.0])
+    large = plan_us(args.functions, [1_800_000_000.0])
+    print(f"\n{'a plan':<22} {'100 us':>8} {f'{args.functions} us':>10} {'ratio':>7}")
+    for label, a, b in (("made (budget)", small[0], large[0]), ("asked again", small[1], large[1])):
+        print(f"{label:<22} {a:>8.1f} {b:>10.1f} {b / a:>6.2f}x")
 
 
 if __name__ == "__main__":
