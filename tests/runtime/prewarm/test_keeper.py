@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,21 @@ BASE_UNIX = 1_800_000_000.0  # a minute boundary
 #: a cold start worth 10 minutes of the instance: waiting 29 idle minutes loaded is
 #: dearer than unloading at once and loading again just before the next call
 PRICED = ECHO_MANIFEST + "cold_start_price_s = 600\n"
+
+
+def capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: int
+) -> tuple[Keeper, list[float], Callable[[int, str], None]]:
+    """A keeper of at most ``cap`` histories, its wall clock, and a call at a minute."""
+    monkeypatch.setattr(keeper_module, "MAX_FUNCTIONS", cap)
+    wall = [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+
+    def call_at(minute: int, name: str) -> None:
+        wall[0] = BASE_UNIX + minute * 60
+        keeper.invoked(name)
+
+    return keeper, wall, call_at
 
 
 def server_parts(tmp_path: Path) -> tuple[ManualClock, Keeper]:
@@ -226,14 +242,7 @@ def test_a_function_dropped_with_a_call_still_to_commit_keeps_its_place(
 ) -> None:
     """Dropped for room while its last minute's call waits to be committed, and back
     when it is: its place in the order of last calls is that call's, not the end."""
-    monkeypatch.setattr(keeper_module, "MAX_FUNCTIONS", 2)
-    wall = [BASE_UNIX]
-    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
-
-    def call_at(minute: int, name: str) -> None:
-        wall[0] = BASE_UNIX + minute * 60
-        keeper.invoked(name)
-
+    keeper, wall, call_at = capped(tmp_path, monkeypatch, 2)
     for minute, name in ((0, "x"), (1, "x"), (2, "y"), (3, "y"), (4, "z"), (5, "z")):
         call_at(minute, name)  # z's first minute: x goes (its minute 1 still to commit)
     assert sorted(keeper.histories) == ["y", "z"]
@@ -275,14 +284,7 @@ def test_a_late_earlier_snapshot_still_writes_what_only_it_changed(tmp_path: Pat
 def test_the_history_dropped_for_room_is_the_least_recently_called_counting_this_minute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(keeper_module, "MAX_FUNCTIONS", 2)
-    wall = [BASE_UNIX]
-    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
-
-    def call_at(minute: int, name: str) -> None:
-        wall[0] = BASE_UNIX + minute * 60
-        keeper.invoked(name)
-
+    keeper, _, call_at = capped(tmp_path, monkeypatch, 2)
     for minute, name in ((0, "old"), (1, "old"), (50, "mid"), (51, "mid"), (100, "old")):
         call_at(minute, name)  # old: a history to minute 1, and called again now
     call_at(101, "new")
