@@ -24,7 +24,7 @@ from fnrt.loader.cache import BlobCache, CacheConfig
 from fnrt.loader.device import choose_devices, device_memory_bytes
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.leftovers import remove_leftovers
-from fnrt.loader.memory import MemoryBudget, room_maker
+from fnrt.loader.memory import Holders, MemoryBudget, room_maker
 from fnrt.loader.placement import GpuBudgets, Placement
 from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Scrubber, ScrubConfig
@@ -200,17 +200,18 @@ def build_node(
         )
     admission = Admission(settings.max_queued)
 
-    # The budgets read the node's schedulers at each load, after the node is built.
-    memory = MemoryBudget(settings.memory_budget, lambda: node.schedulers())
+    # The budgets weigh the schedulers holding an instance, which each keeps up to date.
+    holders = Holders()
+    memory = MemoryBudget(settings.memory_budget, holders)
     gpu_memory: MemoryBudget | None = None
     device_room = None
     if loader.device.kind == "cuda":  # each GPU its budget and cap; a load goes to the freest
         gpus = devices or [loader.device]
         budgets = {d.index: settings.gpu_memory_budget(device_memory_bytes(d.index)) for d in gpus}
         loader.placement = Placement(
-            gpus, budgets, lambda: on_devices(node.schedulers()), settings.gpu_concurrency
+            gpus, budgets, lambda: on_devices(holders()), settings.gpu_concurrency
         )
-        gpu_memory = GpuBudgets(loader.placement, lambda: node.schedulers())
+        gpu_memory = GpuBudgets(loader.placement, holders)
         if settings.gpu_concurrency:
             device_room = loader.placement.has_room
     factory = SchedulerFactory(
@@ -222,6 +223,7 @@ def build_node(
         isolation=IsolationMode(settings.isolation),
         redis=redis_client(settings.redis_url) if settings.redis_url else None,
         device_room=device_room,
+        holders=holders,
     )
     spares = loader.spares
     learn = None  # what the store's functions import, read at the start: for the spares

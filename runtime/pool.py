@@ -132,6 +132,10 @@ class InstancePool:
         self._thread_timeout_s = self._manifest.isolation.timeout_s if in_thread else 0.0
         #: Called when slots change (one retired): the batcher's workers look again.
         self.changed: Callable[[], None] = lambda: None
+        #: Told when it starts (True) and stops (False) holding an instance: the node's
+        #: memory budgets weigh those holding one, not every version ever served.
+        self.holding: Callable[[bool], None] | None = None
+        self._holds = False
         #: its parts: what calls find, the loads, the scaling decisions, the file watches
         self.starts = Starts(self.name, self.slots, stats, events)
         self.loads = Loads(version, load, clock, stats, events, make_room)
@@ -141,6 +145,14 @@ class InstancePool:
         self._add_slot()  # the first instance's place: its queue's first loop serves it
 
     # --- what it holds -----------------------------------------------------------------
+
+    def _held(self) -> None:
+        """After a slot's instance came or went: :attr:`holding` told of a change."""
+        holds = any(s.instance is not None for s in self.slots)
+        if holds is not self._holds:
+            self._holds = holds
+            if self.holding is not None:
+                self.holding(holds)
 
     @property
     def state(self) -> InstanceState:
@@ -232,6 +244,7 @@ class InstancePool:
             await asyncio.shield(asyncio.to_thread(_release, instance))
             raise
         slot.instance = instance
+        self._held()
         slot.first_batch = True
         slot.last_active = self._clock.now()
         self.stages = instance.stages
@@ -244,6 +257,7 @@ class InstancePool:
         if slot.instance is not instance:
             return
         slot.instance = None
+        self._held()
         reason = self._watches.stop(slot) or "its files changed"
         self._stats.restarts["changed"] += 1
         self._stats.last_restart_reason = reason
@@ -339,6 +353,7 @@ class InstancePool:
     async def _stopped(self, slot: Slot, instance: Runnable) -> None:
         if slot.instance is instance:
             slot.instance = None
+            self._held()
             self._watches.stop(slot)
         self._stats.unloads += 1
         log.warning(
@@ -353,6 +368,7 @@ class InstancePool:
     async def _lose(self, slot: Slot, instance: Runnable, error: InstanceLost) -> None:
         if slot.instance is instance:
             slot.instance = None
+            self._held()
             self._watches.stop(slot)
         self._stats.restarts[error.cause] += 1
         self._stats.last_restart_reason = error.message
@@ -394,6 +410,7 @@ class InstancePool:
         instance, slot.instance = slot.instance, None
         if instance is None:
             return
+        self._held()
         self._watches.stop(slot)
         self._stats.unloads += 1
         if slot.primary:  # a miss if it was loaded ahead and never used

@@ -24,7 +24,7 @@ from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.launch import launch
-from fnrt.loader.memory import MakeRoom
+from fnrt.loader.memory import Holders, MakeRoom
 from fnrt.runtime.batcher import Batcher
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, NoEvents
@@ -266,6 +266,9 @@ class SchedulerFactory:
     redis: Any = None  # the shared result cache's client (``--redis-url``), if any
     #: on a GPU with ``--gpu-concurrency``: whether one more instance may share it
     device_room: Callable[[], bool] | None = None
+    #: the node's residents holding an instance, which each scheduler's pool keeps
+    #: (what its memory budgets weigh)
+    holders: Holders | None = None
 
     def __call__(self, vm: VersionManifest, load: LoadInstance | None = None) -> Scheduler:
         """A scheduler of ``vm``; ``load`` builds its instances in a thread (default:
@@ -280,7 +283,7 @@ class SchedulerFactory:
                 built = self.loader.environments.built(vm.manifest.environment.requirements)
                 if built is not None:
                     spares.expect_environment(built, vm.imports)
-        return Scheduler(
+        scheduler = Scheduler(
             vm,
             load or functools.partial(launch, self.loader, kind),
             self.clock,
@@ -292,3 +295,6 @@ class SchedulerFactory:
             device_room=self.device_room,
             watch_files=self.loader.watch_files,
         )
+        if self.holders is not None:
+            scheduler.pool.holding = functools.partial(self.holders.holding, scheduler)
+        return scheduler

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
+from fnrt.loader.memory import Holders, MemoryBudget, device_bytes, room_maker
 
 
 @dataclass
@@ -116,3 +116,20 @@ def test_with_an_appraiser_the_least_worth_goes_first_and_a_prewarm_takes_less()
     asyncio.run(budget.make_room("ahead", 600, below=6.0))  # worth more than a: a goes
     assert [h.evicted for h in held] == [True, True, False]
     assert [h.key for h in budget.held("new")] == ["c"]
+
+
+def test_holders_are_what_a_budget_weighs() -> None:
+    """The budget weighs the residents holding an instance, kept as they come and go
+    (``InstancePool.holding``), not every version the node has served."""
+    a, b = Held("a", 400, last_active_s=50), Held("b", 300, last_active_s=10)
+    holders = Holders()
+    budget = MemoryBudget(1000, holders)
+    holders.holding(a, True)
+    holders.holding(b, True)
+    holders.holding(b, True)  # (told twice: held once)
+    assert holders() == [a, b] and budget.used_bytes() == 700
+    holders.holding(a, False)
+    holders.holding(a, False)  # (gone already: nothing)
+    assert holders() == [b] and budget.used_bytes() == 300
+    asyncio.run(budget.make_room("c", 800))
+    assert b.evicted and holders() == [b]  # (its pool says when it has let go)

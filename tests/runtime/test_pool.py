@@ -180,6 +180,41 @@ def test_idle_instances_stop_after_their_keep_alive(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_the_pool_tells_when_it_starts_and_stops_holding_an_instance(tmp_path: Path) -> None:
+    """What the node's memory budgets weigh (``Holders``): told once as the first instance
+    comes and once as the last goes, by an unload or a loss alike."""
+    release = threading.Event()
+
+    def stuck_once(batch: list[Request]) -> Sequence[Any]:
+        if not release.is_set():
+            release.wait(30)
+        return _double(batch)
+
+    async def scenario() -> None:
+        loads, clock = Loads(stuck_once), ManualClock()
+        pool = _pool(_vm(tmp_path, timeout_s=0.2), loads, clock)
+        told: list[bool] = []
+        pool.holding = told.append
+        await pool.ensure(pool.slots[0])
+        assert pool.scale_up(queued=100, now=clock.now()) is None  # deep only since now
+        extra = pool.scale_up(queued=100, now=clock.now() + 1)
+        assert extra is not None
+        await pool.ensure(extra)
+        assert told == [True] and pool.instances == 2  # a second instance: nothing new
+        clock.advance(300)
+        assert await pool.scale_to_zero(clock.now(), queued=0)
+        assert told == [True, False] and pool.instances == 0
+        slot = pool.slots[0]
+        instance = await pool.ensure(slot)
+        with pytest.raises(HandlerTimeout):  # the instance is lost
+            await pool.run(slot, instance, [X])
+        assert told == [True, False, True, False]
+        release.set()
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_deep_queue_gets_another_slot_after_a_while(tmp_path: Path) -> None:
     async def scenario() -> None:
         loads, clock = Loads(), ManualClock()
