@@ -1,16 +1,21 @@
-"""What the memory budget's checks cost the event loop as a node serves more functions.
+"""What a node's checks over its functions cost the event loop as it serves more of them.
 
     python bench/budget.py [--functions 100,10000] [--loaded 20] [--rounds 20]
 
 A node keeps a scheduler for every function version it has served, cold or
-not. Before each load the memory budget makes room (``MemoryBudget.make_room``)
-and the sweep asks whether the budget has room (``fits``) for each instance a
-filling plan keeps. This builds ``--functions`` real schedulers (as
-``fnrt serve`` builds them, a small echo handler in a thread), loads
-``--loaded`` of them, and times both checks two ways in the same run:
+not. Before each load the memory budget makes room (``MemoryBudget.make_room``);
+the sweep, each second, asks whether the budget has room (``fits``) for each
+instance a filling plan keeps, and passes by each function at rest. This
+builds ``--functions`` real schedulers (as ``fnrt serve`` builds them, a small
+echo handler in a thread), loads ``--loaded`` of them, and times the three two
+ways in the same run:
 
-- over every scheduler, as the node did (``node.schedulers()``);
-- over those holding an instance, as it does (``Holders``, kept by the pools).
+- over every scheduler, as the node did (``node.schedulers()``; a sweep that
+  looks at each function);
+- over those holding an instance, as it does (``Holders``, kept by the pools;
+  a sweep that looks at those, the ones kept for a rollback and those with a
+  plan pending). The sweep's table is the real ``Sweeper`` over a table of the
+  schedulers (no store), with no keeper.
 
 It prints the median milliseconds of each, and every scheduler over the holders.
 Wall-clock on the calling thread; the machine's noise moves them, not their ratio.
@@ -28,7 +33,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -45,6 +51,7 @@ from fnrt.runtime.clock import ManualClock  # noqa: E402
 from fnrt.runtime.events import NoEvents  # noqa: E402
 from fnrt.runtime.intake import Admission  # noqa: E402
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory  # noqa: E402
+from fnrt.runtime.sweeper import Sweeper  # noqa: E402
 from support import publish, write_function  # noqa: E402
 
 
@@ -52,6 +59,28 @@ def echo(vm: VersionManifest, executor: Executor) -> Instance:
     """An instance of a handler that returns its inputs (256 MiB, as the budget sees it)."""
     timings = {"fetch_s": 0.0, "verify_s": 0.0, "import_s": 0.0, "load_s": 0.0, "total_s": 0.0}
     return Instance(vm, lambda batch: batch, executor, None, timings, 256 << 20)
+
+
+class Table:
+    """The registry as the sweep reads it: every function served, one version each."""
+
+    def __init__(self, schedulers: list[Scheduler]) -> None:
+        self._entries = [
+            SimpleNamespace(name=s.name, left_at={}, schedulers={"v": s}, primary=s)
+            for s in schedulers
+        ]
+
+    def entries(self) -> list[Any]:
+        return list(self._entries)
+
+    rollbacks = SimpleNamespace(names=set)
+
+
+def sweeper(schedulers: list[Scheduler], holders: Holders | None) -> Sweeper:
+    table, splits = cast(Any, Table(schedulers)), cast(Any, SimpleNamespace(active=False))
+    budget = MemoryBudget(None, lambda: ())
+    holding = None if holders is None else (lambda: cast(list[Scheduler], holders()))
+    return Sweeper(table, splits, cast(Any, None), budget, ManualClock(), holding=holding)
 
 
 async def served(work: Path, functions: int, loaded: int) -> tuple[list[Scheduler], Holders]:
@@ -98,6 +127,8 @@ async def measure(functions: int, loaded: int, rounds: int) -> dict[str, float]:
             out[f"room {way}"] = await timed_ms(
                 lambda b=budget: b.make_room("new/1", 256 << 20), rounds
             )
+            sweeps = sweeper(schedulers, holders if way == "holders" else None)
+            out[f"sweep {way}"] = await timed_ms(sweeps.sweep, rounds)
         for scheduler in schedulers:
             await sched.close(scheduler)
         return out
@@ -114,7 +145,7 @@ def main() -> None:
     print(f"{'functions':>9} {'check':>6} {'every':>9} {'holders':>9} {'every/holders':>14}")
     for functions in counts:
         found = asyncio.run(measure(functions, args.loaded, args.rounds))
-        for check in ("fits", "room"):
+        for check in ("fits", "room", "sweep"):
             every, held = found[f"{check} every"], found[f"{check} holders"]
             print(f"{functions:>9} {check:>6} {every:>9.3f} {held:>9.3f} {every / held:>13.1f}x")
 

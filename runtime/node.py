@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fnrt.functions.handler import Device
 from fnrt.functions.manifest import IsolationMode
@@ -265,6 +265,7 @@ def build_node(
             keeper,
             gpu_memory=gpu_memory,
             evicted=lambda _key, why: telemetry.metrics.evictions.labels(reason=why).inc(),
+            holding=lambda: cast(list[Scheduler], holders()),
             sweep_interval_s=settings.sweep_interval_s,
             watch_interval_s=settings.watch_interval_s,
         ),

@@ -132,8 +132,9 @@ class InstancePool:
         self._thread_timeout_s = self._manifest.isolation.timeout_s if in_thread else 0.0
         #: Called when slots change (one retired): the batcher's workers look again.
         self.changed: Callable[[], None] = lambda: None
-        #: Told when it starts (True) and stops (False) holding an instance: the node's
-        #: memory budgets weigh those holding one, not every version ever served.
+        #: Told when it starts (True) and stops (False) holding or loading an instance:
+        #: the node's memory budgets weigh those, and its sweep looks at those (with
+        #: the ones it keeps for a rollback or has a plan for), not every version served.
         self.holding: Callable[[bool], None] | None = None
         self._holds = False
         #: its parts: what calls find, the loads, the scaling decisions, the file watches
@@ -147,8 +148,9 @@ class InstancePool:
     # --- what it holds -----------------------------------------------------------------
 
     def _held(self) -> None:
-        """After a slot's instance came or went: :attr:`holding` told of a change."""
-        holds = any(s.instance is not None for s in self.slots)
+        """After a slot's instance or load came or went: :attr:`holding` told of a change
+        (it is cold exactly while it holds and loads none)."""
+        holds = any(s.instance is not None or s.loading is not None for s in self.slots)
         if holds is not self._holds:
             self._holds = holds
             if self.holding is not None:
@@ -218,6 +220,7 @@ class InstancePool:
             return await self.ensure(slot)
         if slot.loading is None:
             slot.loading = asyncio.ensure_future(self._load(slot))
+            self._held()
         return await asyncio.shield(slot.loading)
 
     def load_in_background(self, slot: Slot) -> None:
@@ -227,8 +230,10 @@ class InstancePool:
         future.add_done_callback(self._background.discard)
 
     async def _load(self, slot: Slot) -> Runnable:
+        loaded = False
         try:
             instance, started_ns = await self.loads.load(slot)
+            loaded = True
         except FnrtError:
             if not slot.primary:  # an extra slot whose load failed is given up: the
                 slot.retired = True  # others serve (and the queue may ask for another)
@@ -238,9 +243,12 @@ class InstancePool:
             raise
         finally:
             slot.loading = None
+            if not loaded:  # (loaded: held from here on, told nothing in between)
+                self._held()
         try:
             await self._watches.start(slot, instance)
         except BaseException:  # no slot holds it: end it here (a worker would run on)
+            self._held()
             await asyncio.shield(asyncio.to_thread(_release, instance))
             raise
         slot.instance = instance
@@ -434,6 +442,7 @@ class InstancePool:
                 with contextlib.suppress(BaseException):
                     await slot.loading
                 slot.loading = None
+                self._held()
             if slot.instance is not None:
                 await self.drop(slot)
 

@@ -35,7 +35,7 @@ from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.feed import FeedCursor
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
-from fnrt.runtime.served import ServedFunction
+from fnrt.runtime.served import Rollbacks, ServedFunction
 
 log = logging.getLogger("fnrt.registry")
 
@@ -69,6 +69,8 @@ class Registry:
         self.clock = clock
         self._schedulers = schedulers
         self._functions: dict[str, ServedFunction] = {}
+        #: the functions keeping a version warm for a rollback, noted as routing changes
+        self.rollbacks = Rollbacks()
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         #: where this node stopped reading the store's change feed
@@ -241,6 +243,7 @@ class Registry:
         for version in entry.routing.traffic:
             if version not in routing.traffic:
                 entry.left_at[version] = now
+        self.rollbacks.note(entry)
         if entry.routing.primary != routing.primary:
             log.info("%s: %s now serves %s", entry.name, routing.primary, dict(routing.traffic))
         entry.routing, entry.etag = routing, etag
@@ -280,6 +283,7 @@ class Registry:
         scheduler (it finishes what it accepted) unless it has traffic again. Whether
         one was closed."""
         entry.left_at.pop(version, None)
+        self.rollbacks.note(entry)
         if version in entry.routing.traffic or version not in entry.schedulers:
             return False
         self.hold(entry, version, None)
@@ -293,6 +297,7 @@ class Registry:
         entry = self._functions.pop(name, None)
         if entry is None:
             return  # a canary of it stops at its next step (Deployer: is_current)
+        self.rollbacks.forget(name)
         await asyncio.gather(*(sched.close(s) for s in entry.schedulers.values()))
 
     # --- what it holds (the admin views of it are views.py's) -----------------------

@@ -99,3 +99,24 @@ class ServedFunction:
                 )
         out.sort(key=lambda f: float(f["at_unix_s"]), reverse=True)
         return out
+
+
+class Rollbacks:
+    """The functions keeping a version warm for a rollback (a ``left_at``), noted by the
+    registry as their routing changes: the sweep reads them without a look at every
+    function it serves."""
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+
+    def note(self, entry: ServedFunction) -> None:
+        if entry.left_at:
+            self._names.add(entry.name)
+        else:
+            self._names.discard(entry.name)
+
+    def forget(self, name: str) -> None:
+        self._names.discard(name)
+
+    def names(self) -> set[str]:
+        return set(self._names)

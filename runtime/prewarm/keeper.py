@@ -421,6 +421,11 @@ class Keeper:
             return True
         return name in self.histories and name not in self._plans and name not in self._fixed
 
+    def pending_names(self) -> set[str]:
+        """Every function :meth:`pending` is true of, from the sets of names alone."""
+        unplanned = self.histories.keys() - self._plans.keys() - self._fixed
+        return self._prewarm_at.keys() | self._live.keys() | unplanned
+
     def planned(self, name: str) -> dict[str, Any]:
         """The pending plan of ``name`` (unix times), for describe."""
         out: dict[str, Any] = {}

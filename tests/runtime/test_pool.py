@@ -215,6 +215,20 @@ def test_the_pool_tells_when_it_starts_and_stops_holding_an_instance(tmp_path: P
     asyncio.run(scenario())
 
 
+def test_a_load_under_way_counts_as_holding_until_it_fails(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loads, clock = Loads(fail=1), ManualClock()
+        pool = _pool(_vm(tmp_path), loads, clock)
+        told: list[bool] = []
+        pool.holding = told.append
+        with pytest.raises(LoadError):
+            await pool.ensure(pool.slots[0])
+        assert told == [True, False]  # loading, then cold again
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_deep_queue_gets_another_slot_after_a_while(tmp_path: Path) -> None:
     async def scenario() -> None:
         loads, clock = Loads(), ManualClock()

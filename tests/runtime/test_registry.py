@@ -340,6 +340,7 @@ def test_a_version_past_its_rollback_window_is_retired_by_the_registry(tmp_path:
         registry, clock, (old, new) = await _table(tmp_path)
         entry = await registry.entry("f")
         assert set(entry.schedulers) == {old, new} and entry.left_at == {old: clock.now()}
+        assert registry.rollbacks.names() == {"f"}  # what the sweep looks at, with the rest
         window = entry.primary.version.manifest.rollout.rollback_window_s
         assert rollback_over(entry.left_at, window, clock.now() + window - 1) == []
         assert rollback_over(entry.left_at, window, clock.now() + window) == [old]
@@ -347,6 +348,7 @@ def test_a_version_past_its_rollback_window_is_retired_by_the_registry(tmp_path:
         assert not registry.retire(entry, new)  # it has traffic: kept
         assert registry.retire(entry, old)
         assert set(entry.schedulers) == {new} and entry.left_at == {}
+        assert registry.rollbacks.names() == set()
         await asyncio.sleep(0.01)
         assert held.batcher.closing  # closed in the background
         assert not registry.retire(entry, old)  # nothing held any more

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
 from support import ECHO_MANIFEST, live_server, make_node, publish, write_function
@@ -51,6 +52,33 @@ def test_a_function_scaled_to_zero_stays_cold_until_it_is_called_again(tmp_path:
         assert (stats.loads, stats.unloads) == (2, 2)
         metrics = c.get("/metrics").text
         assert 'fnrt_evictions_total{reason="idle"} 2.0' in metrics
+
+
+def test_a_cold_version_kept_for_a_rollback_is_still_retired_when_its_window_passes(
+    tmp_path: Path,
+) -> None:
+    """The sweep looks only at functions that may need it (a version holding or loading
+    an instance, one kept for a rollback, a plan pending), from sets kept as they
+    change: a version kept for a rollback that never loaded is one of them."""
+    clock = ManualClock(start=0.0)
+    node = make_node(tmp_path, clock)
+    with live_server(tmp_path, node=node) as srv:
+        versions = []
+        for keep_alive_s in (300, 301):  # two versions, neither called
+            folder = write_function(
+                tmp_path / f"v{keep_alive_s}", "kept", keep_alive_s=keep_alive_s
+            )
+            versions.append(srv.deploy(folder).version)
+        entry = srv.call(node.registry.entry("kept"))
+        held = lambda: set(entry.schedulers)  # noqa: E731
+        for scheduler in entry.schedulers.values():  # (a deploy loads its version ahead)
+            srv.call(sched.scale_to_zero(scheduler, clock.now(), force=True))
+        assert versions[0] in held()  # kept for a rollback, cold, as the other version
+        srv.call(node.sweeper.sweep())
+        assert versions[0] in held()
+        clock.advance(601)  # past rollback_window_s (600 by default)
+        srv.call(node.sweeper.sweep())
+        assert held() == {versions[1]}
 
 
 def test_a_restarted_node_serves_what_it_learned_and_reads_the_rest_on_call(

@@ -335,6 +335,27 @@ def test_an_idle_function_leaves_nothing_pending_once_its_minute_is_over(
         assert keeper.histories["f"].invocations == 2
 
 
+def test_the_pending_names_are_those_pending_says() -> None:
+    """The sweep reads every pending function at once (sets of names), not one by one."""
+    wall = [BASE_UNIX]
+    keeper = Keeper(None, wall=lambda: wall[0])
+    names = ("live", "planned", "unplanned", "fixed", "prewarm")
+    for name in names:
+        keeper.invoked(name)
+    for _ in range(6):  # every half hour: a pre-warm is planned after each call
+        wall[0] += 30 * 60
+        keeper.invoked("prewarm")
+    wall[0] += 2 * 60
+    keeper.invoked("live")  # called this minute
+    keeper.plan("planned", Policy.AUTO)
+    keeper.act("fixed", Policy.FIXED, keep_alive_s=600, idle_since_unix=0, loaded=False)
+    keeper.act("prewarm", Policy.AUTO, keep_alive_s=600, idle_since_unix=0, loaded=False)
+    keeper._settle("unplanned")  # (as the sweep's first look does: a history, no plan)
+    expected = {n for n in names if keeper.pending(n)}
+    assert keeper.pending_names() == expected
+    assert {"live", "unplanned", "prewarm"} <= expected and "fixed" not in expected
+
+
 def test_the_price_is_in_seconds_of_the_nodes_mean_instance() -> None:
     wall = [BASE_UNIX]
     keeper = Keeper(None, wall=lambda: wall[0])
