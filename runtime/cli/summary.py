@@ -144,9 +144,12 @@ def _loads(inst: Mapping[str, Any]) -> str:
 
 def _scaling(s: Mapping[str, Any], keep_alive: Mapping[str, Any]) -> str:
     policy = keep_alive.get("policy", s.get("keep_alive_policy", ""))
+    seconds = s.get("keep_alive_s")
+    if isinstance(seconds, float):
+        seconds = f"{seconds:g}"  # as a manifest writes it: 300, not 300.0
     text = (
         f"instances {s.get('min_instances', 0)}..{s.get('max_instances', 1)}, "
-        f"queue {s.get('max_queue')}, keep-alive {policy} (keep_alive_s {s.get('keep_alive_s')})"
+        f"queue {s.get('max_queue')}, keep-alive {policy} (keep_alive_s {seconds})"
     )
     if keep_alive.get("why"):  # the learned plan: why, and when
         text += f"; plan: {keep_alive['why']}, {keep_alive.get('plan', '')}"

@@ -68,6 +68,8 @@ def test_deploy_invoke_ls_describe_rm(tmp_path: Path, capsys: pytest.CaptureFixt
         assert f"  traffic     {version} 100%" in lines
         assert any(line.startswith("  requests    3 served, 0 errors") for line in lines)
         assert any(line.startswith("  latency     queue p50 ") for line in lines)
+        assert any("(keep_alive_s 300)" in line for line in lines), out  # not 300.0
+        assert lines[-1] == "(fnrt describe NAME --json for everything)"
         code, out, _ = run(capsys, "describe", "echo2", *s)  # never called: nothing loaded
         assert "  loads       0" in out and "latency" not in out
         assert run(capsys, "rm", "echo2", *s)[:2] == (0, "removed echo2\n")
