@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from fnrt.loader.cache import choose_evictions
@@ -132,6 +132,9 @@ class MemoryBudget:
         """Every other resident holding memory, as :func:`evictions` weighs them; with
         ``below`` (a pre-warm's worth), those worth as much and those pre-warmed for a
         call that is due are kept too (a pre-warm never takes another's place)."""
+        return [held for held, _ in self._weighed(loading, below)]
+
+    def _weighed(self, loading: str, below: float | None) -> list[tuple[Held, Resident]]:
         measure, appraise = self._measure, self.appraise
         out = []
         for r in self._residents():
@@ -140,7 +143,7 @@ class MemoryBudget:
                 continue
             worth, due = appraise(r) if appraise is not None else (0.0, False)
             keep = below is not None and (due or worth >= below)
-            out.append(Held(r.key, size, worth, r.last_active_s, r.busy or keep))
+            out.append((Held(r.key, size, worth, r.last_active_s, r.busy or keep), r))
         return out
 
     async def make_room(self, loading: str, needed_bytes: int, below: float | None = None) -> None:
@@ -148,19 +151,23 @@ class MemoryBudget:
         (``below``: only those worth less than that, e.g. for a pre-warm)."""
         if self.budget_bytes is None:
             return
-        residents = {r.key: r for r in self._residents()}
-        held = self.held(loading, below)
+        weighed = self._weighed(loading, below)
+        # each its own name for the choice: two may share a key (a version's scheduler
+        # still closing beside its replacement); a NUL sorts them as their keys sort
+        named = {f"{h.key}\0{i}": (h, r) for i, (h, r) in enumerate(weighed)}
+        held = [replace(h, key=name) for name, (h, _) in named.items()]
         victims = evictions(self.budget_bytes, needed_bytes, held)
-        freed = sum(h.size for h in held if h.key in set(victims))
+        freed = sum(named[name][0].size for name in victims)
         if below is not None and sum(h.size for h in held) - freed + needed_bytes > (
             self.budget_bytes
         ):
             return  # a pre-warm that would not fit anyway takes nobody's place
-        for key in victims:
-            log.info("evicting %s to make room for %s (reason: budget)", key, loading)
-            await residents[key].evict()
+        for name in victims:
+            resident = named[name][1]
+            log.info("evicting %s to make room for %s (reason: budget)", resident.key, loading)
+            await resident.evict()
             if self.evicted is not None:
-                self.evicted(key, "budget")
+                self.evicted(resident.key, "budget")
 
 
 #: Called before a load with ("name/version", host bytes, device bytes it expects to need).

@@ -230,29 +230,27 @@ class InstancePool:
         future.add_done_callback(self._background.discard)
 
     async def _load(self, slot: Slot) -> Runnable:
-        loaded = False
+        """Load the slot's instance, start the watch on its files and put it in the slot:
+        loading until then (a ``close`` meanwhile waits for it, and then unloads it)."""
         try:
-            instance, started_ns = await self.loads.load(slot)
-            loaded = True
-        except FnrtError:
-            if not slot.primary:  # an extra slot whose load failed is given up: the
-                slot.retired = True  # others serve (and the queue may ask for another)
-                if slot in self.slots:
-                    self.slots.remove(slot)
-                self.changed()
-            raise
+            try:
+                instance, started_ns = await self.loads.load(slot)
+            except FnrtError:
+                if not slot.primary:  # an extra slot whose load failed is given up: the
+                    slot.retired = True  # others serve (and the queue may ask for another)
+                    if slot in self.slots:
+                        self.slots.remove(slot)
+                    self.changed()
+                raise
+            try:
+                await self._watches.start(slot, instance)
+            except BaseException:  # no slot holds it: end it here (a worker would run on)
+                await asyncio.shield(asyncio.to_thread(_release, instance))
+                raise
+            slot.instance = instance
         finally:
             slot.loading = None
-            if not loaded:  # (loaded: held from here on, told nothing in between)
-                self._held()
-        try:
-            await self._watches.start(slot, instance)
-        except BaseException:  # no slot holds it: end it here (a worker would run on)
             self._held()
-            await asyncio.shield(asyncio.to_thread(_release, instance))
-            raise
-        slot.instance = instance
-        self._held()
         slot.first_batch = True
         slot.last_active = self._clock.now()
         self.stages = instance.stages

@@ -70,7 +70,7 @@ class Registry:
         self._schedulers = schedulers
         self._functions: dict[str, ServedFunction] = {}
         #: the functions keeping a version warm for a rollback, noted as routing changes
-        self.rollbacks = Rollbacks()
+        self.rollbacks = Rollbacks(self._functions)
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         #: where this node stopped reading the store's change feed
@@ -232,18 +232,20 @@ class Registry:
 
         Called with the lock held.
         """
-        for version in routing.traffic:
-            if version not in entry.schedulers or entry.schedulers[version].batcher.closing:
-                vm = await asyncio.to_thread(self.repository.get_version, entry.name, version)
-                scheduler = self.held(entry, vm)
-                if routing.traffic[version]:  # traffic is on its way: load it now
-                    self.background(warm_logged(scheduler))
-            entry.left_at.pop(version, None)
-        now = self.clock.now()
-        for version in entry.routing.traffic:
-            if version not in routing.traffic:
-                entry.left_at[version] = now
-        self.rollbacks.note(entry)
+        try:
+            for version in routing.traffic:
+                if version not in entry.schedulers or entry.schedulers[version].batcher.closing:
+                    vm = await asyncio.to_thread(self.repository.get_version, entry.name, version)
+                    scheduler = self.held(entry, vm)
+                    if routing.traffic[version]:  # traffic is on its way: load it now
+                        self.background(warm_logged(scheduler))
+                entry.left_at.pop(version, None)
+            now = self.clock.now()
+            for version in entry.routing.traffic:
+                if version not in routing.traffic:
+                    entry.left_at[version] = now
+        finally:  # (a version read failed: what changed before it still counts)
+            self.rollbacks.note(entry)
         if entry.routing.primary != routing.primary:
             log.info("%s: %s now serves %s", entry.name, routing.primary, dict(routing.traffic))
         entry.routing, entry.etag = routing, etag

@@ -106,10 +106,13 @@ class Rollbacks:
     registry as their routing changes: the sweep reads them without a look at every
     function it serves."""
 
-    def __init__(self) -> None:
+    def __init__(self, served: Mapping[str, ServedFunction]) -> None:
+        self._served = served  # the registry's table: only its current entries count
         self._names: set[str] = set()
 
     def note(self, entry: ServedFunction) -> None:
+        if self._served.get(entry.name) is not entry:
+            return  # an entry forgotten meanwhile (and served again): not the table's
         if entry.left_at:
             self._names.add(entry.name)
         else:

@@ -133,3 +133,15 @@ def test_holders_are_what_a_budget_weighs() -> None:
     assert holders() == [b] and budget.used_bytes() == 300
     asyncio.run(budget.make_room("c", 800))
     assert b.evicted and holders() == [b]  # (its pool says when it has let go)
+
+
+def test_two_residents_of_one_key_are_each_evicted() -> None:
+    """A version's scheduler still closing beside its replacement: the same key, two
+    residents. Before, the choice went by key: one was unloaded twice over and the
+    other counted as freed, and the load went over the budget."""
+    closing, replacement = Held("f/v1", 400, last_active_s=10), Held("f/v1", 400, last_active_s=20)
+    other = Held("g/v1", 200, last_active_s=30)
+    budget = MemoryBudget(1000, lambda: [closing, replacement, other])
+    asyncio.run(budget.make_room("new/v1", 900))
+    assert closing.evicted and replacement.evicted and other.evicted
+    assert budget.used_bytes() == 0

@@ -229,6 +229,39 @@ def test_a_load_under_way_counts_as_holding_until_it_fails(tmp_path: Path) -> No
     asyncio.run(scenario())
 
 
+def test_closing_while_a_load_starts_its_watch_unloads_what_it_loaded(tmp_path: Path) -> None:
+    """``close`` waits for a load until its instance is in its slot, the watch on its
+    files started, and then unloads it. Before, a load whose watch was starting (a
+    thread hop) put its instance into the closed pool: loaded, and held for good."""
+    release = threading.Event()
+
+    def watch_files(vm: VersionManifest) -> Watch | None:
+        release.wait(10)
+        return None
+
+    async def scenario() -> None:
+        loads, clock = Loads(), ManualClock()
+        vm = _vm(tmp_path)
+        pool = InstancePool(vm, loads, clock, Stats(), NoEvents(), watch_files=watch_files)
+        told: list[bool] = []
+        pool.holding = told.append
+        loading = asyncio.ensure_future(pool.ensure(pool.slots[0]))
+        for _ in range(200):  # the load is done; its watch is starting
+            if loads.count:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        closing = asyncio.ensure_future(pool.close())
+        await asyncio.sleep(0.05)
+        release.set()
+        await closing
+        await loading
+        assert pool.state is InstanceState.COLD and pool.instances == 0
+        assert told == [True, False]
+
+    asyncio.run(scenario())
+
+
 def test_a_deep_queue_gets_another_slot_after_a_while(tmp_path: Path) -> None:
     async def scenario() -> None:
         loads, clock = Loads(), ManualClock()
