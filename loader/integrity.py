@@ -152,9 +152,14 @@ def quick_digest(path: Path) -> str:
 
 
 def identity(path: Path) -> str:
-    """What changes when anything writes to ``path``: size, mtime, ctime, inode, device."""
-    st = path.stat()
-    return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {st.st_dev}"
+    """What changes when anything writes to ``path``: size, mtime, ctime, inode, device
+    (:func:`identity_of` its stat, as text)."""
+    return " ".join(map(str, identity_of(os.stat(path))))
+
+
+def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """A stat's fields that :func:`identity` writes, in its order."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,12 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import xxhash
 
-from fnrt.loader.integrity import identity
+from fnrt.loader.integrity import identity_of
 
 log = logging.getLogger("fnrt.scrub")
 
@@ -66,10 +66,18 @@ class Mapped:
     digest: str
     identity: str
     xxh3: str
+    # the identity's fields and the path as os.stat takes them: a check after each batch
+    # compares the stat's numbers, with no string made and no pathlib between
+    _stat: tuple[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fields = tuple(int(part) for part in self.identity.split())
+        object.__setattr__(self, "_stat", (os.fspath(self.path), fields))
 
     def unchanged(self) -> bool:
+        path, fields = self._stat
         try:
-            return identity(self.path) == self.identity
+            return identity_of(os.stat(path)) == fields
         except OSError:  # removed, or its folder: not what was verified
             return False
 

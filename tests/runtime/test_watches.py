@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from fnrt.loader.scrub import Mapped, Scrubber, Watch, identity
+from fnrt.loader.integrity import identity
+from fnrt.loader.scrub import Mapped, Scrubber, Watch
 from fnrt.runtime.watches import FileWatches
 
 
