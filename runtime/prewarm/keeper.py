@@ -126,6 +126,7 @@ class Keeper:
         # from, and the functions forgotten (with theirs); under _writing
         self._fragments: dict[str, bytes] = {}
         self._fragment_taken: dict[str, int] = {}
+        self._unwritten: dict[str, Any] = {}  # histories as read at the start, to be kept
         self._forgotten: dict[str, int] = {}
         self._writing = threading.Lock()
         if path is not None and path.is_file():
@@ -493,6 +494,9 @@ class Keeper:
             return
         with self._writing:
             fragments, taken_at, forgotten = self._fragments, self._fragment_taken, self._forgotten
+            for name, raw in self._unwritten.items():  # the first write: those read at start
+                fragments.setdefault(name, _fragment(name, raw))
+            self._unwritten = {}
             for name, history in snapshot.histories.items():
                 if max(taken_at.get(name, 0), forgotten.get(name, 0)) > snapshot.taken:
                     continue  # a later snapshot's is written already
@@ -503,10 +507,7 @@ class Keeper:
                     continue
                 forgotten.pop(name, None)
                 taken_at[name] = snapshot.taken
-                fragments[name] = b"%s: %s" % (
-                    json.dumps(name).encode(),
-                    json.dumps(history.to_dict()).encode(),
-                )
+                fragments[name] = _fragment(name, history.to_dict())
             if len(forgotten) > MAX_FORGOTTEN:  # the oldest half, never this snapshot's
                 oldest = sorted(forgotten, key=forgotten.__getitem__)[: len(forgotten) // 2]
                 for name in oldest:
@@ -520,17 +521,21 @@ class Keeper:
     def _load(self, path: Path) -> None:
         try:
             data = json.loads(path.read_text())
-            for name, raw in dict(data.get("functions", {})).items():
+            functions = dict(data.get("functions", {}))
+            for name, raw in functions.items():
                 self.histories[str(name)] = History.from_dict(raw)
             by_last_call = sorted(self.histories.items(), key=lambda h: h[1].last_minute or 0)
             self._recency = dict.fromkeys(name for name, _ in by_last_call)
-            # what the next write keeps of each, unless it changes
-            self._fragments = {
-                name: b"%s: %s" % (json.dumps(name).encode(), json.dumps(h.to_dict()).encode())
-                for name, h in self.histories.items()
-            }
+            # what the first write keeps of each unless it changed: as read, made into
+            # JSON there, on the writer's thread (here it would double a node's start)
+            self._unwritten = {str(name): raw for name, raw in functions.items()}
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             log.warning("ignoring unreadable pre-warm history %s: %s", path, exc)
             self.histories = {}
-            self._fragments = {}
+            self._unwritten = {}
             self._recency = {}
+
+
+def _fragment(name: str, history: Any) -> bytes:
+    """One function's entry in the saved file: its name and its history, as JSON."""
+    return b"%s: %s" % (json.dumps(name).encode(), json.dumps(history).encode())

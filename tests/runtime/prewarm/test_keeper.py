@@ -254,6 +254,26 @@ def test_a_function_dropped_with_a_call_still_to_commit_keeps_its_place(
     assert sorted(keeper.histories) == ["q", "z"]
 
 
+def test_after_a_restart_a_save_keeps_what_it_read_and_what_changed(tmp_path: Path) -> None:
+    """A restarted node's first save writes the histories it read as they were (made
+    into JSON on the writer's thread, not at its start) and those that changed since."""
+    wall = [BASE_UNIX]
+    first = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    for name in ("a", "b", "c"):
+        first.invoked(name)
+    first.save()
+    wall[0] += 10 * 60
+    again = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    before = {name: h.to_dict() for name, h in again.histories.items()}
+    again.invoked("b")
+    wall[0] += 60
+    again.save()  # b's new minute committed first (a minute that is over)
+    saved = Keeper(tmp_path / "h.json").histories
+    assert sorted(saved) == ["a", "b", "c"]
+    assert saved["a"].to_dict() == before["a"] and saved["c"].to_dict() == before["c"]
+    assert saved["b"].invocations == 2 and saved["b"].to_dict() != before["b"]
+
+
 def test_a_late_earlier_snapshot_still_writes_what_only_it_changed(tmp_path: Path) -> None:
     """Two writes out of order (a save still running when the node stops): each
     function keeps its latest copy, and one changed only in the earlier snapshot is
