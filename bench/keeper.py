@@ -15,7 +15,9 @@ then times, in the same run:
 It prints the median milliseconds of each part, and the second over the first.
 Then what a call costs the request path when it commits a function's last
 minute to its history: a known function's against a new one's at the cap,
-whose history takes the place of the least recently called one. Last, the
+whose history takes the place of the least recently called one. Then a node's
+start: the keeper reading the saved histories, against ``json.loads`` of the
+same file (the least reading it can take). Last, the
 sweep's part (each second it asks the plan of every function with one
 pending): a plan made after a call, under a memory budget, and a plan asked
 again with nothing new, microseconds each at ``--functions`` against the same
@@ -27,6 +29,7 @@ their ratio.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import tempfile
@@ -124,7 +127,15 @@ def main() -> None:
         for _ in range(args.rounds):  # interleaved
             every.append(timed_save(keeper, names, wall))
             some.append(timed_save(keeper, names[: args.called], wall))
-        size_mb = (Path(folder) / "history.json").stat().st_size / 1e6
+        path = Path(folder) / "history.json"
+        size_mb = path.stat().st_size / 1e6
+        loads = []
+        for _ in range(args.rounds):
+            started = time.perf_counter()
+            Keeper(path)
+            read = time.perf_counter()
+            json.loads(path.read_bytes())
+            loads.append(((read - started) * 1e3, (time.perf_counter() - read) * 1e3))
     print(f"\n{args.functions} histories ({size_mb:.1f} MB saved), median of {args.rounds}\n")
     print(f"{'called in the minute':<22} {'snapshot ms':>12} {'write ms':>10}")
     rows = ((f"all {args.functions}", every), (str(args.called), some))
@@ -136,6 +147,12 @@ def main() -> None:
     ratio_write = statistics.median(t[1] for t in some) / statistics.median(t[1] for t in every)
     ratios = f"snapshot {ratio_snap:.3f}x, write {ratio_write:.3f}x"
     print(f"\n{args.called} called / all {args.functions} called: {ratios}")
+    start_ms = statistics.median(t[0] for t in loads)
+    parse_ms = statistics.median(t[1] for t in loads)
+    print(
+        f"\na node's start, the histories read: {start_ms:.0f} ms, json.loads of the file "
+        f"{parse_ms:.0f} ms ({start_ms / parse_ms:.1f}x)"
+    )
     known = commit_us(keeper, names[: args.called], wall)
     new = commit_us(keeper, [f"new{i}" for i in range(args.called)], wall)
     print(

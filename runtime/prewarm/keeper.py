@@ -126,7 +126,7 @@ class Keeper:
         # from, and the functions forgotten (with theirs); under _writing
         self._fragments: dict[str, bytes] = {}
         self._fragment_taken: dict[str, int] = {}
-        self._unwritten: dict[str, Any] = {}  # histories as read at the start, to be kept
+        self._unwritten: bytes | None = None  # the file as read at the start, to be kept
         self._forgotten: dict[str, int] = {}
         self._writing = threading.Lock()
         if path is not None and path.is_file():
@@ -494,9 +494,11 @@ class Keeper:
             return
         with self._writing:
             fragments, taken_at, forgotten = self._fragments, self._fragment_taken, self._forgotten
-            for name, raw in self._unwritten.items():  # the first write: those read at start
-                fragments.setdefault(name, _fragment(name, raw))
-            self._unwritten = {}
+            if self._unwritten is not None:  # the first write: the histories read at start
+                read = json.loads(self._unwritten).get("functions", {})
+                for name, raw in read.items():
+                    fragments.setdefault(str(name), _fragment(str(name), raw))
+                self._unwritten = None
             for name, history in snapshot.histories.items():
                 if max(taken_at.get(name, 0), forgotten.get(name, 0)) > snapshot.taken:
                     continue  # a later snapshot's is written already
@@ -520,19 +522,22 @@ class Keeper:
 
     def _load(self, path: Path) -> None:
         try:
-            data = json.loads(path.read_text())
-            functions = dict(data.get("functions", {}))
-            for name, raw in functions.items():
+            text = path.read_bytes()
+            data = json.loads(text)
+            for name, raw in dict(data.get("functions", {})).items():
                 self.histories[str(name)] = History.from_dict(raw)
-            by_last_call = sorted(self.histories.items(), key=lambda h: h[1].last_minute or 0)
-            self._recency = dict.fromkeys(name for name, _ in by_last_call)
-            # what the first write keeps of each unless it changed: as read, made into
-            # JSON there, on the writer's thread (here it would double a node's start)
-            self._unwritten = {str(name): raw for name, raw in functions.items()}
+            histories = self.histories  # (names sorted, no tuple a history: the collector)
+            self._recency = dict.fromkeys(
+                sorted(histories, key=lambda name: histories[name].last_minute or 0)
+            )
+            # what the first write keeps of each unless it changed: read again and made
+            # into JSON there, on the writer's thread (here it would slow a node's start;
+            # the parsed file kept till then, the collector's every pass)
+            self._unwritten = text
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             log.warning("ignoring unreadable pre-warm history %s: %s", path, exc)
             self.histories = {}
-            self._unwritten = {}
+            self._unwritten = None
             self._recency = {}
 
 
