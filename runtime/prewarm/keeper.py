@@ -252,8 +252,7 @@ class Keeper:
         history = self.histories.get(name)
         if history is None or history.last_minute is None:
             return None
-        if self._sizes.get(name) != memory_gb:
-            self._unsized(name)
+        if self._sizes.get(name) != memory_gb:  # (_called_in moves the bytes counted)
             self._sizes[name] = memory_gb
             self._mean_gb = None
             live = self._live.get(name)
