@@ -337,6 +337,7 @@ _KINDS = {
     "HistogramMetricFamily": "histogram",
     "Gauge": "gauge",
     "GaugeMetricFamily": "gauge",
+    "StateGauge": "gauge",
 }
 
 

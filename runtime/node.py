@@ -140,20 +140,6 @@ class Node:
         """Every scheduler here: function versions (primaries first), then split tails."""
         return [*self.registry.loaded(), *self.splits.schedulers()]
 
-    def function_states(self) -> list[FunctionState]:
-        """Warm instances and queue depth of every version held here (for /metrics)."""
-        return [
-            FunctionState(
-                s.name,
-                s.version.version,
-                s.pool.instances,
-                s.batcher.queued,
-                s.pool.running,
-                s.sequencer.active if s.sequencer else 0,
-            )
-            for s in self.schedulers()
-        ]
-
 
 def build_node(
     settings: ServerSettings,
@@ -271,8 +257,8 @@ def build_node(
         ),
         jobs=jobs,
     )
-    telemetry.metrics.watch(node.function_states)
-    telemetry.metrics.watch_devices(lambda: instance_devices(node.schedulers()))
+    telemetry.metrics.watch(lambda: function_states(node.schedulers(), holders()))
+    telemetry.metrics.watch_devices(lambda: instance_devices(holders()))
     telemetry.metrics.watch_store(lambda: repository.store.requests)
     telemetry.metrics.watch_jobs(lambda: jobs.queued_records, lambda: jobs.running)
     spares = loader.spares
@@ -288,8 +274,29 @@ def on_devices(schedulers: Iterable[Any]) -> Iterator[tuple[Device, int]]:
             yield instance.device, instance.device_bytes
 
 
+def function_states(schedulers: Iterable[Any], holding: Iterable[Any]) -> list[FunctionState]:
+    """Warm instances, queue depth and batches running of every version held here
+    (/metrics). One holding no instance (``holding``: those that hold or load one, as
+    their pools tell) has none warm and none running: only its queue is read, so a
+    node of 10,000 mostly cold functions reads little of each."""
+    held = set(map(id, holding))
+    states = []
+    for s in schedulers:
+        if id(s) not in held:
+            states.append(FunctionState(s.name, s.version.version, 0, s.batcher.queued))
+            continue
+        active = s.sequencer.active if s.sequencer else 0
+        pool = s.pool
+        state = FunctionState(
+            s.name, s.version.version, pool.instances, s.batcher.queued, pool.running, active
+        )
+        states.append(state)
+    return states
+
+
 def instance_devices(schedulers: Iterable[Any]) -> list[tuple[str, str, str, int]]:
-    """(function, version, device, instances there) of every loaded version (/metrics)."""
+    """(function, version, device, instances there) of every loaded version (/metrics):
+    ``schedulers``, those holding an instance."""
     rows: dict[tuple[str, str, str], int] = {}
     for s in schedulers:
         for instance in s.pool.loaded_instances():

@@ -1,10 +1,13 @@
 """Prometheus metrics for ``GET /metrics``, on a registry of the server's own.
 
-The series updated per request or per batch are lock-free (:class:`LoopCounter`,
+The series kept per function are lock-free (:class:`LoopCounter`,
 :class:`LoopHistogram`: a dict add, a bisect), since only the event loop's
-thread updates them; the rest are ``prometheus_client``'s (a lock and an add
-each); gauges that describe state (warm instances, queue depth, memory, GPU)
-are read when ``/metrics`` is scraped, from a callback the runtime gives.
+thread updates them, and written at scrape by fnrt (``exposition.py``: each
+label set's lines kept while unchanged, so a node of thousands of functions
+scrapes in milliseconds); the few others are ``prometheus_client``'s (a lock
+and an add each); gauges that describe state (warm instances, queue depth,
+memory, GPU) are read when ``/metrics`` is scraped, from a callback the
+runtime gives.
 Names follow Prometheus conventions: ``fnrt_`` prefix, base units
 (seconds, bytes), ``_total`` for counters.
 """
@@ -13,16 +16,19 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from itertools import chain
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.process_collector import ProcessCollector
+
+from fnrt.tracing.exposition import Kept, bucket_labels, header, number
+from fnrt.tracing.exposition import labels as label_text
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -38,9 +44,9 @@ TOKEN_BUCKETS_S = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class FunctionState:
-    """What a scrape reports of one loaded function version."""
+class FunctionState(NamedTuple):
+    """What a scrape reports of one function version held (a tuple: a node makes one
+    for each of up to thousands of versions at every scrape)."""
 
     function: str
     version: str
@@ -61,16 +67,20 @@ class LoopCounter:
     def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
         self.name, self.documentation, self.labels = name, documentation, labels
         self.values: dict[tuple[str, ...], float] = {}
+        self._header = header(f"{name}_total", documentation, "counter").encode()
+        self._kept: Kept[float] = Kept(self._line, float)
 
     def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
         values = self.values
         values[labels] = values.get(labels, 0.0) + amount
 
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=list(self.labels))
-        for labels, value in sorted(list(self.values.items())):  # list(): one step, atomic
-            family.add_metric(list(labels), value)
-        yield family
+    def lines(self) -> list[bytes]:
+        """The family in the text format, its header and a part per label set (each
+        label set's line kept while unchanged)."""
+        return [self._header, *self._kept.lines(self.values)]
+
+    def _line(self, key: tuple[str, ...], value: float) -> str:
+        return f"{self.name}_total{label_text(self.labels, key)} {number(value)}\n"
 
 
 class LoopHistogram:
@@ -89,6 +99,9 @@ class LoopHistogram:
         self.bounds = tuple(float(b) for b in buckets)
         # per label values: a count per bucket (the last is +Inf), then the sum
         self.series: dict[tuple[str, ...], list[float]] = {}
+        self._les = tuple(number(b) for b in (*self.bounds, float("inf")))  # "0.005", "+Inf"
+        self._header = header(name, documentation, "histogram").encode()
+        self._kept: Kept[list[float]] = Kept(self._lines, list.copy)
 
     def child(self, labels: tuple[str, ...]) -> list[float]:
         """The label values' counts (made on first use): hold it to observe into."""
@@ -108,64 +121,77 @@ class LoopHistogram:
             child[bisect_left(bounds, amount)] += 1
             child[-1] += amount
 
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
-        for labels, child in sorted(list(self.series.items())):
-            counts = child[:-1]
-            cumulative, buckets = 0.0, []
-            for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
-                cumulative += count
-                buckets.append((_le(bound), cumulative))
-            family.add_metric(list(labels), buckets, child[-1])
-        yield family
+    def lines(self) -> list[bytes]:
+        """The family in the text format, its header and a part per label set:
+        cumulative ``le`` buckets, ``_count`` and ``_sum`` (each label set's lines
+        kept while its counts are unchanged)."""
+        return [self._header, *self._kept.lines(self.series)]
+
+    def _lines(self, key: tuple[str, ...], child: list[float]) -> str:
+        before, after = bucket_labels(self.labels, key)
+        bucket = f"{self.name}_bucket{before}"
+        cumulative, lines = 0.0, []
+        for le, count in zip(self._les, child[:-1], strict=True):
+            cumulative += count
+            lines.append(f"{bucket}{le}{after} {number(cumulative)}\n")
+        plain = label_text(self.labels, key)
+        lines.append(f"{self.name}_count{plain} {number(cumulative)}\n")
+        lines.append(f"{self.name}_sum{plain} {number(child[-1])}\n")
+        return "".join(lines)
 
 
-def _le(bound: float) -> str:
-    """A bucket's ``le`` label as Prometheus writes it (``0.005``, ``1.0``, ``+Inf``)."""
-    return "+Inf" if bound == float("inf") else repr(bound)
+class StateGauge:
+    """A labelled gauge whose values are read afresh at each scrape (a state of the
+    node's, not a count): :meth:`lines` of the values read."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self._header = header(name, documentation, "gauge").encode()
+        self._kept: Kept[float] = Kept(self._line, float)
+
+    def lines(self, values: Mapping[tuple[str, ...], float]) -> list[bytes]:
+        """The family in the text format, its header and a part per label set (each
+        label set's line kept while its value is the same)."""
+        return [self._header, *self._kept.lines(values)]
+
+    def _line(self, key: tuple[str, ...], value: float) -> str:
+        return f"{self.name}{label_text(self.labels, key)} {number(value)}\n"
 
 
-class _LoopCollector:
-    """Exposes the loop-thread series at scrape."""
+class _States:
+    """The gauges of every version held here (warm instances, queue depth, batches
+    running, sequences stepping), read from ``source`` at each scrape."""
 
-    def __init__(self, series: Iterable[LoopCounter | LoopHistogram]) -> None:
-        self._series = tuple(series)
-
-    def collect(self) -> Iterator[Metric]:
-        for series in self._series:
-            yield from series.collect()
-
-
-class _StateCollector:
     def __init__(self, source: StateSource) -> None:
         self._source = source
+        self._gauges = (
+            StateGauge("fnrt_warm_instances", "Loaded instances", ("function", "version")),
+            StateGauge(
+                "fnrt_queue_depth", "Requests waiting in the queue", ("function", "version")
+            ),
+            StateGauge("fnrt_running_batches", "Batches running now", ("function", "version")),
+            StateGauge(
+                "fnrt_active_sequences",
+                "Sequences of a generative function in a step batch now",
+                ("function", "version"),
+            ),
+        )
 
-    def collect(self) -> Iterator[Metric]:
-        warm = GaugeMetricFamily(
-            "fnrt_warm_instances", "Loaded instances", labels=["function", "version"]
-        )
-        depth = GaugeMetricFamily(
-            "fnrt_queue_depth", "Requests waiting in the queue", labels=["function", "version"]
-        )
-        running = GaugeMetricFamily(
-            "fnrt_running_batches", "Batches running now", labels=["function", "version"]
-        )
-        active = GaugeMetricFamily(
-            "fnrt_active_sequences",
-            "Sequences of a generative function in a step batch now",
-            labels=["function", "version"],
-        )
+    def families(self) -> Iterator[list[bytes]]:
+        """Each gauge family: its header and a part per version."""
+        warm: dict[tuple[str, ...], float] = {}
+        depth: dict[tuple[str, ...], float] = {}
+        running: dict[tuple[str, ...], float] = {}
+        active: dict[tuple[str, ...], float] = {}
         for state in self._source():
-            labels = [state.function, state.version]
-            warm.add_metric(labels, state.warm_instances)
-            depth.add_metric(labels, state.queued)
-            running.add_metric(labels, state.running)
+            key = (state.function, state.version)
+            warm[key] = state.warm_instances
+            depth[key] = state.queued
+            running[key] = state.running
             if state.active_sequences:
-                active.add_metric(labels, state.active_sequences)
-        yield warm
-        yield depth
-        yield running
-        yield active
+                active[key] = state.active_sequences
+        for gauge, values in zip(self._gauges, (warm, depth, running, active), strict=True):
+            yield gauge.lines(values)
 
 
 class _StoreCollector:
@@ -339,18 +365,16 @@ class Metrics:
             "Generate requests ended, by reason: stop, length, deadline, cancelled",
             ("function", "reason"),
         )
-        self.cold_starts = Counter(
+        self.cold_starts = LoopCounter(
             "fnrt_cold_starts",
             "Instance loads, by the tier the model came from (l2 disk, l3 store)",
-            ["function", "tier"],
-            registry=r,
+            ("function", "tier"),
         )
-        self.load_seconds = Histogram(
+        self.load_seconds = LoopHistogram(
             "fnrt_load_duration_seconds",
             "Time to load an instance",
-            ["function", "tier"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("function", "tier"),
+            LATENCY_BUCKETS_S,
         )
         self.load_stage_seconds = Histogram(
             "fnrt_load_stage_duration_seconds",
@@ -377,11 +401,10 @@ class Metrics:
             "Calls by what they found: warm, prewarmed (loaded ahead for them) or cold",
             ("function", "kind"),
         )
-        self.prewarms = Counter(
+        self.prewarms = LoopCounter(
             "fnrt_prewarms",
             "Pre-warms by outcome: hit (used before unloaded) or miss",
-            ["function", "outcome"],
-            registry=r,
+            ("function", "outcome"),
         )
         self.evictions = Counter(
             "fnrt_evictions",
@@ -390,32 +413,33 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.instance_restarts = Counter(
+        self.instance_restarts = LoopCounter(
             "fnrt_instance_restarts",
             "Instances replaced after they died or were killed, by cause "
             "(signal, exit, memory, timeout)",
-            ["function", "cause"],
-            registry=r,
+            ("function", "cause"),
         )
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu, fds
-        r.register(
-            _LoopCollector(
-                (
-                    self.requests,
-                    self.request_seconds,
-                    self.queue_seconds,
-                    self.compute_seconds,
-                    self.batch_size,
-                    self.starts,
-                    self.time_to_first_token,
-                    self.time_per_output_token,
-                    self.step_size,
-                    self.step_seconds,
-                    self.tokens,
-                    self.sequences,
-                )
-            )
+        # the series kept per function, written at scrape by fnrt (exposition.py)
+        self._per_function: tuple[LoopCounter | LoopHistogram, ...] = (
+            self.requests,
+            self.request_seconds,
+            self.queue_seconds,
+            self.compute_seconds,
+            self.batch_size,
+            self.starts,
+            self.time_to_first_token,
+            self.time_per_output_token,
+            self.step_size,
+            self.step_seconds,
+            self.tokens,
+            self.sequences,
+            self.cold_starts,
+            self.load_seconds,
+            self.prewarms,
+            self.instance_restarts,
         )
+        self._states: _States | None = None
         self._l1_hits = self.tier_hits.labels("l1")
         gpu_collector = _gpu_collector() if gpu else None
         if gpu_collector is not None:
@@ -423,7 +447,7 @@ class Metrics:
 
     def watch(self, state: StateSource) -> None:
         """Report ``state()`` (warm instances, queue depth) at every scrape."""
-        self.registry.register(_StateCollector(state))
+        self._states = _States(state)
 
     def watch_devices(self, source: DeviceSource) -> None:
         """Report each loaded version's instances by device at every scrape."""
@@ -453,10 +477,10 @@ class Metrics:
         self.starts.inc((function, kind))
 
     def prewarm(self, function: str, outcome: str) -> None:
-        self.prewarms.labels(function, outcome).inc()
+        self.prewarms.inc((function, outcome))
 
     def restart(self, function: str, cause: str) -> None:
-        self.instance_restarts.labels(function, cause).inc()
+        self.instance_restarts.inc((function, cause))
 
     def batch(self, function: str, size: int, compute_s: float, waits_s: Iterable[float]) -> None:
         key = (function,)
@@ -487,8 +511,9 @@ class Metrics:
             histogram.observe(histogram.child(key), per_token_s)
 
     def load(self, function: str, tier: str, size_bytes: int, seconds: float) -> None:
-        self.cold_starts.labels(function, tier).inc()
-        self.load_seconds.labels(function, tier).observe(seconds)
+        key = (function, tier)
+        self.cold_starts.inc(key)
+        self.load_seconds.observe(self.load_seconds.child(key), seconds)
         self.tier_hits.labels(tier).inc()
         self.tier_bytes.labels(tier).inc(size_bytes)
 
@@ -497,5 +522,17 @@ class Metrics:
         if count:
             self._l1_hits.inc(count)
 
+    def families(self) -> Iterator[list[bytes]]:
+        """The ``/metrics`` body a family at a time, each in parts: first
+        ``prometheus_client``'s few series (process, store, tiers, evictions, load
+        stages, GPUs), then those fnrt writes itself (a part per label set). Each is
+        made when the iterator reaches it: the route lets the loop serve between them."""
+        yield [generate_latest(self.registry)]
+        for series in self._per_function:
+            yield series.lines()
+        if self._states is not None:
+            yield from self._states.families()
+
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """The ``/metrics`` body at once."""
+        return b"".join(chain.from_iterable(self.families()))

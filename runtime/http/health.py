@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from fnrt.runtime.http.state import node_of
 from fnrt.runtime.lifecycle import Phase
-from fnrt.tracing.metrics import CONTENT_TYPE
+from fnrt.tracing.exposition import chunks
+from fnrt.tracing.metrics import CONTENT_TYPE, Metrics
 
 
 async def healthz(request: Request) -> JSONResponse:
@@ -81,9 +83,23 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
+#: How much of the ``/metrics`` body is sent at once.
+METRICS_CHUNK_BYTES = 1 << 18
+
+
 async def metrics(request: Request) -> Response:
-    body = node_of(request).telemetry.metrics.exposition()
-    return Response(body, headers={"content-type": CONTENT_TYPE})
+    """Prometheus text, sent in pieces as it is made: a node of thousands of functions
+    has tens of megabytes of series, and the loop serves requests between families."""
+    return StreamingResponse(
+        _exposition(node_of(request).telemetry.metrics), headers={"content-type": CONTENT_TYPE}
+    )
+
+
+async def _exposition(metrics: Metrics) -> AsyncIterator[bytes]:
+    for family in metrics.families():
+        for piece in chunks(family, METRICS_CHUNK_BYTES):
+            yield piece
+        await asyncio.sleep(0)  # what arrived meanwhile is served before the next family
 
 
 routes = [

@@ -19,7 +19,7 @@ def exported_names() -> set[str]:
     metrics.request("mlp", "v-1", 200, 0.01)
     metrics.batch("mlp", 1, 0.005, [0.001])
     metrics.load("mlp", "l2", 10, 0.2)
-    metrics.prewarms.labels("mlp", "hit").inc()
+    metrics.prewarm("mlp", "hit")
     metrics.watch_jobs(lambda: {"mlp": 10}, lambda: 1)
     metrics.watch_spares(lambda: 1, lambda: 3)
     names = set()

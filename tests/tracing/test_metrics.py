@@ -84,6 +84,45 @@ def test_metrics_count_requests_batches_and_cold_starts(tmp_path: Path) -> None:
     assert "cold_start" in fields and "trace_id" not in fields  # tracing is off here
 
 
+def test_a_version_unloaded_reports_none_warm_and_leaves_the_device_gauge(
+    tmp_path: Path,
+) -> None:
+    """The state gauges read a version's instances only where its pool holds one
+    (``Holders``): one called then unloaded still has its rows, at 0, beside one warm,
+    and a scrape after a call shows what changed (the lines kept from the last)."""
+    node = make_node(tmp_path, telemetry=Telemetry(Tracing(), Metrics(gpu=False), None))
+    server = LiveServer(build_app(node.settings, node)).start()
+    try:
+        warm = server.deploy(write_function(tmp_path / "src", "warm")).version
+        cold = server.deploy(write_function(tmp_path / "src", "cold")).version
+        with server.client() as c:
+            for name in ("warm", "cold"):
+                assert c.post(f"/v1/functions/{name}/invoke", json={"x": X}).status_code == 200
+            first = samples(c.get("/metrics").text)
+            assert c.post("/v1/functions/cold/unload").status_code == 200
+            assert c.post("/v1/functions/warm/invoke", json={"x": X}).status_code == 200
+            found = samples(c.get("/metrics").text)
+    finally:
+        server.stop()
+
+    def value(
+        got: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+    ) -> float:
+        return got[(name, tuple(sorted(labels.items())))]
+
+    assert value(first, "fnrt_warm_instances", function="cold", version=cold) == 1
+    assert value(found, "fnrt_warm_instances", function="cold", version=cold) == 0
+    assert value(found, "fnrt_running_batches", function="cold", version=cold) == 0
+    assert value(found, "fnrt_queue_depth", function="cold", version=cold) == 0
+    assert value(found, "fnrt_warm_instances", function="warm", version=warm) == 1
+    on_device = {dict(k[1])["function"] for k in found if k[0] == "fnrt_instances_on_device"}
+    assert on_device == {"warm"}
+    requests = "fnrt_requests_total"
+    assert value(first, requests, function="warm", version=warm, status="200") == 1
+    assert value(found, requests, function="warm", version=warm, status="200") == 2
+    assert value(found, requests, function="cold", version=cold, status="200") == 1
+
+
 def test_kept_children_count_per_label_set() -> None:
     metrics = Metrics(gpu=False)
     for status in (200, 200, 429):
