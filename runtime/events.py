@@ -108,6 +108,9 @@ class Events:
     def lost(self, vm: VersionManifest, cause: str) -> None:
         pass
 
+    def deleted(self, name: str) -> None:
+        """Function ``name`` was deleted, its versions closed: what is kept of it goes."""
+
     def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
         """The batch's span, open while it runs (None when not traced)."""
         return None
@@ -193,6 +196,11 @@ class TelemetryEvents(Events):
 
     def lost(self, vm: VersionManifest, cause: str) -> None:
         self.telemetry.metrics.restart(vm.name, cause)
+
+    def deleted(self, name: str) -> None:
+        self.telemetry.metrics.forget(name)
+        for key in [key for key in self._loads if key[0] == name]:
+            del self._loads[key]
 
     def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
         tracing = self.telemetry.tracing

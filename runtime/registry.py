@@ -301,6 +301,7 @@ class Registry:
             return  # a canary of it stops at its next step (Deployer: is_current)
         self.rollbacks.forget(name)
         await asyncio.gather(*(sched.close(s) for s in entry.schedulers.values()))
+        self._schedulers.events.deleted(name)
 
     # --- what it holds (the admin views of it are views.py's) -----------------------
 

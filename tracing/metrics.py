@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import chain
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import (
@@ -82,6 +82,10 @@ class LoopCounter:
     def _line(self, key: tuple[str, ...], value: float) -> str:
         return f"{self.name}_total{label_text(self.labels, key)} {number(value)}\n"
 
+    def forget(self, first: str) -> None:
+        """Drop the label sets whose first label is ``first`` (a function deleted)."""
+        _forget(self.values, first)
+
 
 class LoopHistogram:
     """A labelled histogram for the request path, updated on the event loop's thread
@@ -127,6 +131,10 @@ class LoopHistogram:
         kept while its counts are unchanged)."""
         return [self._header, *self._kept.lines(self.series)]
 
+    def forget(self, first: str) -> None:
+        """Drop the label sets whose first label is ``first`` (a function deleted)."""
+        _forget(self.series, first)
+
     def _lines(self, key: tuple[str, ...], child: list[float]) -> str:
         before, after = bucket_labels(self.labels, key)
         bucket = f"{self.name}_bucket{before}"
@@ -138,6 +146,11 @@ class LoopHistogram:
         lines.append(f"{self.name}_count{plain} {number(cumulative)}\n")
         lines.append(f"{self.name}_sum{plain} {number(child[-1])}\n")
         return "".join(lines)
+
+
+def _forget(series: dict[tuple[str, ...], Any], first: str) -> None:
+    for key in [key for key in series if key[0] == first]:
+        del series[key]
 
 
 class StateGauge:
@@ -439,6 +452,7 @@ class Metrics:
             self.prewarms,
             self.instance_restarts,
         )
+        assert all(s.labels[0] == "function" for s in self._per_function)  # forget()
         self._states: _States | None = None
         self._l1_hits = self.tier_hits.labels("l1")
         gpu_collector = _gpu_collector() if gpu else None
@@ -481,6 +495,13 @@ class Metrics:
 
     def restart(self, function: str, cause: str) -> None:
         self.instance_restarts.inc((function, cause))
+
+    def forget(self, function: str) -> None:
+        """``function`` was deleted: its series go (Prometheus marks them stale), and
+        what the scrape kept of them with them. Its versions' state gauges go as the
+        node stops holding them."""
+        for series in self._per_function:
+            series.forget(function)
 
     def batch(self, function: str, size: int, compute_s: float, waits_s: Iterable[float]) -> None:
         key = (function,)

@@ -123,6 +123,50 @@ def test_a_version_unloaded_reports_none_warm_and_leaves_the_device_gauge(
     assert value(found, requests, function="cold", version=cold, status="200") == 1
 
 
+def test_a_deleted_function_leaves_no_series_behind(tmp_path: Path) -> None:
+    """A node that serves functions made and deleted all day keeps no series of those
+    gone (nor the lines the scrape kept of them); one deployed again under the same
+    name counts from the start; the others keep theirs."""
+    node = make_node(tmp_path, telemetry=Telemetry(Tracing(), Metrics(gpu=False), None))
+    server = LiveServer(build_app(node.settings, node)).start()
+    try:
+        folder = write_function(tmp_path / "src", "gone")
+        server.deploy(folder)
+        kept = server.deploy(write_function(tmp_path / "src", "kept")).version
+        with server.client() as c:
+            for name in ("gone", "kept"):
+                assert c.post(f"/v1/functions/{name}/invoke", json={"x": X}).status_code == 200
+            before = c.get("/metrics").text
+            assert c.delete("/v1/functions/gone").status_code == 200
+            after = c.get("/metrics").text
+            again = server.deploy(folder).version
+            assert c.post("/v1/functions/gone/invoke", json={"x": X}).status_code == 200
+            reborn = samples(c.get("/metrics").text)
+    finally:
+        server.stop()
+    assert 'function="gone"' in before
+    assert 'function="gone"' not in after, [m for m in after.splitlines() if '"gone"' in m]
+    found = samples(after)
+    assert (
+        found[("fnrt_requests_total", (("function", "kept"), ("status", "200"), ("version", kept)))]
+        == 1
+    )
+    assert found[("fnrt_request_duration_seconds_count", (("function", "kept"),))] == 1
+    assert (
+        reborn[
+            ("fnrt_requests_total", (("function", "gone"), ("status", "200"), ("version", again)))
+        ]
+        == 1
+    )
+    assert reborn[("fnrt_request_duration_seconds_count", (("function", "gone"),))] == 1
+    loads = [
+        v
+        for (name, labels), v in reborn.items()
+        if name == "fnrt_cold_starts_total" and ("function", "gone") in labels
+    ]
+    assert loads == [1]
+
+
 def test_kept_children_count_per_label_set() -> None:
     metrics = Metrics(gpu=False)
     for status in (200, 200, 429):
