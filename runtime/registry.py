@@ -49,6 +49,9 @@ class Planned(Protocol):
         """Whether it has learned ``name``'s calls (and may pre-warm it)."""
         ...
 
+    def forget(self, name: str) -> None:
+        """``name`` was deleted: what was learned of it goes."""
+
 
 class Registry:
     """Maps function names to their routing and the schedulers of their versions."""
@@ -302,6 +305,8 @@ class Registry:
         self.rollbacks.forget(name)
         await asyncio.gather(*(sched.close(s) for s in entry.schedulers.values()))
         self._schedulers.events.deleted(name)
+        if self._keeper is not None:
+            self._keeper.forget(name)
 
     # --- what it holds (the admin views of it are views.py's) -----------------------
 

@@ -171,6 +171,12 @@ class Keeper:
         history.record(live.minute, live.count)
         self._changed.add(name)
 
+    def forget(self, name: str) -> None:
+        """``name`` was deleted: its history, its plan and its calls not yet committed
+        go (deployed again, it is learned afresh), and the next save leaves it out."""
+        self._live.pop(name, None)
+        self._forget(name)
+
     def _forget(self, name: str) -> None:
         """Drop all that is kept of ``name``: its history and its plan with it (a plan
         left behind would keep the sweep looking at a function it knows nothing of)."""

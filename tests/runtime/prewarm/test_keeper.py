@@ -174,6 +174,50 @@ def test_a_function_dropped_for_room_leaves_no_plan_behind(
     assert keeper.planned("job") == {}
 
 
+def test_a_deleted_function_is_forgotten_with_its_plan_its_calls_and_its_saved_history(
+    tmp_path: Path,
+) -> None:
+    """``forget`` (the registry's, at a delete): nothing of it is kept, planned or
+    written, a call of this minute included, and a node started again from the file
+    does not know it; the others keep theirs."""
+    wall = [BASE_UNIX]
+    keeper = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    for _ in range(10):
+        keeper.invoked("job")
+        keeper.invoked("kept")
+        wall[0] += 30 * 60
+    assert keeper.act("job", Policy.AUTO, keep_alive_s=600, idle_since_unix=0, loaded=False)
+    keeper.save()
+    keeper.invoked("job")  # a call this minute, not yet committed
+    keeper.forget("job")
+    assert not keeper.knows("job") and not keeper.pending("job")
+    assert "job" not in keeper.pending_names() and keeper.planned("job") == {}
+    wall[0] += 60
+    keeper.plan("kept", Policy.AUTO)  # the minute over: nothing of "job" comes back
+    assert not keeper.knows("job")
+    keeper.save()
+    assert set(json.loads((tmp_path / "h.json").read_text())["functions"]) == {"kept"}
+    again = Keeper(tmp_path / "h.json", wall=lambda: wall[0])
+    assert not again.knows("job") and again.knows("kept")
+
+
+def test_a_node_forgets_what_it_learned_of_a_function_deleted(tmp_path: Path) -> None:
+    clock, keeper = server_parts(tmp_path)
+    node = make_node(tmp_path, clock, keeper=keeper)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        for name in ("job", "kept"):
+            folder = write_function(tmp_path / name, name, manifest=PRICED)
+            srv.call(node.deployer.deploy(publish(node.repository, folder)))
+        for _ in range(3):
+            for name in ("job", "kept"):
+                assert c.post(f"/v1/functions/{name}/invoke", json={"x": X}).status_code == 200
+            clock.advance(30 * 60)
+            srv.call(node.sweeper.sweep())
+        assert keeper.knows("job") and keeper.knows("kept")
+        assert c.delete("/v1/functions/job").status_code == 200
+        assert not keeper.knows("job") and keeper.knows("kept")
+
+
 def test_an_earlier_snapshot_never_overwrites_a_later_one(tmp_path: Path) -> None:
     """A save still running when the node stops, and the stop's own: the later one
     stays, whichever thread ends last."""
