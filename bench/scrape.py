@@ -13,8 +13,8 @@ would, then times in the same run:
   with the library): each series as a metric family, written by
   ``generate_latest``, the state gauges read from every scheduler;
 - **fnrt's** (``tracing/exposition.py``): each label set's lines kept while its
-  values are unchanged, the state gauges read from the schedulers holding an
-  instance, the body sent a family at a time.
+  values are unchanged, the instances of the schedulers holding one read, the
+  body sent a family at a time.
 
 Each is timed at the first scrape (every line written), then again after
 ``--called-percent`` of the functions were called (the usual 15 s of a large

@@ -277,18 +277,16 @@ def on_devices(schedulers: Iterable[Any]) -> Iterator[tuple[Device, int]]:
 def function_states(schedulers: Iterable[Any], holding: Iterable[Any]) -> list[FunctionState]:
     """Warm instances, queue depth and batches running of every version held here
     (/metrics). One holding no instance (``holding``: those that hold or load one, as
-    their pools tell) has none warm and none running: only its queue is read, so a
-    node of 10,000 mostly cold functions reads little of each."""
+    their pools tell) has none warm; its batches and sequences are still read, since
+    one whose instance was lost may be ending them while the instance is let go."""
     held = set(map(id, holding))
     states = []
     for s in schedulers:
-        if id(s) not in held:
-            states.append(FunctionState(s.name, s.version.version, 0, s.batcher.queued))
-            continue
-        active = s.sequencer.active if s.sequencer else 0
         pool = s.pool
+        instances = pool.instances if id(s) in held else 0
+        active = s.sequencer.active if s.sequencer else 0
         state = FunctionState(
-            s.name, s.version.version, pool.instances, s.batcher.queued, pool.running, active
+            s.name, s.version.version, instances, s.batcher.queued, pool.running, active
         )
         states.append(state)
     return states

@@ -196,13 +196,13 @@ class _States:
         depth: dict[tuple[str, ...], float] = {}
         running: dict[tuple[str, ...], float] = {}
         active: dict[tuple[str, ...], float] = {}
-        for state in self._source():
+        for state in self._source():  # a split version's tails share its key: summed
             key = (state.function, state.version)
-            warm[key] = state.warm_instances
-            depth[key] = state.queued
-            running[key] = state.running
+            warm[key] = warm.get(key, 0) + state.warm_instances
+            depth[key] = depth.get(key, 0) + state.queued
+            running[key] = running.get(key, 0) + state.running
             if state.active_sequences:
-                active[key] = state.active_sequences
+                active[key] = active.get(key, 0) + state.active_sequences
         for gauge, values in zip(self._gauges, (warm, depth, running, active), strict=True):
             yield gauge.lines(values)
 

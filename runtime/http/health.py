@@ -89,10 +89,14 @@ METRICS_CHUNK_BYTES = 1 << 18
 
 async def metrics(request: Request) -> Response:
     """Prometheus text, sent in pieces as it is made: a node of thousands of functions
-    has tens of megabytes of series, and the loop serves requests between families."""
-    return StreamingResponse(
-        _exposition(node_of(request).telemetry.metrics), headers={"content-type": CONTENT_TYPE}
-    )
+    has tens of megabytes of series, and the loop serves requests between families.
+    (A family that fails to be made ends the body short: the scrape fails, as with a
+    500.) An HTTP/1.0 client, which knows no chunks, gets it whole."""
+    metrics = node_of(request).telemetry.metrics
+    if request.scope.get("http_version") == "1.0":
+        body = b"".join([piece async for piece in _exposition(metrics)])
+        return Response(body, headers={"content-type": CONTENT_TYPE})
+    return StreamingResponse(_exposition(metrics), headers={"content-type": CONTENT_TYPE})
 
 
 async def _exposition(metrics: Metrics) -> AsyncIterator[bytes]:

@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from fnrt.functions.errors import HandlerTimeout, LoadError
+from fnrt.functions.errors import FnrtError, HandlerTimeout, LoadError
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import Instance, InstanceLoader, Runnable
 from fnrt.loader.launch import launch
+from fnrt.loader.memory import Holders
 from fnrt.loader.process import ProcessInstance
 from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Watch
 from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.events import NoEvents, StartKind
+from fnrt.runtime.node import function_states
 from fnrt.runtime.pool import InstancePool, InstanceState
 from fnrt.runtime.stats import Stats
 from support import ISOLATED_MANIFEST as ISOLATED
@@ -353,3 +358,49 @@ def test_a_worker_whose_file_watch_fails_to_start_is_stopped(tmp_path: Path) -> 
     with pytest.raises(ProcessLookupError):  # ended and reaped
         os.kill(instance.pid, 0)
     assert not instance.workdir.exists()  # its arenas went with it
+
+
+def test_a_batch_ending_on_an_instance_let_go_is_still_counted_running(tmp_path: Path) -> None:
+    """A batch stopped while it runs leaves its slot running until the instance is let
+    go (``abandon``, on a thread), after the pool has stopped holding it: the scrape's
+    state (``node.function_states``) still counts that batch; the instance is gone."""
+
+    async def scenario() -> None:
+        started, let_go = threading.Event(), threading.Event()
+
+        def slow(batch: list[Request]) -> Sequence[Any]:
+            started.set()
+            time.sleep(0.3)
+            return _double(batch)
+
+        pool = _pool(_vm(tmp_path), Loads(slow), ManualClock())
+        holders = Holders()
+        scheduler = SimpleNamespace(
+            name="p", version=pool.version, pool=pool, batcher=SimpleNamespace(queued=0),
+            sequencer=None,
+        )  # fmt: skip
+        pool.holding = functools.partial(holders.holding, scheduler)
+        instance = await pool.ensure(pool.slots[0])
+        abandon = instance.abandon
+
+        def slow_abandon() -> None:  # a worker being killed and reaped, say
+            let_go.wait(5)
+            abandon()
+
+        instance.abandon = slow_abandon  # type: ignore[method-assign]
+        run = asyncio.ensure_future(pool.run(pool.slots[0], instance, [X]))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        pool.stop_running("unloaded while its batch ran")
+        await asyncio.sleep(0.05)
+        assert scheduler not in holders() and pool.running == 1
+        (state,) = function_states([scheduler], holders())
+        assert (state.warm_instances, state.running) == (0, 1)
+        let_go.set()
+        with pytest.raises(FnrtError):
+            await run
+        (state,) = function_states([scheduler], holders())
+        assert (state.warm_instances, state.running) == (0, 0)
+        await pool.close()
+
+    asyncio.run(scenario())

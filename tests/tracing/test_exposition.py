@@ -108,6 +108,26 @@ def test_the_state_gauges_are_written_as_prometheus_client_writes_them() -> None
     assert text.endswith(generate_latest(registry))
 
 
+def test_a_split_versions_tails_add_to_its_state() -> None:
+    """A split version's tails are schedulers of the same function and version: their
+    state adds to the version's (one series each, never the last one read alone)."""
+    states = [
+        FunctionState("cnn", "v-1", 2, 5, 1),  # the version
+        FunctionState("cnn", "v-1", 1, 0, 0, 2),  # a tail
+        FunctionState("mlp", "v-3", 0, 0),
+    ]
+    metrics = Metrics(gpu=False)
+    metrics.watch(lambda: states)
+    text = metrics.exposition().decode()
+    lines = [line for line in text.splitlines() if 'function="cnn"' in line]
+    assert lines == [
+        'fnrt_warm_instances{function="cnn",version="v-1"} 3.0',
+        'fnrt_queue_depth{function="cnn",version="v-1"} 5.0',
+        'fnrt_running_batches{function="cnn",version="v-1"} 1.0',
+        'fnrt_active_sequences{function="cnn",version="v-1"} 2.0',
+    ]
+
+
 def test_kept_writes_a_label_set_again_only_when_its_values_changed() -> None:
     written: list[tuple[str, ...]] = []
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import socket
 from pathlib import Path
 
 import orjson
@@ -165,6 +166,32 @@ def test_a_deleted_function_leaves_no_series_behind(tmp_path: Path) -> None:
         if name == "fnrt_cold_starts_total" and ("function", "gone") in labels
     ]
     assert loads == [1]
+
+
+def test_metrics_come_in_chunks_and_whole_to_an_http_1_0_client(tmp_path: Path) -> None:
+    """HTTP/1.1 gets /metrics chunked, as it is made; HTTP/1.0, which knows no chunks,
+    gets the same text whole with its length."""
+    node = make_node(tmp_path, telemetry=Telemetry(Tracing(), Metrics(gpu=False), None))
+    server = LiveServer(build_app(node.settings, node)).start()
+    try:
+        heads = {}
+        bodies = {}
+        for version in ("1.0", "1.1"):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                ask = f"GET /metrics HTTP/{version}\r\nHost: x\r\nConnection: close\r\n\r\n"
+                sock.sendall(ask.encode())
+                answer = b""
+                while chunk := sock.recv(1 << 16):
+                    answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            heads[version], bodies[version] = head.decode().lower(), body
+    finally:
+        server.stop()
+    assert "transfer-encoding: chunked" in heads["1.1"]
+    assert "transfer-encoding" not in heads["1.0"]
+    assert f"content-length: {len(bodies['1.0'])}" in heads["1.0"]
+    names = {f.name for f in text_string_to_metric_families(bodies["1.0"].decode())}
+    assert {"fnrt_requests", "fnrt_warm_instances", "process_resident_memory_bytes"} <= names
 
 
 def test_kept_children_count_per_label_set() -> None:
