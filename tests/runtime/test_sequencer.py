@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnrt.functions.errors import DeadlineExceeded, Overloaded
+from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, Overloaded
 from fnrt.functions.generation import Chunk, Generator, parse_parameters
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Instance
@@ -49,11 +50,24 @@ class Counter(Generator):
         return Chunk({"n": [s.state], "text": [b"."]}, done=until is not None and s.state >= until)
 
 
-class Loads:
-    """Real instances of ``Counter`` in a thread; the first load waits for ``gate``."""
+class Slow(Counter):
+    """A counter whose every step takes 10 ms (in its instance's thread), and whose step
+    raises once a sequence asked to ``fail_at`` a number reaches it."""
 
-    def __init__(self, gate: threading.Event | None = None) -> None:
-        self.gate, self.handler = gate, Counter()
+    def step(self, sequences: Any) -> Any:
+        time.sleep(0.01)
+        for s in sequences:
+            if s.parameters.get("fail_at") == s.state + 1:
+                raise ValueError(f"failed at {s.state + 1}")
+        return super().step(sequences)
+
+
+class Loads:
+    """Real instances of ``handler`` (a ``Counter``) in a thread; the first load waits
+    for ``gate``."""
+
+    def __init__(self, gate: threading.Event | None = None, handler: Counter | None = None) -> None:
+        self.gate, self.handler = gate, handler or Counter()
 
     def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
         if self.gate is not None:
@@ -76,10 +90,12 @@ class Parts:
             self.vm, self.pool, self.clock, self.stats, NoEvents(), Admission(100), self.protection
         )
 
-    def submit(self, start: int, until: int, timeout_s: float | None = None) -> Any:
+    def submit(
+        self, start: int, until: int, timeout_s: float | None = None, **parameters: int
+    ) -> Any:
         config = self.vm.manifest.generation
         assert config is not None
-        asked = parse_parameters(config, {"until": until})
+        asked = parse_parameters(config, {"until": until, **parameters})
         x = {"x": np.array([start], np.int64)}
         call = self.sequencer.call(
             x, self.clock.now(), timeout_s=timeout_s, asked=asked, counted=True
@@ -124,6 +140,71 @@ def test_a_queued_sequence_past_its_deadline_fails_through_its_stream(tmp_path: 
             parts.submit(1, 2)
         gate.set()
         assert await _tokens(patient) == [6]
+        await parts.sequencer.close()
+
+    asyncio.run(scenario())
+
+
+async def _first(served: Any, count: int) -> list[int]:
+    """The first ``count`` tokens of a stream, read as they come."""
+    return [int((await served.stream.next())["n"][0]) for _ in range(count)]
+
+
+def test_a_sequence_whose_reader_left_ends_and_one_waiting_takes_its_place(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        loads = Loads(handler=Slow())
+        parts = Parts(tmp_path, loads, max_active=1)
+        left = await parts.submit(0, 1000)  # would run to max_new_tokens (50)
+        waiting = await parts.submit(10, 13)  # max_active 1: it waits its turn
+        assert await _first(left, 3) == [1, 2, 3]
+        left.stream.cancel()  # its reader went away
+        assert await _tokens(waiting) == [11, 12, 13]
+        assert left.stream.ended.reason == "cancelled"
+        assert left.stream.ended.usage.completion_tokens < 50
+        assert waiting.stream.ended.reason == "stop"
+        assert max(loads.handler.sizes) == 1 and parts.sequencer.outstanding == 0
+        assert parts.sequencer.generation.ended == {"cancelled": 1, "stop": 1}
+        await parts.sequencer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_sequence_past_its_deadline_mid_generation_ends_with_what_it_made(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        parts = Parts(tmp_path, Loads(handler=Slow()), max_active=2)
+        late = await parts.submit(0, 1000, timeout_s=1.0)
+        other = await parts.submit(100, 1000)
+        assert await _first(late, 2) == [1, 2]
+        parts.clock.advance(2.0)  # its deadline passes between two steps
+        rest = await _tokens(late)
+        assert late.stream.ended.reason == "deadline"
+        assert rest == list(range(3, 3 + len(rest))) and len(rest) < 48
+        assert other.stream.ended is None and not other.stream.done  # still running
+        other.stream.cancel()
+        await _tokens(other)
+        assert other.stream.ended.reason == "cancelled"
+        await parts.sequencer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_step_fails_its_sequences_and_the_next_are_served(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        parts = Parts(tmp_path, Loads(handler=Slow()), max_active=2)
+        failing = await parts.submit(0, 10, fail_at=3)
+        beside = await parts.submit(20, 40)  # in the same steps: the step fails whole
+        with pytest.raises(HandlerFailed):
+            await _tokens(failing)
+        with pytest.raises(HandlerFailed):
+            await _tokens(beside)
+        assert parts.sequencer.outstanding == 0
+        after = await parts.submit(50, 52)
+        assert await _tokens(after) == [51, 52]
+        assert after.stream.ended.reason == "stop"
         await parts.sequencer.close()
 
     asyncio.run(scenario())
