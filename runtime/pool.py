@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from fnrt.functions.errors import (
@@ -56,6 +57,8 @@ from fnrt.runtime.stats import Stats
 from fnrt.runtime.watches import FileWatches, WatchFiles
 from fnrt.tracing.handler_spans import TraceParent
 
+#: a slot running a batch (True counts 1 in a sum)
+_RUNNING = attrgetter("running")
 log = logging.getLogger("fnrt.pool")
 
 __all__ = [
@@ -183,8 +186,8 @@ class InstancePool:
 
     @property
     def running(self) -> int:
-        """Batches running now."""
-        return sum(1 for s in self.slots if s.running)
+        """Batches running now (a scrape reads it of every version a node holds)."""
+        return sum(map(_RUNNING, self.slots))
 
     def activity(self, queued: int) -> Activity:
         """The version as a whole (any instance loaded, any busy)."""
