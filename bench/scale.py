@@ -17,6 +17,14 @@ process's start). Measured for every count, in the same run:
   3 s runs;
 - listing: one page (``GET /v1/functions?limit=100``), median of 10.
 
+With ``--served``, then every function is called once and unloaded again
+(``POST .../unload``; ``f00000`` stays warm), as on a node that has served them
+all and kept none: the RSS per function served, and the warm p99 again while
+a scraper reads ``/metrics`` every ``--scrape-every-s`` (Prometheus' way: a
+scrape after the last one ended), with the longest scrape the scraper saw.
+``--rev`` serves fnrt at another git revision (exported, on ``PYTHONPATH``) to
+compare two in two runs.
+
 The table prints each figure and its ratio against the smallest count.
 """
 
@@ -29,11 +37,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
+from coldstart_ab import export
 from loadgen import BIN, require_wrk, start_fnrt, write_script, wrk
 
 HANDLER = """
@@ -64,6 +74,9 @@ class Figures:
     warm_p99_ms: float
     listing_ms: float
     start_s: float
+    served_rss_kb: float = 0.0  # --served: every function called once and unloaded
+    scraped_p99_ms: float = 0.0  # and the warm p99 while /metrics is scraped
+    longest_scrape_ms: float = 0.0
 
 
 def fill_store(store: Path, work: Path, count: int) -> None:
@@ -103,11 +116,13 @@ def cpu_s(pid: int) -> float:
     return ticks / 100.0
 
 
-def measure(count: int, work: Path) -> Figures:
+def measure(
+    count: int, work: Path, env: dict[str, str], served: bool, scrape_every_s: float
+) -> Figures:
     store = work / f"store-{count}"
     fill_store(store, work, count)
     started = time.perf_counter()
-    url, proc = start_fnrt(str(store), work / f"cache-{count}", {}, "--isolation", "thread")
+    url, proc = start_fnrt(str(store), work / f"cache-{count}", env, "--isolation", "thread")
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
             while client.get("/readyz").status_code != 200:
@@ -135,6 +150,7 @@ def measure(count: int, work: Path) -> Figures:
         wrk(f"{url}/v1/functions/f00000/invoke", script, 4, 2)  # warm up
         runs = [wrk(f"{url}/v1/functions/f00000/invoke", script, 4, 3) for _ in range(3)]
         warm_p99 = statistics.median(r.p99_ms for r in runs)
+        served_figures = serve_all(url, proc.pid, count, script, scrape_every_s) if served else ()
     finally:
         proc.terminate()
         proc.wait(30)
@@ -147,20 +163,64 @@ def measure(count: int, work: Path) -> Figures:
         warm_p99,
         statistics.median(listings),
         start_s,
+        *served_figures,
     )
+
+
+def serve_all(
+    url: str, pid: int, count: int, script: Path, scrape_every_s: float
+) -> tuple[float, float, float]:
+    """Call every function once and unload it (``f00000`` stays warm); the node's RSS
+    then, the warm p99 (three 10 s runs) while ``/metrics`` is scraped every
+    ``scrape_every_s``, and the longest scrape."""
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for i in range(count):
+            r = client.post(f"/v1/functions/f{i:05d}/invoke", content=BODY,
+                            headers={"content-type": "application/json"})  # fmt: skip
+            assert r.status_code == 200, r.text
+        for i in range(1, count):
+            assert client.post(f"/v1/functions/f{i:05d}/unload").status_code == 200
+    time.sleep(2)
+    rss = rss_kb(pid)
+    stop, scrapes = threading.Event(), []
+
+    def scrape() -> None:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            while not stop.wait(scrape_every_s):
+                started = time.perf_counter()
+                assert client.get("/metrics").status_code == 200
+                scrapes.append((time.perf_counter() - started) * 1000)
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        runs = [wrk(f"{url}/v1/functions/f00000/invoke", script, 4, 10) for _ in range(3)]
+    finally:
+        stop.set()
+        scraper.join()
+    return rss, statistics.median(r.p99_ms for r in runs), max(scrapes, default=0.0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="10,1000,10000")
+    parser.add_argument(
+        "--served",
+        action="store_true",
+        help="also call every function once and unload it: RSS per function served, "
+        "and the warm p99 while /metrics is scraped",
+    )
+    parser.add_argument("--scrape-every-s", type=float, default=10.0)
+    parser.add_argument("--rev", default=".", help="serve fnrt at this git revision")
     args = parser.parse_args()
     require_wrk()
     counts = [int(c) for c in args.counts.split(",")]
     work = Path(tempfile.mkdtemp(prefix="fnrt-scale-"))
     try:
+        env = export(args.rev, work, "rev")
         results = []
         for count in counts:
-            figures = measure(count, work)
+            figures = measure(count, work, env, args.served, args.scrape_every_s)
             print(f"measured {count} functions: {figures}", file=sys.stderr, flush=True)
             results.append(figures)
     finally:
@@ -186,6 +246,24 @@ def main() -> None:
             f"idle CPU {r.idle_cpu_ms / max(base.idle_cpu_ms, 1e-3):.2f}x, "
             f"{(r.rss_kb - base.rss_kb) / (r.count - base.count):.1f} KB per function added"
         )
+    if args.served:
+        print(
+            f"\nevery function served once and unloaded; /metrics every {args.scrape_every_s:g} s"
+        )
+        print(
+            f"{'functions':>9} {'RSS MB':>8} {'KB/fn':>7} {'p99 scraped ms':>15} "
+            f"{'longest scrape ms':>18}"
+        )
+        for r in results:
+            per_fn = (
+                (r.served_rss_kb - base.served_rss_kb) / (r.count - base.count)
+                if r is not base
+                else 0.0
+            )
+            print(
+                f"{r.count:>9} {r.served_rss_kb / 1024:>8.1f} {per_fn:>7.1f} "
+                f"{r.scraped_p99_ms:>15.2f} {r.longest_scrape_ms:>18.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -401,6 +403,39 @@ def test_a_batch_ending_on_an_instance_let_go_is_still_counted_running(tmp_path:
             await run
         (state,) = function_states([scheduler], holders())
         assert (state.warm_instances, state.running) == (0, 0)
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+class _Cyclic:
+    """A model whose objects form a reference cycle (as a handler's may)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __call__(self, batch: list[Request]) -> Sequence[Any]:
+        return _double(batch)
+
+
+def test_a_thread_instance_unloaded_frees_its_models_cycles(tmp_path: Path) -> None:
+    """Its objects were frozen out of the collector at its load: the unload collects
+    them (a model held in a cycle would otherwise stay in memory for the node's life)."""
+    models: list[weakref.ref[_Cyclic]] = []
+
+    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        model = _Cyclic()
+        models.append(weakref.ref(model))
+        return Instance(vm, model, executor, None, {"total_s": 0.0}, 100)
+
+    async def scenario() -> None:
+        pool = _pool(_vm(tmp_path), cast(Loads, load), ManualClock())
+        instance = await pool.ensure(pool.slots[0])
+        await pool.run(pool.slots[0], instance, [X])
+        del instance
+        assert models[0]() is not None and gc.get_freeze_count() > 0
+        await pool.drop(pool.slots[0])
+        assert models[0]() is None
         await pool.close()
 
     asyncio.run(scenario())
