@@ -25,6 +25,7 @@ from fnrt.functions.errors import FnrtError, InstanceLost, LoadError
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
 from fnrt.loader.memory import MakeRoom
+from fnrt.loader.process import ProcessInstance
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events
 from fnrt.runtime.stats import Stats
@@ -137,9 +138,13 @@ class Loads:
         stats = self._stats
         stats.last_load_error = None
         # A full collection walks every object torch and the model made (~100 ms
-        # with torch loaded): freeze them out of the collector so per-request
-        # garbage never triggers such a pause (the p99 of a busy function).
-        gc.freeze()
+        # with torch loaded): freeze those of a model loaded here (a thread instance)
+        # out of the collector so per-request garbage never triggers such a pause
+        # (the p99 of a busy function). A worker's model lives in its process, which
+        # freezes its own: nothing is frozen here for it, so its unload needs no
+        # full collection of this process to free what was frozen (pool._release).
+        if not isinstance(instance, ProcessInstance):
+            gc.freeze()
         stats.loads += 1
         stats.last_load_timings_s = dict(instance.timings_s)
         stats.last_load_tier = instance.tier

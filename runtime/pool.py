@@ -40,6 +40,7 @@ from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable, add_first_batch
 from fnrt.loader.memory import MakeRoom
+from fnrt.loader.process import ProcessInstance
 from fnrt.loader.staging import Staged
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events
@@ -478,12 +479,18 @@ def _quiet(future: asyncio.Future[Runnable]) -> None:
 
 
 def _release(instance: Runnable) -> None:
-    """Close an instance and collect what it held (runs off the event loop).
+    """Close an instance and, when its objects live in this process, collect them
+    (runs off the event loop).
 
-    The instance's objects were frozen after its load; unfreeze so the one full
-    collection here can free any reference cycles among them, then freeze again.
+    A thread instance's objects (its model's) were frozen after its load: unfreeze
+    so that one full collection can free their reference cycles, then freeze again.
+    A worker process's model goes with the process, and nothing was frozen here for
+    it (``Loads.loaded``): no collection. (A full collection walks every object of
+    the server, holding the GIL: it grows with every function a node has served.)
     """
     instance.close()
+    if isinstance(instance, ProcessInstance):
+        return
     del instance
     gc.unfreeze()
     gc.collect()

@@ -439,3 +439,44 @@ def test_a_thread_instance_unloaded_frees_its_models_cycles(tmp_path: Path) -> N
         await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_process_instance_freezes_nothing_here_and_unloads_with_no_full_collection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's model lives in its process: its load freezes nothing of the server's
+    (the freeze is for a model loaded here), and its unload runs no collection of the
+    whole server (which holds the event loop, longer with every function the node has
+    served). Loaded and unloaded again and again, what each left is freed by the
+    ordinary collector: nothing stays frozen."""
+    repository = Repository(FileStore(tmp_path / "store"))
+    fields = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+    vm = publish(repository, write_function(tmp_path / "src", "w", HANDLER, ISOLATED, **fields))
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    loaded: list[weakref.ref[ProcessInstance]] = []
+
+    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Runnable:
+        instance = launch(loader, IsolationMode.PROCESS, vm, executor)
+        assert isinstance(instance, ProcessInstance)
+        loaded.append(weakref.ref(instance))
+        return instance
+
+    full: list[int] = []
+    unfreeze = gc.unfreeze
+    monkeypatch.setattr(gc, "unfreeze", lambda: full.append(1) or unfreeze())
+
+    async def scenario() -> None:
+        pool = InstancePool(vm, load, ManualClock(), Stats(), NoEvents())
+        frozen = gc.get_freeze_count()
+        for _ in range(3):
+            instance = await pool.ensure(pool.slots[0])
+            x = {"x": np.full((1, 4), 7, np.float32)}
+            assert (await pool.run(pool.slots[0], instance, [x])).results[0]["y"][0, 0] == 14
+            del instance
+            await pool.drop(pool.slots[0])
+        assert gc.get_freeze_count() <= frozen and full == []  # (frozen ones may end)
+        gc.collect()
+        assert [ref() for ref in loaded] == [None, None, None]
+        await pool.close()
+
+    asyncio.run(scenario())
