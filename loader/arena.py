@@ -211,9 +211,9 @@ class Arena:
     def close(self, *, unlink: bool = False) -> None:
         """Close the file and let go of its mapping, which holds a descriptor of its own
         (mmap keeps a duplicate) and the file's memory: it closes now, or with the last
-        view still reading it. Not left to the collector: a worker's objects are frozen
-        out of it after its load, so a worker that died would keep both until the next
-        unload's collection (four descriptors and arenas a death)."""
+        view still reading it. Not left to the collector: an arena that outlives its
+        worker (a reference left, a cycle a full collection has not reached yet) would
+        keep both until then (four descriptors and arenas a death)."""
         os.close(self._fd)
         self._map = _closed_map()
         if unlink:

@@ -38,6 +38,10 @@ class ChannelClosed(Exception):
 Received = dict[str, Any] | ChannelClosed
 
 
+def _delivered(message: Received) -> None:
+    """What a reader delivers to once it has delivered (never called: it reads once)."""
+
+
 class Channel:
     """One end of a connected socket pair, carrying one message at a time."""
 
@@ -154,7 +158,7 @@ class Channel:
                 self._on_readable = None  # still registered: the next batch's read reuses it
 
         def readable() -> None:
-            nonlocal length
+            nonlocal length, deliver
             try:
                 while True:
                     want = (_HEADER.size if length < 0 else length) - len(buffer)
@@ -177,7 +181,10 @@ class Channel:
             except (OSError, ValueError) as exc:  # ValueError: msgpack's unreadable body
                 message = ChannelClosed(str(exc))
             stop()
-            deliver(message)
+            # delivered once: this reader (which ``stop`` and the loop's registration
+            # may outlive) holds neither the reply nor its instance after it
+            delivered, deliver = deliver, _delivered
+            delivered(message)
 
         try:
             self._watch(loop, readable)

@@ -136,7 +136,7 @@ class SentAhead:
     ``forward`` handler, stages it on its host lane meanwhile)."""
 
     def __init__(self, instance: ProcessInstance) -> None:
-        self.instance = instance
+        self.instance: ProcessInstance | None = instance  # None once it has ended
 
     def release(self, staged: Staged) -> None:
         """A batch sent ahead that will not be answered: its reply is read and dropped
@@ -594,3 +594,12 @@ class ProcessInstance:
         shutil.rmtree(self._workdir, ignore_errors=True)
         self.executor.shutdown(wait=False)
         self._release()
+        # Let go of its exchanges (their replies hold the last batches' results) and of
+        # its SentAhead: nothing cycles through it now, so its reference count frees it
+        # when the pool lets it go, with no collection (the server collects nothing at
+        # a worker's unload, and a full collection may be thousands of requests away).
+        self._last = self._losing = None
+        self._using = [None, None]
+        self._reading = (None, _nothing)
+        if self.stager is not None:
+            self.stager.instance = None

@@ -115,11 +115,16 @@ class Batcher(Intake):
     async def _work(self, slot: Slot) -> None:
         pool = self._pool
         ahead: tuple[Taken, Staged] | None = None  # the next batch, staged while one ran
+        instance: Runnable | None = None
+        taken: Taken | None = None
         while ahead is not None or not slot.retired:
             self._maybe_scale_up(self._clock.now())
             if ahead is None and not self._queue:
                 if self.closing:
                     return
+                # idle: hold neither the last batch nor its instance (unloaded meanwhile,
+                # it is freed at once, not at this function's next call)
+                instance = taken = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue

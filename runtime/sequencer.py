@@ -42,6 +42,7 @@ from fnrt.functions.generation import (
 )
 from fnrt.functions.manifest import GenerationConfig
 from fnrt.functions.version import VersionManifest
+from fnrt.loader.instance import Runnable
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.events import Events, StartKind
 from fnrt.runtime.intake import Admission, Intake
@@ -202,6 +203,7 @@ class Sequencer(Intake):
         pool = self._pool
         running = self._running[slot.index]
         leaving: list[int] = []  # ended here; the instance lets them go at its next step
+        instance: Runnable | None = None
         try:
             while not slot.retired:
                 self._maybe_scale_up(self._clock.now())
@@ -212,6 +214,7 @@ class Sequencer(Intake):
                         continue
                     if self.closing:
                         return
+                    instance = None  # idle: an instance unloaded meanwhile is freed at once
                     self._wake.clear()
                     await self._wake.wait()
                     continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,3 +205,24 @@ def test_job_batches_pause_only_while_live_requests_arrive() -> None:
     assert job_pause_s(0.002, live_rate_per_s=0.5) == 0.0
     assert job_pause_s(0.002, live_rate_per_s=500.0) == pytest.approx(0.002 * JOB_YIELD)
     assert job_pause_s(0.002, live_rate_per_s=500.0, yield_factor=1.0) == pytest.approx(0.002)
+
+
+def test_an_idle_batcher_holds_no_instance_unloaded_meanwhile(tmp_path: Path) -> None:
+    """Waiting for the next request, the batch loop holds neither its last batch nor the
+    instance that ran it: one unloaded meanwhile is freed at its unload, not at the
+    function's next call."""
+    loads = Loads()
+
+    async def scenario() -> None:
+        parts = _parts(tmp_path, loads)
+        assert (await _submit(parts.batcher, 1.0)).outputs["y"][0, 0] == 2
+        instance = parts.pool.slots[0].instance
+        assert instance is not None
+        gone = weakref.ref(instance)
+        del instance
+        await asyncio.sleep(0)  # the loop goes idle
+        await parts.pool.drop(parts.pool.slots[0])
+        assert gone() is None
+        await parts.batcher.close()
+
+    asyncio.run(scenario())
