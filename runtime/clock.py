@@ -38,8 +38,12 @@ class SystemClock:
     async def wait(self, event: asyncio.Event, timeout_s: float) -> bool:
         if event.is_set():
             return True
+        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation
+        # that comes as the event is set (its inner task done first), and a loop
+        # around it would never stop
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
         return event.is_set()
 
 

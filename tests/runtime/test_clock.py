@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from fnrt.runtime.clock import ManualClock, SystemClock
 
 
@@ -46,3 +48,20 @@ def test_wait_returns_on_event_or_timeout() -> None:
         return timed_out, got, real
 
     assert asyncio.run(scenario()) == (False, True, False)
+
+
+def test_a_wait_cancelled_as_its_event_is_set_is_cancelled() -> None:
+    """Cancelled in the same turn as its event is set, a wait raises CancelledError (on
+    Python 3.11 ``asyncio.wait_for`` returned instead: a loop around the wait, as the
+    job runner's, then never stopped, and closing it hung)."""
+
+    async def scenario() -> None:
+        event = asyncio.Event()
+        waiting = asyncio.ensure_future(SystemClock().wait(event, 10.0))
+        await asyncio.sleep(0)  # it waits
+        event.set()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(scenario())

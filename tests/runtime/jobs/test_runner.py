@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -91,3 +91,22 @@ def test_a_job_runs_in_blocks_and_a_failing_record_fails_alone(tmp_path: Path) -
             assert "ValueError: negative" in result["error"]["message"]
         else:
             assert float(np.asarray(result["outputs"]["y"]).ravel()[0]) == value * 3
+
+
+def test_closing_the_runner_as_it_is_woken_stops_it(tmp_path: Path) -> None:
+    """close() in the same turn as a wake (a chunk ending, a job posted): the runner's
+    loop stops (on Python 3.11 ``asyncio.wait_for`` swallowed that cancellation, and
+    close() waited forever: a CI run hung on it)."""
+    board = JobBoard(FileStore(tmp_path / "store"), "node-a", time.time)
+
+    async def scenario() -> None:
+        config = JobConfig(poll_interval_s=10.0)
+        runner = JobRunner(board, Pinned(cast(Any, None)), config, lambda: True)  # type: ignore[arg-type]
+        runner.start()
+        await asyncio.sleep(0.1)  # it found nothing queued and waits for a wake
+        runner.poke()
+        closing = asyncio.ensure_future(runner.close())
+        done, _ = await asyncio.wait({closing}, timeout=5.0)  # (wait_for would cancel it)
+        assert closing in done, "close() did not return: the runner's loop runs on"
+
+    asyncio.run(scenario())
