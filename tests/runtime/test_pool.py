@@ -449,24 +449,13 @@ def test_a_worker_process_instance_freezes_nothing_here_and_unloads_with_no_full
     whole server (which holds the event loop, longer with every function the node has
     served). Loaded and unloaded again and again, what each left is freed by the
     ordinary collector: nothing stays frozen."""
-    repository = Repository(FileStore(tmp_path / "store"))
-    fields = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
-    vm = publish(repository, write_function(tmp_path / "src", "w", HANDLER, ISOLATED, **fields))
-    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
     loaded: list[weakref.ref[ProcessInstance]] = []
-
-    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Runnable:
-        instance = launch(loader, IsolationMode.PROCESS, vm, executor)
-        assert isinstance(instance, ProcessInstance)
-        loaded.append(weakref.ref(instance))
-        return instance
-
     full: list[int] = []
     unfreeze = gc.unfreeze
     monkeypatch.setattr(gc, "unfreeze", lambda: full.append(1) or unfreeze())
 
     async def scenario() -> None:
-        pool = InstancePool(vm, load, ManualClock(), Stats(), NoEvents())
+        pool = _worker_pool(tmp_path, loaded)
         frozen = gc.get_freeze_count()
         for _ in range(3):
             instance = await pool.ensure(pool.slots[0])
