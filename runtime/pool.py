@@ -314,9 +314,16 @@ class InstancePool:
         try:
             slot.running_future = ran
             if self._thread_timeout_s:  # a worker process times its batches itself
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the batch's
+                # result when its task is cancelled in the same turn as the batch ends,
+                # and the cancel (a swap's stop, the node's shutdown) is lost
+                bound = asyncio.timeout(self._thread_timeout_s)
                 try:
-                    result = await asyncio.wait_for(ran, self._thread_timeout_s)
+                    async with bound:
+                        result = await ran
                 except TimeoutError:
+                    if not bound.expired():  # the handler's own TimeoutError
+                        raise
                     raise HandlerTimeout(self.name, "", self._thread_timeout_s) from None
             else:
                 result = await ran

@@ -127,7 +127,8 @@ class SharedResults:
             self.misses += 1
             return None
         try:
-            data = await asyncio.wait_for(self._redis.get(self._prefix + key), REDIS_TIMEOUT_S)
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                data = await self._redis.get(self._prefix + key)
             found = decode_msgpack(data, UNBOUNDED) if data is not None else None
         except Exception as exc:  # never a request error
             self._failed(exc)
@@ -150,9 +151,8 @@ class SharedResults:
         try:
             body = encode_msgpack(outputs)
             ttl_ms = max(int(self.ttl_s * 1000), 1)
-            await asyncio.wait_for(
-                self._redis.set(self._prefix + key, body, px=ttl_ms), REDIS_TIMEOUT_S
-            )
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                await self._redis.set(self._prefix + key, body, px=ttl_ms)
         except Exception as exc:
             self._failed(exc)
 

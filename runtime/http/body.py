@@ -68,7 +68,8 @@ async def read_body(
         if timeout_s is None:
             message = await receive()
             continue
-        try:
-            message = await asyncio.wait_for(receive(), timeout_s)
+        try:  # no task a read (wait_for made one) and no cancel lost as a chunk comes
+            async with asyncio.timeout(timeout_s):
+                message = await receive()
         except TimeoutError:
             raise BodyTimeout(timeout_s) from None

@@ -40,7 +40,8 @@ async def not_ready(request: Request) -> tuple[str, str] | None:
         return "starting", f"{warming} function(s) that load at start are still loading"
     store = node.repository.store.uri
     try:  # one conditional GET (a 304 while nothing changed)
-        await asyncio.wait_for(asyncio.shield(_store_check(node)), STORE_CHECK_TIMEOUT_S)
+        async with asyncio.timeout(STORE_CHECK_TIMEOUT_S):
+            await asyncio.shield(_store_check(node))
     except TimeoutError:
         return "unavailable", f"store {store}: no answer within {STORE_CHECK_TIMEOUT_S:g} s"
     except Exception as exc:

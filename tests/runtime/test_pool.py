@@ -505,6 +505,13 @@ def test_a_worker_instance_that_served_a_while_is_freed_at_its_unload(tmp_path: 
         gc.disable()  # freed by its reference count alone, or not at all
         try:
             await pool.drop(pool.slots[0])
+            # the executor's thread lets go of its work item (the instance, in its
+            # arguments) just after the unload is answered: on a loaded machine the loop
+            # may look first
+            for _ in range(200):
+                if loaded[0]() is None:
+                    break
+                await asyncio.sleep(0.01)
             assert loaded[0]() is None
         finally:
             gc.enable()
@@ -552,5 +559,52 @@ def test_a_thread_instance_is_frozen_out_of_the_collector_at_its_load(tmp_path: 
         assert gc.get_freeze_count() > before
         assert not any(o is models[0] for o in gc.get_objects())  # the permanent generation
         await pool.close()
+
+    asyncio.run(scenario())
+
+
+class _Handed:
+    """An instance whose batch is a future the test ends (``run_soon``'s), in a thread slot."""
+
+    stager = None
+    alive = True
+    timings_s: dict[str, float] = {}
+
+    def __init__(self) -> None:
+        self.ran: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def run_soon(self, batch: list[Request], trace: Any = None) -> asyncio.Future[Any]:
+        return self.ran
+
+
+def test_a_batch_cancelled_as_it_ends_is_cancelled(tmp_path: Path) -> None:
+    """The batcher's task cancelled in the same turn as its thread's batch ends (a swap's
+    stop, the node's shutdown) is cancelled: on Python 3.11 ``asyncio.wait_for`` returned
+    the batch's result instead, and the batch loop ran on."""
+
+    async def scenario() -> None:
+        pool = _pool(_vm(tmp_path, timeout_s=5), Loads(), ManualClock())
+        instance = _Handed()
+        running = asyncio.ensure_future(pool.run(pool.slots[0], cast(Runnable, instance), [X]))
+        await asyncio.sleep(0)  # it waits for the batch
+        instance.ran.set_result(SimpleNamespace(results=[X]))
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    asyncio.run(scenario())
+
+
+def test_a_handler_raising_timeout_error_keeps_its_instance(tmp_path: Path) -> None:
+    """A thread's handler that raises TimeoutError itself (its own client timed out) fails
+    its batch as any error does; it did not run past ``timeout_s``, so its instance is
+    not replaced as a hung one."""
+
+    async def scenario() -> None:
+        pool = _pool(_vm(tmp_path, timeout_s=5), Loads(), ManualClock())
+        instance = _Handed()
+        instance.ran.set_exception(TimeoutError("the handler's own client"))
+        with pytest.raises(TimeoutError, match="own client"):
+            await pool.run(pool.slots[0], cast(Runnable, instance), [X])
 
     asyncio.run(scenario())
