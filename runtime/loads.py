@@ -13,7 +13,6 @@ this returns; this part owns the loads' stats, events and log lines.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 import uuid
@@ -27,6 +26,7 @@ from fnrt.loader.instance import Runnable
 from fnrt.loader.memory import MakeRoom
 from fnrt.loader.process import ProcessInstance
 from fnrt.runtime.clock import Clock
+from fnrt.runtime.collector import COLLECTOR
 from fnrt.runtime.events import Events
 from fnrt.runtime.stats import Stats
 
@@ -108,6 +108,8 @@ class Loads:
                 await self._make_room(
                     key, stats.last_load_bytes or size, stats.last_load_device_bytes or size
                 )
+            if COLLECTOR.pending:  # what was unloaded (for room, say) is freed first
+                await loop.run_in_executor(executor, COLLECTOR.settle)
             instance = await loop.run_in_executor(
                 executor, self._load_instance, self._version, executor
             )
@@ -144,7 +146,7 @@ class Loads:
         # freezes its own: nothing is frozen here for it, so its unload needs no
         # full collection of this process to free what was frozen (pool._release).
         if not isinstance(instance, ProcessInstance):
-            gc.freeze()
+            COLLECTOR.freeze()
         stats.loads += 1
         stats.last_load_timings_s = dict(instance.timings_s)
         stats.last_load_tier = instance.tier

@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +41,7 @@ from fnrt.loader.memory import MakeRoom
 from fnrt.loader.process import ProcessInstance
 from fnrt.loader.staging import Staged
 from fnrt.runtime.clock import Clock
+from fnrt.runtime.collector import COLLECTOR, empty_device_cache
 from fnrt.runtime.events import Events
 from fnrt.runtime.loads import (
     LoadInstance,
@@ -486,11 +485,12 @@ def _quiet(future: asyncio.Future[Runnable]) -> None:
 
 
 def _release(instance: Runnable) -> None:
-    """Close an instance and, when its objects live in this process, collect them
+    """Close an instance and, when its objects live in this process, have them collected
     (runs off the event loop).
 
-    A thread instance's objects (its model's) were frozen after its load: unfreeze
-    so that one full collection can free their reference cycles, then freeze again.
+    A thread instance's objects (its model's) were frozen after its load: what they
+    hold in reference cycles is freed by a full collection (unfrozen first), which the
+    unloads of a moment share (:mod:`fnrt.runtime.collector`; a load runs it first).
     A worker process's model goes with the process, and nothing was frozen here for
     it (``Loads.loaded``): no collection. (A full collection walks every object of
     the server, holding the GIL: it grows with every function a node has served.)
@@ -498,10 +498,6 @@ def _release(instance: Runnable) -> None:
     instance.close()
     if isinstance(instance, ProcessInstance):
         return
-    del instance
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():  # what it held on the GPU, back
-        torch.cuda.empty_cache()
+    del instance  # what it held by reference alone is freed now
+    empty_device_cache()
+    COLLECTOR.unloaded()

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 
 from fnrt.functions.errors import FnrtError
 from fnrt.runtime.clock import Clock
+from fnrt.runtime.collector import COLLECTOR
 from fnrt.runtime.http import admin, health, jobs, openapi, split
 from fnrt.runtime.http.body import Receive
 from fnrt.runtime.http.connection import (
@@ -264,7 +265,7 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await serving.start()
-        gc.freeze()  # start-up objects never need collecting (see InstancePool._load)
+        COLLECTOR.freeze()  # start-up objects never need collecting (see Loads.loaded)
         thresholds = gc.get_threshold()
         gc.set_threshold(YOUNG_COLLECTION_OBJECTS, *thresholds[1:])
         try:

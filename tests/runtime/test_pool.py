@@ -31,6 +31,7 @@ from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Watch
 from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.collector import COLLECTOR
 from fnrt.runtime.events import NoEvents, StartKind
 from fnrt.runtime.node import function_states
 from fnrt.runtime.pool import InstancePool, InstanceState
@@ -418,9 +419,11 @@ class _Cyclic:
         return _double(batch)
 
 
-def test_a_thread_instance_unloaded_frees_its_models_cycles(tmp_path: Path) -> None:
-    """Its objects were frozen out of the collector at its load: the unload collects
-    them (a model held in a cycle would otherwise stay in memory for the node's life)."""
+def test_thread_instances_unloaded_together_share_one_collection(tmp_path: Path) -> None:
+    """Their objects were frozen out of the collector at their loads: one full collection
+    frees what their models hold in cycles (which would otherwise stay in memory for the
+    node's life), shared by the unloads of a moment (the sweep's: one each stalled the
+    event loop that many times)."""
     models: list[weakref.ref[_Cyclic]] = []
 
     def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
@@ -428,15 +431,54 @@ def test_a_thread_instance_unloaded_frees_its_models_cycles(tmp_path: Path) -> N
         models.append(weakref.ref(model))
         return Instance(vm, model, executor, None, {"total_s": 0.0}, 100)
 
+    full: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
     async def scenario() -> None:
-        pool = _pool(_vm(tmp_path), cast(Loads, load), ManualClock())
-        instance = await pool.ensure(pool.slots[0])
-        await pool.run(pool.slots[0], instance, [X])
-        del instance
-        assert models[0]() is not None and gc.get_freeze_count() > 0
-        await pool.drop(pool.slots[0])
-        assert models[0]() is None
-        await pool.close()
+        pools = [_pool(_vm(tmp_path / str(i)), cast(Loads, load), ManualClock()) for i in range(3)]
+        for pool in pools:
+            await pool.run(pool.slots[0], await pool.ensure(pool.slots[0]), [X])
+        assert all(ref() is not None for ref in models) and gc.get_freeze_count() > 0
+        gc.disable()  # no automatic collection counted
+        gc.callbacks.append(seen)
+        try:
+            for pool in pools:
+                await pool.drop(pool.slots[0])
+            assert COLLECTOR.pending and full == []  # within COLLECT_DELAY_S
+            await asyncio.to_thread(COLLECTOR.settle)  # (what the delay's timer runs)
+            assert full == [1] and [ref() for ref in models] == [None, None, None]
+        finally:
+            gc.callbacks.remove(seen)
+            gc.enable()
+        for pool in pools:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_runs_the_pending_collection_first(tmp_path: Path) -> None:
+    """What was unloaded (to make room, say) is freed before the next model loads."""
+    models: list[weakref.ref[_Cyclic]] = []
+    at_load: list[bool] = []
+
+    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        at_load.append(all(ref() is None for ref in models) and not COLLECTOR.pending)
+        model = _Cyclic()
+        models.append(weakref.ref(model))
+        return Instance(vm, model, executor, None, {"total_s": 0.0}, 100)
+
+    async def scenario() -> None:
+        first, second = (_pool(_vm(tmp_path / n), cast(Loads, load), ManualClock()) for n in "ab")
+        await first.ensure(first.slots[0])
+        await first.drop(first.slots[0])
+        assert COLLECTOR.pending and models[0]() is not None
+        await second.ensure(second.slots[0])
+        assert at_load == [True, True]
+        await first.close()
+        await second.close()
 
     asyncio.run(scenario())
 
@@ -451,6 +493,7 @@ def test_a_worker_process_instance_freezes_nothing_here_and_unloads_with_no_full
     ordinary collector: nothing stays frozen."""
     loaded: list[weakref.ref[ProcessInstance]] = []
     full: list[int] = []
+    COLLECTOR.settle()  # what the tests before it unloaded is collected before it counts
     unfreeze = gc.unfreeze
     monkeypatch.setattr(gc, "unfreeze", lambda: full.append(1) or unfreeze())
 
