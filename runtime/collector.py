@@ -52,7 +52,8 @@ class Collector:
     def __init__(
         self, delay_s: float = COLLECT_DELAY_S, collect: Callable[[], None] = collect_frozen
     ) -> None:
-        self._delay_s = delay_s
+        #: how long an unload's collection waits for others to share it
+        self.delay_s = delay_s
         self._collect = collect
         self._lock = threading.Lock()  # guards _timer
         self._collecting = threading.Lock()  # one collection at a time
@@ -69,7 +70,7 @@ class Collector:
         with self._lock:
             if self._timer is not None:
                 return
-            timer = threading.Timer(self._delay_s, self.settle)
+            timer = threading.Timer(self.delay_s, self.settle)
             timer.daemon = True  # a node stopping does not wait for it
             timer.name = "fnrt-collect"
             self._timer = timer

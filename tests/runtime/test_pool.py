@@ -419,7 +419,9 @@ class _Cyclic:
         return _double(batch)
 
 
-def test_thread_instances_unloaded_together_share_one_collection(tmp_path: Path) -> None:
+def test_thread_instances_unloaded_together_share_one_collection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Their objects were frozen out of the collector at their loads: one full collection
     frees what their models hold in cycles (which would otherwise stay in memory for the
     node's life), shared by the unloads of a moment (the sweep's: one each stalled the
@@ -437,7 +439,10 @@ def test_thread_instances_unloaded_together_share_one_collection(tmp_path: Path)
         if phase == "start" and info["generation"] == 2:
             full.append(1)
 
+    monkeypatch.setattr(COLLECTOR, "delay_s", 60.0)  # the test says when: settle below
+
     async def scenario() -> None:
+        COLLECTOR.settle()  # (what the tests before it unloaded)
         pools = [_pool(_vm(tmp_path / str(i)), cast(Loads, load), ManualClock()) for i in range(3)]
         for pool in pools:
             await pool.run(pool.slots[0], await pool.ensure(pool.slots[0]), [X])
@@ -447,7 +452,7 @@ def test_thread_instances_unloaded_together_share_one_collection(tmp_path: Path)
         try:
             for pool in pools:
                 await pool.drop(pool.slots[0])
-            assert COLLECTOR.pending and full == []  # within COLLECT_DELAY_S
+            assert COLLECTOR.pending and full == []  # within its delay
             await asyncio.to_thread(COLLECTOR.settle)  # (what the delay's timer runs)
             assert full == [1] and [ref() for ref in models] == [None, None, None]
         finally:
@@ -455,12 +460,16 @@ def test_thread_instances_unloaded_together_share_one_collection(tmp_path: Path)
             gc.enable()
         for pool in pools:
             await pool.close()
+        COLLECTOR.settle()  # its timer, started under the patched delay, leaves none pending
 
     asyncio.run(scenario())
 
 
-def test_a_load_runs_the_pending_collection_first(tmp_path: Path) -> None:
+def test_a_load_runs_the_pending_collection_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What was unloaded (to make room, say) is freed before the next model loads."""
+    monkeypatch.setattr(COLLECTOR, "delay_s", 60.0)  # not the timer: the load runs it
     models: list[weakref.ref[_Cyclic]] = []
     at_load: list[bool] = []
 
@@ -479,6 +488,7 @@ def test_a_load_runs_the_pending_collection_first(tmp_path: Path) -> None:
         assert at_load == [True, True]
         await first.close()
         await second.close()
+        COLLECTOR.settle()  # its timer, started under the patched delay, leaves none pending
 
     asyncio.run(scenario())
 
