@@ -21,11 +21,13 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/python examples/demo.py
 
-## make test: the whole test suite, then ruff and mypy
+## make test: the whole test suite (in parallel, a process per core: PYTEST_WORKERS=0 runs it in one), then ruff and mypy
 test: pytest lint
 
+# Test files run whole on one worker each (--dist loadfile): a module's server fixture starts once.
+PYTEST_WORKERS ?= auto
 pytest: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -177,11 +177,15 @@ def test_a_disconnect_frees_its_slot_at_the_next_step(tmp_path: Path) -> None:
         assert generation()["ended"] == {"cancelled": 1, "length": 1}
 
 
+def _described(srv: LiveServer, name: str) -> dict[str, Any]:
+    return httpx.get(f"{srv.url}/v1/functions/{name}").json()["instance"]  # type: ignore[no-any-return]
+
+
 def test_deadlines_end_a_running_sequence_and_refuse_a_queued_one(tmp_path: Path) -> None:
     with live_server(tmp_path) as srv:
         deploy(srv, tmp_path, "one", max_active=1)
         slow = {"x": [0], "parameters": {"max_new_tokens": 50, "delay_ms": 20}}
-        headers = {"x-fnrt-timeout-ms": "150"}
+        headers = {"x-fnrt-timeout-ms": "600"}
         results: dict[str, httpx.Response] = {}
 
         def first() -> None:
@@ -189,8 +193,10 @@ def test_deadlines_end_a_running_sequence_and_refuse_a_queued_one(tmp_path: Path
 
         thread = threading.Thread(target=first)
         thread.start()
-        time.sleep(0.05)
-        queued = httpx.post(url(srv, "one"), json={"x": [0]}, headers={"x-fnrt-timeout-ms": "50"})
+        # it holds the only slot (no fixed sleep: on a loaded machine the first may
+        # reach the server after the second)
+        wait_until(lambda: _described(srv, "one")["generation"]["active_sequences"] == 1)
+        queued = httpx.post(url(srv, "one"), json={"x": [0]}, headers={"x-fnrt-timeout-ms": "100"})
         thread.join()
         assert queued.status_code == 504, queued.text
         body = results["first"].json()
@@ -201,12 +207,13 @@ def test_deadlines_end_a_running_sequence_and_refuse_a_queued_one(tmp_path: Path
 def test_a_full_queue_answers_429(tmp_path: Path) -> None:
     with live_server(tmp_path) as srv:
         deploy(srv, tmp_path, "one", max_active=1, max_queue=1)
-        slow = {"x": [0], "parameters": {"max_new_tokens": 20, "delay_ms": 20}}
+        slow = {"x": [0], "parameters": {"max_new_tokens": 50, "delay_ms": 30}}
         threads = [threading.Thread(target=httpx.post, args=(url(srv, "one"),),
                                     kwargs={"json": slow}) for _ in range(2)]  # fmt: skip
-        for t in threads:
-            t.start()
-            time.sleep(0.1)  # the first runs, the second waits in the queue
+        threads[0].start()  # it runs (1.5 s)...
+        wait_until(lambda: _described(srv, "one")["generation"]["active_sequences"] == 1)
+        threads[1].start()  # ...and the second waits in the queue
+        wait_until(lambda: _described(srv, "one")["queued"] == 1)
         r = httpx.post(url(srv, "one"), json={"x": [0]})
         for t in threads:
             t.join()
