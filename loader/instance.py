@@ -167,12 +167,15 @@ class Instance:
 
     def step_timed(self, batch: StepBatch, trace: TraceParent | None = None) -> Stepped:
         """One step of a generative handler (its handler spans go under ``trace``)."""
-        if self.stepper is None or self.call is _closed:
-            raise RuntimeError("instance is closed" if self.stepper else "not a generative handler")
+        stepper = self.stepper
+        if self.call is _closed:
+            raise RuntimeError("instance is closed")
+        if stepper is None:
+            raise RuntimeError("not a generative handler")
         if trace is None:
-            return self.stepper(batch)
+            return stepper(batch)
         with capture(trace) as spans:
-            stepped = self.stepper(batch)
+            stepped = stepper(batch)
         return replace(stepped, spans=spans) if spans else stepped
 
     @property
@@ -188,9 +191,7 @@ class Instance:
         """Give up on an instance whose thread is stuck in the handler: it cannot be
         stopped, so it is left to finish on its own and never used again."""
         self.executor.shutdown(wait=False)
-        self.call = _closed
-        self.unload = None
-        self.stager = None
+        self._let_go()
 
     def close(self) -> None:
         """Run the handler's ``unload`` (if any) on its thread and stop the thread."""
@@ -200,9 +201,15 @@ class Instance:
             except Exception:
                 log.exception("unload of %s %s failed", self.version.name, self.version.version)
         self.executor.shutdown(wait=False)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Hold nothing of the handler's: an ended instance may outlive its unload a
+        while (an executor's work item, a caller's frame), its model need not."""
         self.call = _closed
         self.unload = None
         self.stager = None
+        self.stepper = None
 
 
 def run_checked(

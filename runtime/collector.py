@@ -21,9 +21,12 @@ alone (most do) is freed at its unload, as before.
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 import threading
 from collections.abc import Callable
+
+log = logging.getLogger("fnrt.collector")
 
 #: How long an unload's collection waits for others to share it: the sweep's pass
 #: unloads all it finds within a second.
@@ -61,8 +64,9 @@ class Collector:
 
     @property
     def pending(self) -> bool:
-        """Whether an unload's collection is still to run."""
-        return self._timer is not None
+        """Whether an unload's collection is still to run, or running (a load then waits
+        for it in :meth:`settle`)."""
+        return self._timer is not None or self._collecting.locked()
 
     def unloaded(self) -> None:
         """A thread instance was closed: collect within ``delay_s``, sharing the
@@ -84,15 +88,20 @@ class Collector:
             gc.freeze()
 
     def settle(self) -> None:
-        """Run the pending collection now, if any (before a load: what was unloaded is
-        freed before another model takes its memory). Blocking: call it off the loop."""
+        """Run the pending collection now, if any, or wait for the one running (before a
+        load: what was unloaded is freed before another model takes its memory).
+        Blocking: call it off the loop. A collection that fails is logged, never the
+        caller's error (the load that asked is another function's)."""
         with self._collecting:
             with self._lock:
                 timer, self._timer = self._timer, None
             if timer is None:
                 return
             timer.cancel()  # (the timer's own thread calling: it has fired already)
-            self._collect()
+            try:
+                self._collect()
+            except Exception:  # a device's error from empty_cache, say
+                log.exception("collecting what unloaded instances left failed")
 
 
 #: The process's collector: the garbage collector it drives is the process's.

@@ -498,6 +498,7 @@ def _release(instance: Runnable) -> None:
     instance.close()
     if isinstance(instance, ProcessInstance):
         return
-    del instance  # what it held by reference alone is freed now
+    del instance  # (closed, it holds nothing of the handler's: its model is freed now
+    # by reference count, but for what it holds in cycles)
     empty_device_cache()
     COLLECTOR.unloaded()

@@ -46,6 +46,17 @@ def _fresh_gates() -> Iterator[None]:
         event.set()  # never leave a handler thread blocked
 
 
+@pytest.fixture(autouse=True)
+def _no_collection_left() -> Iterator[None]:
+    """What a test's thread instances left at their unload is collected before the next
+    test starts: the process's collector is one for every test of a worker, and its
+    timer must not fire inside another test (one that counts collections, say)."""
+    yield
+    from fnrt.runtime.collector import COLLECTOR
+
+    COLLECTOR.settle()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from fnrt.loader.device import cuda_device_count
 

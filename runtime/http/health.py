@@ -39,10 +39,13 @@ async def not_ready(request: Request) -> tuple[str, str] | None:
     if warming:
         return "starting", f"{warming} function(s) that load at start are still loading"
     store = node.repository.store.uri
+    bound = asyncio.timeout(STORE_CHECK_TIMEOUT_S)
     try:  # one conditional GET (a 304 while nothing changed)
-        async with asyncio.timeout(STORE_CHECK_TIMEOUT_S):
+        async with bound:
             await asyncio.shield(_store_check(node))
-    except TimeoutError:
+    except TimeoutError as exc:
+        if not bound.expired():  # the store's own (its client's read timeout): its reason
+            return "unavailable", f"store {store}: {_reason(exc)}"
         return "unavailable", f"store {store}: no answer within {STORE_CHECK_TIMEOUT_S:g} s"
     except Exception as exc:
         return "unavailable", f"store {store}: {_reason(exc)}"

@@ -222,3 +222,31 @@ def test_a_blob_removed_as_its_watch_starts_is_skipped(
     assert not mapped.path.exists()  # nothing recreated it
     watch.close()
     instance.close()
+
+
+def test_a_closed_instance_holds_nothing_of_its_handler(tmp_path: Path) -> None:
+    """Closed, a generative thread instance lets go of its stepper as of its call: its
+    model is freed by reference count even while the instance itself is still held
+    (an executor's work item, a caller's frame), and a step says it is closed."""
+    import weakref
+    from typing import Any, cast
+
+    from fnrt.functions.generation import StepBatch
+    from fnrt.loader.instance import Instance
+
+    class Model:
+        def __call__(self, batch: StepBatch) -> Any:
+            raise AssertionError("never stepped")
+
+    model = Model()
+    gone = weakref.ref(model)
+    from fnrt.loader.repository import Repository
+    from fnrt.loader.stores import FileStore
+
+    vm = publish(Repository(FileStore(tmp_path / "store")), write_function(tmp_path / "src", "g"))
+    instance = Instance(vm, lambda batch: [], ThreadPoolExecutor(1), stepper=cast(Any, model))
+    del model
+    instance.close()
+    assert gone() is None and not instance.alive
+    with pytest.raises(RuntimeError, match="instance is closed"):
+        instance.step_timed(StepBatch([], []))

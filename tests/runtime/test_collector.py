@@ -8,6 +8,8 @@ import threading
 import time
 import weakref
 
+import pytest
+
 from fnrt.runtime.collector import Collector, collect_frozen
 
 
@@ -80,3 +82,39 @@ def test_collect_frozen_frees_a_frozen_cycle() -> None:
     collect_frozen()
     assert gone() is None
     gc.unfreeze()
+
+
+def test_a_collection_under_way_is_pending_and_settling_waits_for_it() -> None:
+    """A load that comes while the timer's collection runs waits for it to end: what was
+    unloaded is freed before the next model loads."""
+    inside, release = threading.Event(), threading.Event()
+    ended: list[str] = []
+
+    def collect() -> None:
+        inside.set()
+        release.wait(5)
+        ended.append("collected")
+
+    collector = Collector(delay_s=0.0, collect=collect)
+    collector.unloaded()
+    assert inside.wait(5)
+    assert collector.pending  # running: a load must still wait
+    settling = threading.Thread(target=lambda: (collector.settle(), ended.append("settled")))
+    settling.start()
+    time.sleep(0.1)
+    assert ended == []
+    release.set()
+    settling.join(5)
+    assert ended == ["collected", "settled"] and not collector.pending
+
+
+def test_a_failed_collection_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    """Settled by a load, a collection's failure (a device's error) is not that load's."""
+
+    def collect() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    collector = Collector(delay_s=60.0, collect=collect)
+    collector.unloaded()
+    collector.settle()
+    assert "illegal memory access" in caplog.text and not collector.pending

@@ -651,13 +651,20 @@ def test_a_batch_cancelled_as_it_ends_is_cancelled(tmp_path: Path) -> None:
 def test_a_handler_raising_timeout_error_keeps_its_instance(tmp_path: Path) -> None:
     """A thread's handler that raises TimeoutError itself (its own client timed out) fails
     its batch as any error does; it did not run past ``timeout_s``, so its instance is
-    not replaced as a hung one."""
+    not replaced as a hung one (before, it was: 504 and a restart)."""
+
+    def own_timeout(batch: list[Request]) -> Sequence[Any]:
+        raise TimeoutError("the handler's own client")
 
     async def scenario() -> None:
-        pool = _pool(_vm(tmp_path, timeout_s=5), Loads(), ManualClock())
-        instance = _Handed()
-        instance.ran.set_exception(TimeoutError("the handler's own client"))
+        stats = Stats()
+        pool = _pool(_vm(tmp_path, timeout_s=5), Loads(own_timeout), ManualClock(), stats)
+        slot = pool.slots[0]
+        instance = await pool.ensure(slot)
         with pytest.raises(TimeoutError, match="own client"):
-            await pool.run(pool.slots[0], cast(Runnable, instance), [X])
+            await pool.run(slot, instance, [X])
+        assert slot.instance is instance and instance.alive
+        assert dict(stats.restarts) == {}
+        await pool.close()
 
     asyncio.run(scenario())

@@ -64,3 +64,16 @@ def test_a_probe_cancelled_as_the_store_answers_is_cancelled() -> None:
             await probe
 
     asyncio.run(scenario())
+
+
+def test_the_stores_own_timeout_is_its_reason_not_the_probes() -> None:
+    """A store whose client timed out (its own read timeout, well within the probe's 5 s)
+    is reported with that reason, not as "no answer within 5 s"."""
+
+    async def scenario() -> None:
+        node = _Node()
+        node.answer.set_exception(TimeoutError("read timeout on the store's endpoint"))
+        status, why = await not_ready(_request(node)) or ("", "")
+        assert status == "unavailable" and "read timeout on the store's endpoint" in why
+
+    asyncio.run(scenario())
