@@ -419,6 +419,21 @@ class _Cyclic:
         return _double(batch)
 
 
+def _cyclic_loads(
+    models: list[weakref.ref[_Cyclic]], before: Callable[[], None] = lambda: None
+) -> Callable[[VersionManifest, ThreadPoolExecutor], Instance]:
+    """A load function of thread instances whose model is a cycle ``models`` follows;
+    ``before`` is called as each load starts."""
+
+    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        before()
+        model = _Cyclic()
+        models.append(weakref.ref(model))
+        return Instance(vm, model, executor, None, {"total_s": 0.0}, 100)
+
+    return load
+
+
 def test_thread_instances_unloaded_together_share_one_collection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -427,12 +442,7 @@ def test_thread_instances_unloaded_together_share_one_collection(
     node's life), shared by the unloads of a moment (the sweep's: one each stalled the
     event loop that many times)."""
     models: list[weakref.ref[_Cyclic]] = []
-
-    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
-        model = _Cyclic()
-        models.append(weakref.ref(model))
-        return Instance(vm, model, executor, None, {"total_s": 0.0}, 100)
-
+    load = _cyclic_loads(models)
     full: list[int] = []
 
     def seen(phase: str, info: dict[str, int]) -> None:
@@ -442,7 +452,6 @@ def test_thread_instances_unloaded_together_share_one_collection(
     monkeypatch.setattr(COLLECTOR, "delay_s", 60.0)  # the test says when: settle below
 
     async def scenario() -> None:
-        COLLECTOR.settle()  # (what the tests before it unloaded)
         pools = [_pool(_vm(tmp_path / str(i)), cast(Loads, load), ManualClock()) for i in range(3)]
         for pool in pools:
             await pool.run(pool.slots[0], await pool.ensure(pool.slots[0]), [X])
@@ -460,7 +469,6 @@ def test_thread_instances_unloaded_together_share_one_collection(
             gc.enable()
         for pool in pools:
             await pool.close()
-        COLLECTOR.settle()  # its timer, started under the patched delay, leaves none pending
 
     asyncio.run(scenario())
 
@@ -472,12 +480,9 @@ def test_a_load_runs_the_pending_collection_first(
     monkeypatch.setattr(COLLECTOR, "delay_s", 60.0)  # not the timer: the load runs it
     models: list[weakref.ref[_Cyclic]] = []
     at_load: list[bool] = []
-
-    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
-        at_load.append(all(ref() is None for ref in models) and not COLLECTOR.pending)
-        model = _Cyclic()
-        models.append(weakref.ref(model))
-        return Instance(vm, model, executor, None, {"total_s": 0.0}, 100)
+    load = _cyclic_loads(
+        models, lambda: at_load.append(all(r() is None for r in models) and not COLLECTOR.pending)
+    )
 
     async def scenario() -> None:
         first, second = (_pool(_vm(tmp_path / n), cast(Loads, load), ManualClock()) for n in "ab")
@@ -488,7 +493,6 @@ def test_a_load_runs_the_pending_collection_first(
         assert at_load == [True, True]
         await first.close()
         await second.close()
-        COLLECTOR.settle()  # its timer, started under the patched delay, leaves none pending
 
     asyncio.run(scenario())
 
@@ -503,7 +507,6 @@ def test_a_worker_process_instance_freezes_nothing_here_and_unloads_with_no_full
     ordinary collector: nothing stays frozen."""
     loaded: list[weakref.ref[ProcessInstance]] = []
     full: list[int] = []
-    COLLECTOR.settle()  # what the tests before it unloaded is collected before it counts
     unfreeze = gc.unfreeze
     monkeypatch.setattr(gc, "unfreeze", lambda: full.append(1) or unfreeze())
 
