@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -461,10 +462,15 @@ def test_a_worker_whose_memory_watch_cannot_start_is_ended(
     start = threading.Thread.start
     monkeypatch.setattr(launching, "start_worker", recorded)
     monkeypatch.setattr(threading.Thread, "start", refused)
-    before = set(shm_dir().glob("fnrt-w-*"))
+    made: list[str] = []  # its arenas' folder (not all of /dev/shm: other tests share it)
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(
+        tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1]
+    )
     with pytest.raises(RuntimeError, match="can't start new thread"):
         launch(loader, IsolationMode.PROCESS, vm, ThreadPoolExecutor(1))  # type: ignore[arg-type]
     monkeypatch.undo()
     [worker] = started
     assert worker.process.poll() is not None  # type: ignore[attr-defined]
-    assert set(shm_dir().glob("fnrt-w-*")) <= before
+    [arenas] = [folder for folder in made if Path(folder).parent == shm_dir()]
+    assert not Path(arenas).exists()

@@ -183,13 +183,20 @@ def test_a_replacement_waits_for_the_delay_and_a_close_meanwhile_starts_none() -
     assert pool.ready == 0
 
 
-def test_a_rehearsal_leaves_nothing_behind() -> None:
+def test_a_rehearsal_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
     import torch  # imported: the rehearsal's torch part runs too
 
-    before = set(shm_dir().iterdir())
+    made: list[str] = []  # the folders it made (not all of /dev/shm: other tests share it)
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(
+        tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1]
+    )
     modules = set(sys.modules)
     rehearse()
-    assert set(shm_dir().iterdir()) == before
+    assert made and all(Path(folder).parent == shm_dir() for folder in made)
+    assert not [folder for folder in made if Path(folder).exists()]
     assert not {m for m in sys.modules if m.startswith("fnrt_bundle_")} - modules
     assert torch.is_grad_enabled()  # nothing of it stays
 
