@@ -94,7 +94,9 @@ def test_a_cold_start_takes_the_spare_and_another_replaces_it(
     assert spares.taken == 1
     assert second.pid == spare.process.pid
     assert _served_by(second) == spare.process.pid  # the spare runs the handler
-    assert second.timings_s["import_s"] < first.timings_s["import_s"]
+    # what the handler imports was imported ahead there (counted, not timed: a timing
+    # compared on a loaded machine is noise; benchmarks.md has the times)
+    assert "idna" in spare.imports
     (replacement,) = _waiting(spares)
     assert replacement.process.pid != spare.process.pid
     second.close()
