@@ -38,9 +38,6 @@ class SystemClock:
     async def wait(self, event: asyncio.Event, timeout_s: float) -> bool:
         if event.is_set():
             return True
-        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation
-        # that comes as the event is set (its inner task done first), and a loop
-        # around it would never stop
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await event.wait()

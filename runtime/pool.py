@@ -313,9 +313,6 @@ class InstancePool:
         try:
             slot.running_future = ran
             if self._thread_timeout_s:  # a worker process times its batches itself
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the batch's
-                # result when its task is cancelled in the same turn as the batch ends,
-                # and the cancel (a swap's stop, the node's shutdown) is lost
                 bound = asyncio.timeout(self._thread_timeout_s)
                 try:
                     async with bound:

@@ -439,6 +439,28 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+@contextmanager
+def made_folders() -> Iterator[list[Path]]:
+    """The folders ``tempfile.mkdtemp`` makes in the block (``TemporaryDirectory``'s
+    too), in order: what a test's own code made, where a look at all of ``/dev/shm`` or
+    ``/tmp`` would also see the other tests' running beside it."""
+    import tempfile
+
+    made: list[Path] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def recorded(*args: Any, **kwargs: Any) -> str:
+        folder = mkdtemp(*args, **kwargs)
+        made.append(Path(folder))
+        return folder
+
+    tempfile.mkdtemp = recorded  # type: ignore[assignment]
+    try:
+        yield made
+    finally:
+        tempfile.mkdtemp = mkdtemp
+
+
 def open_fds() -> dict[int, str]:
     """This process's open descriptors and what each is (a path, ``pipe:[n]``...)."""
     fds: dict[int, str] = {}

@@ -68,7 +68,7 @@ async def read_body(
         if timeout_s is None:
             message = await receive()
             continue
-        try:  # no task a read (wait_for made one) and no cancel lost as a chunk comes
+        try:
             async with asyncio.timeout(timeout_s):
                 message = await receive()
         except TimeoutError:

@@ -146,9 +146,6 @@ class JobRunner:
             except Exception:
                 log.exception("jobs: looking for work failed; trying again")
             self._wake.clear()
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation
-            # that comes as the wake is set (close() right as a chunk ends): close()
-            # then waited forever on a loop that never stopped
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.poll_interval_s):
                     await self._wake.wait()

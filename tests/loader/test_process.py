@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ from fnrt.loader.process import ProcessInstance, RemoteError, rss_bytes
 from fnrt.loader.repository import Repository
 from fnrt.loader.spares import start_worker
 from fnrt.loader.stores import FileStore
-from support import FORWARD_WORKER_MANIFEST, publish, write_function
+from support import FORWARD_WORKER_MANIFEST, made_folders, publish, write_function
 from support import ISOLATED_MANIFEST as MANIFEST
 from support import MISBEHAVING_HANDLER as HANDLER
 
@@ -462,15 +461,10 @@ def test_a_worker_whose_memory_watch_cannot_start_is_ended(
     start = threading.Thread.start
     monkeypatch.setattr(launching, "start_worker", recorded)
     monkeypatch.setattr(threading.Thread, "start", refused)
-    made: list[str] = []  # its arenas' folder (not all of /dev/shm: other tests share it)
-    mkdtemp = tempfile.mkdtemp
-    monkeypatch.setattr(
-        tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1]
-    )
-    with pytest.raises(RuntimeError, match="can't start new thread"):
+    with made_folders() as made, pytest.raises(RuntimeError, match="can't start new thread"):
         launch(loader, IsolationMode.PROCESS, vm, ThreadPoolExecutor(1))  # type: ignore[arg-type]
     monkeypatch.undo()
     [worker] = started
     assert worker.process.poll() is not None  # type: ignore[attr-defined]
-    [arenas] = [folder for folder in made if Path(folder).parent == shm_dir()]
-    assert not Path(arenas).exists()
+    [arenas] = [folder for folder in made if folder.parent == shm_dir()]
+    assert not arenas.exists()

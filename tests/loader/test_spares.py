@@ -28,7 +28,7 @@ from fnrt.loader.spares import SpareWorkers, Started, end
 from fnrt.loader.stores import FileStore
 from fnrt.loader.worker import installed_imports, rehearse
 from support import ISOLATED_MANIFEST as MANIFEST
-from support import assert_stages_add_up, publish, wait_until, write_function
+from support import assert_stages_add_up, made_folders, publish, wait_until, write_function
 
 #: ``idna`` is installed with fnrt (httpx needs it) and the worker itself never imports it.
 HANDLER = """
@@ -185,20 +185,14 @@ def test_a_replacement_waits_for_the_delay_and_a_close_meanwhile_starts_none() -
     assert pool.ready == 0
 
 
-def test_a_rehearsal_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tempfile
-
+def test_a_rehearsal_leaves_nothing_behind() -> None:
     import torch  # imported: the rehearsal's torch part runs too
 
-    made: list[str] = []  # the folders it made (not all of /dev/shm: other tests share it)
-    mkdtemp = tempfile.mkdtemp
-    monkeypatch.setattr(
-        tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1]
-    )
     modules = set(sys.modules)
-    rehearse()
-    assert made and all(Path(folder).parent == shm_dir() for folder in made)
-    assert not [folder for folder in made if Path(folder).exists()]
+    with made_folders() as made:
+        rehearse()
+    assert made and all(folder.parent == shm_dir() for folder in made)
+    assert not [folder for folder in made if folder.exists()]
     assert not {m for m in sys.modules if m.startswith("fnrt_bundle_")} - modules
     assert torch.is_grad_enabled()  # nothing of it stays
 

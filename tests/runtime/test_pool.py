@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -434,6 +435,25 @@ def _cyclic_loads(
     return load
 
 
+@contextlib.contextmanager
+def _full_collections() -> Iterator[list[int]]:
+    """The full collections (the oldest generation's) that run in the block, one entry
+    each; the automatic ones are off meanwhile, so each counted was asked for."""
+    full: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    gc.disable()
+    gc.callbacks.append(seen)
+    try:
+        yield full
+    finally:
+        gc.callbacks.remove(seen)
+        gc.enable()
+
+
 def test_thread_instances_unloaded_together_share_one_collection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -443,12 +463,6 @@ def test_thread_instances_unloaded_together_share_one_collection(
     event loop that many times)."""
     models: list[weakref.ref[_Cyclic]] = []
     load = _cyclic_loads(models)
-    full: list[int] = []
-
-    def seen(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and info["generation"] == 2:
-            full.append(1)
-
     monkeypatch.setattr(COLLECTOR, "delay_s", 60.0)  # the test says when: settle below
 
     async def scenario() -> None:
@@ -456,17 +470,12 @@ def test_thread_instances_unloaded_together_share_one_collection(
         for pool in pools:
             await pool.run(pool.slots[0], await pool.ensure(pool.slots[0]), [X])
         assert all(ref() is not None for ref in models) and gc.get_freeze_count() > 0
-        gc.disable()  # no automatic collection counted
-        gc.callbacks.append(seen)
-        try:
+        with _full_collections() as full:
             for pool in pools:
                 await pool.drop(pool.slots[0])
             assert COLLECTOR.pending and full == []  # within its delay
             await asyncio.to_thread(COLLECTOR.settle)  # (what the delay's timer runs)
             assert full == [1] and [ref() for ref in models] == [None, None, None]
-        finally:
-            gc.callbacks.remove(seen)
-            gc.enable()
         for pool in pools:
             await pool.close()
 
@@ -577,24 +586,13 @@ def test_a_worker_instance_that_served_a_while_is_freed_at_its_unload(tmp_path: 
 
 
 def test_a_worker_instance_unload_collects_no_oldest_generation(tmp_path: Path) -> None:
-    full: list[int] = []
-
-    def seen(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and info["generation"] == 2:
-            full.append(1)
-
     async def scenario() -> None:
         pool = _worker_pool(tmp_path, [])
         instance = await pool.ensure(pool.slots[0])
         await pool.run(pool.slots[0], instance, [{"x": np.full((1, 4), 7, np.float32)}])
         del instance
-        gc.disable()  # no automatic collection counted
-        gc.callbacks.append(seen)
-        try:
+        with _full_collections() as full:
             await pool.drop(pool.slots[0])
-        finally:
-            gc.callbacks.remove(seen)
-            gc.enable()
         assert full == []
         await pool.close()
 
@@ -602,18 +600,14 @@ def test_a_worker_instance_unload_collects_no_oldest_generation(tmp_path: Path) 
 
 
 def test_a_thread_instance_is_frozen_out_of_the_collector_at_its_load(tmp_path: Path) -> None:
-    models: list[_Cyclic] = []
-
-    def load(vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
-        models.append(_Cyclic())
-        return Instance(vm, models[-1], executor, None, {"total_s": 0.0}, 100)
+    models: list[weakref.ref[_Cyclic]] = []
 
     async def scenario() -> None:
-        pool = _pool(_vm(tmp_path), cast(Loads, load), ManualClock())
+        pool = _pool(_vm(tmp_path), cast(Loads, _cyclic_loads(models)), ManualClock())
         before = gc.get_freeze_count()
         await pool.ensure(pool.slots[0])
         assert gc.get_freeze_count() > before
-        assert not any(o is models[0] for o in gc.get_objects())  # the permanent generation
+        assert not any(o is models[0]() for o in gc.get_objects())  # the permanent generation
         await pool.close()
 
     asyncio.run(scenario())
