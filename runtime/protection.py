@@ -48,6 +48,7 @@ class Served:
     cached: bool = False  # answered from the result cache
     fallback: str | None = None  # "cache" or "function:NAME" when the breaker was open
     stream: Stream | None = None  # a generative function's answer, chunk by chunk
+    finish: str | None = None  # why a generative answer, joined whole, ended
 
 
 @dataclass(frozen=True)

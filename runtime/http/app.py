@@ -30,7 +30,7 @@ from fnrt.runtime.http.connection import (
     guarded_protocol,
     raise_descriptor_limit,
 )
-from fnrt.runtime.http.data import Scope, Send, match, starlette_routes
+from fnrt.runtime.http.data import Bound, Scope, Send, match, starlette_routes
 from fnrt.runtime.http.generate import GENERATE, OIP_GENERATE
 from fnrt.runtime.http.invoke import INVOKE, SERVED_HEADERS
 from fnrt.runtime.http.oip import routes as oip_routes
@@ -143,7 +143,7 @@ def data_apps(app: Starlette) -> DataApps | None:
             if found is None:
                 return None
             item, params = found
-            route = functools.partial(item.serve, node, params)
+            route = Bound(item, node, params)
             if len(path) <= DATA_PATH_KEPT_CHARS:
                 if len(served) >= DATA_PATHS_KEPT:  # paths come and go: forget them all
                     served.clear()

@@ -24,6 +24,14 @@ def client_of(receive: Receive) -> Client | None:
     return cycle if hasattr(cycle, "disconnected") else None
 
 
+def within(body: bytes, limit_bytes: int, hint: str = "") -> bytes:
+    """``body``, all of it here, refused with PayloadTooLarge (saying ``hint``) past the
+    limit."""
+    if len(body) > limit_bytes:
+        raise PayloadTooLarge(limit_bytes, hint)
+    return body
+
+
 async def read_body(
     headers: Mapping[str, str],
     receive: Receive,
@@ -38,9 +46,7 @@ async def read_body(
     a small body is there whole."""
     take = getattr(getattr(receive, "__self__", None), "whole_body", None)
     if take is not None and (whole := take()) is not None:  # connection.Answering: all here
-        if len(whole) > limit_bytes:
-            raise PayloadTooLarge(limit_bytes, hint)
-        return whole  # type: ignore[no-any-return]
+        return within(whole, limit_bytes, hint)
     declared = headers.get("content-length")
     if declared is not None:
         try:

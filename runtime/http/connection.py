@@ -43,7 +43,7 @@ import json
 import logging
 import resource
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,8 +194,9 @@ class OneWrite:
         return getattr(self._transport, name)
 
 
-#: What answers a data route on the connection itself: the path -> an ASGI app for
-#: that request (the route with its parameters), or None for any other path.
+#: What answers a data route on the connection itself: the path -> that request's
+#: route with its parameters (``data.Bound``: an ASGI app, and ``now``), or None for any
+#: other path.
 DataApps = Callable[[str], Any]
 
 
@@ -223,6 +224,7 @@ class GuardedProtocol(HttpToolsProtocol):
     _head_read = False  # the request's head has been read
     _head_bytes = 0  # bytes read while the head was arriving (from the read it began in)
     _malformed: bytes | None = None  # a request refused 400, after the answers before it
+    _ready: tuple[Answering, Any] | None = None  # a data request to start once its read is parsed
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
     swept_at: list[float] = [0.0]  # when the server's sweep last ran (the loop's clock)
 
@@ -290,6 +292,23 @@ class GuardedProtocol(HttpToolsProtocol):
             self._drop(_HEAD_TOO_LARGE)  # the next head, held until this answer was out
 
     def data_received(self, data: bytes) -> None:
+        self._received_data(data)
+        ready = self._ready
+        if ready is not None:  # a data request's head was read (``_start_data``)
+            self._ready = None
+            self.loop.call_soon(self._serve_ready, *ready)
+
+    def _serve_ready(self, cycle: Answering, app: Any) -> None:
+        if not app.now(cycle, self._spawn):
+            self._start_asgi_task(cycle, app)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """A request's task, kept as uvicorn keeps its own (the server waits for them)."""
+        task = self.loop.create_task(coroutine)
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def _received_data(self, data: bytes) -> None:
         if self._head_read:
             super().data_received(data)
             return
@@ -350,7 +369,9 @@ class GuardedProtocol(HttpToolsProtocol):
             on_response=self.on_response_complete,
         )
         if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, app)
+            # started when this read is parsed: with no task of its own when all of its
+            # body came with it (``data.serve_now``), else as uvicorn starts a request
+            self._ready = (cycle, app)
         else:  # pipelined: after the one before
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, app))

@@ -3,13 +3,19 @@
 Invokes, OIP infers, split tails and generates are served as raw ASGI (they skip
 Starlette's middleware, router and Request/Response objects: about a third of
 the event loop's time per request when they did not). Each is a
-:class:`DataRoute`: how it reads its body, how it decodes it for the version
-chosen to answer, and how it answers. The template does the rest, the same for
-all: the request's span and log line, the invoke key, the body, then **route
-first** (the version is chosen), **decode against it** (the route builds the
-request's one record, :class:`~fnrt.runtime.queue.Call`, through
+:class:`DataRoute`: its body's limits, how it parses the body, how it decodes it
+for the version chosen to answer, and how it answers. The template does the rest,
+the same for all: the request's span and log line, the invoke key, the body, then
+**route first** (the version is chosen), **decode against it** (the route builds
+the request's one record, :class:`~fnrt.runtime.queue.Call`, through
 ``Gateway.call``), **submit** (the guards, admission, the queue), and one more
 try on its successor when the version retired in between.
+
+A request whose body is all here takes those steps with no task
+(:func:`serve_now`, from the connection once its read is parsed): plain calls up
+to the queue, and the answer written from the call's future's callback. Where a
+step must wait, the rest goes to the same coroutines :func:`serve_data` runs, on
+a task.
 
 :data:`ROUTES` lists every data route once: :class:`FnrtApp` matches paths
 against it before Starlette's router (:func:`match`), and the same table makes
@@ -19,11 +25,13 @@ methods a 405 with ``Allow``).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,7 +41,13 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError, VersionRetired
+from fnrt.functions.errors import (
+    BadRequest,
+    ClientLeft,
+    FnrtError,
+    VersionRetired,
+)
+from fnrt.functions.generation import join_chunks
 from fnrt.functions.headers import (
     FUNCTION_HEADER,
     PRIORITY_HEADER,
@@ -41,8 +55,8 @@ from fnrt.functions.headers import (
     VERSION_HEADER,
 )
 from fnrt.runtime.gateway import Target
-from fnrt.runtime.http.body import ClientGone, Receive, client_of
-from fnrt.runtime.http.observe import end, server_span
+from fnrt.runtime.http.body import ClientGone, Receive, client_of, read_body, within
+from fnrt.runtime.http.observe import Trail, end, server_span
 from fnrt.runtime.http.problems import problem, unexpected
 from fnrt.runtime.http.state import Node
 from fnrt.runtime.protection import Served
@@ -87,6 +101,7 @@ class Incoming:
     timeout_s: float | None = None
     client: Client | None = None
     reply: Any = None  # the route's choice of answer format, made before the body is read
+    fmt: Any = None  # the body's format, where the route reads it from the headers
     function: str = ""  # what it reached, for its metrics, log line and span (a Trail)
     version: str = ""
     cold_tier: str | None = None
@@ -122,8 +137,13 @@ class DataSource(Protocol):
         """What the request asks for (BadRequest for a malformed path)."""
         ...
 
-    def read(self, incoming: Incoming) -> Awaitable[Any]:
-        """The body, read within its limits and parsed as far as no version is needed."""
+    def limits(self, incoming: Incoming) -> tuple[int, str]:
+        """The most bytes its body may hold, and what a 413 tells the client to do
+        instead; checks what can be checked of the headers before the body is read."""
+        ...
+
+    def parse(self, incoming: Incoming, raw: bytes) -> Any:
+        """The body, all of it here, parsed as far as no version is needed."""
         ...
 
     def decode(self, incoming: Incoming, body: Any, scheduler: Scheduler) -> Call:
@@ -134,10 +154,9 @@ class DataSource(Protocol):
 class DataRoute(DataSource, Protocol):
     """One data route: what the template does not."""
 
-    def answer(
-        self, incoming: Incoming, body: Any, call: Call, served: Served
-    ) -> Awaitable[Answer]:
-        """The encoded answer (the version that answered: ``answering(call)``)."""
+    def answer(self, incoming: Incoming, body: Any, call: Call, served: Served) -> Answer:
+        """The encoded answer (the version that answered: ``answering(call)``; a
+        generative function's whole result joined in ``served`` already)."""
         ...
 
     def error_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
@@ -209,10 +228,9 @@ def open_request(
     return Incoming(node, headers, params, receive, route.path, time.perf_counter(), span)
 
 
-async def submit_data(route: DataSource, incoming: Incoming) -> tuple[Any, Call, Served]:
-    """The front half of every data route: the key, the body, the version chosen, the
-    body decoded for it, and its answer from the gateway (one more try on the
-    successor of a version that retired in between)."""
+def _front(route: DataSource, incoming: Incoming) -> Target:
+    """What the request asks for, and what its headers say before its body is read: the
+    invoke key, the priority and timeout, the connection that tells if the client left."""
     node = incoming.node
     headers = incoming.headers
     target = route.target(incoming)
@@ -221,30 +239,92 @@ async def submit_data(route: DataSource, incoming: Incoming) -> tuple[Any, Call,
     if PRIORITY_HEADER in headers or TIMEOUT_HEADER in headers:
         incoming.priority, incoming.timeout_s = request_options(headers)
     incoming.client = client_of(incoming.receive)
-    body = await route.read(incoming)
-    gateway = node.gateway
+    return target
+
+
+def _decoded(route: DataSource, incoming: Incoming, body: Any, scheduler: Scheduler) -> Call:
+    """The request's record for ``scheduler``'s version (what it reached, on its trail)."""
+    trail = incoming
+    trail.function, trail.version = scheduler.name, scheduler.version.version
+    return route.decode(incoming, body, scheduler)
+
+
+async def submit_data(route: DataSource, incoming: Incoming) -> tuple[Any, Call, Served]:
+    """The front half of every data route: the key, the body, the version chosen, the
+    body decoded for it, and its answer from the gateway (one more try on the
+    successor of a version that retired in between)."""
+    target = _front(route, incoming)
+    limit, hint = route.limits(incoming)
+    settings = incoming.node.settings
+    raw = await read_body(incoming.headers, incoming.receive, limit, hint, settings.body_timeout_s)
+    body = route.parse(incoming, raw)
+    gateway = incoming.node.gateway
     scheduler = gateway.choose_now(target)
     if scheduler is None:
         scheduler = await gateway.choose(target)
-    trail = incoming  # what it reached, for its metrics, log line and span
-    trail.function, trail.version = scheduler.name, scheduler.version.version
-    call = route.decode(incoming, body, scheduler)
+    call = _decoded(route, incoming, body, scheduler)
+    call, served = await _served(route, incoming, target, body, call)
+    return body, call, served
+
+
+async def _served(
+    route: DataSource,
+    incoming: Incoming,
+    target: Target,
+    body: Any,
+    call: Call,
+    waiting: Awaitable[Served] | None = None,
+) -> tuple[Call, Served]:
+    """``call`` submitted (``waiting``: submitted already) and answered, with one more
+    try on the successor of a version that retired in between: the call that was
+    answered, and its answer."""
+    gateway = incoming.node.gateway
     try:
-        served = await gateway.submit(call)
+        served = await (gateway.submit(call) if waiting is None else waiting)
     except VersionRetired:
-        scheduler = await gateway.successor(target, scheduler)
-        trail.version = scheduler.version.version
-        call = route.decode(incoming, body, scheduler)
+        scheduler = await gateway.successor(target, call.scheduler)
+        call = _decoded(route, incoming, body, scheduler)
         served = await gateway.submit(call)
+    _reached(incoming, call, served)
+    return call, served
+
+
+def _reached(trail: Incoming, call: Call, served: Served) -> None:
+    """What the request reached, for its metrics, log line and span."""
     by = answering(call)
     trail.function, trail.version = by.name, by.version.version
     trail.cold_tier = served.cold_tier
-    return body, call, served
+
+
+async def joined(call: Call, served: Served, trail: Incoming | Trail) -> Served:
+    """A generative function's answer to an invoke or an infer, whole: every chunk joined
+    (with the function's default parameters), and why it ended (``finish``)."""
+    stream = served.stream
+    assert stream is not None
+    try:
+        chunks = [chunk async for chunk in stream]
+    finally:
+        if not stream.done:
+            stream.cancel()  # the client left while it ran
+    assert stream.ended is not None
+    outputs = join_chunks(answering(call).version.manifest.outputs, chunks)
+    cold_tier = served.cold_tier
+    if stream.cold_tier is not None:
+        cold_tier = trail.cold_tier = stream.cold_tier
+    return Served(outputs, cold_tier, served.cached, served.fallback, finish=stream.ended.reason)
+
+
+async def _answered(
+    route: DataRoute, incoming: Incoming, body: Any, call: Call, served: Served
+) -> Answer:
+    if served.stream is not None:  # a generative function: its whole result
+        served = await joined(call, served, incoming)
+    return route.answer(incoming, body, call, served)
 
 
 async def _answer(route: DataRoute, incoming: Incoming) -> Answer:
     body, call, served = await submit_data(route, incoming)
-    return await route.answer(incoming, body, call, served)
+    return await _answered(route, incoming, body, call, served)
 
 
 async def serve_data(
@@ -257,10 +337,126 @@ async def serve_data(
 ) -> None:
     """Answer one request of ``route`` on the raw ASGI interface."""
     incoming = open_request(node, route, params, scope, receive)
+    await _respond(route, incoming, scope, send, _answer(route, incoming))
+
+
+async def _respond(
+    route: DataRoute, incoming: Incoming, scope: Scope, send: Send, answer: Awaitable[Answer]
+) -> None:
     status = await serve_raw(
-        _answer(route, incoming), scope, send, route.error_headers(incoming.headers), incoming.span
+        answer, scope, send, route.error_headers(incoming.headers), incoming.span
     )
-    end(node.telemetry, incoming, status)
+    end(incoming.node.telemetry, incoming, status)
+
+
+# --- a request served with no task of its own -----------------------------------------
+
+#: Starts a task that the connection keeps (and the server waits for as it stops).
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+def serve_now(
+    route: DataRoute,
+    node: Node,
+    params: tuple[str | None, ...],
+    cycle: Answering,
+    spawn: Spawn,
+) -> bool:
+    """Serve a request whose body is all here as :func:`serve_data` would, with no task
+    of its own: the body parsed, the version chosen and the call queued now, and the
+    answer written from its future's callback. A task per request and its
+    coroutines' steps cost about a tenth of the event loop's time per request. A step
+    that must wait (a version not loaded, a retired one, a generative answer, an error
+    to answer, a client that does not take its answers) hands the rest to the same
+    coroutines as :func:`serve_data`, on a task of ``spawn``'s. False, having done
+    nothing: the body is not all here; serve it as a task."""
+    if not cycle.body_here():
+        return False
+    scope: Any = cycle.scope  # (uvicorn's types of ASGI, which fnrt's routes take as plain)
+    incoming = open_request(node, route, params, scope, cycle.receive)  # type: ignore[arg-type]
+    try:
+        target = _front(route, incoming)
+        limit, hint = route.limits(incoming)
+        raw = cycle.whole_body()
+        assert raw is not None
+        body = route.parse(incoming, within(raw, limit, hint))
+        gateway = node.gateway
+        scheduler = gateway.choose_now(target)
+        if scheduler is None:
+            rest = _chosen(route, incoming, target, body)
+        else:
+            call = _decoded(route, incoming, body, scheduler)
+            try:
+                waiting = gateway.submit(call)
+            except VersionRetired as exc:
+                waiting = _raise(exc)
+            if isinstance(waiting, asyncio.Future):
+                waiting.add_done_callback(
+                    functools.partial(_on_served, route, incoming, cycle, spawn, target, body, call)
+                )
+                return True
+            rest = _rest(route, incoming, target, body, call, waiting)
+    except Exception as exc:  # answered as serve_data answers it
+        rest = _raise(exc)
+    spawn(_respond(route, incoming, scope, cycle.send, rest))  # type: ignore[arg-type]
+    return True
+
+
+def _on_served(
+    route: DataRoute,
+    incoming: Incoming,
+    cycle: Answering,
+    spawn: Spawn,
+    target: Target,
+    body: Any,
+    call: Call,
+    future: asyncio.Future[Served],
+) -> None:
+    """The call's future is done: its answer written now, unless it needs a wait."""
+    try:
+        if not future.cancelled() and future.exception() is None:
+            served = future.result()
+            if served.stream is None:
+                _reached(incoming, call, served)
+                answer = route.answer(incoming, body, call, served)
+                status = write_now(cycle, answer, incoming.span)
+                if status is not None:
+                    end(incoming.node.telemetry, incoming, status)
+                    return
+                rest: Awaitable[Answer] = _done(answer)  # the client's answers wait
+            else:
+                rest = _rest(route, incoming, target, body, call, future)
+        else:  # its error (or a retired version's successor), as serve_data meets it
+            rest = _rest(route, incoming, target, body, call, future)
+    except Exception as exc:
+        rest = _raise(exc)
+    spawn(_respond(route, incoming, cycle.scope, cycle.send, rest))  # type: ignore[arg-type]
+
+
+async def _chosen(route: DataRoute, incoming: Incoming, target: Target, body: Any) -> Answer:
+    scheduler = await incoming.node.gateway.choose(target)
+    call = _decoded(route, incoming, body, scheduler)
+    return await _rest(route, incoming, target, body, call, None)
+
+
+async def _rest(
+    route: DataRoute,
+    incoming: Incoming,
+    target: Target,
+    body: Any,
+    call: Call,
+    waiting: Awaitable[Served] | None,
+) -> Answer:
+    call, served = await _served(route, incoming, target, body, call, waiting)
+    return await _answered(route, incoming, body, call, served)
+
+
+async def _raise(exc: Exception) -> Any:
+    raise exc
+
+
+async def _done(answer: Answer) -> Answer:
+    return answer
 
 
 async def serve_raw(
@@ -296,29 +492,17 @@ async def serve_raw(
             failed.headers,
         )
     cycle: Any = getattr(send, "__self__", None)  # uvicorn's request cycle, where there is one
-    if getattr(cycle, "disconnected", False) and not hasattr(cycle, "refused"):
-        # it left while the request ran: the answer reaches nobody (a body the connection
-        # refused, too slow, was answered 408 there: ``refused``)
-        return CLIENT_GONE
-    if getattr(cycle, "waiting_for_100_continue", False):
-        # answered before its body was asked for (no 100 Continue): the client need not
-        # send it, and kept open the connection would read its next request as that body
-        cycle.keep_alive = False
-    trace_header = traceresponse(span)
-    write = getattr(cycle, "answer", None)
-    if write is not None:  # the connection writes it whole (connection.Answering)
-        if cycle.flow.write_paused:  # the answer before is not taken yet: wait, as send does
-            await cycle.flow.drain()  # (else a pipeline's answers piled up unsent)
-            if cycle.disconnected:
+    if isinstance(cycle, Answering):  # the connection writes it whole
+        while (written := write_now(cycle, (body, media_type, extra), span, status)) is None:
+            await cycle.flow.drain()  # the answer before is not taken yet: wait, as send does
+            if cycle.disconnected:  # (else a pipeline's answers piled up unsent)
                 return CLIENT_GONE
-        if isinstance(extra, Head):
-            lines = extra.lines
-        else:
-            lines = header_lines(_raw_headers(media_type, extra))
-        if trace_header is not None:  # fnrt's own: hex digits and dashes
-            lines += b"%s: %s\r\n" % trace_header
-        write(status, lines, body)
-        return status
+        return written
+    if getattr(cycle, "disconnected", False) and not hasattr(cycle, "refused"):
+        return CLIENT_GONE  # it left while the request ran: the answer reaches nobody
+    if getattr(cycle, "waiting_for_100_continue", False):
+        cycle.keep_alive = False  # (as write_now says)
+    trace_header = traceresponse(span)
     if isinstance(extra, Head):  # encoded already: the content type and who answered
         raw = [*extra.raw, (b"content-length", str(len(body)).encode())]
     else:
@@ -328,6 +512,32 @@ async def serve_raw(
         raw.append(trace_header)
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+    return status
+
+
+def write_now(cycle: Answering, answer: Answer, span: Any, status: int = 200) -> int | None:
+    """Write ``answer`` on its connection, whole; the status written (499 when the client
+    left first), or None when the client has not taken the answer before yet (wait for
+    ``cycle.flow.drain()``, then write)."""
+    if cycle.disconnected and not hasattr(cycle, "refused"):
+        # it left while the request ran: the answer reaches nobody (a body the connection
+        # refused, too slow, was answered 408 there: ``refused``)
+        return CLIENT_GONE
+    if cycle.waiting_for_100_continue:
+        # answered before its body was asked for (no 100 Continue): the client need not
+        # send it, and kept open the connection would read its next request as that body
+        cycle.keep_alive = False
+    if cycle.flow.write_paused:
+        return None
+    body, media_type, extra = answer
+    if isinstance(extra, Head):
+        lines = extra.lines
+    else:
+        lines = header_lines(_raw_headers(media_type, extra))
+    trace_header = traceresponse(span)
+    if trace_header is not None:  # fnrt's own: hex digits and dashes
+        lines += b"%s: %s\r\n" % trace_header
+    cycle.answer(status, lines, body)
     return status
 
 
@@ -348,12 +558,20 @@ class Answering(RequestResponseCycle):
     uvicorn read of a cycle (``response_complete``, ``keep_alive``, ``more_body``,
     ``disconnected``) stays as the ASGI interface leaves it."""
 
+    def body_here(self) -> bool:
+        """All of the request's body is here, and nothing more is owed to the client
+        first (a ``100 Continue``)."""
+        return not (
+            self.more_body
+            or self.waiting_for_100_continue
+            or self.disconnected
+            or self.response_complete
+        )
+
     def whole_body(self) -> bytes | None:
-        """The request's body when all of it is here and nothing more is owed to the
-        client first (a ``100 Continue``); None: read it through ``receive``."""
-        if self.more_body or self.waiting_for_100_continue or self.disconnected:
-            return None
-        if self.response_complete:
+        """The request's body when it is here (:meth:`body_here`), taken; None: read it
+        through ``receive``."""
+        if not self.body_here():
             return None
         body = bytes(self.body)
         self.body = bytearray()
@@ -417,32 +635,57 @@ def _default_lines(defaults: list[tuple[bytes, bytes]]) -> bytes:
 Serve = Callable[[Node, tuple[str | None, ...], Scope, Receive, Send], Awaitable[None]]
 
 
+#: Serves one matched request whose body is all here with no task (``serve_now``):
+#: (node, the path's parameters, the connection's request cycle, spawn); False: not.
+Now = Callable[[Node, tuple[str | None, ...], Answering, Spawn], bool]
+
+
 @dataclass(frozen=True)
 class Entry:
-    """A data route's path (Starlette's syntax), its matcher, and what serves it."""
+    """A data route's path (Starlette's syntax), its matcher, and what serves it (as
+    ASGI, and, where it can, with no task: ``now``)."""
 
     path: str
     serve: Serve
     pattern: re.Pattern[str]
     names: tuple[str, ...]  # the path's parameters, in order
+    now: Now | None = None
 
 
-def entry(path: str, serve: Serve) -> Entry:
+def entry(path: str, serve: Serve, now: Now | None = None) -> Entry:
     """The table's entry for ``path``: ``{param}`` matches one path segment."""
     names = tuple(re.findall(r"{(\w+)}", path))
     regex = re.sub(r"\\{\w+\\}", "([^/]+)", re.escape(path))
-    return Entry(path, serve, re.compile(regex), names)
+    return Entry(path, serve, re.compile(regex), names, now)
 
 
-def data_route(route: DataRoute) -> Serve:
-    """``serve_data`` for ``route``, as a table's entry calls it."""
+def data_entry(path: str, route: DataRoute) -> Entry:
+    """The table's entry for a data route: ``serve_data``, and ``serve_now``."""
 
     def serve(
         node: Node, params: tuple[str | None, ...], scope: Scope, receive: Receive, send: Send
     ) -> Awaitable[None]:
         return serve_data(route, node, params, scope, receive, send)
 
-    return serve
+    return entry(path, serve, functools.partial(serve_now, route))
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A matched entry with its node and the path's parameters: the ASGI app of one
+    request (a connection's pipelined one, say), and its way to be served now."""
+
+    entry: Entry
+    node: Node
+    params: tuple[str | None, ...]
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        return self.entry.serve(self.node, self.params, scope, receive, send)
+
+    def now(self, cycle: Answering, spawn: Spawn) -> bool:
+        """Serve it with no task of its own (:func:`serve_now`); False: not."""
+        now = self.entry.now
+        return now is not None and now(self.node, self.params, cycle, spawn)
 
 
 def match(table: tuple[Entry, ...], path: str) -> tuple[Entry, tuple[str, ...]] | None:

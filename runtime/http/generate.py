@@ -64,7 +64,7 @@ from fnrt.runtime.http.data import (
     open_request,
     submit_data,
 )
-from fnrt.runtime.http.invoke import read_data, served_headers, whole_result
+from fnrt.runtime.http.invoke import body_limits, served_headers, whole_result
 from fnrt.runtime.http.observe import Trail, end
 from fnrt.runtime.http.problems import problem, status_of, unexpected
 from fnrt.runtime.http.state import Node
@@ -191,15 +191,15 @@ class Generate:
         headers = incoming.headers
         return Target(name, version=pinned or headers.get(VERSION_HEADER) or None, headers=headers)
 
-    async def read(self, incoming: Incoming) -> GenerateBody:
-        headers = incoming.headers
-        fmt = format_of(headers.get("content-type"))
+    def limits(self, incoming: Incoming) -> tuple[int, str]:
+        fmt = incoming.fmt = format_of(incoming.headers.get("content-type"))
         if self.oip and fmt is not Format.JSON:
             raise UnsupportedMediaType("the generate extension takes JSON bodies")
-        node = incoming.node
-        raw = decode(
-            await read_data(node, headers, incoming.receive, fmt), fmt, node.settings.tensor_limits
-        )
+        return body_limits(incoming.node, fmt)
+
+    def parse(self, incoming: Incoming, body: bytes) -> GenerateBody:
+        fmt = incoming.fmt
+        raw = decode(body, fmt, incoming.node.settings.tensor_limits)
         request_id = None
         if self.oip and "id" in raw:
             request_id = raw.pop("id")

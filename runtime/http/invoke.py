@@ -10,11 +10,10 @@ through the same :mod:`fnrt.runtime.http.problems` mapping as every other route.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from fnrt.functions.codec import Format, decode, encode, format_of, negotiate
-from fnrt.functions.generation import join_chunks
 from fnrt.functions.headers import (
     CACHE_HEADER,
     COLD_START_HEADER,
@@ -25,7 +24,7 @@ from fnrt.functions.headers import (
 )
 from fnrt.functions.tensors import coerce_request
 from fnrt.runtime.gateway import Target
-from fnrt.runtime.http.body import Receive, read_body
+from fnrt.runtime.http.body import Receive
 from fnrt.runtime.http.data import (
     CLIENT_GONE,
     Answer,
@@ -34,9 +33,9 @@ from fnrt.runtime.http.data import (
     Send,
     answered_by,
     answering,
-    data_route,
-    entry,
+    data_entry,
     header_map,
+    joined,
     request_options,
     serve_raw,
 )
@@ -45,7 +44,6 @@ from fnrt.runtime.http.state import Node
 from fnrt.runtime.protection import Served
 from fnrt.runtime.queue import Call
 from fnrt.runtime.scheduler import Scheduler
-from fnrt.runtime.stream import Stream
 
 __all__ = [
     "CLIENT_GONE",
@@ -56,8 +54,8 @@ __all__ = [
     "Invoke",
     "Scope",
     "Send",
+    "body_limits",
     "header_map",
-    "read_data",
     "request_options",
     "serve_raw",
     "served_headers",
@@ -80,17 +78,13 @@ JSON_BODY_HINT = (
 )
 
 
-def read_data(
-    node: Node, headers: Mapping[str, str], receive: Receive, fmt: Format
-) -> Awaitable[bytes]:
-    """A data request's body, within the limit of its format (JSON's is lower), to
-    await (not a coroutine of its own: one frame less on every request)."""
+def body_limits(node: Node, fmt: Format) -> tuple[int, str]:
+    """The most bytes a data request's body may hold in ``fmt`` (JSON's is lower), and
+    what a 413 says to do instead."""
     settings = node.settings
     if fmt is Format.JSON:
-        return read_body(
-            headers, receive, settings.json_body_limit, JSON_BODY_HINT, settings.body_timeout_s
-        )
-    return read_body(headers, receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+        return settings.json_body_limit, JSON_BODY_HINT
+    return settings.max_body_bytes, ""
 
 
 class Invoke:
@@ -104,22 +98,21 @@ class Invoke:
         headers = incoming.headers
         return Target(name, version=headers.get(VERSION_HEADER) or None, headers=headers)
 
-    async def read(self, incoming: Incoming) -> Any:
+    def limits(self, incoming: Incoming) -> tuple[int, str]:
         headers = incoming.headers
-        fmt = format_of(headers.get("content-type"))
+        fmt = incoming.fmt = format_of(headers.get("content-type"))
         incoming.reply = negotiate(headers.get("accept"), fmt)  # 406 before the body is read
-        raw = await read_data(incoming.node, headers, incoming.receive, fmt)
-        return decode(raw, fmt, incoming.node.settings.tensor_limits)
+        return body_limits(incoming.node, fmt)
+
+    def parse(self, incoming: Incoming, raw: bytes) -> Any:
+        return decode(raw, incoming.fmt, incoming.node.settings.tensor_limits)
 
     def decode(self, incoming: Incoming, body: Any, scheduler: Scheduler) -> Call:
         return incoming.call(scheduler, coerce_request(scheduler.version.manifest.inputs, body))
 
-    async def answer(self, incoming: Incoming, body: Any, call: Call, served: Served) -> Answer:
+    def answer(self, incoming: Incoming, body: Any, call: Call, served: Served) -> Answer:
         reply = incoming.reply
         limits = incoming.node.settings.tensor_limits
-        if served.stream is not None:  # a generative function: its whole result
-            outputs, headers_out = await whole_result(call, served, incoming)
-            return encode(outputs, reply, limits), reply.media_type, headers_out
         span = incoming.span
         if span is None or not span.recording:
             out = encode(served.outputs, reply, limits)
@@ -127,7 +120,12 @@ class Invoke:
             started_ns = time.time_ns()
             out = encode(served.outputs, reply, limits)
             span.encoded = (started_ns, time.time_ns(), len(out))
-        if served.cold_tier is None and not served.cached and served.fallback is None:
+        if (
+            served.cold_tier is None
+            and not served.cached
+            and served.fallback is None
+            and served.finish is None
+        ):
             scheduler = call.scheduler  # who answered, as usual: its headers encoded once
             media_type = reply.media_type
             return (
@@ -141,30 +139,17 @@ class Invoke:
         return headers
 
 
-INVOKE = entry(ROUTE, data_route(Invoke()))
+INVOKE = data_entry(ROUTE, Invoke())
 INVOKE_PATH = INVOKE.pattern
 
 
 async def whole_result(
     call: Call, served: Served, trail: Trail
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """A generative function's answer to an invoke or an infer: every chunk, joined
-    (with the function's default parameters), and the answer's headers, why it ended
-    among them."""
-    stream: Stream | None = served.stream
-    assert stream is not None
-    try:
-        chunks = [chunk async for chunk in stream]
-    finally:
-        if not stream.done:
-            stream.cancel()  # the client left while it ran
-    assert stream.ended is not None
-    outputs = join_chunks(answering(call).version.manifest.outputs, chunks)
-    headers = served_headers(call, served)
-    headers[FINISH_HEADER] = stream.ended.reason
-    if stream.cold_tier is not None:
-        headers[COLD_START_HEADER] = trail.cold_tier = stream.cold_tier
-    return outputs, headers
+    """A generative function's answer, whole (:func:`joined`), and the answer's headers,
+    why it ended among them."""
+    whole = await joined(call, served, trail)
+    return whole.outputs, served_headers(call, whole)
 
 
 def served_headers(call: Call, served: Served) -> dict[str, str]:
@@ -177,6 +162,8 @@ def served_headers(call: Call, served: Served) -> dict[str, str]:
         out[FALLBACK_HEADER] = served.fallback
     if served.cold_tier is not None:
         out[COLD_START_HEADER] = served.cold_tier
+    if served.finish is not None:
+        out[FINISH_HEADER] = served.finish
     return out
 
 

@@ -27,7 +27,7 @@ from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 from fnrt.functions.headers import DIGEST_HEADER, SERVER_MS_HEADER, VERSION_HEADER
 from fnrt.runtime.gateway import ACTIVATION, Target
 from fnrt.runtime.http.body import Receive, read_body
-from fnrt.runtime.http.data import Answer, Incoming, Scope, Send, data_route, entry
+from fnrt.runtime.http.data import Answer, Incoming, Scope, Send, data_entry
 from fnrt.runtime.http.invoke import served_headers
 from fnrt.runtime.http.resource import resource
 from fnrt.runtime.http.state import Node, node_of
@@ -68,13 +68,13 @@ class SplitTail:
         version = incoming.headers.get(VERSION_HEADER) or None
         return Target(name, version=version, split=split_index(k_text))
 
-    async def read(self, incoming: Incoming) -> Activation:
+    def limits(self, incoming: Incoming) -> tuple[int, str]:
+        incoming.reply = negotiate(incoming.headers.get("accept"), Format.MSGPACK)
+        return incoming.node.settings.max_body_bytes, ""
+
+    def parse(self, incoming: Incoming, body: bytes) -> Activation:
         headers = incoming.headers
-        incoming.reply = negotiate(headers.get("accept"), Format.MSGPACK)
         settings = incoming.node.settings
-        body = await read_body(
-            headers, incoming.receive, settings.max_body_bytes, timeout_s=settings.body_timeout_s
-        )
         started = time.perf_counter()  # server time starts with the whole body here: the
         # upload is network time, which the device estimates its bandwidth from
         if format_of(headers.get("content-type"), default=Format.MSGPACK) is not Format.MSGPACK:
@@ -85,9 +85,7 @@ class SplitTail:
         k = split_index(incoming.params[1] or "")
         return incoming.call(scheduler, {ACTIVATION: body.array}, split=k)
 
-    async def answer(
-        self, incoming: Incoming, body: Activation, call: Call, served: Served
-    ) -> Answer:
+    def answer(self, incoming: Incoming, body: Activation, call: Call, served: Served) -> Answer:
         span = incoming.span
         if span is not None:
             span.set_attribute("fnrt.split", call.split)
@@ -101,7 +99,7 @@ class SplitTail:
         return headers
 
 
-SPLIT = entry(ROUTE, data_route(SplitTail()))
+SPLIT = data_entry(ROUTE, SplitTail())
 SPLIT_PATH = SPLIT.pattern
 
 

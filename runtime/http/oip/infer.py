@@ -15,9 +15,8 @@ from typing import Any
 
 from fnrt.functions.tensors import coerce_request
 from fnrt.runtime.gateway import Target
-from fnrt.runtime.http.body import read_body
-from fnrt.runtime.http.data import Answer, Incoming, Scope, Send, data_route, entry
-from fnrt.runtime.http.invoke import served_headers, whole_result
+from fnrt.runtime.http.data import Answer, Incoming, Scope, Send, data_entry
+from fnrt.runtime.http.invoke import served_headers
 from fnrt.runtime.http.oip.wire import (
     HEADER_LENGTH,
     InferRequest,
@@ -63,11 +62,12 @@ class Infer:
         assert name is not None
         return Target(name, version, headers=incoming.headers)
 
-    async def read(self, incoming: Incoming) -> InferBody:
-        settings = incoming.node.settings
+    def limits(self, incoming: Incoming) -> tuple[int, str]:
+        return incoming.node.settings.max_body_bytes, ""
+
+    def parse(self, incoming: Incoming, raw: bytes) -> InferBody:
         headers = incoming.headers
-        limit = settings.max_body_bytes
-        raw = await read_body(headers, incoming.receive, limit, timeout_s=settings.body_timeout_s)
+        limit = incoming.node.settings.max_body_bytes
         body = decompress(raw, headers.get("content-encoding"), limit)
         return InferBody(body, parse_header_length(headers.get(HEADER_LENGTH), len(body)))
 
@@ -81,24 +81,18 @@ class Infer:
         checked = coerce_request(inputs, request.inputs)
         return incoming.call(scheduler, checked, request.priority, request.timeout_s)
 
-    async def answer(
-        self, incoming: Incoming, body: InferBody, call: Call, served: Served
-    ) -> Answer:
+    def answer(self, incoming: Incoming, body: InferBody, call: Call, served: Served) -> Answer:
         scheduler = call.answered_by or call.scheduler
         assert body.request is not None
-        outputs: Any = served.outputs
-        extra = None
-        if served.stream is not None:  # a generative function: its whole result
-            outputs, extra = await whole_result(call, served, incoming)
         out, json_length = encode_response(
             scheduler.name,
             scheduler.version.version,
             body.request,
-            outputs,
+            served.outputs,
             scheduler.version.manifest.outputs,
             incoming.node.settings.tensor_limits,
         )
-        extra = extra or served_headers(call, served)
+        extra = served_headers(call, served)
         media_type = "application/json"
         if json_length is not None:
             extra[HEADER_LENGTH] = str(json_length)
@@ -113,8 +107,8 @@ class Infer:
         return _JSON_ERRORS
 
 
-INFER = entry(INFER_ROUTE, data_route(Infer(INFER_ROUTE)))
-INFER_VERSION = entry(INFER_VERSION_ROUTE, data_route(Infer(INFER_VERSION_ROUTE)))
+INFER = data_entry(INFER_ROUTE, Infer(INFER_ROUTE))
+INFER_VERSION = data_entry(INFER_VERSION_ROUTE, Infer(INFER_VERSION_ROUTE))
 
 
 async def serve_infer(
