@@ -366,10 +366,10 @@ def serve_now(
     of its own: the body parsed, the version chosen and the call queued now, and the
     answer written from its future's callback. A task per request and its
     coroutines' steps cost about a tenth of the event loop's time per request. A step
-    that must wait (a version not loaded, a retired one, a generative answer, an error
-    to answer, a client that does not take its answers) hands the rest to the same
-    coroutines as :func:`serve_data`, on a task of ``spawn``'s. False, having done
-    nothing: the body is not all here; serve it as a task."""
+    that must wait (a version not routed here yet, a retired one, a generative
+    answer, an error to answer, a client that does not take its answers) hands the
+    rest to the same coroutines as :func:`serve_data`, on a task of ``spawn``'s. False,
+    having done nothing: the body is not all here; serve it as a task."""
     if not cycle.body_here():
         return False
     scope: Any = cycle.scope  # (uvicorn's types of ASGI, which fnrt's routes take as plain)
