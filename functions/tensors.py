@@ -7,6 +7,7 @@ on every handler result before it is encoded.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,13 +59,14 @@ def from_plain(name: str, inferred: Array, spec: TensorSpec | None) -> Array:
     target = numpy_dtype(spec.dtype)
     # Floats within the target's largest (NaN is not) cannot overflow: the usual
     # request converts without the error-state switch and a look at every converted
-    # value. Past it, the general path below says which error. (bfloat16's kind is "V".)
+    # value. Their sum of squares within the largest's square says so in one BLAS call
+    # (each square is at most the sum; 1.5 against 3.3 us for 64 values as a largest
+    # absolute value); past it (an overflow, a NaN, or many values near the largest),
+    # the general path below says which error, if any. (bfloat16's kind is "V".)
     if (
         target.kind == "f"
         and inferred.dtype.kind == "f"
-        and (
-            not inferred.size or np.maximum.reduce(np.abs(inferred), axis=None) <= _largest(target)
-        )
+        and (not inferred.size or np.vdot(inferred, inferred) <= _squared(target))
     ):
         return inferred.astype(target)
     integral = inferred.dtype.kind in "iu" and target.kind in "iu"  # range-checked below
@@ -101,6 +103,19 @@ def _largest(dtype: np.dtype[Any]) -> float:
 
 #: _largest's answers, per dtype (the few float dtypes a manifest can declare).
 _LARGEST: dict[np.dtype[Any], float] = {}
+
+
+def _squared(dtype: np.dtype[Any]) -> float:
+    """The square of ``dtype``'s largest value, at most float64's largest (a float64
+    target's values past 1.3e154 then take the general path, which keeps them)."""
+    squared = _SQUARED.get(dtype)
+    if squared is None:
+        largest = _largest(dtype)
+        squared = _SQUARED[dtype] = min(largest * largest, sys.float_info.max)  # (not inf)
+    return squared
+
+
+_SQUARED: dict[np.dtype[Any], float] = {}
 
 
 def _describe(array: Array) -> str:

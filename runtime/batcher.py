@@ -309,6 +309,7 @@ class Batcher(Intake):
         protection = self._protection
         total = 0.0
         answered = 0
+        counted: list[float] = []  # the latencies of those that passed the gateway
         for call, result in zip(batch, results, strict=True):
             future = call.future
             if future.done():
@@ -317,8 +318,10 @@ class Batcher(Intake):
             latency = now - call.enqueued_at
             total += latency
             answered += 1
-            if call.counted and protection is not None:
-                protection.succeeded(now, latency)
+            if call.counted:
+                counted.append(latency)
+        if counted and protection is not None:
+            protection.all_succeeded(now, counted)
         if answered:
             totals = self._stats.totals
             totals.success.add(total, answered)

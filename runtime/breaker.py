@@ -79,25 +79,28 @@ def next_state(
 
 
 class Rolling:
-    """Requests and failures over the last ``window_s``: amortised O(1) per record."""
+    """Requests and failures over the last ``window_s``: amortised O(1) per record (the
+    outcomes of one moment, a batch's, one entry)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._items: deque[tuple[float, bool]] = deque()
+        self._items: deque[tuple[float, int, int]] = deque()  # time, requests, failures
         self.requests = 0
         self.errors = 0
 
-    def add(self, now: float, failed: bool) -> None:
-        self._items.append((now, failed))
-        self.requests += 1
-        self.errors += failed
+    def add(self, now: float, failed: bool, count: int = 1) -> None:
+        errors = count if failed else 0
+        self._items.append((now, count, errors))
+        self.requests += count
+        self.errors += errors
         self.trim(now)
 
     def trim(self, now: float) -> None:
-        while self._items and self._items[0][0] < now - self.window_s:
-            _, failed = self._items.popleft()
-            self.requests -= 1
-            self.errors -= failed
+        items = self._items
+        while items and items[0][0] < now - self.window_s:
+            _, count, errors = items.popleft()
+            self.requests -= count
+            self.errors -= errors
 
     def summary(self, now: float) -> Summary:
         self.trim(now)
@@ -138,13 +141,17 @@ class Breaker:
             self.probing = Probing(p.sent + 1, p.finished, p.failed)
         return True
 
-    def record(self, now: float, failed: bool) -> None:
-        """The outcome of a request :meth:`allow` let through."""
+    def record(self, now: float, failed: bool, count: int = 1) -> None:
+        """The outcome of a request :meth:`allow` let through (of ``count`` of them)."""
         if not failed:
             self.deaths = 0  # an instance served: whatever died before is not a loop
         if not self.config.enabled:
             return
-        self.window.add(now, failed)
+        if count != 1 and self.state is not BreakerState.CLOSED:
+            for _ in range(count):  # each may change the state: one at a time
+                self.record(now, failed)
+            return
+        self.window.add(now, failed, count)
         if self.state is BreakerState.HALF_OPEN:
             p = self.probing
             self.probing = Probing(p.sent, p.finished + 1, p.failed + int(failed))

@@ -115,6 +115,11 @@ class Protection:
         self.outcomes.record(now, False, latency_s)
         self.breaker.record(now, False)
 
+    def all_succeeded(self, now: float, latencies_s: list[float]) -> None:
+        """A batch's requests served, each in its latency: counted at once."""
+        self.outcomes.successes(now, latencies_s)
+        self.breaker.record(now, False, len(latencies_s))
+
     def instance_lost(self, now: float, cause: str, retry_at: float, reason: str) -> bool:
         """An instance of the version died (``cause``, ``reason``), or its load failed on
         the handler's side; none loads again before ``retry_at``. True when that opened

@@ -65,6 +65,17 @@ def test_float_conversion_keeps_what_rounds_to_the_largest_and_refuses_nan() -> 
         from_plain("x", np.array([1.0, np.nan]), TensorSpec("float32", (-1,)))
 
 
+def test_values_whose_squares_add_up_past_the_largest_are_kept_all_the_same() -> None:
+    """The quick range check (a sum of squares) passes them to the exact one, which
+    keeps what is in range: three values near float32's largest, float64's past 1e154."""
+    near = coerce_request({"x": TensorSpec("float32", (-1,))}, {"x": [3e38, -3e38, 3e38]})["x"]
+    assert near.tolist() == pytest.approx([3e38, -3e38, 3e38], rel=1e-6)
+    large = coerce_request({"x": TensorSpec("float64", (-1,))}, {"x": [1e200, -1e300]})["x"]
+    assert large.tolist() == [1e200, -1e300]
+    with pytest.raises(InvalidInput, match="out of range for float32"):
+        from_plain("x", np.array([1.0, np.inf]), TensorSpec("float32", (-1,)))
+
+
 def test_undeclared_inputs_pass_through() -> None:
     assert coerce_request({}, {"a": [1.0]})["a"].dtype == np.float64
     with pytest.raises(InvalidInput, match="no inputs"):

@@ -109,3 +109,32 @@ def test_a_success_between_deaths_starts_the_count_again() -> None:
     breaker.record(2.5, failed=False)
     assert not breaker.lost(3.0, retry_at=3.5)
     assert breaker.state is CLOSED and breaker.deaths == 1
+
+
+def test_a_batch_of_successes_counts_as_many_requests_and_leaves_the_window_together() -> None:
+    breaker = Breaker(CONFIG)
+    breaker.record(0.0, failed=False, count=19)  # one batch
+    breaker.record(1.0, failed=True)  # 1 of 20: 5%, not over
+    assert breaker.state is CLOSED
+    assert (breaker.window.requests, breaker.window.errors) == (20, 1)
+    breaker.record(10.5, failed=True)  # the batch has left the window: 2 of 2, too few
+    assert (breaker.window.requests, breaker.window.errors) == (2, 2)
+    assert breaker.state is CLOSED
+
+
+def test_a_batch_while_half_open_counts_its_probes_one_at_a_time() -> None:
+    """Probes that close the breaker part way through a batch: the rest are counted in the
+    window judged afresh, as when they are recorded one by one."""
+    one, batched = Breaker(CONFIG), Breaker(CONFIG)
+    for breaker in (one, batched):
+        for i in range(10):
+            breaker.record(float(i), failed=True)
+        assert breaker.allow(14.0) and breaker.state is HALF
+        for _ in range(3):
+            breaker.allow(14.0)
+    for _ in range(6):
+        one.record(14.5, failed=False)
+    batched.record(14.5, failed=False, count=6)
+    assert one.state is batched.state is CLOSED
+    assert (one.window.requests, one.window.errors) == (2, 0)  # the two after it closed
+    assert (batched.window.requests, batched.window.errors) == (2, 0)

@@ -27,3 +27,12 @@ def test_the_window_keeps_the_newest_items() -> None:
     for t in range(10):
         window.record(float(t), failed=False, latency_s=0.0)
     assert window.summary(0.0).requests == 3
+
+
+def test_a_batch_of_successes_is_each_of_its_requests() -> None:
+    window = OutcomeWindow(max_items=100)
+    window.record(1.0, failed=True, latency_s=0.5)
+    window.successes(2.0, [0.01, 0.02, 0.03])
+    summary = window.summary(0.0)
+    assert (summary.requests, summary.errors, summary.p99_s) == (4, 1, 0.5)
+    assert window.summary(1.5).requests == 3
