@@ -205,6 +205,18 @@ DataApps = Callable[[str], Any]
 FIRST_REQUEST_GRACE_S = 0.5
 
 
+class _Rest:
+    """The rest of a request served now, as the ASGI app of its request cycle."""
+
+    __slots__ = ("rest",)
+
+    def __init__(self, rest: Coroutine[Any, Any, None]) -> None:
+        self.rest = rest
+
+    def __call__(self, scope: Any, receive: Any, send: Any) -> Coroutine[Any, Any, None]:
+        return self.rest
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a request deadline, a minimum transfer rate and
     an evicting connection cap.
@@ -299,12 +311,18 @@ class GuardedProtocol(HttpToolsProtocol):
             self.loop.call_soon(self._serve_ready, *ready)
 
     def _serve_ready(self, cycle: Answering, app: Any) -> None:
-        if not app.now(cycle, self._spawn):
+        try:
+            served = app.now(cycle, self._spawn)
+        except Exception:  # raised before its body was taken: the task meets it again,
+            served = False  # and answers it as uvicorn answers an app's error
+        if not served:
             self._start_asgi_task(cycle, app)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """A request's task, kept as uvicorn keeps its own (the server waits for them)."""
-        task = self.loop.create_task(coroutine)
+    def _spawn(self, cycle: Answering, rest: Coroutine[Any, Any, None]) -> None:
+        """The rest of a request served now, on a task run as uvicorn runs an app's: the
+        server waits for it as it stops, and an error it raises is logged and answered
+        500 (or the connection closed, when the answer was begun)."""
+        task = self.loop.create_task(cycle.run_asgi(_Rest(rest)))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 

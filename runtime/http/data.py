@@ -351,8 +351,9 @@ async def _respond(
 
 # --- a request served with no task of its own -----------------------------------------
 
-#: Starts a task that the connection keeps (and the server waits for as it stops).
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
+#: Goes on with a request on a task of its connection's (the server waits for it as it
+#: stops, and an error it raises is answered as an app's).
+Spawn = Callable[["Answering", Coroutine[Any, Any, None]], None]
 
 
 def serve_now(
@@ -398,7 +399,7 @@ def serve_now(
             rest = _rest(route, incoming, target, body, call, waiting)
     except Exception as exc:  # answered as serve_data answers it
         rest = _raise(exc)
-    spawn(_respond(route, incoming, scope, cycle.send, rest))  # type: ignore[arg-type]
+    spawn(cycle, _respond(route, incoming, scope, cycle.send, rest))  # type: ignore[arg-type]
     return True
 
 
@@ -413,24 +414,30 @@ def _on_served(
     future: asyncio.Future[Served],
 ) -> None:
     """The call's future is done: its answer written now, unless it needs a wait."""
+    status: int | None = None
+    rest: Awaitable[Answer] | None = None
     try:
-        if not future.cancelled() and future.exception() is None:
-            served = future.result()
-            if served.stream is None:
-                _reached(incoming, call, served)
-                answer = route.answer(incoming, body, call, served)
-                status = write_now(cycle, answer, incoming.span)
-                if status is not None:
-                    end(incoming.node.telemetry, incoming, status)
-                    return
-                rest: Awaitable[Answer] = _done(answer)  # the client's answers wait
-            else:
-                rest = _rest(route, incoming, target, body, call, future)
-        else:  # its error (or a retired version's successor), as serve_data meets it
+        if (
+            future.cancelled()
+            or future.exception() is not None
+            or future.result().stream is not None
+        ):
+            # its error, a retired version's successor, a generative answer to join:
+            # as serve_data meets them
             rest = _rest(route, incoming, target, body, call, future)
+        else:
+            served = future.result()
+            _reached(incoming, call, served)
+            answer = route.answer(incoming, body, call, served)
+            status = write_now(cycle, answer, incoming.span)
+            if status is None:  # the client has not taken the answer before: wait
+                rest = _done(answer)
     except Exception as exc:
         rest = _raise(exc)
-    spawn(_respond(route, incoming, cycle.scope, cycle.send, rest))  # type: ignore[arg-type]
+    if rest is not None:
+        spawn(cycle, _respond(route, incoming, cycle.scope, cycle.send, rest))  # type: ignore[arg-type]
+    elif status is not None:
+        end(incoming.node.telemetry, incoming, status)
 
 
 async def _chosen(route: DataRoute, incoming: Incoming, target: Target, body: Any) -> Answer:

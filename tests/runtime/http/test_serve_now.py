@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fnrt.runtime.http import data
 from fnrt.runtime.http.connection import GuardedProtocol
 from support import LiveServer, live_server, read_to_close, write_function
 
@@ -41,9 +42,9 @@ class Starts:
             self.asgi += 1
             start(protocol, cycle, app)  # type: ignore[arg-type]
 
-        def counted_spawn(protocol: GuardedProtocol, coroutine: object) -> None:
+        def counted_spawn(protocol: GuardedProtocol, cycle: object, coroutine: object) -> None:
             self.spawned += 1
-            spawn(protocol, coroutine)  # type: ignore[arg-type]
+            spawn(protocol, cycle, coroutine)  # type: ignore[arg-type]
 
         monkeypatch.setattr(GuardedProtocol, "_start_asgi_task", counted_start)
         monkeypatch.setattr(GuardedProtocol, "_spawn", counted_spawn)
@@ -179,3 +180,22 @@ def test_an_answer_behind_one_the_client_has_not_taken_waits_for_it(
     # the first, its body arriving over several reads, was read by a task; the second
     # was served now, and its write waited on a task
     assert (starts.asgi, starts.spawned) == (1, 1)
+
+
+@pytest.mark.parametrize("failing", ["open_request", "write_now"])
+def test_a_fault_of_the_server_s_own_is_answered_500_not_left_hanging(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """A bug raising where no route's error handling reaches (before the request is
+    opened, or as its answer is written): answered 500 as uvicorn answers an app's
+    error, on the task the rest goes to, and the node goes on serving."""
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(data, failing, broken)
+    answer = exchange(server, head(BODY, "echo", b"connection: close") + BODY)
+    assert answer.startswith(b"HTTP/1.1 500 "), answer
+    monkeypatch.undo()
+    with server.client() as c:
+        assert c.post("/v1/functions/echo/invoke", content=BODY).status_code == 200
