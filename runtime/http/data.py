@@ -41,12 +41,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from fnrt.functions.errors import (
-    BadRequest,
-    ClientLeft,
-    FnrtError,
-    VersionRetired,
-)
+from fnrt.functions.errors import BadRequest, ClientLeft, FnrtError, VersionRetired
 from fnrt.functions.generation import join_chunks
 from fnrt.functions.headers import (
     FUNCTION_HEADER,
