@@ -322,9 +322,7 @@ class GuardedProtocol(HttpToolsProtocol):
         """The rest of a request served now, on a task run as uvicorn runs an app's: the
         server waits for it as it stops, and an error it raises is logged and answered
         500 (or the connection closed, when the answer was begun)."""
-        task = self.loop.create_task(cycle.run_asgi(_Rest(rest)))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
+        self._start_asgi_task(cycle, _Rest(rest))
 
     def _received_data(self, data: bytes) -> None:
         if self._head_read:

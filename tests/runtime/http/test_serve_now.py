@@ -39,7 +39,8 @@ class Starts:
         start, spawn = GuardedProtocol._start_asgi_task, GuardedProtocol._spawn
 
         def counted_start(protocol: GuardedProtocol, cycle: object, app: object) -> None:
-            self.asgi += 1
+            if isinstance(app, data.Bound):  # the route itself (a spawned rest is not)
+                self.asgi += 1
             start(protocol, cycle, app)  # type: ignore[arg-type]
 
         def counted_spawn(protocol: GuardedProtocol, cycle: object, coroutine: object) -> None:
