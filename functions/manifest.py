@@ -128,17 +128,29 @@ class TensorSpec:
             raise ManifestError("dtype", f"{self.dtype!r} is not one of {sorted(DTYPES)}")
 
     def matches_shape(self, shape: tuple[int, ...]) -> bool:
-        declared = self.shape
-        if len(shape) != len(declared):
-            return False
-        # a loop, not all(): no generator frame on every request
-        for want, got in zip(declared, shape, strict=True):
-            if want != got and want != -1:
-                return False
-        return True
+        # the answer for the few shapes requests carry, looked up: the loop below cost
+        # about a microsecond a request
+        key = (self.shape, shape)
+        matched = _MATCHED.get(key)
+        if matched is None:
+            matched = _matches(self.shape, shape)
+            if len(_MATCHED) < _MATCHED_MAX:  # (bounded: any shapes a client sends)
+                _MATCHED[key] = matched
+        return matched
 
     def to_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "shape": list(self.shape)}
+
+
+def _matches(declared: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return len(shape) == len(declared) and all(
+        want in (got, -1) for want, got in zip(declared, shape, strict=True)
+    )
+
+
+#: ``matches_shape``'s answers: (declared, got) -> whether they match.
+_MATCHED: dict[tuple[tuple[int, ...], tuple[int, ...]], bool] = {}
+_MATCHED_MAX = 4096
 
 
 @section

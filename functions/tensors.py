@@ -7,21 +7,48 @@ on every handler result before it is encoded.
 
 from __future__ import annotations
 
+import re
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from fnrt.functions.codec import Numbers
 from fnrt.functions.dtypes import BFLOAT16, bytes_array, is_numeric, name_of, numpy_dtype
 from fnrt.functions.errors import InvalidInput
 from fnrt.functions.manifest import TensorSpec
 
 Array = np.ndarray[Any, Any]
 
+# A value past a float dtype's largest overflows as ``as_array`` converts it, and the
+# general path then refuses it (422, saying so): numpy's warning about it says nothing
+# more, once per process, in the server's log.
+warnings.filterwarnings(
+    "ignore", "overflow encountered in cast", RuntimeWarning, module=re.escape(__name__)
+)
 
-def as_array(name: str, value: Any, spec: TensorSpec | None) -> Array:
-    """One decoded value as an array of the declared dtype; raises InvalidInput naming it."""
+
+def as_array(name: str, value: Any, spec: TensorSpec | None, numbers: bool = False) -> Array:
+    """One decoded value as an array of the declared dtype; raises InvalidInput naming it.
+    ``numbers``: ``value`` holds numbers and booleans only, if any (``codec.Numbers``)."""
+    if numbers and type(value) is list and spec is not None:
+        fast = _FLOAT_TARGETS.get(spec.dtype)
+        if fast is not None:
+            # numbers straight to the float dtype declared: no array of Python's floats
+            # first and no copy (the usual JSON request: 2.5 against 4.4 us for 64
+            # values). Any doubt takes the general path, which says what was wrong, if
+            # anything: ragged lists, or a sum of squares that is not finite in the
+            # dtype itself (a value that overflowed it, or one past the root of its
+            # largest, which the general path keeps).
+            try:
+                converted = np.asarray(value, dtype=fast[0])
+            except (ValueError, TypeError, OverflowError, RuntimeWarning):
+                pass  # (RuntimeWarning: an overflow, where warnings are made errors)
+            else:
+                if not converted.size or np.vdot(converted, converted) <= fast[2]:
+                    return converted
     if spec is not None and spec.dtype == "bytes":
         try:
             return bytes_array(value)
@@ -56,19 +83,20 @@ def from_plain(name: str, inferred: Array, spec: TensorSpec | None) -> Array:
         )
     if spec is None:
         return inferred
-    target = numpy_dtype(spec.dtype)
     # Floats within the target's largest (NaN is not) cannot overflow: the usual
     # request converts without the error-state switch and a look at every converted
     # value. Their sum of squares within the largest's square says so in one BLAS call
     # (each square is at most the sum; 1.5 against 3.3 us for 64 values as a largest
     # absolute value); past it (an overflow, a NaN, or many values near the largest),
-    # the general path below says which error, if any. (bfloat16's kind is "V".)
+    # the general path below says which error, if any. (bfloat16 is not among them.)
+    fast = _FLOAT_TARGETS.get(spec.dtype)
     if (
-        target.kind == "f"
+        fast is not None
         and inferred.dtype.kind == "f"
-        and (not inferred.size or np.vdot(inferred, inferred) <= _squared(target))
+        and (not inferred.size or np.vdot(inferred, inferred) <= fast[1])
     ):
-        return inferred.astype(target)
+        return inferred.astype(fast[0])
+    target = numpy_dtype(spec.dtype)
     integral = inferred.dtype.kind in "iu" and target.kind in "iu"  # range-checked below
     floating = target == BFLOAT16 and inferred.dtype.kind in "biuf"
     if inferred.size and not (
@@ -117,6 +145,15 @@ def _squared(dtype: np.dtype[Any]) -> float:
 
 _SQUARED: dict[np.dtype[Any], float] = {}
 
+#: The float dtypes a manifest names -> (their numpy dtype, ``_squared``, their largest
+#: as a scalar of their own: a sum of squares in the dtype at most it is finite, where
+#: a Python float compared with it would be cast, and overflow, first): looked up by
+#: name (a numpy dtype hashes in about half a microsecond, a string in a few ns).
+_FLOAT_TARGETS: dict[str, tuple[np.dtype[Any], float, np.floating[Any]]] = {
+    name: (numpy_dtype(name), _squared(numpy_dtype(name)), np.finfo(numpy_dtype(name)).max)
+    for name in ("float16", "float32", "float64")
+}
+
 
 def _describe(array: Array) -> str:
     return "strings" if array.dtype.kind in "US" else f"{array.dtype.name} values"
@@ -140,9 +177,10 @@ def coerce_request(specs: Mapping[str, TensorSpec], raw: Mapping[str, Any]) -> d
     elif not raw:
         raise InvalidInput("the request has no inputs")
     arrays: dict[str, Array] = {}
+    numbers = type(raw) is Numbers
     for name, value in raw.items():
         spec = specs.get(name)
-        array = as_array(name, value, spec)
+        array = as_array(name, value, spec, numbers)
         if spec is not None and not spec.matches_shape(array.shape):
             raise InvalidInput(
                 f"input '{name}': expected shape {list(spec.shape)}, got {list(array.shape)}",

@@ -31,10 +31,8 @@ class Lifecycle:
 
     phase: Phase = Phase.STARTING
     warming: set[asyncio.Future[None]] = field(default_factory=set)
-
-    @property
-    def draining(self) -> bool:
-        return self.phase in (Phase.DRAINING, Phase.STOPPED)
+    #: draining or stopped: read by every request (a field, not a property: no call)
+    draining: bool = field(default=False, init=False)
 
     def started(self) -> None:
         if self.phase is Phase.STARTING:
@@ -46,9 +44,11 @@ class Lifecycle:
             if self.phase is not Phase.DRAINING:
                 log.info("draining: /readyz answers 503 from now on")
             self.phase = Phase.DRAINING
+            self.draining = True
 
     def stopped(self) -> None:
         self.phase = Phase.STOPPED
+        self.draining = True
 
     def still_warming(self) -> int:
         """Functions that load at start and have not finished their first load

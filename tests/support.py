@@ -331,7 +331,7 @@ class _Server(uvicorn.Server):
 class LiveServer:
     """A real uvicorn server (uvloop, httptools) on 127.0.0.1 and a free port, in a thread."""
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: Starlette, keep_alive_s: float = 5.0) -> None:
         self.app = app
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -347,6 +347,7 @@ class LiveServer:
             log_level="warning",
             lifespan="on",
             access_log=False,
+            timeout_keep_alive=keep_alive_s,  # (uvicorn's default: 5)
         )
         self._server = _Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -408,11 +409,16 @@ class LiveServer:
 
 @contextmanager
 def live_server(
-    tmp: Path, clock: Clock | None = None, node: Node | None = None, **settings: Any
+    tmp: Path,
+    clock: Clock | None = None,
+    node: Node | None = None,
+    keep_alive_s: float = 5.0,
+    **settings: Any,
 ) -> Iterator[LiveServer]:
-    """Serve the store in ``tmp/store`` (a node built with ``clock``) until the block ends."""
+    """Serve the store in ``tmp/store`` (a node built with ``clock``) until the block ends;
+    an idle connection is closed after ``keep_alive_s``."""
     node = node or make_node(tmp, clock, **settings)
-    server = LiveServer(build_app(node.settings, node)).start()
+    server = LiveServer(build_app(node.settings, node), keep_alive_s).start()
     try:
         yield server
     finally:

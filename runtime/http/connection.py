@@ -1,8 +1,9 @@
 """Connections that cannot hold the node: read deadlines and a cap that evicts idle ones.
 
-uvicorn times out idle keep-alive connections, but a connection that sends its
-request head a byte at a time (slowloris), or never sends one, is held
-forever; and every held connection is a file descriptor. 1,100 of them
+uvicorn times out idle keep-alive connections (here the sweep below does, at
+uvicorn's ``timeout_keep_alive``: a timer armed at every answer cost a
+microsecond a request), but a connection that sends its request head a byte at
+a time (slowloris), or never sends one, is held forever; and every held connection is a file descriptor. 1,100 of them
 against a limit of 1,024 left none for the store: 39 of 40 normal requests
 failed. :class:`GuardedProtocol` is uvicorn's httptools protocol with:
 
@@ -157,21 +158,34 @@ class OneWrite:
     end of the turn, head and body leave in one ``writev``: a kill lands before
     the answer (the proxy retries elsewhere) or after it, never inside. One
     system call per answer instead of two.
+
+    The connections of one server share ``flushing``: the turn's first write
+    schedules one flush of all of them (a batch's answers, one handle), not one
+    each.
     """
 
-    __slots__ = ("_loop", "_pending", "_transport", "written")
+    __slots__ = ("_flushing", "_loop", "_pending", "_transport", "written")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+        flushing: list[OneWrite] | None = None,
+    ) -> None:
         self._transport = transport
         self._loop = loop
         self._pending: list[bytes] | None = None
+        self._flushing: list[OneWrite] = [] if flushing is None else flushing
         self.written = 0  # bytes written in all: the sweep measures how fast they leave
 
     def write(self, data: bytes) -> None:
         self.written += len(data)
         if self._pending is None:
             self._pending = [data]
-            self._loop.call_soon(self._flush)
+            flushing = self._flushing
+            if not flushing:
+                self._loop.call_soon(_flush_all, flushing)
+            flushing.append(self)
         else:
             self._pending.append(data)
 
@@ -192,6 +206,15 @@ class OneWrite:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _flush_all(flushing: list[OneWrite]) -> None:
+    """The turn's held writes, each connection's in one call (a write made meanwhile
+    schedules the next turn's)."""
+    ones = flushing.copy()
+    flushing.clear()
+    for one in ones:
+        one._flush()
 
 
 #: What answers a data route on the connection itself: the path -> that request's
@@ -239,6 +262,7 @@ class GuardedProtocol(HttpToolsProtocol):
     _ready: tuple[Answering, Any] | None = None  # a data request to start once its read is parsed
     sweeping: list[asyncio.TimerHandle | None] = [None]  # the server's sweep timer
     swept_at: list[float] = [0.0]  # when the server's sweep last ran (the loop's clock)
+    flushing: list[OneWrite] | None = None  # the server's connections with writes held
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -296,8 +320,17 @@ class GuardedProtocol(HttpToolsProtocol):
         self.transport.close()  # once what is written before it has left
 
     def on_response_complete(self) -> None:
+        """uvicorn's, less its keep-alive timer (armed at every answer and cancelled at
+        the next request: about a microsecond a request); the sweep closes a connection
+        idle for ``timeout_keep_alive`` instead (:meth:`_check`)."""
         last = not self.pipeline
-        super().on_response_complete()
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:  # the next pipelined request, started
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
         if last and self._malformed is not None:  # the answers before it are out
             self._send_malformed(self._malformed)
         elif self._head_bytes > MAX_HEAD_BYTES and not self._head_read:
@@ -406,7 +439,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.transport = OneWrite(transport, self.loop)  # type: ignore[assignment]
+        self.transport = OneWrite(transport, self.loop, self.flushing)  # type: ignore[assignment]
         self._since = self.loop.time()  # in its current state (idle, or busy) since
         self._state: object = None  # the request cycle the sweep saw last
         self._order = next(_ORDER)
@@ -557,6 +590,14 @@ class GuardedProtocol(HttpToolsProtocol):
         if cycle is not self._state:  # a request completed since the last look
             self._state, self._since = cycle, now
             return
+        if (
+            cycle is not None
+            and self._head_read  # no byte of the next request yet: idle, kept alive
+            and now - self._since >= self.timeout_keep_alive
+        ):
+            self._leaving = True
+            transport.close()  # as uvicorn's keep-alive timer closes it: no answer
+            return
         if now - self._since >= self.limits.header_timeout_s:
             log.info("closing a connection: no request within %ss", self.limits.header_timeout_s)
             self._drop(_HEAD_TIMEOUT)
@@ -576,6 +617,7 @@ def guarded_protocol(
             "data_apps": staticmethod(data_apps) if data_apps is not None else None,
             "sweeping": [None],
             "swept_at": [0.0],
+            "flushing": [],
         },
     )
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import msgpack
 import msgpack_numpy
 import numpy as np
+import orjson
 import pytest
 
 from fnrt.functions.codec import (
@@ -192,3 +193,25 @@ def test_what_the_packer_keeps_is_bounded() -> None:
 def test_a_body_nested_too_deep_says_so() -> None:
     with pytest.raises(BadRequest, match="not valid msgpack: nested too deep"):
         decode_msgpack(b"\x81\xa1x" + b"\x91" * 100_000 + b"\x00")
+
+
+@pytest.mark.parametrize(
+    ("body", "numbers"),
+    [
+        (b'{"x": [[1, 2.5, -3e4, true]]}', True),
+        (b'{"x": [[1]], "y": [2, 3]}', True),
+        (b'{"x": [], "y": 5}', True),
+        (b'{"x": [["1.5"]]}', False),  # a string among the values
+        (b'{"x": [[1]], "y": "a"}', False),
+        (b'{"x": [[null]]}', True),  # no string: null is NaN to numpy, refused after
+        (b'{"x\\"y": [[1]]}', False),  # a key's escaped quote: not sure, so not
+        (b'{"x": [[{}]]}', True),  # an empty object, refused after
+        (b'{"x": [[{"a": 1}]]}', False),
+    ],
+)
+def test_a_json_body_says_when_its_values_hold_no_string(body: bytes, numbers: bool) -> None:
+    from fnrt.functions.codec import Numbers
+
+    decoded = decode_json(body)
+    assert (type(decoded) is Numbers) is numbers
+    assert decoded == orjson.loads(body)

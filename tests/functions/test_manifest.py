@@ -161,3 +161,22 @@ def test_shape_matching() -> None:
     assert spec.matches_shape((7, 4))
     assert not spec.matches_shape((7, 5))
     assert not spec.matches_shape((4,))
+
+
+def test_shape_matching_answers_the_same_when_looked_up_and_stays_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``matches_shape`` keeps its answers for the shapes requests carry: the same
+    answers the second time, per declared shape, and no more of them than its bound
+    whatever shapes clients send."""
+    from fnrt.functions import manifest
+
+    monkeypatch.setattr(manifest, "_MATCHED", {})
+    monkeypatch.setattr(manifest, "_MATCHED_MAX", 8)
+    wide, narrow = TensorSpec("float32", (-1, 4)), TensorSpec("float32", (2, 4))
+    for _ in range(2):
+        assert wide.matches_shape((7, 4)) and not narrow.matches_shape((7, 4))
+        assert narrow.matches_shape((2, 4)) and not wide.matches_shape((2, 5))
+    for rows in range(100):
+        assert wide.matches_shape((rows, 4)) and not wide.matches_shape((rows, 3))
+    assert len(manifest._MATCHED) == 8

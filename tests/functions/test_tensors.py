@@ -93,3 +93,49 @@ def test_results_convert_torch_and_cast_to_declared() -> None:
         coerce_result({"y": TensorSpec("float32", (-1,))}, {"y": [[1.0]]})
     with pytest.raises(ValueError, match="must be a mapping"):
         coerce_result({}, [1, 2])
+
+
+BODIES = [
+    b'{"x": [[0.5, -2, 1e20, true, false, 3]]}',
+    b'{"x": [[1e39, 1]]}',
+    b'{"x": [[65510.0, -65504.0]]}',
+    b'{"x": [[65520.0]]}',
+    b'{"x": [[3e38, -3e38, 3e38]]}',
+    b'{"x": [[1e200, -1e300]]}',
+    b'{"x": [[null, 1]]}',
+    b'{"x": [[1, 2], [3]]}',
+    b'{"x": [[{}]]}',
+    b'{"x": [[[1]]]}',
+    b'{"x": []}',
+    b'{"x": 5}',
+    b'{"x": [[100000000000000000000000000000]]}',
+]
+
+
+def _outcome(spec: TensorSpec, raw: dict) -> object:
+    try:
+        array = coerce_request({"x": spec}, raw)["x"]
+    except InvalidInput as exc:
+        return str(exc)
+    return array.dtype, array.shape, array.tolist()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("warnings_as", ["default", "error"])
+def test_a_json_body_of_numbers_converts_as_the_general_path_does(
+    dtype: str, warnings_as: str
+) -> None:
+    """A body of numbers only (``codec.Numbers``) is converted straight to its float
+    dtype; whatever it holds, the array or the error is the general path's, even where
+    warnings are errors (an overflow is then raised, not warned)."""
+    import warnings
+
+    from fnrt.functions.codec import Numbers, decode_json
+
+    spec = TensorSpec(dtype, (-1, -1))
+    with warnings.catch_warnings():
+        warnings.simplefilter(warnings_as)
+        for body in BODIES:
+            decoded = decode_json(body)
+            assert type(decoded) is Numbers, body
+            assert _outcome(spec, decoded) == _outcome(spec, dict(decoded)), body

@@ -128,3 +128,19 @@ def test_requests_accepted_before_sigterm_all_finish(tmp_path: Path) -> None:
             answered = [s for f in running for s in f.result()]
         assert answered and set(answered) == {200}  # nothing accepted failed
         assert server.proc.wait(15) == 0
+
+
+def test_draining_follows_the_phase() -> None:
+    """``draining`` (read by every request, a field) is true from the stop on, and only
+    then."""
+    from fnrt.runtime.lifecycle import Lifecycle, Phase
+
+    lifecycle = Lifecycle()
+    assert not lifecycle.draining
+    lifecycle.started()
+    assert lifecycle.phase is Phase.READY and not lifecycle.draining
+    lifecycle.drain()
+    assert lifecycle.phase is Phase.DRAINING and lifecycle.draining
+    lifecycle.stopped()
+    lifecycle.drain()  # (a second signal after the stop changes nothing)
+    assert lifecycle.phase is Phase.STOPPED and lifecycle.draining

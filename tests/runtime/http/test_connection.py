@@ -443,6 +443,37 @@ def test_a_data_route_answered_by_the_connection_is_what_the_app_answers(
     assert direct.startswith(b"HTTP/1.1 200" if path == b"echo" else b"HTTP/1.1 404")
 
 
+def test_an_idle_kept_alive_connection_is_closed_without_a_word(tmp_path: Path) -> None:
+    """Past the keep-alive time with no byte of a next request, the connection closes
+    as uvicorn's keep-alive timer closes it (the sweep does it here): nothing more is
+    written (no 408: the client asked nothing)."""
+    with live_server(tmp_path, keep_alive_s=0.3, header_timeout_s=30.0) as srv:
+        srv.deploy(write_function(tmp_path / "src", "echo"))
+        with connect(srv) as sock:
+            answer = exchange(sock, invoke_request(b"/v1/functions/echo/invoke", BODY))[0]
+            assert answer.startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            assert read_to_close(sock) == b""  # closed, nothing written
+            waited = time.monotonic() - started
+        assert 0.25 <= waited < 5  # the keep-alive time (and a sweep), not the head's 30 s
+
+
+def test_a_next_head_begun_is_held_to_the_head_deadline_not_the_keep_alive(
+    tmp_path: Path,
+) -> None:
+    """A connection whose next request has begun to arrive is not idle: past the
+    keep-alive time it is not closed; at the head's deadline it is answered 408."""
+    with live_server(tmp_path, keep_alive_s=0.2, header_timeout_s=1.0) as srv:
+        srv.deploy(write_function(tmp_path / "src", "echo"))
+        with connect(srv) as sock:
+            exchange(sock, invoke_request(b"/v1/functions/echo/invoke", BODY))
+            sock.sendall(HEAD.split(b"\r\n")[0] + b"\r\n")  # the next head's first line
+            started = time.monotonic()
+            rest = read_to_close(sock)
+            waited = time.monotonic() - started
+        assert rest.startswith(b"HTTP/1.1 408") and waited >= 0.7
+
+
 def test_pipelined_invokes_are_answered_in_order(server: LiveServer) -> None:
     requests = [
         invoke_request(b"/v1/functions/echo/invoke", b'{"x": [[%d, 0, 0, 0]]}' % i)
@@ -528,3 +559,29 @@ def test_a_close_sends_what_is_held_first() -> None:
 
     transport = asyncio.run(main())
     assert transport.calls == [[b"answer"]] and transport.closed
+
+
+def test_the_writes_of_many_connections_in_a_turn_leave_at_its_end_each_in_one_call() -> None:
+    """Connections sharing a server's list are flushed by one handle at the turn's end,
+    each its own writes in one call, in the order they began; a write made in a later
+    turn leaves at that turn's end."""
+
+    async def main() -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        loop = asyncio.get_running_loop()
+        flushing: list[OneWrite] = []
+        a, b = Recorded(), Recorded()
+        one_a, one_b = OneWrite(a, loop, flushing), OneWrite(b, loop, flushing)
+        one_b.write(b"b-head")
+        one_a.write(b"a-head")
+        one_b.write(b"b-body")
+        one_a.write(b"a-body")
+        assert a.calls == [] and b.calls == [] and len(flushing) == 2
+        await asyncio.sleep(0)
+        first = (list(a.calls), list(b.calls))
+        one_a.write(b"again")
+        await asyncio.sleep(0)
+        return first[0], first[1], a.calls, flushing
+
+    first_a, first_b, later_a, left = asyncio.run(main())
+    assert first_a == [[b"a-head", b"a-body"]] and first_b == [[b"b-head", b"b-body"]]
+    assert later_a == [[b"a-head", b"a-body"], [b"again"]] and left == []
