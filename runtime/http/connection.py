@@ -2,10 +2,11 @@
 
 uvicorn times out idle keep-alive connections (here the sweep below does, at
 uvicorn's ``timeout_keep_alive``: a timer armed at every answer cost a
-microsecond a request), but a connection that sends its request head a byte at
-a time (slowloris), or never sends one, is held forever; and every held connection is a file descriptor. 1,100 of them
-against a limit of 1,024 left none for the store: 39 of 40 normal requests
-failed. :class:`GuardedProtocol` is uvicorn's httptools protocol with:
+microsecond a request), but a connection that sends its request head a byte
+at a time (slowloris), or never sends one, is held forever; and every held
+connection is a file descriptor. 1,100 of them against a limit of 1,024 left
+none for the store: 39 of 40 normal requests failed. :class:`GuardedProtocol` is
+uvicorn's httptools protocol with:
 
 - a deadline for a request: a connection with none in progress (fresh, sending
   a head, or idle between requests) for ``header_timeout_s`` is answered 408
