@@ -1,8 +1,12 @@
 """What happened to a version's recent requests: a time window of outcomes.
 
-The canary judge and the circuit breaker both read error rates and latency
-percentiles over a recent span. Recording is an append (the hot path); the
-figures are computed only when a decision asks for them.
+The canary judge reads error rates and latency percentiles over the span of
+a rollout's step. Outcomes are kept only while a rollout watches the version
+(:meth:`OutcomeWindow.watch`): the judge reads none from before its step
+began, and the usual batch, with no rollout, pays one comparison for them (a
+batch's entries appended to a full window, each pushing out one the cache had
+long dropped, were about 1% of the event loop's time). Recording is an append
+(the hot path); the figures are computed only when a decision asks for them.
 """
 
 from __future__ import annotations
@@ -50,13 +54,26 @@ class OutcomeWindow:
 
     def __init__(self, max_items: int = 8192) -> None:
         self._items: deque[tuple[float, bool, float]] = deque(maxlen=max_items)
+        self.watchers = 0  # the rollouts reading it: nothing is kept while none does
+
+    def watch(self) -> None:
+        """A reader begins: outcomes are kept from now on."""
+        self.watchers += 1
+
+    def unwatch(self) -> None:
+        """A reader ends; with the last, what was kept goes."""
+        self.watchers -= 1
+        if not self.watchers:
+            self._items.clear()
 
     def record(self, now: float, failed: bool, latency_s: float) -> None:
-        self._items.append((now, failed, latency_s))
+        if self.watchers:
+            self._items.append((now, failed, latency_s))
 
     def successes(self, now: float, latencies_s: list[float]) -> None:
         """Requests served at ``now``, in these latencies (no Python frame an item)."""
-        self._items.extend(zip(repeat(now), repeat(False), latencies_s))
+        if self.watchers:
+            self._items.extend(zip(repeat(now), repeat(False), latencies_s))
 
     def summary(self, since: float) -> Summary:
         """Outcomes recorded at or after ``since`` (a clock time)."""

@@ -98,7 +98,7 @@ class Protection:
             self.result_cache = ResultCache(caching.max_bytes, caching.ttl_s, clock)
         breaker = manifest.breaker
         self.breaker = Breaker(breaker)
-        self.outcomes = OutcomeWindow()  # read by the canary judge
+        self.outcomes = OutcomeWindow()  # read by the canary judge (kept while it does)
         self.failures: deque[Failure] = deque()
         self._max_failures = breaker.failed_inputs_kept
         self._max_failure_bytes = breaker.failed_inputs_bytes

@@ -206,6 +206,16 @@ class Canary:
 
     async def _run(self) -> None:
         base, new = self.baseline.version.version, self.candidate.version.version
+        watched = (self.baseline.protection.outcomes, self.candidate.protection.outcomes)
+        for outcomes in watched:  # kept while the judge reads them
+            outcomes.watch()
+        try:
+            await self._steps(base, new)
+        finally:
+            for outcomes in watched:
+                outcomes.unwatch()
+
+    async def _steps(self, base: str, new: str) -> None:
         try:
             for percent in self.config.steps_percent:
                 if not await self.set_traffic(canary_traffic(base, new, percent), new):

@@ -99,6 +99,7 @@ def test_a_default_version_is_queued_with_no_coroutine_and_told_to_the_keeper(
     async def scenario() -> None:
         clock, keeper = ManualClock(), Keeper()
         scheduler = _scheduler(tmp_path, clock, Loads(_negate_unless_negative))
+        scheduler.protection.outcomes.watch()  # as a rollout does: kept
         gateway = Gateway(Table(g=scheduler), None, clock, keeper)  # type: ignore[arg-type]
         assert gateway.choose_now(Target("g")) is scheduler
         call = gateway.call(scheduler, _x(2), timeout_s=5.0)

@@ -76,6 +76,7 @@ def test_deadlines_are_watched_by_one_timer_per_queue(tmp_path: Path) -> None:
     async def scenario() -> None:
         gate = threading.Event()
         parts = Parts(tmp_path, _gated(gate))
+        parts.protection.outcomes.watch()  # as a rollout does: kept
         running = parts.submit(0)  # takes the instance: the rest wait in the queue
         while parts.batcher.queued:
             await asyncio.sleep(0.01)
@@ -110,6 +111,7 @@ def test_only_counted_calls_reach_the_breaker(tmp_path: Path) -> None:
         gate = threading.Event()
         gate.set()
         parts = Parts(tmp_path, _gated(gate))
+        parts.protection.outcomes.watch()  # as a rollout does: kept
         for counted in (False, False, True):
             with pytest.raises(HandlerFailed):
                 await parts.submit(-1, counted=counted)

@@ -111,6 +111,7 @@ def test_sequences_join_and_leave_a_running_batch(tmp_path: Path) -> None:
     async def scenario() -> None:
         loads = Loads()
         parts = Parts(tmp_path, loads, max_active=2)
+        parts.protection.outcomes.watch()  # as a rollout does: kept
         answers = [await parts.submit(0, 6), await parts.submit(10, 12), await parts.submit(20, 21)]
         assert all(a.stream is not None for a in answers)  # answered at once: its stream
         got = await asyncio.gather(*(_tokens(a) for a in answers))

@@ -69,6 +69,7 @@ def test_a_job_runs_in_blocks_and_a_failing_record_fails_alone(tmp_path: Path) -
 
     async def scenario() -> None:
         scheduler = Scheduler(vm, _load, SystemClock(), isolation=IsolationMode.THREAD)
+        scheduler.protection.outcomes.watch()  # as a rollout does: kept
         config = JobConfig(poll_interval_s=0.02, record_retries=1)
         runner = JobRunner(board, Pinned(scheduler), config, lambda: True)  # type: ignore[arg-type]
         runner.start()
