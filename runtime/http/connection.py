@@ -388,8 +388,10 @@ class GuardedProtocol(HttpToolsProtocol):
         parser = self.parser
         if parser.get_method() != b"POST" or self.root_path or parser.should_upgrade():
             return False
-        parsed = httptools.parse_url(self.url)
-        raw_path = parsed.path
+        url = self.url
+        if not url.startswith(b"/") or b"#" in url:
+            return False  # an absolute form, or a fragment: as uvicorn parses it
+        raw_path, _, query = url.partition(b"?")  # (httptools' parse_url, for this form)
         path = raw_path.decode("ascii")
         if "%" in path:
             return False
@@ -403,7 +405,7 @@ class GuardedProtocol(HttpToolsProtocol):
             scope["http_version"] = http_version
         scope["path"] = path
         scope["raw_path"] = raw_path
-        scope["query_string"] = parsed.query or b""
+        scope["query_string"] = query
         existing = self.cycle
         self.cycle = cycle = Answering(
             scope=scope,

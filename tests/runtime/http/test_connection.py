@@ -474,6 +474,27 @@ def test_a_next_head_begun_is_held_to_the_head_deadline_not_the_keep_alive(
         assert rest.startswith(b"HTTP/1.1 408") and waited >= 0.7
 
 
+@pytest.mark.parametrize(
+    ("target", "query"),
+    [
+        (b"/v1/functions/echo/invoke?trace=1&a=%20", b"trace=1&a=%20"),
+        (b"/v1/functions/echo/invoke?", b""),
+        (b"/v1/functions/echo/invoke?a?b", b"a?b"),
+    ],
+)
+def test_a_query_on_a_data_route_is_answered_at_the_connection_with_its_query(
+    server: LiveServer, target: bytes, query: bytes
+) -> None:
+    """The connection splits the path from the query itself (as httptools' parse_url
+    does for a path that begins with a slash and has no fragment): the request is
+    answered there, with the query in its scope."""
+    with connect(server) as sock:
+        answer = exchange(sock, invoke_request(target, BODY))[0]
+        cycles = [p.cycle for p in protocols(server) if p.cycle is not None]
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert [(type(c).__name__, c.scope["query_string"]) for c in cycles] == [("Answering", query)]
+
+
 def test_pipelined_invokes_are_answered_in_order(server: LiveServer) -> None:
     requests = [
         invoke_request(b"/v1/functions/echo/invoke", b'{"x": [[%d, 0, 0, 0]]}' % i)
