@@ -30,6 +30,7 @@ from fnrt.functions.errors import (
     UnsupportedMediaType,
 )
 from fnrt.functions.limits import DEFAULT_LIMITS, TensorLimits, check_response, check_shape
+from fnrt.functions.numbers import marked
 
 
 class Format(Enum):
@@ -436,26 +437,14 @@ def check_json_numbers(name: str, value: Any) -> None:
             raise NotJsonNumber(name)
 
 
-class Numbers(dict[str, Any]):
-    """A JSON body whose values hold no string (numbers, booleans, ``null`` and empty
-    objects, in nested lists), which ``tensors.coerce_request`` tries to convert straight
-    to a float dtype (``null`` becomes NaN there, and takes the general path)."""
-
-
 def decode_json(body: bytes) -> dict[str, Any]:
-    """A JSON body as ``{name: nested lists}`` (:class:`Numbers` when it says so);
-    raises BadRequest when malformed."""
+    """A JSON body as ``{name: nested lists}`` (``numbers.Numbers`` when no value holds
+    a string); raises BadRequest when malformed."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
-    inputs = _top_level(obj)
-    # a top-level map's quotes are its keys' only when no value holds a string (and no
-    # key an escaped quote): one scan of the body in C, where looking at each value of
-    # nested lists would be a Python loop
-    if body.count(b'"') == 2 * len(inputs):
-        return Numbers(inputs)
-    return inputs
+    return marked(body, _top_level(obj))
 
 
 def encode_json(payload: Any) -> bytes:

@@ -210,7 +210,7 @@ def test_a_body_nested_too_deep_says_so() -> None:
     ],
 )
 def test_a_json_body_says_when_its_values_hold_no_string(body: bytes, numbers: bool) -> None:
-    from fnrt.functions.codec import Numbers
+    from fnrt.functions.numbers import Numbers
 
     decoded = decode_json(body)
     assert (type(decoded) is Numbers) is numbers

@@ -109,6 +109,12 @@ BODIES = [
     b'{"x": []}',
     b'{"x": 5}',
     b'{"x": [[100000000000000000000000000000]]}',
+    b'{"x": [[1152921573326323713]]}',  # past 2**53: rounded once by the general path
+    b'{"x": [[9007199254740993, 2]]}',
+    b'{"x": [[9007199791611905]]}',  # 2**53 + 2**29 + 1: through a float64, a float32 tie
+    b'{"x": [[18446744073709551615, -1]]}',
+    b'{"x": [[-0.0, 0, 1e-45, 5e-324]]}',
+    b'{"x": [[[]]]}',
 ]
 
 
@@ -121,21 +127,38 @@ def _outcome(spec: TensorSpec, raw: dict) -> object:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-@pytest.mark.parametrize("warnings_as", ["default", "error"])
+@pytest.mark.parametrize("overflow", ["warned", "warnings are errors", "numpy raises"])
 def test_a_json_body_of_numbers_converts_as_the_general_path_does(
-    dtype: str, warnings_as: str
+    dtype: str, overflow: str
 ) -> None:
-    """A body of numbers only (``codec.Numbers``) is converted straight to its float
-    dtype; whatever it holds, the array or the error is the general path's, even where
-    warnings are errors (an overflow is then raised, not warned)."""
+    """A body of numbers only (``numbers.Numbers``) is converted straight to its float
+    dtype; whatever it holds, the array or the error is the general path's, where an
+    overflow is warned of, raised as a warning made an error, or raised by numpy."""
     import warnings
 
-    from fnrt.functions.codec import Numbers, decode_json
+    from fnrt.functions.codec import decode_json
+    from fnrt.functions.numbers import Numbers
 
     spec = TensorSpec(dtype, (-1, -1))
-    with warnings.catch_warnings():
-        warnings.simplefilter(warnings_as)
+    with (
+        warnings.catch_warnings(),
+        np.errstate(over="raise" if overflow == "numpy raises" else "warn"),
+    ):
+        if overflow == "warnings are errors":
+            warnings.simplefilter("error")
         for body in BODIES:
             decoded = decode_json(body)
             assert type(decoded) is Numbers, body
             assert _outcome(spec, decoded) == _outcome(spec, dict(decoded)), body
+
+
+def test_only_float32_and_float64_are_converted_straight() -> None:
+    """float16's sum of squares overflows for ordinary values: it keeps the general
+    path alone; float32 leaves values at or past 2**53 to it (rounded once there)."""
+    from fnrt.functions.numbers import straight
+
+    assert straight([[255.0] * 64], "float16") is None
+    assert straight([[1.5, 2]], "float32").dtype == np.float32  # type: ignore[union-attr]
+    assert straight([[2.0**53]], "float32") is None
+    assert straight([[2.0**60]], "float64").tolist() == [[2.0**60]]  # type: ignore[union-attr]
+    assert straight([[1, 2], [3]], "float32") is None
