@@ -133,9 +133,9 @@ class TensorSpec:
         key = (self.shape, shape)
         matched = _MATCHED.get(key)
         if matched is None:
-            matched = _matches(self.shape, shape)
-            if len(_MATCHED) < _MATCHED_MAX:  # (bounded: any shapes a client sends)
-                _MATCHED[key] = matched
+            if len(_MATCHED) >= _MATCHED_MAX:  # any shapes a client sends: forget them all
+                _MATCHED.clear()
+            matched = _MATCHED[key] = _matches(self.shape, shape)
         return matched
 
     def to_dict(self) -> dict[str, Any]:

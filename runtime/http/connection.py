@@ -211,11 +211,15 @@ class OneWrite:
 
 def _flush_all(flushing: list[OneWrite]) -> None:
     """The turn's held writes, each connection's in one call (a write made meanwhile
-    schedules the next turn's)."""
+    schedules the next turn's); one that fails is logged, as the loop would log a
+    handle of its own, and the others are written all the same."""
     ones = flushing.copy()
     flushing.clear()
     for one in ones:
-        one._flush()
+        try:
+            one._flush()
+        except Exception:
+            log.exception("writing a connection's answers failed")
 
 
 #: What answers a data route on the connection itself: the path -> that request's
@@ -223,6 +227,9 @@ def _flush_all(flushing: list[OneWrite]) -> None:
 #: other path.
 DataApps = Callable[[str], Any]
 
+
+#: The longest URL httptools' ``parse_url`` takes (uvicorn answers a longer one 400).
+_URL_PARSED_MAX = 65_535
 
 #: When the server stops, how long a connection accepted but not yet read may still
 #: send its first request (it was opened to send one).
@@ -257,6 +264,7 @@ class GuardedProtocol(HttpToolsProtocol):
     lifecycle: Lifecycle | None = None
     data_apps: DataApps | None = None  # the data routes, served without the ASGI app
     _closing_at: float | None = None  # the server stops: close when idle past this time
+    _state: object = None  # the request cycle the sweep saw last (or that just ended)
     _head_read = False  # the request's head has been read
     _head_bytes = 0  # bytes read while the head was arriving (from the read it began in)
     _malformed: bytes | None = None  # a request refused 400, after the answers before it
@@ -326,6 +334,9 @@ class GuardedProtocol(HttpToolsProtocol):
         idle for ``timeout_keep_alive`` instead (:meth:`_check`)."""
         last = not self.pipeline
         self.server_state.total_requests += 1
+        # idle from now (the sweep would see it up to SWEEP_S late, or, having seen the
+        # request in progress, count from up to SWEEP_S before its end)
+        self._state, self._since = self.cycle, self.loop.time()
         if self.transport.is_closing():
             return
         self.flow.resume_reading()
@@ -389,8 +400,8 @@ class GuardedProtocol(HttpToolsProtocol):
         if parser.get_method() != b"POST" or self.root_path or parser.should_upgrade():
             return False
         url = self.url
-        if not url.startswith(b"/") or b"#" in url:
-            return False  # an absolute form, or a fragment: as uvicorn parses it
+        if len(url) > _URL_PARSED_MAX or not url.startswith(b"/") or b"#" in url:
+            return False  # an absolute form, a fragment, or too long: as uvicorn parses it
         raw_path, _, query = url.partition(b"?")  # (httptools' parse_url, for this form)
         path = raw_path.decode("ascii")
         if "%" in path:
@@ -444,7 +455,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self.transport = OneWrite(transport, self.loop, self.flushing)  # type: ignore[assignment]
         self._since = self.loop.time()  # in its current state (idle, or busy) since
-        self._state: object = None  # the request cycle the sweep saw last
+        self._state = None
         self._order = next(_ORDER)
         self._closing_at = None  # the server stops: close when idle past it
         self._received = 0  # body bytes received on this connection, in all

@@ -218,9 +218,9 @@ def header_map(scope: Scope) -> dict[str, str]:
     for raw, value in scope["headers"]:
         name = names.get(raw)
         if name is None:
-            name = raw.decode("latin-1")
-            if len(names) < _NAMES_MAX:  # (bounded: any names a client sends)
-                names[raw] = name
+            if len(names) >= _NAMES_MAX:  # any names a client sends: forget them all
+                names.clear()
+            name = names[raw] = raw.decode("latin-1")
         headers[name] = value.decode("latin-1")
     return headers
 

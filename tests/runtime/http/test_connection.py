@@ -606,3 +606,27 @@ def test_the_writes_of_many_connections_in_a_turn_leave_at_its_end_each_in_one_c
     first_a, first_b, later_a, left = asyncio.run(main())
     assert first_a == [[b"a-head", b"a-body"]] and first_b == [[b"b-head", b"b-body"]]
     assert later_a == [[b"a-head", b"a-body"], [b"again"]] and left == []
+
+
+def test_a_connection_whose_write_fails_leaves_the_others_written() -> None:
+    """One connection's write raising is logged; the turn's other connections are
+    written all the same, and a later write schedules a flush again."""
+
+    class Broken(Recorded):
+        def writelines(self, data: Any) -> None:
+            raise RuntimeError("broken")
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        loop = asyncio.get_running_loop()
+        flushing: list[OneWrite] = []
+        broken, good = Broken(), Recorded()
+        one_broken, one_good = OneWrite(broken, loop, flushing), OneWrite(good, loop, flushing)
+        one_broken.write(b"lost")
+        one_good.write(b"answer")
+        await asyncio.sleep(0)
+        one_good.write(b"next")
+        await asyncio.sleep(0)
+        return good.calls, flushing
+
+    calls, left = asyncio.run(main())
+    assert calls == [[b"answer"], [b"next"]] and left == []

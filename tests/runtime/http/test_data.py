@@ -27,4 +27,5 @@ def test_header_map_decodes_names_and_values_the_last_repeat_winning(
         assert data.header_map(scope) == {"x-a": "2", "x-\xe9": "caf\xe9"}
     many = {"headers": [(b"x-%d" % i, b"v") for i in range(50)]}
     assert data.header_map(many) == {f"x-{i}": "v" for i in range(50)}
-    assert len(data._NAMES) == 4
+    assert len(data._NAMES) <= 4  # forgotten when full, then kept again
+    assert data.header_map(scope) == {"x-a": "2", "x-\xe9": "caf\xe9"}
