@@ -39,9 +39,9 @@ def marked(body: bytes, inputs: dict[str, Any]) -> dict[str, Any]:
 #: float32's is 2**106: an integer at or past 2**53 (converted, a square at or past it)
 #: becomes a float64 first here, two roundings where the general path's int64 makes
 #: one; below it, every integer is a float64 exactly. A sum that overflowed, or a NaN
-#: (``null``), is past any bound. float16 is not among them: its
-#: sum of squares overflows for ordinary values (64 of 255), and would send nearly
-#: every request down both paths.
+#: (``null``), is past any bound. float16 is not among them: its sum of squares
+#: overflows for ordinary values (64 of 255), and would send nearly every request
+#: down both paths.
 _STRAIGHT: dict[str, tuple[np.dtype[Any], np.floating[Any]]] = {
     "float32": (np.dtype(np.float32), np.float32(2.0**106)),
     "float64": (np.dtype(np.float64), np.finfo(np.float64).max),
