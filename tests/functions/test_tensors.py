@@ -150,15 +150,3 @@ def test_a_json_body_of_numbers_converts_as_the_general_path_does(
             decoded = decode_json(body)
             assert type(decoded) is Numbers, body
             assert _outcome(spec, decoded) == _outcome(spec, dict(decoded)), body
-
-
-def test_only_float32_and_float64_are_converted_straight() -> None:
-    """float16's sum of squares overflows for ordinary values: it keeps the general
-    path alone; float32 leaves values at or past 2**53 to it (rounded once there)."""
-    from fnrt.functions.numbers import straight
-
-    assert straight([[255.0] * 64], "float16") is None
-    assert straight([[1.5, 2]], "float32").dtype == np.float32  # type: ignore[union-attr]
-    assert straight([[2.0**53]], "float32") is None
-    assert straight([[2.0**60]], "float64").tolist() == [[2.0**60]]  # type: ignore[union-attr]
-    assert straight([[1, 2], [3]], "float32") is None
