@@ -116,14 +116,9 @@ _LARGEST: dict[np.dtype[Any], float] = {}
 def _squared(dtype: np.dtype[Any]) -> float:
     """The square of ``dtype``'s largest value, at most float64's largest (a float64
     target's values past 1.3e154 then take the general path, which keeps them)."""
-    squared = _SQUARED.get(dtype)
-    if squared is None:
-        largest = _largest(dtype)
-        squared = _SQUARED[dtype] = min(largest * largest, sys.float_info.max)  # (not inf)
-    return squared
+    largest = _largest(dtype)
+    return min(largest * largest, sys.float_info.max)  # (not inf)
 
-
-_SQUARED: dict[np.dtype[Any], float] = {}
 
 #: The float dtypes a manifest names -> (their numpy dtype, ``_squared``): looked up by
 #: name (a numpy dtype hashes in about half a microsecond, a string in a few ns).

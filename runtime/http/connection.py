@@ -455,7 +455,6 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self.transport = OneWrite(transport, self.loop, self.flushing)  # type: ignore[assignment]
         self._since = self.loop.time()  # in its current state (idle, or busy) since
-        self._state = None
         self._order = next(_ORDER)
         self._closing_at = None  # the server stops: close when idle past it
         self._received = 0  # body bytes received on this connection, in all
