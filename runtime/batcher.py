@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fnrt.functions.errors import FnrtError, Unavailable
@@ -43,6 +44,12 @@ __all__ = ["Admission", "Batcher"]
 
 class Batcher(Intake):
     """Queue and batch loop of one function version."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # by slot index: what the next arrival starts, while the slot runs a batch that
+        # emptied the queue (:meth:`_run_watching`)
+        self._on_arrival: dict[int, Callable[[], None]] = {}
 
     # --- admission ---------------------------------------------------------------------
 
@@ -76,6 +83,12 @@ class Batcher(Intake):
         call.cold = self._pool.starts.count(now) is StartKind.COLD
         self._push(call)
         return call.future
+
+    def _push(self, call: Call) -> None:
+        super()._push(call)
+        if self._on_arrival:
+            for index in list(self._on_arrival):
+                self._on_arrival.pop(index)()
 
     def _refuse_late(self, timeout_s: float | None) -> None:
         """Unavailable unless a request can finish within the adaptive target."""
@@ -176,6 +189,8 @@ class Batcher(Intake):
             started = self._clock.now()
             if instance.stager is None:
                 await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
+            elif staged is None and not self._queue:  # it took the queue's last (a lone one)
+                ahead = await self._run_watching(slot, instance, taken)
             else:
                 ahead = await self._run_staging_ahead(slot, instance, taken, staged)
             if ahead is None and _job_only(taken):
@@ -200,14 +215,61 @@ class Batcher(Intake):
         try:
             await run
         except BaseException:
-            if ahead is not None:  # never left unanswered
-                ahead[1].release()
-                self._fail(
-                    ahead[0].batch,
-                    ahead[0].rows,
-                    Unavailable(f"{self.name}: stopped before the batch ran"),
-                )
+            self._stopped_before(ahead)
             raise
+        return self._kept(ahead, instance)
+
+    async def _run_watching(
+        self, slot: Slot, instance: Runnable, taken: Taken
+    ) -> tuple[Taken, Staged] | None:
+        """Run ``taken``, which left the queue empty (a lone request's batch, say), as
+        :meth:`_run_staging_ahead` does, but in this task, with no task for the run and
+        no watch on the queue until a request arrives while it runs: the first to come
+        starts the watch (:meth:`_stage_ahead`, on a task) that stages the next batch
+        once a full one is queued. A lone request costs no task and no wait of its own."""
+        started = self._clock.now()
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+        watch: asyncio.Future[tuple[Taken, Staged] | None] | None = None
+
+        def arrived() -> None:
+            nonlocal watch
+            watch = asyncio.ensure_future(
+                self._stage_ahead(slot, instance, finished, taken, started)
+            )
+
+        self._on_arrival[slot.index] = arrived
+        try:
+            await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
+        except BaseException:
+            if watch is not None:  # it ends now (``finished``), with what it staged, if any
+                watch.add_done_callback(self._stopped_watching)
+            raise
+        finally:
+            self._on_arrival.pop(slot.index, None)
+            finished.set_result(None)
+        return None if watch is None else self._kept(await watch, instance)
+
+    def _stopped_watching(self, watch: asyncio.Future[tuple[Taken, Staged] | None]) -> None:
+        if not watch.cancelled() and watch.exception() is None:
+            self._stopped_before(watch.result())
+
+    def _stopped_before(self, ahead: tuple[Taken, Staged] | None) -> None:
+        """The batch staged ahead will not run (the run before it was cancelled): failed,
+        never left unanswered."""
+        if ahead is not None:
+            ahead[1].release()
+            self._fail(
+                ahead[0].batch,
+                ahead[0].rows,
+                Unavailable(f"{self.name}: stopped before the batch ran"),
+            )
+
+    def _kept(
+        self, ahead: tuple[Taken, Staged] | None, instance: Runnable
+    ) -> tuple[Taken, Staged] | None:
+        """The batch staged ahead, to run next, unless its instance died and the
+        version's breaker has opened meanwhile (then refused, as the queue is)."""
         if ahead is not None and not instance.alive:
             refused = self._refused()
             if refused is not None:  # not run on the next instance: refused as if queued

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -82,6 +83,39 @@ def test_a_full_batch_is_staged_while_the_last_one_computes(tmp_path: Path) -> N
         handler = instance.stager.forward.__self__
         assert handler.batches[:3] == [1, 1, 4]  # the load's, the held one, the staged four
         assert not any(slot.busy for slot in slots)
+
+
+def _tasks_running(srv: Any) -> list[str]:
+    """The names of the coroutines the server's event loop runs as tasks now."""
+
+    async def names() -> list[str]:
+        return [task.get_coro().__qualname__ for task in asyncio.all_tasks()]  # type: ignore[union-attr]
+
+    return srv.call(names())
+
+
+def test_a_lone_batch_runs_with_no_task_until_a_request_arrives_behind_it(
+    tmp_path: Path,
+) -> None:
+    """A batch that emptied the queue runs in its slot's loop: no task for the run and
+    none watching the queue (a lone request's cost); the first request to arrive while
+    it runs starts the watch, which stages the next full batch as before."""
+    with live_server(tmp_path) as srv, ThreadPoolExecutor(8) as pool:
+        scheduler = _deploy(srv, tmp_path)
+        (instance,) = scheduler.pool.loaded_instances()
+        slots = instance.stager._slots
+        gate("hold").clear()
+        held = pool.submit(_post, srv.url, -1.0)
+        wait_until(lambda: any(slot.busy for slot in slots) and scheduler.batcher.queued == 0)
+        running = _tasks_running(srv)
+        assert "Batcher._run_batch" not in running and "Batcher._stage_ahead" not in running
+        full = [pool.submit(_post, srv.url, float(i)) for i in range(4)]
+        wait_until(lambda: all(slot.busy for slot in slots))  # the watch staged them
+        assert scheduler.batcher.queued == 0
+        gate("hold").set()
+        assert held.result().json()["y"] == [[-2.0, 2.0]]
+        assert [f.result().json()["y"] for f in full] == [[[2.0 * i, 2.0]] for i in range(4)]
+        assert "Batcher._stage_ahead" not in _tasks_running(srv)  # it ended with the run
 
 
 def test_a_batch_staged_on_an_instance_that_is_lost_runs_on_its_replacement(
