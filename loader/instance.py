@@ -103,6 +103,7 @@ class Instance:
     stager: Stager | None = None  # a handler with forward(): batches can be staged ahead
     device_bytes: int = 0  # held in device memory (``size_bytes``: in host memory)
     device: Device = field(default_factory=Device)  # where it runs: a GPU of the node, or the CPU
+    apart = False  # its handler runs in this process, on its thread (Runnable.apart)
 
     def run(self, batch: list[Request]) -> list[dict[str, np.ndarray[Any, Any]]]:
         """Call the handler on one batch; raise ValueError if it breaks the contract."""
@@ -277,6 +278,9 @@ class Runnable(Protocol):
     device_bytes: int  # held in device memory (a GPU's)
     device: Device  # where it runs
     tier: LoadTier
+    #: its batches compute in another process (a worker): the event loop is free while
+    #: one runs
+    apart: bool
 
     @property
     def alive(self) -> bool: ...

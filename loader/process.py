@@ -202,6 +202,8 @@ def _stepped(responses: Arena, reply: dict[str, Any]) -> Stepped:
 class ProcessInstance:
     """One loaded handler in a worker process."""
 
+    apart = True  # Runnable.apart: a batch computes in the worker
+
     def __init__(
         self,
         vm: VersionManifest,

@@ -20,7 +20,6 @@ from fnrt.loader.instance import Runnable
 from fnrt.runtime.queue import Call, Priority
 from fnrt.runtime.stream import Usage
 from fnrt.tracing.recorder import SpanContext, set_queued
-from fnrt.tracing.spans import fail
 from fnrt.tracing.telemetry import Telemetry
 
 #: The name of each priority, as its queue span shows it.
@@ -131,6 +130,10 @@ class Events:
         handler's requests in it, when blocks of job records made it more than
         ``len(batch)``)."""
 
+    def waiting(self) -> None:
+        """A batch was handed to a worker process: the event loop waits for it now, and
+        what it does meanwhile delays no request (the reports owed are made)."""
+
     def step_started(self, vm: VersionManifest, joining: Sequence[Call], started_ns: int) -> None:
         """A generative function's step starts; ``joining`` sequences join it."""
 
@@ -221,18 +224,12 @@ class TelemetryEvents(Events):
         handler_spans: Sequence[Mapping[str, Any]] = (),
         rows: int | None = None,
     ) -> None:
-        metrics = self.telemetry.metrics
         size = len(batch) if rows is None else rows
-        metrics.batch(vm.name, size, elapsed_s, waits_s)
-        metrics.warm_hits(sum(1 for p in batch if not p.cold))
-        tracing = self.telemetry.tracing
-        if not tracing.enabled:
-            return
-        tracing.record(handler_spans)  # the handler's own, children of the batch's span
-        if span is not None:
-            if failure is not None:
-                fail(span, failure)
-            span.end()
+        warm = sum(1 for p in batch if not p.cold)
+        self.telemetry.batch(vm.name, size, elapsed_s, waits_s, warm, span, failure, handler_spans)
+
+    def waiting(self) -> None:
+        self.telemetry.settle_soon()
 
     def step_started(self, vm: VersionManifest, joining: Sequence[Call], started_ns: int) -> None:
         tracing = self.telemetry.tracing

@@ -290,13 +290,19 @@ class InstancePool:
     ) -> Ran:
         """Run one batch on the slot's instance. An instance lost on the way (it died,
         or ran past ``timeout_s``) is replaced; its InstanceLost is raised."""
-        return await self._on_instance(slot, instance, instance.run_soon(batch, trace))
+        running = instance.run_soon(batch, trace)
+        if instance.apart:  # sent: the loop is free until the worker answers
+            self._events.waiting()
+        return await self._on_instance(slot, instance, running)
 
     async def run_staged(
         self, slot: Slot, instance: Runnable, staged: Staged, trace: TraceParent | None = None
     ) -> Ran:
         """Compute a batch staged ahead, as :meth:`run` runs one."""
-        return await self._on_instance(slot, instance, instance.run_staged_soon(staged, trace))
+        running = instance.run_staged_soon(staged, trace)
+        if instance.apart:
+            self._events.waiting()
+        return await self._on_instance(slot, instance, running)
 
     async def step(
         self, slot: Slot, instance: Runnable, batch: StepBatch, trace: TraceParent | None = None

@@ -109,34 +109,31 @@ class AccessLog:
             return
         head = (stamp, "info", "fnrt.access", "request")
         plain = [e for e in ended if e[5] is None and e[6] is None]
-        if plain:
+        if len(plain) == len(ended):
             rows = map(tuple.__add__, repeat(head), map(_FIELDS, plain))
             self._lines.extend(map(orjson.dumps, map(dict, map(zip, repeat(_KEYS), rows))))
-        if len(plain) == len(ended):
             return
-        # traced and warm (every request, tracing at 100%): the same, with the trace's ids
-        traced = [e for e in ended if e[5] is None and e[6] is not None]
-        if traced:
-            parents = list(map(_TRACEPARENT, map(_SPAN, traced)))
+        if not plain and all(e[5] is None for e in ended):
+            # traced and warm (every request, tracing at 100%): the same, with the ids
+            parents = list(map(_TRACEPARENT, map(_SPAN, ended)))
             ids = zip(
                 map(getitem, parents, repeat(TRACE_ID_CHARS)),
                 map(getitem, parents, repeat(SPAN_ID_CHARS)),
                 strict=True,
             )
-            rows = map(tuple.__add__, repeat(head), map(_FIELDS, traced))
+            rows = map(tuple.__add__, repeat(head), map(_FIELDS, ended))
             rows = map(tuple.__add__, rows, ids)
             self._lines.extend(map(orjson.dumps, map(dict, map(zip, repeat(_TRACED_KEYS), rows))))
-        if len(plain) + len(traced) < len(ended):
-            for route, function, version, status, ms, cold_start, span, *_ in ended:
-                if cold_start is None:
-                    continue
-                line = dict(zip(_KEYS, (*head, route, function, version, status, ms), strict=True))
-                if cold_start is not None:
-                    line["cold_start"] = cold_start
-                if span is not None:
-                    line["trace_id"] = span.traceparent[TRACE_ID_CHARS]
-                    line["span_id"] = span.traceparent[SPAN_ID_CHARS]
-                self._lines.append(orjson.dumps(line))
+            return
+        # mixed (a cold start among them, some traced): a line at a time, in order
+        for route, function, version, status, ms, cold_start, span, *_ in ended:
+            line = dict(zip(_KEYS, (*head, route, function, version, status, ms), strict=True))
+            if cold_start is not None:
+                line["cold_start"] = cold_start
+            if span is not None:
+                line["trace_id"] = span.traceparent[TRACE_ID_CHARS]
+                line["span_id"] = span.traceparent[SPAN_ID_CHARS]
+            self._lines.append(orjson.dumps(line))
 
     def flush(self) -> None:
         lines = self._lines

@@ -5,28 +5,105 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
 from time import time_ns
+from typing import Any
 
 from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.recorder import END_NS, ServerSpan, answered
-from fnrt.tracing.spans import Tracing
+from fnrt.tracing.spans import Tracing, fail
+
+#: A lone request's reports (``Telemetry.deferred``) wait at most this long for the
+#: event loop to hand a batch to a worker process before they are made anyway.
+SETTLE_AFTER_S = 0.005
 
 
 @dataclass
 class Telemetry:
-    """Spans (``tracing``, possibly off), metrics, and the request log (None: off)."""
+    """Spans (``tracing``, possibly off), metrics, and the request log (None: off).
+
+    Requests and batches that end are reported here, and made (metrics counted, log
+    lines queued, spans ended and exported) together at a :meth:`flush` at the end of
+    the event loop's turn. ``deferred``, a turn that ended one request and one batch
+    (a lone request: one connection) leaves its reports to :meth:`settle_soon`, which
+    the loop calls once it has handed the next batch to a worker process and waits
+    for it, so that making them is on no request's path; or ``SETTLE_AFTER_S`` later,
+    whichever comes first. What reads the reports (``/metrics``) settles first."""
 
     tracing: Tracing = field(default_factory=Tracing)
     metrics: Metrics = field(default_factory=lambda: Metrics(gpu=False))
     access: AccessLog | None = None
-    #: requests ended since the last :meth:`flush` (a turn of the event loop ago at most)
+    #: a lone request's reports wait for :meth:`settle_soon` (or ``SETTLE_AFTER_S``)
+    deferred: bool = True
+    #: requests ended since the last :meth:`flush`
     ended: list[Ended] = field(default_factory=list)
     #: those of them whose spans are recorded, exported at once (:func:`answered`)
     spans: list[Ended] = field(default_factory=list)
+    #: batches ended since the last :meth:`flush`
+    batches: list[BatchEnded] = field(default_factory=list)
+    _owed: bool = field(default=False, repr=False)  # reports not made yet
+    _turn: bool = field(default=False, repr=False)  # the turn's end is to look at them
+    _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    def _owe(self) -> None:
+        """A report: the end of this turn makes it (or leaves a lone request's)."""
+        self._owed = True
+        if not self._turn:
+            self._turn = True
+            asyncio.get_running_loop().call_soon(self._turn_ended)
+
+    def _turn_ended(self) -> None:
+        self._turn = False
+        if not self._owed:
+            return
+        if self.deferred and len(self.ended) <= 1 and len(self.batches) <= 1:
+            if self._timer is None:  # one armed for an earlier report fires sooner
+                self._timer = asyncio.get_running_loop().call_later(SETTLE_AFTER_S, self._timed)
+            return
+        self.flush()
+
+    def _timed(self) -> None:
+        self._timer = None
+        self.settle()
+
+    def settle(self) -> None:
+        """Make the reports owed now (cheap when none is)."""
+        if self._owed:
+            self.flush()
+
+    def settle_soon(self) -> None:
+        """Make the reports owed once the answers set by now have been written: two
+        turns of the loop from here (an answer's callback runs in the next, and the
+        connections' one write of the turn's answers is scheduled from it), so that
+        making them delays no answer."""
+        if self._owed:
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self.settle)
+
+    def batch(
+        self,
+        function: str,
+        size: int,
+        compute_s: float,
+        waits_s: Sequence[float],
+        warm: int,
+        span: Any = None,
+        failure: BaseException | None = None,
+        handler_spans: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        """A batch ended: its metrics, its span (``span``, open while it ran: ended now,
+        failed with ``failure``) and the spans its handler made, at the next flush."""
+        self._owe()
+        end_ns = 0
+        if span is not None:
+            end_ns = time_ns()
+            if failure is not None:  # rare: now, its exception's event timed as it came
+                fail(span, failure)
+        self.batches.append((function, size, compute_s, waits_s, warm, span, handler_spans, end_ns))
 
     def request(
         self,
@@ -44,9 +121,8 @@ class Telemetry:
         when tracing is on), when recorded: ended here (its end time set), made the
         request it exports as at the turn's end (:func:`answered`), with the log's ids
         cut from its ``traceparent`` there. An append a request."""
+        self._owe()
         ended = self.ended
-        if not ended:
-            asyncio.get_running_loop().call_soon(self.flush)
         ms = round(seconds * 1000, 3)  # as the request log shows it
         request = (route, function, version, status, ms, cold_start, span, seconds)
         ended.append(request)
@@ -58,7 +134,11 @@ class Telemetry:
         """The metrics and log lines of the requests ended since the last flush: counted
         per label set and per histogram bucket with ``Counter`` and ``map`` (no Python
         frame an item), the log lines queued at once, and the recorded spans handed to
-        the tracer's export at once."""
+        the tracer's export at once. The batches' first: their spans end as they ended."""
+        self._owed = False
+        if self.batches:
+            batches, self.batches = self.batches, []
+            self._batches(batches)
         ended, self.ended = self.ended, []
         if self.spans:
             traced, self.spans = self.spans, []
@@ -73,6 +153,17 @@ class Telemetry:
             self._many(ended)
         if self.access is not None:
             self.access.requests(ended)
+
+    def _batches(self, batches: list[BatchEnded]) -> None:
+        metrics, tracing = self.metrics, self.tracing
+        for function, size, compute_s, waits_s, warm, span, handler_spans, end_ns in batches:
+            metrics.batch(function, size, compute_s, waits_s)
+            metrics.warm_hits(warm)
+            if not tracing.enabled:
+                continue
+            tracing.record(handler_spans)  # the handler's own, children of the batch's span
+            if span is not None:
+                span.end(end_ns)
 
     def _one(self, request: Ended) -> None:
         _, function, version, status, _, _, _, seconds = request
@@ -99,12 +190,19 @@ class Telemetry:
 
     def close(self) -> None:
         """Export the spans and write the log lines still buffered."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.flush()
         self.tracing.shutdown()
         if self.access is not None:
             self.access.close()
 
 
+#: A batch as it ended: function, size, compute seconds, its requests' waits, how many
+#: of them were warm, its span (None: not traced), its handler's spans, when it ended
+#: (ns; 0 without a span).
+BatchEnded = tuple[str, int, float, Sequence[float], int, Any, Sequence[Mapping[str, Any]], int]
 #: A request as it ended: route, function, version, status, milliseconds (rounded as
 #: the request log writes them), the tier of its cold start, its server span (None:
 #: tracing off), seconds.

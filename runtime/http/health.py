@@ -96,7 +96,9 @@ async def metrics(request: Request) -> Response:
     has tens of megabytes of series, and the loop serves requests between families.
     (A family that fails to be made ends the body short: the scrape fails, as with a
     500.) An HTTP/1.0 client, which knows no chunks, gets it whole."""
-    metrics = node_of(request).telemetry.metrics
+    telemetry = node_of(request).telemetry
+    telemetry.settle()  # the requests and batches that ended before this one
+    metrics = telemetry.metrics
     if request.scope.get("http_version") == "1.0":
         body = b"".join([piece async for piece in _exposition(metrics)])
         return Response(body, headers={"content-type": CONTENT_TYPE})

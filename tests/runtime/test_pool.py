@@ -618,6 +618,7 @@ class _Handed:
 
     stager = None
     alive = True
+    apart = False
     timings_s: dict[str, float] = {}
 
     def __init__(self) -> None:
@@ -625,6 +626,38 @@ class _Handed:
 
     def run_soon(self, batch: list[Request], trace: Any = None) -> asyncio.Future[Any]:
         return self.ran
+
+
+class _Waits(NoEvents):
+    def __init__(self) -> None:
+        self.waited = 0
+
+    def waiting(self) -> None:
+        self.waited += 1
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_a_batch_sent_to_a_worker_process_lets_the_loop_report_meanwhile(
+    tmp_path: Path, apart: bool
+) -> None:
+    """A batch handed to a worker process tells the events that the loop waits for it
+    (the reports owed are made meanwhile, off every request's path); one run on the
+    instance's thread does not: the handler there needs the GIL the loop would take."""
+
+    async def scenario() -> int:
+        events = _Waits()
+        vm = _vm(tmp_path, timeout_s=5)
+        pool = InstancePool(vm, Loads(), ManualClock(), Stats(), events, in_thread=True)
+        instance = _Handed()
+        instance.apart = apart
+        running = asyncio.ensure_future(pool.run(pool.slots[0], cast(Runnable, instance), [X]))
+        await asyncio.sleep(0)
+        waited = events.waited
+        instance.ran.set_result(SimpleNamespace(results=[X], infer_s=0.0, output_s=0.0))
+        await running
+        return waited
+
+    assert asyncio.run(scenario()) == (1 if apart else 0)
 
 
 def test_a_batch_cancelled_as_it_ends_is_cancelled(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
-"""Requests' metrics and log lines made per turn of the event loop (``Telemetry.request``
-then ``flush``) are those made one request at a time (``Metrics.request``,
-``AccessLog.request``)."""
+"""Requests' metrics and log lines made together (``Telemetry.request`` then ``flush``,
+at the end of the event loop's turn or, deferred, while it waits for a worker) are those
+made one request at a time (``Metrics.request``, ``AccessLog.request``)."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import time
 from typing import Any
 
 import orjson
@@ -25,7 +26,7 @@ from fnrt.tracing.recorder import (
     server_span,
 )
 from fnrt.tracing.spans import Tracing, fail
-from fnrt.tracing.telemetry import Telemetry
+from fnrt.tracing.telemetry import SETTLE_AFTER_S, Telemetry
 
 HTTP = ("POST", "/v1/functions/{name}/invoke", "/v1/functions/a/invoke", "")
 
@@ -66,7 +67,9 @@ def _one_by_one(log: io.BytesIO) -> Telemetry:
 def test_a_turns_requests_make_what_each_request_made_alone() -> None:
     one_by_one, together = io.BytesIO(), io.BytesIO()
     alone = _one_by_one(one_by_one)
-    batched = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(together, 60.0))
+    batched = Telemetry(
+        metrics=Metrics(gpu=False), access=AccessLog(together, 60.0), deferred=False
+    )
 
     async def turn() -> None:
         for *ended, trace in ENDED:  # a traced request's ids come from its span
@@ -80,7 +83,7 @@ def test_a_turns_requests_make_what_each_request_made_alone() -> None:
     assert batched.metrics.request_seconds.series == alone.metrics.request_seconds.series
     alone.close()
     batched.close()
-    assert sorted(_lines(together), key=str) == sorted(_lines(one_by_one), key=str)
+    assert _lines(together) == _lines(one_by_one)  # in order, a cold start among them
     assert {"cold_start": "L2", "trace_id": "ab" * 16}.items() <= _lines(together)[-1].items()
 
 
@@ -89,7 +92,7 @@ def test_a_turn_with_one_request_makes_what_it_made_alone() -> None:
     log lines."""
     one_by_one, lone = io.BytesIO(), io.BytesIO()
     reference = _one_by_one(one_by_one)
-    each = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(lone, 60.0))
+    each = Telemetry(metrics=Metrics(gpu=False), access=AccessLog(lone, 60.0), deferred=False)
 
     async def turns() -> None:
         for *ended, trace in ENDED:
@@ -112,7 +115,7 @@ def test_a_turns_request_spans_are_exported_at_its_end_and_bounded() -> None:
     memory = MemoryExporter()
     batcher = BatchExporter(memory, interval_s=60, max_queued=3)
     tracer = Tracer(TraceConfig(), batcher.add, batcher.shutdown, batcher.add_many)
-    telemetry = Telemetry(tracing=Tracing(tracer), metrics=Metrics(gpu=False))
+    telemetry = Telemetry(tracing=Tracing(tracer), metrics=Metrics(gpu=False), deferred=False)
     unsampled = Tracer(TraceConfig(sampler="traceidratio", sampler_ratio=0.0), batcher.add)
     http = ("POST", "/v1/functions/{name}/invoke", "/v1/functions/a/invoke", "")
 
@@ -140,7 +143,7 @@ def test_a_turns_spans_end_as_each_would_have_ended_alone(together: bool) -> Non
     in one turn (the maps) or each in its own (one connection: a plain loop)."""
     exported: list[Flat] = []
     tracer = Tracer(TraceConfig(), exported.append, None, exported.extend)
-    telemetry = Telemetry(tracing=Tracing(tracer), metrics=Metrics(gpu=False))
+    telemetry = Telemetry(tracing=Tracing(tracer), metrics=Metrics(gpu=False), deferred=False)
     reference: list[Flat] = []
     answers = [(200, "a", "v-1", None), (503, "a", "v-1", None), (200, "b", "v-2", "l2")]
     answers += [(500, "a", "v-1", None), (200, "a", "v-1", None)]
@@ -183,3 +186,63 @@ def test_a_turns_spans_end_as_each_would_have_ended_alone(together: bool) -> Non
     assert len(exported) == 4
     assert [timeless(f) for f in exported] == [timeless(f) for f in reference]
     assert exported[1][10][2] == exported[3][10][2] == 2  # 5xx: an error (StatusCode.ERROR)
+
+
+def test_a_lone_requests_reports_wait_for_the_loop_to_wait_on_a_worker() -> None:
+    """Deferred (the default), a turn that ended one request and its batch (one
+    connection) leaves their reports to ``settle_soon`` (the loop handed the next batch
+    to a worker) or, with nothing handed over, to ``SETTLE_AFTER_S`` later; a turn that
+    ended more makes them at its end. The same metrics, log lines (in order) and spans;
+    a batch's span ends when the batch did, not when it is made."""
+    one_by_one, later = io.BytesIO(), io.BytesIO()
+    reference = _one_by_one(one_by_one)
+    exported: list[Flat] = []
+    tracer = Tracer(TraceConfig(), exported.append, None, exported.extend)
+    deferred = Telemetry(Tracing(tracer), Metrics(gpu=False), AccessLog(later, 60.0))
+    assert deferred.deferred
+
+    def report(ended: Any) -> None:
+        *fields, trace = ended
+        deferred.request(*fields, None if trace is None else _span(*trace))
+
+    async def turns() -> None:
+        report(ENDED[0])
+        batch_span = tracer.start("batch")
+        assert batch_span is not None
+        deferred.batch("a", 3, 0.002, [0.001, 0.0, 0.0005], 2, batch_span)
+        ended_ns = time.time_ns()
+        await asyncio.sleep(0)  # the turn's end: a lone request's, left
+        assert len(deferred.ended) == 1 and len(deferred.batches) == 1 and exported == []
+        deferred.settle_soon()  # the loop handed a batch to a worker
+        await asyncio.sleep(0)
+        assert deferred.ended != []  # not before the answers set by now are written
+        await asyncio.sleep(0)
+        assert deferred.ended == [] and deferred.batches == [] and len(exported) == 1
+        assert batch_span.end_ns <= ended_ns  # as the batch ended, not as it was made
+        report(ENDED[1])
+        await asyncio.sleep(0)
+        assert len(deferred.ended) == 1
+        await asyncio.sleep(SETTLE_AFTER_S * 4)  # nothing handed over: made anyway
+        assert deferred.ended == []
+        for ended in ENDED[2:]:  # three in a turn: made at its end
+            report(ended)
+        await asyncio.sleep(0)
+        assert deferred.ended == []
+
+    asyncio.run(turns())
+    assert deferred.metrics.requests.values == reference.metrics.requests.values
+    assert deferred.metrics.request_seconds.series == reference.metrics.request_seconds.series
+    made = Metrics(gpu=False)  # the batch's, made at once
+    made.batch("a", 3, 0.002, [0.001, 0.0, 0.0005])
+    made.warm_hits(2)
+    for name in ("batch_size", "compute_seconds", "queue_seconds"):
+        assert getattr(deferred.metrics, name).series == getattr(made, name).series, name
+
+    def hits(metrics: Metrics) -> list[Any]:
+        samples = [s for m in metrics.tier_hits.collect() for s in m.samples]
+        return [(s.name, s.labels, s.value) for s in samples if s.name.endswith("_total")]
+
+    assert hits(deferred.metrics) == hits(made) != []
+    reference.close()
+    deferred.close()
+    assert _lines(later) == _lines(one_by_one)
