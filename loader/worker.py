@@ -246,14 +246,13 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
         if message["op"] == "step":
             channel.send(_step(built, requests[pair], responses[pair], message, trace))
             continue
+        spans: list[dict[str, Any]] = []
         try:
-            with capture((trace[0], trace[1]) if trace else None) as spans:
-                if built.stager is None:
-                    batch = cast(list[Request], requests[pair].read(message, copy=False))
-                    ran = run_checked(built.call, vm, batch)
-                    del batch  # the request arena is the server's to overwrite now
-                else:
-                    ran = _computed(built.stager, staged)
+            if trace:
+                with capture((trace[0], trace[1])) as spans:
+                    ran = _batch(built, vm, requests[pair], message, staged)
+            else:  # not traced (the common case): nothing to set up
+                ran = _batch(built, vm, requests[pair], message, staged)
         except Exception as exc:
             channel.send(_failure(exc))
             continue
@@ -263,6 +262,19 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
             reply["spans"] = spans
         channel.send(reply)
     return 0
+
+
+def _batch(
+    built: Built, vm: VersionManifest, requests: Arena, message: dict[str, Any], staged: Any
+) -> Ran:
+    """One batch run: read from its request arena and handed to the handler, or (a
+    ``forward`` handler) computed as the reading thread staged it."""
+    if built.stager is not None:
+        return _computed(built.stager, staged)
+    batch = cast(list[Request], requests.read(message, copy=False))
+    # the request arena is the server's to overwrite once this returns (the batch is
+    # dropped with this frame)
+    return run_checked(built.call, vm, batch)
 
 
 def _in_turn(channel: Channel) -> Iterator[tuple[dict[str, Any], Any]]:
