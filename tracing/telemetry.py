@@ -50,11 +50,14 @@ class Telemetry:
     _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     def _owe(self) -> None:
-        """A report: the end of this turn makes it (or leaves a lone request's)."""
+        """A report: the end of this turn makes it (or leaves a lone request's), after
+        the answers set in it have been written: two turns on, as :meth:`settle_soon`
+        (a batch's report comes before its answers' callbacks have run)."""
         self._owed = True
         if not self._turn:
             self._turn = True
-            asyncio.get_running_loop().call_soon(self._turn_ended)
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._turn_ended)
 
     def _turn_ended(self) -> None:
         self._turn = False
