@@ -86,9 +86,15 @@ class Batcher(Intake):
 
     def _push(self, call: Call) -> None:
         super()._push(call)
-        if self._on_arrival:
+        if self._on_arrival and self._may_stage():
             for index in list(self._on_arrival):
                 self._on_arrival.pop(index)()
+
+    def _may_stage(self) -> bool:
+        """Whether the queue may now hold the next batch to stage ahead: a full one for
+        fixed batching (its plan's size is always the largest); any for adaptive."""
+        batching = self._manifest.batching
+        return batching.adaptive or self._queue.rows >= batching.max_batch_size
 
     def _refuse_late(self, timeout_s: float | None) -> None:
         """Unavailable unless a request can finish within the adaptive target."""
@@ -224,9 +230,10 @@ class Batcher(Intake):
     ) -> tuple[Taken, Staged] | None:
         """Run ``taken``, which left the queue empty (a lone request's batch, say), as
         :meth:`_run_staging_ahead` does, but in this task, with no task for the run and
-        no watch on the queue until a request arrives while it runs: the first to come
-        starts the watch (:meth:`_stage_ahead`, on a task) that stages the next batch
-        once a full one is queued. A lone request costs no task and no wait of its own."""
+        no watch on the queue until the requests arriving while it runs may make the
+        next batch (:meth:`_may_stage`: a full one, for fixed batching): then the watch
+        (:meth:`_stage_ahead`, on a task) stages it. A lone request costs no task and
+        no wait of its own, nor do those arriving behind a batch below a full one."""
         started = self._clock.now()
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()

@@ -98,8 +98,9 @@ def test_a_lone_batch_runs_with_no_task_until_a_request_arrives_behind_it(
     tmp_path: Path,
 ) -> None:
     """A batch that emptied the queue runs in its slot's loop: no task for the run and
-    none watching the queue (a lone request's cost); the first request to arrive while
-    it runs starts the watch, which stages the next full batch as before."""
+    none watching the queue (a lone request's cost), nor while fewer than a full batch
+    arrive behind it; the request that makes a full one starts the watch, which stages
+    it as before."""
     with live_server(tmp_path) as srv, ThreadPoolExecutor(8) as pool:
         scheduler = _deploy(srv, tmp_path)
         (instance,) = scheduler.pool.loaded_instances()
@@ -109,7 +110,10 @@ def test_a_lone_batch_runs_with_no_task_until_a_request_arrives_behind_it(
         wait_until(lambda: any(slot.busy for slot in slots) and scheduler.batcher.queued == 0)
         running = _tasks_running(srv)
         assert "Batcher._run_batch" not in running and "Batcher._stage_ahead" not in running
-        full = [pool.submit(_post, srv.url, float(i)) for i in range(4)]
+        full = [pool.submit(_post, srv.url, float(i)) for i in range(3)]
+        wait_until(lambda: scheduler.batcher.queued == 3)
+        assert "Batcher._stage_ahead" not in _tasks_running(srv)  # below a full batch
+        full.append(pool.submit(_post, srv.url, 3.0))
         wait_until(lambda: all(slot.busy for slot in slots))  # the watch staged them
         assert scheduler.batcher.queued == 0
         gate("hold").set()
