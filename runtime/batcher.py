@@ -195,7 +195,7 @@ class Batcher(Intake):
             started = self._clock.now()
             if instance.stager is None:
                 await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
-            elif staged is None and not self._queue:  # it took the queue's last (a lone one)
+            elif staged is None and not self._queue and len(taken.batch) == 1:  # a lone request
                 ahead = await self._run_watching(slot, instance, taken)
             else:
                 ahead = await self._run_staging_ahead(slot, instance, taken, staged)
@@ -228,12 +228,13 @@ class Batcher(Intake):
     async def _run_watching(
         self, slot: Slot, instance: Runnable, taken: Taken
     ) -> tuple[Taken, Staged] | None:
-        """Run ``taken``, which left the queue empty (a lone request's batch, say), as
-        :meth:`_run_staging_ahead` does, but in this task, with no task for the run and
-        no watch on the queue until the requests arriving while it runs may make the
-        next batch (:meth:`_may_stage`: a full one, for fixed batching): then the watch
-        (:meth:`_stage_ahead`, on a task) stages it. A lone request costs no task and
-        no wait of its own, nor do those arriving behind a batch below a full one."""
+        """Run ``taken``, a lone request's batch (one request, and none queued behind
+        it: one connection), as :meth:`_run_staging_ahead` does, but in this task, with
+        no task for the run and no watch on the queue until the requests arriving while
+        it runs may make the next batch (:meth:`_may_stage`: a full one, for fixed
+        batching): then the watch (:meth:`_stage_ahead`, on a task) stages it. A lone
+        request costs no task and no wait of its own. (Larger batches keep the task and
+        the watch: measured at 32 connections, running them here too was 0.97x.)"""
         started = self._clock.now()
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
