@@ -256,11 +256,24 @@ class Batcher(Intake):
         finally:
             self._on_arrival.pop(slot.index, None)
             finished.set_result(None)
-        return None if watch is None else self._kept(await watch, instance)
+        if watch is None:
+            return None
+        try:  # shielded: a cancel here leaves the watch to end, its batch failed, not lost
+            ahead = await asyncio.shield(watch)
+        except BaseException:
+            watch.add_done_callback(self._stopped_watching)
+            raise
+        return self._kept(ahead, instance)
 
     def _stopped_watching(self, watch: asyncio.Future[tuple[Taken, Staged] | None]) -> None:
-        if not watch.cancelled() and watch.exception() is None:
-            self._stopped_before(watch.result())
+        """A watch whose run was stopped: what it staged fails; what it raised is logged."""
+        if watch.cancelled():
+            return
+        error = watch.exception()
+        if error is not None:
+            log.error("%s: staging the next batch failed", self.name, exc_info=error)
+            return
+        self._stopped_before(watch.result())
 
     def _stopped_before(self, ahead: tuple[Taken, Staged] | None) -> None:
         """The batch staged ahead will not run (the run before it was cancelled): failed,

@@ -201,6 +201,7 @@ class TelemetryEvents(Events):
         self.telemetry.metrics.restart(vm.name, cause)
 
     def deleted(self, name: str) -> None:
+        self.telemetry.settle()  # its last reports, or they would bring its series back
         self.telemetry.metrics.forget(name)
         for key in [key for key in self._loads if key[0] == name]:
             del self._loads[key]

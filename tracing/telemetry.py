@@ -139,9 +139,14 @@ class Telemetry:
         frame an item), the log lines queued at once, and the recorded spans handed to
         the tracer's export at once. The batches' first: their spans end as they ended."""
         self._owed = False
-        if self.batches:
-            batches, self.batches = self.batches, []
-            self._batches(batches)
+        batches, self.batches = self.batches, []
+        try:
+            if batches:
+                self._batches(batches)
+        finally:  # the requests' reports are made even if a batch's could not be
+            self._requests()
+
+    def _requests(self) -> None:
         ended, self.ended = self.ended, []
         if self.spans:
             traced, self.spans = self.spans, []
@@ -196,6 +201,7 @@ class Telemetry:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._turn = False  # a turn's end pending on a loop that may be closing
         self.flush()
         self.tracing.shutdown()
         if self.access is not None:

@@ -75,3 +75,27 @@ def test_a_batch_keeps_each_recorded_requests_queue_wait_and_load() -> None:
         assert events.batch_started(vm, [call(None, 0), call(unsampled, 3)], 4) is None
     finally:
         loop.close()
+
+
+def test_a_deleted_functions_last_reports_are_made_before_its_series_go() -> None:
+    """A lone request's reports wait (``Telemetry.deferred``); a function deleted
+    meanwhile has them made first, so they do not bring its series back after
+    ``Metrics.forget``."""
+    telemetry = Telemetry(metrics=Metrics(gpu=False))
+    events = TelemetryEvents(telemetry)
+    vm: Any = SimpleNamespace(name="gone", version="v-1")
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        call = Call({}, loop.create_future(), 0.0)
+        events.batch(vm, [call], [0.001], 0, 0.002, None)
+        telemetry.request("/r", "gone", "v-1", 200, 0.003, None)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the turn's end: a lone request's, left
+        assert telemetry.batches and telemetry.ended
+        events.deleted("gone")
+        await asyncio.sleep(0.02)  # past SETTLE_AFTER_S
+
+    asyncio.run(scenario())
+    assert ("gone",) not in telemetry.metrics.batch_size.series
+    assert not any(labels[0] == "gone" for labels in telemetry.metrics.requests.values)

@@ -255,3 +255,32 @@ def test_a_lone_requests_reports_wait_for_the_loop_to_wait_on_a_worker() -> None
     reference.close()
     deferred.close()
     assert _lines(later) == _lines(one_by_one)
+
+
+def test_a_batch_report_that_fails_leaves_the_requests_reports_made() -> None:
+    """A flush whose batch part raises (a handler span the tracer refuses, say) still
+    makes the requests' metrics and log lines, and owes nothing after."""
+
+    class Refused(Tracing):
+        @property
+        def enabled(self) -> bool:
+            return True
+
+        def record(self, handler_spans: Any) -> None:
+            raise ValueError("refused")
+
+    log = io.BytesIO()
+    telemetry = Telemetry(Refused(), Metrics(gpu=False), AccessLog(log, 60.0))
+
+    async def scenario() -> None:
+        telemetry.batch("a", 1, 0.001, [0.0], 1, None, None, [{"name": "x"}])
+        telemetry.request("/r", "a", "v-1", 200, 0.001, None)
+        with pytest.raises(ValueError, match="refused"):
+            telemetry.flush()
+        assert telemetry.ended == [] and telemetry.batches == []
+        telemetry.settle()  # nothing owed
+
+    asyncio.run(scenario())
+    assert telemetry.metrics.requests.values == {("a", "v-1", "200"): 1.0}
+    telemetry.close()
+    assert [line["status"] for line in _lines(log)] == [200]
