@@ -47,8 +47,8 @@ class Batcher(Intake):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # by slot index: what the next arrival starts, while the slot runs a batch that
-        # emptied the queue (:meth:`_run_watching`)
+        # by slot index: what an arrival starts once the queue may make the next batch,
+        # while the slot runs a lone request's batch (:meth:`_run_watching`)
         self._on_arrival: dict[int, Callable[[], None]] = {}
 
     # --- admission ---------------------------------------------------------------------
