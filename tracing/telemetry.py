@@ -82,8 +82,10 @@ class Telemetry:
         """Make the reports owed once the answers set by now have been written: two
         turns of the loop from here (an answer's callback runs in the next, and the
         connections' one write of the turn's answers is scheduled from it), so that
-        making them delays no answer."""
-        if self._owed:
+        making them delays no answer. Only a lone request's reports wait for it (their
+        timer is armed); any other's the turn's end makes, so under load a batch sent
+        schedules nothing."""
+        if self._owed and self._timer is not None:
             loop = asyncio.get_running_loop()
             loop.call_soon(loop.call_soon, self.settle)
 
