@@ -421,7 +421,13 @@ class Batcher(Intake):
     ) -> None:
         """Run one batch on ``instance`` and answer its requests (``rows``: the handler's
         requests in it; ``blocks``: some are blocks of job records, answered a list each;
-        ``staged``: its inputs already on the device, staged while the last batch ran)."""
+        ``staged``: its inputs already on the device, staged while the last batch ran).
+
+        With nothing queued behind it, its answers are written before the batch is
+        accounted (:func:`answers_written`: statistics, cost model, breaker, metrics and
+        spans; and the slot's next turn), which would otherwise delay them: a lone
+        request's answer, about 70 us of the event loop's. With requests queued the
+        slot goes on at once (yielding there cost 0.59x at 32 connections)."""
         started = self._clock.now()
         started_ns = time.time_ns()
         failure: BaseException | None = None
@@ -431,6 +437,7 @@ class Batcher(Intake):
         stats.queue_wait.extend(waits_s)
         totals.queue.add(sum(waits_s), len(waits_s))
         ran: Ran | None = None
+        elapsed: float | None = None
         span = self._events.batch_started(self.version, batch, started_ns)
         trace = None
         if span is not None and span.recording:  # handler spans (OTel API) go under it
@@ -453,8 +460,12 @@ class Batcher(Intake):
                 totals.last_request_unix_s = time.time()
             else:
                 self._answer(batch, ran.results)
+                if not self._queue:
+                    elapsed = self._clock.now() - started
+                    await answers_written()
         finally:
-            elapsed = self._clock.now() - started
+            if elapsed is None:
+                elapsed = self._clock.now() - started
             self.cost.observe(rows, elapsed)
             stats.compute.add(elapsed)
             stats.batches += 1
@@ -466,6 +477,14 @@ class Batcher(Intake):
             self._events.batch(
                 self.version, batch, waits_s, started_ns, elapsed, failure, span, spans, rows
             )
+
+
+async def answers_written() -> None:
+    """Two turns of the event loop: the answers set before this are written by then
+    (their futures' callbacks run in the next turn, and the connections' one write of
+    that turn's answers in the turn after it: ``OneWrite``)."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 def _job_only(taken: Taken) -> bool:

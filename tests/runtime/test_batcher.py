@@ -16,7 +16,7 @@ from test_pool import Loads
 
 from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, Overloaded, VersionRetired
 from fnrt.functions.handler import Request
-from fnrt.runtime.batcher import Batcher
+from fnrt.runtime.batcher import Batcher, answers_written
 from fnrt.runtime.batching import JOB_YIELD, job_pause_s
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.events import NoEvents
@@ -231,5 +231,50 @@ def test_an_idle_batcher_holds_no_instance_unloaded_meanwhile(tmp_path: Path) ->
             await asyncio.sleep(0.01)
         assert gone() is None
         await parts.batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_with_nothing_queued_answers_leave_before_the_batch_is_accounted(
+    tmp_path: Path,
+) -> None:
+    """A lone request's answer is not held back by its batch's accounting (statistics,
+    cost model, metrics: two turns later); with requests queued the slot goes on to
+    them at once and accounts first."""
+    gate = threading.Event()
+
+    def gated(batch: list[Request]) -> Sequence[Any]:
+        gate.wait(10)
+        return [{"y": r["x"] + 1} for r in batch]
+
+    async def scenario() -> None:
+        parts = _parts(tmp_path, Loads(gated))
+        batcher, stats = parts.batcher, parts.stats
+        gate.set()
+        await _submit(batcher, 0)  # loads the instance
+        await answers_written()
+        assert stats.batches == 1
+        seen: list[int] = []
+        lone = asyncio.ensure_future(_submit(batcher, 1))
+        lone.add_done_callback(lambda _: seen.append(stats.batches))
+        await lone
+        assert seen == [1]  # answered with its batch not counted yet
+        await answers_written()
+        assert stats.batches == 2
+        # a batch with requests queued behind it: counted before the next one runs
+        gate.clear()
+        seen.clear()
+        first = asyncio.ensure_future(_submit(batcher, 2))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if batcher.queued == 0:
+                break
+        queued = asyncio.ensure_future(_submit(batcher, 3))
+        first.add_done_callback(lambda _: seen.append(stats.batches))
+        await asyncio.sleep(0.02)
+        gate.set()
+        await asyncio.gather(first, queued)
+        assert seen == [3]
+        await batcher.close()
 
     asyncio.run(scenario())
