@@ -16,8 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from fnrt.functions.errors import FnrtError, Unavailable
 from fnrt.functions.handler import Request
@@ -37,32 +36,8 @@ from fnrt.runtime.intake import Admission, Intake
 from fnrt.runtime.pool import Slot, run_failure
 from fnrt.runtime.protection import Served
 from fnrt.runtime.queue import Call, Outputs, Priority, Taken
-from fnrt.tracing.handler_spans import TraceParent
 
 log = logging.getLogger("fnrt.batcher")
-
-
-class Begun(NamedTuple):
-    """A batch as it began (:meth:`Batcher._begin`): when (the clock's, and ``time_ns``),
-    each request's wait in the queue, its span, and the trace its handler's spans join."""
-
-    started: float
-    started_ns: int
-    waits_s: list[float]
-    span: Any
-    trace: TraceParent | None
-
-
-@dataclass(frozen=True)
-class Dispatched:
-    """A batch an arrival started on an idle slot (:meth:`Batcher._dispatch`), for the
-    slot's loop to wait for and answer."""
-
-    taken: Taken
-    instance: Runnable
-    begun: Begun
-    running: asyncio.Future[Ran]
-
 
 __all__ = ["Admission", "Batcher"]
 
@@ -75,10 +50,6 @@ class Batcher(Intake):
         # by slot index: what an arrival starts once the queue may make the next batch,
         # while the slot runs a lone request's batch (:meth:`_run_watching`)
         self._on_arrival: dict[int, Callable[[], None]] = {}
-        # by slot index: the slots waiting idle for an arrival (:meth:`_park`), and the
-        # batches arrivals started on them (:meth:`_dispatch`) that their loops will wait for
-        self._idle: dict[int, Slot] = {}
-        self._dispatched: dict[int, Dispatched] = {}
 
     # --- admission ---------------------------------------------------------------------
 
@@ -115,8 +86,6 @@ class Batcher(Intake):
 
     def _push(self, call: Call) -> None:
         super()._push(call)
-        if self._idle and len(self._queue) == 1:  # a slot waits with nothing queued: it runs now
-            self._dispatch()
         if self._on_arrival and self._may_stage():
             for index in list(self._on_arrival):
                 self._on_arrival.pop(index)()
@@ -169,75 +138,65 @@ class Batcher(Intake):
         taken: Taken | None = None
         while ahead is not None or not slot.retired:
             self._maybe_scale_up(self._clock.now())
-            dispatched: Dispatched | None = None
-            staged: Staged | None = None
             if ahead is None and not self._queue:
                 if self.closing:
                     return
                 # idle: hold neither the last batch nor its instance (unloaded meanwhile,
                 # it is freed at once, not at this function's next call)
                 instance = taken = None
-                dispatched = await self._park(slot)
-                if dispatched is None:
-                    continue
-                taken, instance = dispatched.taken, dispatched.instance
-            else:
-                if ahead is not None and self.closing and slot.instance is None:
-                    # its instance was stopped (a shutdown past its time) or lost while the
-                    # version closes: the batch staged (or sent) ahead is cut off, not rerun
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if ahead is not None and self.closing and slot.instance is None:
+                # its instance was stopped (a shutdown past its time) or lost while the
+                # version closes: the batch staged (or sent) ahead is cut off, not rerun
+                ahead[1].release()
+                error = Unavailable(f"function '{self.name}': stopped before the batch ran; retry")
+                self._fail(ahead[0].batch, ahead[0].rows, error)
+                ahead = None
+                continue
+            try:
+                instance = await pool.ensure(slot)
+            except FnrtError as exc:
+                if ahead is not None:  # staged on an instance that was lost; none comes
                     ahead[1].release()
-                    error = Unavailable(
-                        f"function '{self.name}': stopped before the batch ran; retry"
-                    )
-                    self._fail(ahead[0].batch, ahead[0].rows, error)
+                    self._fail(ahead[0].batch, ahead[0].rows, exc)
                     ahead = None
-                    continue
-                try:
-                    instance = await pool.ensure(slot)
-                except FnrtError as exc:
-                    if ahead is not None:  # staged on an instance that was lost; none comes
-                        ahead[1].release()
-                        self._fail(ahead[0].batch, ahead[0].rows, exc)
-                        ahead = None
-                    if slot.primary:
-                        if pool.instances == 0:  # nobody else can serve them
-                            self.fail_queued(exc)
-                        else:  # the other instances serve; try again at the next arrival
-                            self._wake.clear()
-                            await self._wake.wait()
-                        continue
-                    return  # the pool gave the extra slot up (InstancePool._load)
-                if ahead is not None:
-                    (taken, staged), ahead = ahead, None
-                    # its requests whose deadline passed while the batch before it ran
-                    # longer than predicted (may_send_ahead): 504 now, whatever the
-                    # instance computes
-                    now = self._clock.now()
-                    for call in taken.batch:
-                        deadline = call.deadline
-                        if deadline is not None and now >= deadline and not call.future.done():
-                            self._expire(call, now)
-                    if staged.stager is not instance.stager:  # its instance was lost meanwhile
-                        staged.release()
-                        staged = None
-                else:
-                    plan = self._plan(self._clock.now())
-                    if plan.wait_s > 1e-6:  # below a microsecond a timer is not worth it
+                if slot.primary:
+                    if pool.instances == 0:  # nobody else can serve them
+                        self.fail_queued(exc)
+                    else:  # the other instances serve; try again at the next arrival
                         self._wake.clear()
-                        await self._clock.wait(self._wake, plan.wait_s)
-                        continue
-                    taken = self._take(plan.size, self._clock.now())
-                if not taken.batch:
+                        await self._wake.wait()
                     continue
+                return  # the pool gave the extra slot up (InstancePool._load)
+            staged: Staged | None = None
+            if ahead is not None:
+                (taken, staged), ahead = ahead, None
+                # its requests whose deadline passed while the batch before it ran longer
+                # than predicted (may_send_ahead): 504 now, whatever the instance computes
+                now = self._clock.now()
+                for call in taken.batch:
+                    deadline = call.deadline
+                    if deadline is not None and now >= deadline and not call.future.done():
+                        self._expire(call, now)
+                if staged.stager is not instance.stager:  # its instance was lost meanwhile
+                    staged.release()
+                    staged = None
+            else:
+                plan = self._plan(self._clock.now())
+                if plan.wait_s > 1e-6:  # below a microsecond a timer is not worth it
+                    self._wake.clear()
+                    await self._clock.wait(self._wake, plan.wait_s)
+                    continue
+                taken = self._take(plan.size, self._clock.now())
+            if not taken.batch:
+                continue
             started = self._clock.now()
             if instance.stager is None:
-                await self._run_batch(
-                    slot, instance, taken.batch, taken.rows, taken.blocks, dispatched=dispatched
-                )
-            elif dispatched is not None or (
-                staged is None and not self._queue and len(taken.batch) == 1
-            ):  # a lone request
-                ahead = await self._run_watching(slot, instance, taken, dispatched)
+                await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
+            elif staged is None and not self._queue and len(taken.batch) == 1:  # a lone request
+                ahead = await self._run_watching(slot, instance, taken)
             else:
                 ahead = await self._run_staging_ahead(slot, instance, taken, staged)
             if ahead is None and _job_only(taken):
@@ -245,62 +204,6 @@ class Batcher(Intake):
                 pause = job_pause_s(ended - started, self.arrivals.rate_per_s(ended))
                 if pause > 0:
                     await self._yield_to_live(pause)
-
-    async def _park(self, slot: Slot) -> Dispatched | None:
-        """Wait, idle, for the next arrival (or a change in the pool); the batch that
-        arrival started on this slot (:meth:`_dispatch`), if it did."""
-        self._idle[slot.index] = slot
-        self._wake.clear()
-        try:
-            await self._wake.wait()
-        except BaseException:  # the loop is cancelled (its event loop ends)
-            self._idle.pop(slot.index, None)
-            dispatched = self._dispatched.pop(slot.index, None)
-            if dispatched is not None:
-                dispatched.running.cancel()
-                self._fail(
-                    dispatched.taken.batch,
-                    dispatched.taken.rows,
-                    Unavailable(f"{self.name}: stopped before the batch ran"),
-                )
-            raise
-        self._idle.pop(slot.index, None)
-        return self._dispatched.pop(slot.index, None)
-
-    def _dispatch(self) -> None:
-        """Start the batch of a call that arrived to an idle slot here, as it arrives:
-        sent to the slot's worker (or handed to its thread) in this turn of the event
-        loop, where the slot's loop would take it in the next, after its own steps (a
-        lone request's batch starts about 30 us sooner). The slot's loop, woken, waits
-        for it and answers it as any batch it took itself (:meth:`_park`). Only where
-        that loop would take it at once: its instance ready (loaded, idle, alive, its
-        files unchanged: :meth:`InstancePool.ready`) and the batching plan not asking
-        to wait; otherwise the loop, woken as ever, decides."""
-        if self.closing:
-            return
-        pool = self._pool
-        for slot in self._idle.values():
-            instance = pool.ready(slot)
-            if instance is not None:
-                break
-        else:
-            return
-        now = self._clock.now()
-        plan = self._plan(now)
-        if plan.wait_s > 1e-6:
-            return
-        taken = self._take(plan.size, now)
-        if not taken.batch:
-            return
-        del self._idle[slot.index]
-        begun = self._begin(taken.batch)
-        inputs = _rows(taken.batch) if taken.blocks else [p.inputs for p in taken.batch]
-        try:
-            running = pool.start(slot, instance, instance.run_soon(inputs, begun.trace))
-        except Exception as exc:  # its slot's loop answers the batch with it
-            running = asyncio.get_running_loop().create_future()
-            running.set_exception(exc)
-        self._dispatched[slot.index] = Dispatched(taken, instance, begun, running)
 
     async def _run_staging_ahead(
         self, slot: Slot, instance: Runnable, taken: Taken, staged: Staged | None
@@ -323,7 +226,7 @@ class Batcher(Intake):
         return self._kept(ahead, instance)
 
     async def _run_watching(
-        self, slot: Slot, instance: Runnable, taken: Taken, dispatched: Dispatched | None = None
+        self, slot: Slot, instance: Runnable, taken: Taken
     ) -> tuple[Taken, Staged] | None:
         """Run ``taken``, a lone request's batch (one request, and none queued behind
         it: one connection), as :meth:`_run_staging_ahead` does, but in this task, with
@@ -331,9 +234,8 @@ class Batcher(Intake):
         it runs may make the next batch (:meth:`_may_stage`: a full one, for fixed
         batching): then the watch (:meth:`_stage_ahead`, on a task) stages it. A lone
         request costs no task and no wait of its own. (Larger batches keep the task and
-        the watch: measured at 32 connections, running them here too was 0.97x.)
-        ``dispatched``: the batch, started as its request arrived (:meth:`_dispatch`)."""
-        started = self._clock.now() if dispatched is None else dispatched.begun.started
+        the watch: measured at 32 connections, running them here too was 0.97x.)"""
+        started = self._clock.now()
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
         watch: asyncio.Future[tuple[Taken, Staged] | None] | None = None
@@ -344,14 +246,9 @@ class Batcher(Intake):
                 self._stage_ahead(slot, instance, finished, taken, started)
             )
 
-        if self._queue and self._may_stage():  # arrived since it was dispatched
-            arrived()
-        else:
-            self._on_arrival[slot.index] = arrived
+        self._on_arrival[slot.index] = arrived
         try:
-            await self._run_batch(
-                slot, instance, taken.batch, taken.rows, taken.blocks, dispatched=dispatched
-            )
+            await self._run_batch(slot, instance, taken.batch, taken.rows, taken.blocks)
         except BaseException:
             if watch is not None:  # it ends now (``finished``), with what it staged, if any
                 watch.add_done_callback(self._stopped_watching)
@@ -487,19 +384,6 @@ class Batcher(Intake):
             self._wake.clear()
             await self._clock.wait(self._wake, left)
 
-    def _begin(self, batch: list[Call]) -> Begun:
-        """A batch begins: its queue waits counted, its span started (None untraced)."""
-        started = self._clock.now()
-        started_ns = time.time_ns()
-        waits_s = [started - p.enqueued_at for p in batch]
-        self._stats.queue_wait.extend(waits_s)
-        self._stats.totals.queue.add(sum(waits_s), len(waits_s))
-        span = self._events.batch_started(self.version, batch, started_ns)
-        trace = None
-        if span is not None and span.recording:  # handler spans (OTel API) go under it
-            trace = (f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")
-        return Begun(started, started_ns, waits_s, span, trace)
-
     def _answer(self, batch: list[Call], results: list[Any]) -> None:
         """Each call its result; latency totals once, and the breaker and canary window
         for the calls that passed the gateway."""
@@ -534,36 +418,36 @@ class Batcher(Intake):
         rows: int,
         blocks: bool = False,
         staged: Staged | None = None,
-        dispatched: Dispatched | None = None,
     ) -> None:
         """Run one batch on ``instance`` and answer its requests (``rows``: the handler's
         requests in it; ``blocks``: some are blocks of job records, answered a list each;
-        ``staged``: its inputs already on the device, staged while the last batch ran;
-        ``dispatched``: started already, as its request arrived).
+        ``staged``: its inputs already on the device, staged while the last batch ran).
 
         With nothing queued behind it, its answers are written before the batch is
         accounted (:func:`answers_written`: statistics, cost model, breaker, metrics and
         spans; and the slot's next turn), which would otherwise delay them: a lone
         request's answer, about 70 us of the event loop's. With requests queued the
         slot goes on at once (yielding there cost 0.59x at 32 connections)."""
-        begun = self._begin(batch) if dispatched is None else dispatched.begun
-        started, started_ns, waits_s, span, trace = begun
+        started = self._clock.now()
+        started_ns = time.time_ns()
         failure: BaseException | None = None
         stats = self._stats
         totals = stats.totals
+        waits_s = [started - p.enqueued_at for p in batch]
+        stats.queue_wait.extend(waits_s)
+        totals.queue.add(sum(waits_s), len(waits_s))
         ran: Ran | None = None
         elapsed: float | None = None
+        span = self._events.batch_started(self.version, batch, started_ns)
+        trace = None
+        if span is not None and span.recording:  # handler spans (OTel API) go under it
+            trace = (f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")
         try:
-            pool = self._pool
-            if dispatched is not None:
-                running = dispatched.running
-            elif staged is not None:
-                running = pool.start(slot, instance, instance.run_staged_soon(staged, trace))
+            if staged is not None:
+                ran = await self._pool.run_staged(slot, instance, staged, trace)
             else:
                 inputs = _rows(batch) if blocks else [p.inputs for p in batch]
-                running = pool.start(slot, instance, instance.run_soon(inputs, trace))
-            finished: Ran = await pool.finish(slot, instance, running)
-            ran = finished
+                ran = await self._pool.run(slot, instance, inputs, trace)
         except Exception as exc:
             failure = exc
             error = run_failure(exc, self.version, f"a batch of {rows}")

@@ -33,11 +33,13 @@ from fnrt.functions.errors import (
     InstanceStopped,
     WeightsChanged,
 )
+from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable, add_first_batch
 from fnrt.loader.memory import MakeRoom
 from fnrt.loader.process import ProcessInstance
+from fnrt.loader.staging import Staged
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.collector import COLLECTOR, empty_device_cache
 from fnrt.runtime.events import Events
@@ -96,7 +98,6 @@ class Slot:
     running_future: asyncio.Future[Any] | None = field(default=None, repr=False)  # its batch
     stop_reason: str | None = None  # why its running batch is being stopped (stop_running)
     first_batch: bool = False  # its instance is new: its first batch is a cold start's stage
-    first_began: float | None = None  # when that first batch started (``perf_counter``)
 
     @property
     def primary(self) -> bool:
@@ -287,45 +288,36 @@ class InstancePool:
         batch: list[Request],
         trace: TraceParent | None = None,
     ) -> Ran:
-        """Run one batch on the slot's instance (:meth:`start`, then :meth:`finish`)."""
-        return await self.finish(
-            slot, instance, self.start(slot, instance, instance.run_soon(batch, trace))
-        )
-
-    def ready(self, slot: Slot) -> Runnable | None:
-        """The slot's instance if a batch may start on it now, as :meth:`ensure` would
-        return it at once: loaded, idle, alive, its files unchanged; else None (then
-        :meth:`ensure` says what to do)."""
-        instance = slot.instance
-        if instance is None or slot.running or slot.retired:
-            return None
-        if self._watches.found(slot) is not None or not instance.alive:
-            return None
-        return instance
-
-    def start(
-        self, slot: Slot, instance: Runnable, running: asyncio.Future[R]
-    ) -> asyncio.Future[R]:
-        """``running``: a batch or step just started on the slot's instance (its
-        ``run_soon``, ``run_staged_soon`` or ``step_soon``: sent to its worker, or handed
-        to its thread). The slot runs it from here (none of its batches starts another,
-        no sweep retires it) and times it if it is the instance's first; :meth:`finish`
-        waits for it."""
-        slot.running = True
-        slot.running_future = running
-        if slot.first_batch:
-            slot.first_batch = False
-            slot.first_began = time.perf_counter()
+        """Run one batch on the slot's instance. An instance lost on the way (it died,
+        or ran past ``timeout_s``) is replaced; its InstanceLost is raised."""
+        running = instance.run_soon(batch, trace)
         if instance.apart:  # sent: the loop is free until the worker answers
             self._events.waiting()
-        return running
+        return await self._on_instance(slot, instance, running)
 
-    async def finish(self, slot: Slot, instance: Runnable, ran: asyncio.Future[R]) -> R:
-        """Wait for ``ran``, a batch or step :meth:`start` started on the slot's instance
-        (``timeout_s`` bounds it). An instance lost on the way (it died, or ran past
-        ``timeout_s``) is replaced; its InstanceLost is raised."""
-        began, slot.first_began = slot.first_began, None
+    async def run_staged(
+        self, slot: Slot, instance: Runnable, staged: Staged, trace: TraceParent | None = None
+    ) -> Ran:
+        """Compute a batch staged ahead, as :meth:`run` runs one."""
+        running = instance.run_staged_soon(staged, trace)
+        if instance.apart:
+            self._events.waiting()
+        return await self._on_instance(slot, instance, running)
+
+    async def step(
+        self, slot: Slot, instance: Runnable, batch: StepBatch, trace: TraceParent | None = None
+    ) -> Stepped:
+        """Run one step of a generative handler on the slot's instance, as :meth:`run`
+        runs a batch (``timeout_s`` bounds one step)."""
+        return await self._on_instance(slot, instance, instance.step_soon(batch, trace))
+
+    async def _on_instance(self, slot: Slot, instance: Runnable, ran: asyncio.Future[R]) -> R:
+        """Wait for ``ran``, a batch or step started on the slot's instance."""
+        slot.running = True
+        first, slot.first_batch = slot.first_batch, False
+        began = time.perf_counter() if first else 0.0
         try:
+            slot.running_future = ran
             if self._thread_timeout_s:  # a worker process times its batches itself
                 bound = asyncio.timeout(self._thread_timeout_s)
                 try:
@@ -356,8 +348,7 @@ class InstancePool:
             slot.running_future = None
             slot.last_active = self._clock.now()
         slot.failures = 0
-        if began is not None:  # its first: the last stage of its cold start (lazy set-up,
-            # warm-up: the handler's)
+        if first:  # the last stage of its cold start (lazy set-up, warm-up: the handler's)
             latest = self._stats.last_load_timings_s == instance.timings_s
             add_first_batch(instance.timings_s, time.perf_counter() - began)
             if latest:  # describe shows the last load's stages

@@ -312,9 +312,7 @@ class Sequencer(Intake):
         failure: BaseException | None = None
         stepped: Stepped | None = None
         try:
-            stepping = self._pool.start(slot, instance, instance.step_soon(batch))
-            done: Stepped = await self._pool.finish(slot, instance, stepping)
-            stepped = done
+            stepped = await self._pool.step(slot, instance, batch)
         except Exception as exc:
             failure = exc
             error = run_failure(exc, self.version, f"a step of {len(everyone)} sequences")

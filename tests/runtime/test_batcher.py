@@ -6,7 +6,6 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,6 @@ from test_pool import Loads
 
 from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, Overloaded, VersionRetired
 from fnrt.functions.handler import Request
-from fnrt.functions.manifest import TensorSpec
-from fnrt.functions.version import VersionManifest
-from fnrt.loader.instance import Instance
-from fnrt.loader.staging import Stager
-from fnrt.loader.streams import Lanes
 from fnrt.runtime.batcher import Batcher, answers_written
 from fnrt.runtime.batching import JOB_YIELD, job_pause_s
 from fnrt.runtime.clock import ManualClock
@@ -281,118 +275,6 @@ def test_with_nothing_queued_answers_leave_before_the_batch_is_accounted(
         gate.set()
         await asyncio.gather(first, queued)
         assert seen == [3]
-        await batcher.close()
-
-    asyncio.run(scenario())
-
-
-def test_a_request_to_an_idle_slot_starts_its_batch_as_it_arrives(tmp_path: Path) -> None:
-    """A call that finds its slot idle (instance loaded, nothing queued) has its batch
-    started in the turn it is submitted, not a turn later in the slot's loop; one that
-    arrives while the slot runs waits in the queue as before."""
-    gate = threading.Event()
-    calls: list[int] = []
-
-    def gated(batch: list[Request]) -> Sequence[Any]:
-        gate.wait(10)
-        calls.append(len(batch))
-        return [{"y": r["x"] + 1} for r in batch]
-
-    async def scenario() -> None:
-        parts = _parts(tmp_path, Loads(gated))
-        batcher, pool = parts.batcher, parts.pool
-        gate.set()
-        await _submit(batcher, 0)  # loads the instance
-        await answers_written()
-        await asyncio.sleep(0)  # the slot's loop waits for the next arrival
-        gate.clear()
-        lone = batcher.submit(batcher.call(_x(1), 1000.0))
-        assert pool.running == 1 and batcher.queued == 0  # started already
-        behind = batcher.submit(batcher.call(_x(2), 1000.0))
-        assert pool.running == 1 and batcher.queued == 1  # the slot is busy: queued
-        gate.set()
-        first, second = await asyncio.gather(lone, behind)
-        assert float(first.outputs["y"][0, 0]) == 2 and float(second.outputs["y"][0, 0]) == 3
-        assert calls == [1, 1, 1]
-        await answers_written()
-        assert parts.stats.batches == 3 and parts.stats.queue_wait.summary()["count"] == 3
-        await batcher.close()
-
-    asyncio.run(scenario())
-
-
-def test_a_started_batch_whose_instance_cannot_take_it_fails_with_the_reason(
-    tmp_path: Path,
-) -> None:
-    """A batch started as its request arrived, whose instance refuses it at once, is
-    answered with that error by the slot's loop, and the slot serves the next."""
-
-    async def scenario() -> None:
-        parts = _parts(tmp_path, Loads())
-        batcher, pool = parts.batcher, parts.pool
-        await _submit(batcher, 0)
-        await answers_written()
-        await asyncio.sleep(0)
-        instance = pool.slots[0].instance
-        assert instance is not None
-        original = instance.run_soon
-
-        def refuse(batch: list[Request], trace: Any = None) -> Any:
-            instance.run_soon = original  # type: ignore[method-assign]
-            raise RuntimeError("the executor is shut down")
-
-        instance.run_soon = refuse  # type: ignore[method-assign]
-        with pytest.raises(HandlerFailed, match="the executor is shut down"):
-            await _submit(batcher, 1)
-        assert pool.running == 0
-        served = await _submit(batcher, 2)
-        assert float(served.outputs["y"][0, 0]) == 4
-        await batcher.close()
-
-    asyncio.run(scenario())
-
-
-class StagedLoads(Loads):
-    """Instances whose handler has ``forward`` (a stager): batches can be staged ahead."""
-
-    def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
-        instance = super().__call__(vm, executor)
-        spec = {"x": TensorSpec("float32", (-1, 4))}
-        out = {"y": TensorSpec("float32", (-1, 4))}
-        instance.stager = Stager(lambda inputs: {"y": inputs["x"] + 1}, spec, out, Lanes())
-        return instance
-
-
-def test_a_full_batch_queued_behind_a_started_one_is_staged_ahead(tmp_path: Path) -> None:
-    """Requests that arrive in the turn a lone request's batch was started in (before
-    its slot's loop watches the queue) are staged ahead as soon as it does, when they
-    make a full batch."""
-    gate = threading.Event()
-
-    def gated(batch: list[Request]) -> Sequence[Any]:
-        gate.wait(10)
-        return [{"y": r["x"] + 1} for r in batch]
-
-    async def scenario() -> None:
-        parts = _parts(tmp_path, StagedLoads(gated))
-        batcher, pool = parts.batcher, parts.pool
-        gate.set()
-        await _submit(batcher, 0)
-        await answers_written()
-        await asyncio.sleep(0)
-        gate.clear()
-        lone = batcher.submit(batcher.call(_x(1), 1000.0))
-        assert pool.running == 1
-        full = [batcher.submit(batcher.call(_x(i), 1000.0)) for i in range(2, 6)]
-        assert batcher.queued == 4
-        for _ in range(100):  # the slot's loop resumes, and its watch stages them
-            await asyncio.sleep(0.005)
-            if batcher.queued == 0:
-                break
-        assert batcher.queued == 0 and not lone.done()
-        gate.set()
-        served = await asyncio.gather(lone, *full)
-        assert [float(s.outputs["y"][0, 0]) for s in served] == [2, 3, 4, 5, 6]
         await batcher.close()
 
     asyncio.run(scenario())
