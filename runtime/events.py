@@ -125,8 +125,10 @@ class Events:
         span: Any = None,
         handler_spans: Sequence[Mapping[str, Any]] = (),
         rows: int | None = None,
+        ended_ns: int = 0,
     ) -> None:
-        """A batch ended (``waits_s``: each request's time in the queue; ``rows``: the
+        """A batch ended (at ``ended_ns``, ``time_ns``'s, when it is reported later: 0, now;
+        ``waits_s``: each request's time in the queue; ``rows``: the
         handler's requests in it, when blocks of job records made it more than
         ``len(batch)``)."""
 
@@ -224,10 +226,13 @@ class TelemetryEvents(Events):
         span: Any = None,
         handler_spans: Sequence[Mapping[str, Any]] = (),
         rows: int | None = None,
+        ended_ns: int = 0,
     ) -> None:
         size = len(batch) if rows is None else rows
         warm = sum(1 for p in batch if not p.cold)
-        self.telemetry.batch(vm.name, size, elapsed_s, waits_s, warm, span, failure, handler_spans)
+        self.telemetry.batch(
+            vm.name, size, elapsed_s, waits_s, warm, span, failure, handler_spans, ended_ns
+        )
 
     def waiting(self) -> None:
         self.telemetry.settle_soon()

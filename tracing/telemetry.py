@@ -99,13 +99,14 @@ class Telemetry:
         span: Any = None,
         failure: BaseException | None = None,
         handler_spans: Sequence[Mapping[str, Any]] = (),
+        end_ns: int = 0,
     ) -> None:
-        """A batch ended: its metrics, its span (``span``, open while it ran: ended now,
-        failed with ``failure``) and the spans its handler made, at the next flush."""
+        """A batch ended (at ``end_ns``, ``time_ns``'s; 0: now): its metrics, its span
+        (``span``, open while it ran: ended then, failed with ``failure``) and the spans
+        its handler made, at the next flush."""
         self._owe()
-        end_ns = 0
         if span is not None:
-            end_ns = time_ns()
+            end_ns = end_ns or time_ns()
             if failure is not None:  # rare: now, its exception's event timed as it came
                 fail(span, failure)
         self.batches.append((function, size, compute_s, waits_s, warm, span, handler_spans, end_ns))

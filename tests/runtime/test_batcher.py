@@ -6,6 +6,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,11 @@ from test_pool import Loads
 
 from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, Overloaded, VersionRetired
 from fnrt.functions.handler import Request
+from fnrt.functions.manifest import TensorSpec
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.instance import Instance
+from fnrt.loader.staging import Stager
+from fnrt.loader.streams import Lanes
 from fnrt.runtime.batcher import Batcher, answers_written
 from fnrt.runtime.batching import JOB_YIELD, job_pause_s
 from fnrt.runtime.clock import ManualClock
@@ -275,6 +281,56 @@ def test_with_nothing_queued_answers_leave_before_the_batch_is_accounted(
         gate.set()
         await asyncio.gather(first, queued)
         assert seen == [3]
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+class StagedLoads(Loads):
+    """Instances whose handler has ``forward`` (a stager): batches can be staged ahead."""
+
+    def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        instance = super().__call__(vm, executor)
+        spec = {"x": TensorSpec("float32", (-1, 4))}
+        out = {"y": TensorSpec("float32", (-1, 4))}
+        instance.stager = Stager(lambda inputs: {"y": inputs["x"] + 1}, spec, out, Lanes())
+        return instance
+
+
+def test_a_batch_with_one_staged_behind_it_is_accounted_at_once(tmp_path: Path) -> None:
+    """A lone request's batch whose watch staged a full batch behind it (the queue
+    empty, the next batch waiting on the instance) does not hold the slot back for its
+    answer's writes: accounted at once, the staged batch runs next."""
+    gate = threading.Event()
+
+    def gated(batch: list[Request]) -> Sequence[Any]:
+        gate.wait(10)
+        return [{"y": r["x"] + 1} for r in batch]
+
+    async def scenario() -> None:
+        parts = _parts(tmp_path, StagedLoads(gated))
+        batcher, stats = parts.batcher, parts.stats
+        gate.set()
+        await _submit(batcher, 0)
+        await answers_written()
+        gate.clear()
+        lone = asyncio.ensure_future(_submit(batcher, 1))
+        for _ in range(100):
+            await asyncio.sleep(0.005)
+            if parts.pool.running and batcher.queued == 0:
+                break
+        full = [asyncio.ensure_future(_submit(batcher, i)) for i in range(2, 6)]
+        for _ in range(100):  # the watch stages them
+            await asyncio.sleep(0.005)
+            if batcher.queued == 0:
+                break
+        assert batcher.queued == 0 and not lone.done()
+        seen: list[int] = []
+        lone.add_done_callback(lambda _: seen.append(stats.batches))
+        gate.set()
+        served = await asyncio.gather(lone, *full)
+        assert seen == [2]  # counted before its answer's callbacks ran
+        assert [float(s.outputs["y"][0, 0]) for s in served] == [2, 3, 4, 5, 6]
         await batcher.close()
 
     asyncio.run(scenario())

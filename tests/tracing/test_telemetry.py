@@ -257,6 +257,26 @@ def test_a_lone_requests_reports_wait_for_the_loop_to_wait_on_a_worker() -> None
     assert _lines(later) == _lines(one_by_one)
 
 
+def test_a_batch_reported_after_it_ended_keeps_its_end_time() -> None:
+    """A batch accounted after its answers were written (nothing queued behind it) is
+    reported with the time it ended: its span ends then, not at the report."""
+    exported: list[Flat] = []
+    tracer = Tracer(TraceConfig(), exported.append, None, exported.extend)
+    telemetry = Telemetry(Tracing(tracer), Metrics(gpu=False), None, deferred=False)
+
+    async def turns() -> None:
+        span = tracer.start("batch")
+        assert span is not None
+        ended_ns = time.time_ns()
+        await asyncio.sleep(0.01)  # the answers written meanwhile
+        telemetry.batch("a", 1, 0.002, [0.001], 1, span, end_ns=ended_ns)
+        await _turn_end()
+        assert telemetry.batches == [] and span.end_ns == ended_ns
+
+    asyncio.run(turns())
+    telemetry.close()
+
+
 def test_a_batch_report_that_fails_leaves_the_requests_reports_made() -> None:
     """A flush whose batch part raises (a handler span the tracer refuses, say) still
     makes the requests' metrics and log lines, and owes nothing after."""
