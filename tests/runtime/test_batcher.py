@@ -271,7 +271,7 @@ def test_with_nothing_queued_answers_leave_before_the_batch_is_accounted(
         gate.clear()
         seen.clear()
         first = asyncio.ensure_future(_submit(batcher, 2))
-        for _ in range(100):
+        for _ in range(1000):
             await asyncio.sleep(0.01)
             if batcher.queued == 0:
                 break
@@ -315,12 +315,12 @@ def test_a_batch_with_one_staged_behind_it_is_accounted_at_once(tmp_path: Path) 
         await answers_written()
         gate.clear()
         lone = asyncio.ensure_future(_submit(batcher, 1))
-        for _ in range(100):
+        for _ in range(1000):
             await asyncio.sleep(0.005)
             if parts.pool.running and batcher.queued == 0:
                 break
         full = [asyncio.ensure_future(_submit(batcher, i)) for i in range(2, 6)]
-        for _ in range(100):  # the watch stages them
+        for _ in range(1000):  # the watch stages them
             await asyncio.sleep(0.005)
             if batcher.queued == 0:
                 break
