@@ -30,6 +30,7 @@ from fnrt.loader.memory import Holders
 from fnrt.loader.process import ProcessInstance
 from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Watch
+from fnrt.loader.staging import Staged
 from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.collector import COLLECTOR
@@ -627,6 +628,9 @@ class _Handed:
     def run_soon(self, batch: list[Request], trace: Any = None) -> asyncio.Future[Any]:
         return self.ran
 
+    def run_staged_soon(self, staged: Any, trace: Any = None) -> asyncio.Future[Any]:
+        return self.ran
+
 
 class _Waits(NoEvents):
     def __init__(self) -> None:
@@ -636,13 +640,15 @@ class _Waits(NoEvents):
         self.waited += 1
 
 
+@pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("apart", [True, False])
 def test_a_batch_sent_to_a_worker_process_lets_the_loop_report_meanwhile(
-    tmp_path: Path, apart: bool
+    tmp_path: Path, apart: bool, staged: bool
 ) -> None:
     """A batch handed to a worker process tells the events that the loop waits for it
-    (the reports owed are made meanwhile, off every request's path); one run on the
-    instance's thread does not: the handler there needs the GIL the loop would take."""
+    (the reports owed are made meanwhile, off every request's path), whether it was
+    sent now or ahead (``run_staged``); one run on the instance's thread does not: the
+    handler there needs the GIL the loop would take."""
 
     async def scenario() -> int:
         events = _Waits()
@@ -650,7 +656,12 @@ def test_a_batch_sent_to_a_worker_process_lets_the_loop_report_meanwhile(
         pool = InstancePool(vm, Loads(), ManualClock(), Stats(), events, in_thread=True)
         instance = _Handed()
         instance.apart = apart
-        running = asyncio.ensure_future(pool.run(pool.slots[0], cast(Runnable, instance), [X]))
+        slot, runnable = pool.slots[0], cast(Runnable, instance)
+        if staged:
+            run = pool.run_staged(slot, runnable, cast(Staged, SimpleNamespace()))
+        else:
+            run = pool.run(slot, runnable, [X])
+        running = asyncio.ensure_future(run)
         await asyncio.sleep(0)
         waited = events.waited
         instance.ran.set_result(SimpleNamespace(results=[X], infer_s=0.0, output_s=0.0))
