@@ -241,6 +241,16 @@ def test_an_idle_batcher_holds_no_instance_unloaded_meanwhile(tmp_path: Path) ->
     asyncio.run(scenario())
 
 
+def _plus_one_after(gate: threading.Event) -> Any:
+    """A handler that answers each request with its input plus one once ``gate`` opens."""
+
+    def gated(batch: list[Request]) -> Sequence[Any]:
+        gate.wait(10)
+        return [{"y": r["x"] + 1} for r in batch]
+
+    return gated
+
+
 def test_with_nothing_queued_answers_leave_before_the_batch_is_accounted(
     tmp_path: Path,
 ) -> None:
@@ -248,10 +258,7 @@ def test_with_nothing_queued_answers_leave_before_the_batch_is_accounted(
     cost model, metrics: two turns later); with requests queued the slot goes on to
     them at once and accounts first."""
     gate = threading.Event()
-
-    def gated(batch: list[Request]) -> Sequence[Any]:
-        gate.wait(10)
-        return [{"y": r["x"] + 1} for r in batch]
+    gated = _plus_one_after(gate)
 
     async def scenario() -> None:
         parts = _parts(tmp_path, Loads(gated))
@@ -302,10 +309,7 @@ def test_a_batch_with_one_staged_behind_it_is_accounted_at_once(tmp_path: Path) 
     empty, the next batch waiting on the instance) does not hold the slot back for its
     answer's writes: accounted at once, the staged batch runs next."""
     gate = threading.Event()
-
-    def gated(batch: list[Request]) -> Sequence[Any]:
-        gate.wait(10)
-        return [{"y": r["x"] + 1} for r in batch]
+    gated = _plus_one_after(gate)
 
     async def scenario() -> None:
         parts = _parts(tmp_path, StagedLoads(gated))
