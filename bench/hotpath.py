@@ -356,7 +356,7 @@ def instructions(name: str, requests: int, example: Path, collector: str, work: 
     env = os.environ | {"PYTHONHASHSEED": "0"}  # the same dict and set orders in both
 
     def run(count: int) -> tuple[subprocess.Popen[str], Path]:
-        out = work / f"callgrind-{name.rstrip('%')}-{count}.out"
+        out = work / f"callgrind-{name.replace('%', 'pct')}-{count}.out"  # (valgrind reads %)
         argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
         argv += [sys.executable, __file__, "--one", name, "--requests", str(count)]
         argv += ["--example", str(example), "--collector", collector]
