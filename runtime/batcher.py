@@ -466,6 +466,10 @@ class Batcher(Intake):
                     # nothing queued, and none staged ahead (a lone batch's watch not started)
                     elapsed = self._clock.now() - started
                     ended_ns = time.time_ns()
+                    # no watch from here on: a request arriving meanwhile is queued and
+                    # taken next, not staged behind this accounting (or onto an instance
+                    # dropped while the slot waits: it is idle now)
+                    self._on_arrival.pop(slot.index, None)
                     await answers_written()
         finally:
             if elapsed is None:

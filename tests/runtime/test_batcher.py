@@ -55,8 +55,10 @@ class Parts:
     stats: Stats
 
 
-def _parts(tmp_path: Path, loads: Loads, admission: Admission | None = None) -> Parts:
-    vm = packed(write_function(tmp_path, "b", manifest=MANIFEST))[0]
+def _parts(
+    tmp_path: Path, loads: Loads, admission: Admission | None = None, manifest: str = MANIFEST
+) -> Parts:
+    vm = packed(write_function(tmp_path, "b", manifest=manifest))[0]
     clock, stats = ManualClock(), Stats()
     pool = InstancePool(vm, loads, clock, stats, NoEvents())
     return Parts(Batcher(vm, pool, clock, stats, NoEvents(), admission), pool, clock, stats)
@@ -335,6 +337,68 @@ def test_a_batch_with_one_staged_behind_it_is_accounted_at_once(tmp_path: Path) 
         served = await asyncio.gather(lone, *full)
         assert seen == [2]  # counted before its answer's callbacks ran
         assert [float(s.outputs["y"][0, 0]) for s in served] == [2, 3, 4, 5, 6]
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+class RecordedStaging(StagedLoads):
+    """:class:`StagedLoads` whose stager records, at each batch it stages, how many
+    batches the version had counted then (``stats``: set once the parts are built)."""
+
+    def __init__(self, handler: Any) -> None:
+        super().__init__(handler)
+        self.stats: Stats | None = None
+        self.staged_at: list[int] = []
+
+    def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        instance = super().__call__(vm, executor)
+        assert instance.stager is not None
+        stage = instance.stager.stage
+
+        def recorded(batch: list[Request]) -> Any:
+            assert self.stats is not None
+            self.staged_at.append(self.stats.batches)
+            return stage(batch)
+
+        instance.stager.stage = recorded  # type: ignore[method-assign]
+        return instance
+
+
+def test_a_request_arriving_while_a_lone_batch_is_accounted_is_not_staged_behind_it(
+    tmp_path: Path,
+) -> None:
+    """A request that arrives in the turns a lone batch leaves its answers before its
+    accounting (here: its caller's next request, sent as the answer reaches it) is
+    queued and run as its own batch, not staged on the instance behind that accounting
+    (nor onto an instance dropped meanwhile: the slot is idle then)."""
+    gate = threading.Event()
+    gate.set()
+    loads = RecordedStaging(_plus_one_after(gate))
+    one = MANIFEST.replace("max_batch_size = 4", "max_batch_size = 1")
+
+    async def scenario() -> None:
+        parts = _parts(tmp_path, loads, manifest=one)
+        batcher, stats = parts.batcher, parts.stats
+        loads.stats = stats
+        await _submit(batcher, 0)  # loads the instance
+        await answers_written()
+        assert stats.batches == 1
+        second: list[asyncio.Future[Any]] = []
+        lone = batcher.submit(batcher.call(_x(1), 1000.0))
+        # submitted in the turn the answer reaches its caller (a sequential in-process
+        # caller; a pipelined or HTTP/2 client's next request likewise)
+        lone.add_done_callback(lambda _: second.append(batcher.submit(batcher.call(_x(2), 1000.0))))
+        await lone
+        for _ in range(1000):
+            await asyncio.sleep(0.005)
+            if second and second[0].done():
+                break
+        served = await second[0]
+        assert float(served.outputs["y"][0, 0]) == 3
+        await answers_written()
+        assert stats.batches == 3
+        assert loads.staged_at == []  # (staged after 1 batch counted, before the fix)
         await batcher.close()
 
     asyncio.run(scenario())
