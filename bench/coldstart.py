@@ -56,7 +56,7 @@ import httpx
 import numpy as np
 from loadgen import deploy, start_fnrt, start_moto
 
-from fnrt.loader.instance import stage_sum
+from fnrt.loader.instance import STAGES, stage_sum
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "bench" / "coldstart_model"
@@ -303,21 +303,25 @@ def main() -> None:
             in_environment = None
         x = np.random.default_rng(1).standard_normal((1, 2048)).astype(np.float32)
         firsts = {}  # label -> (seconds, of which the weights' sha256: once per node)
+        first_stages: dict[str, dict[str, float]] = {}  # label -> its load's timings
         covers: dict[str, list[tuple[float, float]]] = {}  # label -> coverages, per round
         # right after each deploy: the deploy answers once a worker is ready for it
         local.deploy(wide)
         elapsed, t, _ = local.cold_invoke("wide", x)
         firsts["right after its deploy"] = (elapsed, t["verify_s"])
+        first_stages["right after its deploy"] = t
         covers["fnrt first cold start right after its deploy"] = [coverage(t, elapsed)]
         local.deploy(onnx_dir)
         elapsed, t, _ = local.cold_invoke("wide-onnx", x)
         firsts["onnxruntime, right after its deploy"] = (elapsed, t["verify_s"])
+        first_stages["onnxruntime, right after its deploy"] = t
         label = "fnrt first cold start onnxruntime, right after its deploy"
         covers[label] = [coverage(t, elapsed)]
         if in_environment is not None:
             time.sleep(SPARE_READY_S)
             elapsed, t, _ = local.cold_invoke("wide-env", x)
             firsts["in an [environment] after its deploy"] = (elapsed, t["verify_s"])
+            first_stages["in an [environment] after its deploy"] = t
             covers["fnrt first cold start in an [environment] after its deploy"] = [
                 coverage(t, elapsed)
             ]
@@ -329,6 +333,7 @@ def main() -> None:
             time.sleep(SPARE_READY_S)  # started ahead of its traffic
             elapsed, t, _ = new.cold_invoke("wide", x)
             firsts[label] = (elapsed, t["verify_s"])
+            first_stages[label] = t
             covers[f"fnrt first cold start {label}"] = [coverage(t, elapsed)]
             new.stop()  # and its workers with it, before anything else is measured
         for server in servers:  # first loads: imports, page cache
@@ -434,6 +439,10 @@ def main() -> None:
         for label, pairs in covers.items():
             stages, call = min(p[0] for p in pairs), min(p[1] for p in pairs)
             print(f"{label:<62} {stages:>6.1%} {call:>7.1%}")
+        print("\nwhere each first cold start's time went (its stages, seconds)")
+        for label, t in first_stages.items():
+            spent = [f"{k.removesuffix('_s')}={t[k]:.3f}" for k in STAGES if t.get(k, 0) >= 5e-4]
+            print(f"{label:<42} {' '.join(spent)}")
         print()
         for what, first, idle in (
             ("torch", "right after its deploy", "fnrt L2 wake -> first response"),
