@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,8 @@ from fnrt.tracing.access import AccessLog
 from fnrt.tracing.metrics import Metrics
 from fnrt.tracing.recorder import END_NS, ServerSpan, answered
 from fnrt.tracing.spans import Tracing, fail
+
+log = logging.getLogger("fnrt.telemetry")
 
 #: A lone request's reports (``Telemetry.deferred``) wait at most this long for the
 #: event loop to hand a batch to a worker process before they are made anyway.
@@ -142,6 +145,10 @@ class Telemetry:
         frame an item), the log lines queued at once, and the recorded spans handed to
         the tracer's export at once. The batches' first: their spans end as they ended."""
         self._owed = False
+        timer = self._timer
+        if timer is not None:  # made now: a lone request's timer has nothing left to make
+            self._timer = None
+            timer.cancel()
         batches, self.batches = self.batches, []
         try:
             if batches:
@@ -168,13 +175,16 @@ class Telemetry:
     def _batches(self, batches: list[BatchEnded]) -> None:
         metrics, tracing = self.metrics, self.tracing
         for function, size, compute_s, waits_s, warm, span, handler_spans, end_ns in batches:
-            metrics.batch(function, size, compute_s, waits_s)
-            metrics.warm_hits(warm)
-            if not tracing.enabled:
-                continue
-            tracing.record(handler_spans)  # the handler's own, children of the batch's span
-            if span is not None:
-                span.end(end_ns)
+            try:
+                metrics.batch(function, size, compute_s, waits_s)
+                metrics.warm_hits(warm)
+                if not tracing.enabled:
+                    continue
+                tracing.record(handler_spans)  # the handler's own, children of the batch's span
+                if span is not None:
+                    span.end(end_ns)
+            except Exception:  # this batch's report is lost, not the others' of the turn
+                log.exception("reporting a batch of %s failed", function)
 
     def _one(self, request: Ended) -> None:
         _, function, version, status, _, _, _, seconds = request
@@ -201,14 +211,15 @@ class Telemetry:
 
     def close(self) -> None:
         """Export the spans and write the log lines still buffered."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._turn = False  # a turn's end pending on a loop that may be closing
-        self.flush()
-        self.tracing.shutdown()
-        if self.access is not None:
-            self.access.close()
+        try:  # (the flush cancels a lone request's timer)
+            self.flush()
+        finally:  # what is buffered is exported and written whatever the flush raised
+            try:
+                self.tracing.shutdown()
+            finally:
+                if self.access is not None:
+                    self.access.close()
 
 
 #: A batch as it ended: function, size, compute seconds, its requests' waits, how many

@@ -277,30 +277,99 @@ def test_a_batch_reported_after_it_ended_keeps_its_end_time() -> None:
     telemetry.close()
 
 
-def test_a_batch_report_that_fails_leaves_the_requests_reports_made() -> None:
-    """A flush whose batch part raises (a handler span the tracer refuses, say) still
-    makes the requests' metrics and log lines, and owes nothing after."""
+class Refused(Tracing):
+    """A tracer that refuses a batch's handler spans (as a full or broken one might)."""
 
-    class Refused(Tracing):
-        @property
-        def enabled(self) -> bool:
-            return True
+    @property
+    def enabled(self) -> bool:
+        return True
 
-        def record(self, handler_spans: Any) -> None:
+    def record(self, handler_spans: Any) -> None:
+        if handler_spans:
             raise ValueError("refused")
 
+
+def test_a_batch_report_that_fails_leaves_the_others_made(caplog: pytest.LogCaptureFixture) -> None:
+    """A flush one of whose batches cannot be reported (a handler span the tracer
+    refuses, say) logs that and still makes the other batches' reports and the
+    requests' metrics and log lines, and owes nothing after."""
     log = io.BytesIO()
     telemetry = Telemetry(Refused(), Metrics(gpu=False), AccessLog(log, 60.0))
 
     async def scenario() -> None:
         telemetry.batch("a", 1, 0.001, [0.0], 1, None, None, [{"name": "x"}])
+        telemetry.batch("b", 4, 0.002, [0.0] * 4, 4)
         telemetry.request("/r", "a", "v-1", 200, 0.001, None)
-        with pytest.raises(ValueError, match="refused"):
-            telemetry.flush()
+        telemetry.flush()
         assert telemetry.ended == [] and telemetry.batches == []
         telemetry.settle()  # nothing owed
 
-    asyncio.run(scenario())
+    with caplog.at_level("ERROR", logger="fnrt.telemetry"):
+        asyncio.run(scenario())
+    assert "reporting a batch of a failed" in caplog.text
+    assert ("b",) in telemetry.metrics.batch_size.series
     assert telemetry.metrics.requests.values == {("a", "v-1", "200"): 1.0}
     telemetry.close()
     assert [line["status"] for line in _lines(log)] == [200]
+
+
+def test_close_exports_and_writes_what_is_buffered_whatever_the_flush_raised() -> None:
+    """The server's last flush (``close``, at shutdown) raising still shuts the tracer
+    down and writes the request log's buffered lines."""
+
+    class Shut(Tracing):
+        """Tracing that says whether it was shut down."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.shut = False
+
+        def shutdown(self) -> None:
+            self.shut = True
+
+    class Breaking(AccessLog):
+        """A request log that cannot take the lines after the first."""
+
+        broken = False
+
+        def requests(self, ended: Any) -> None:
+            if self.broken:
+                raise RuntimeError("the log is broken")
+            super().requests(ended)
+
+    log = io.BytesIO()
+    tracing = Shut()
+    access = Breaking(log, 60.0)
+    telemetry = Telemetry(tracing, Metrics(gpu=False), access)
+
+    async def scenario() -> None:
+        telemetry.request("/r", "a", "v-1", 200, 0.001, None)
+        await asyncio.sleep(SETTLE_AFTER_S * 4)  # made: its line is buffered
+        access.broken = True
+        telemetry.request("/r", "a", "v-1", 500, 0.001, None)
+
+    asyncio.run(scenario())
+    with pytest.raises(RuntimeError, match="broken"):
+        telemetry.close()
+    assert tracing.shut
+    assert [line["status"] for line in _lines(log)] == [200]
+
+
+def test_a_lone_request_is_reported_on_a_loop_after_one_that_closed_with_its_timer() -> None:
+    """A lone request's timer left armed by a loop that closed (an embedding that runs
+    the node on one loop after another) does not keep a later loop's lone requests
+    from being reported once anything made the first one's."""
+    telemetry = Telemetry(metrics=Metrics(gpu=False))
+
+    async def lone() -> None:
+        telemetry.request("/r", "a", "v-1", 200, 0.001, None)
+
+    asyncio.run(lone())  # the loop closes with the timer armed
+    telemetry.settle()
+
+    async def later() -> None:
+        telemetry.request("/r", "a", "v-1", 200, 0.001, None)
+        await asyncio.sleep(SETTLE_AFTER_S * 10)
+
+    asyncio.run(later())
+    assert telemetry.metrics.requests.values[("a", "v-1", "200")] == 2
