@@ -192,9 +192,11 @@ class Generate:
         return Target(name, version=pinned or headers.get(VERSION_HEADER) or None, headers=headers)
 
     def limits(self, incoming: Incoming) -> tuple[int, str]:
-        fmt = incoming.fmt = format_of(incoming.headers.get("content-type"))
-        if self.oip and fmt is not Format.JSON:
-            raise UnsupportedMediaType("the generate extension takes JSON bodies")
+        content_type = incoming.headers.get("content-type")
+        if self.oip:
+            fmt = incoming.fmt = _oip_format(content_type)
+        else:
+            fmt = incoming.fmt = format_of(content_type)
         return body_limits(incoming.node, fmt)
 
     def parse(self, incoming: Incoming, body: bytes) -> GenerateBody:
@@ -342,6 +344,19 @@ def _whole_body(
         body["finish_reason"] = ended.reason
         body["usage"] = ended.usage.to_dict()
     return encode(body, wire.fmt, node.settings.tensor_limits)
+
+
+def _oip_format(content_type: str | None) -> Format:
+    """Triton's generate extension reads a JSON body whatever its Content-Type says, as
+    OIP's infer does and as Triton does (``curl -d`` sends a form's type); only one that
+    names msgpack is refused, as that body is not JSON."""
+    try:
+        fmt = format_of(content_type)
+    except UnsupportedMediaType:
+        return Format.JSON
+    if fmt is not Format.JSON:
+        raise UnsupportedMediaType("the generate extension takes JSON bodies")
+    return fmt
 
 
 def _oip_value(value: Any) -> Any:

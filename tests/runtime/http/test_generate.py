@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import msgpack
 import msgpack_numpy
+import orjson
 import pytest
 
 from fnrt.runtime import scheduler as sched
@@ -283,6 +284,29 @@ def test_oip_generate_and_generate_stream(server: LiveServer) -> None:
     assert events[0][1]["n"] == 1 and "failed at 2" in events[-1][1]["error"]
     bad = httpx.post(f"{server.url}/v2/models/count/generate", json={"x": 3, "top_p": 1})
     assert bad.status_code == 422 and "top_p" in error_of(bad)["error"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "application/x-www-form-urlencoded", "text/plain", "application/json; charset=utf-8"],
+)
+def test_oip_generate_reads_json_whatever_the_content_type_says(
+    server: LiveServer, content_type: str | None
+) -> None:
+    """As OIP's infer and Triton's own generate do: ``curl -d`` (a form's type) and
+    clients that send none are read as JSON; a msgpack body is refused (415)."""
+    headers = {} if content_type is None else {"content-type": content_type}
+    body = orjson.dumps({"x": 3, "max_new_tokens": 2})
+    for kind in ("generate", "generate_stream"):
+        r = httpx.post(f"{server.url}/v2/models/count/{kind}", content=body, headers=headers)
+        assert r.status_code == 200, (kind, r.text)
+        assert "4" in r.text
+    packed = httpx.post(
+        f"{server.url}/v2/models/count/generate",
+        content=body,
+        headers={"content-type": "application/msgpack"},
+    )
+    assert packed.status_code == 415 and "JSON" in error_of(packed)["error"]
 
 
 def test_metrics_and_describe_report_generation(server: LiveServer) -> None:
