@@ -31,6 +31,7 @@ from fnrt.client.errors import (
 from fnrt.client.result import Result
 from fnrt.client.retry import NO_RETRY, RetryPolicy
 from fnrt.functions.codec import Format
+from fnrt.functions.errors import FnrtError
 
 __all__ = [
     "DEFAULT_URL",
@@ -40,6 +41,7 @@ __all__ = [
     "Client",
     "ConflictError",
     "DeadlineError",
+    "FnrtError",
     "Format",
     "HandlerFailedError",
     "InvalidInputError",

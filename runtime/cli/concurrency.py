@@ -13,16 +13,25 @@ import click
 from fnrt.functions.errors import FnrtError
 from fnrt.functions.handler import Request
 from fnrt.runtime.cli.options import Listed, read_inputs
-from fnrt.runtime.settings import default_cache_dir
+from fnrt.runtime.settings import DEFAULT_STORE, default_cache_dir
 
 
 @click.command("bench-concurrency", short_help="measure the best instances per GPU for a function")
 @click.argument("name")
-@click.option("--store", envvar="FNRT_STORE", help="the object store the function is deployed to")
-@click.option("--s3-endpoint", envvar="FNRT_S3_ENDPOINT", help="S3-compatible endpoint URL")
+@click.option(
+    "--store",
+    envvar="FNRT_STORE",
+    show_envvar=True,
+    show_default=DEFAULT_STORE,
+    help="the object store the function is deployed to",
+)
+@click.option(
+    "--s3-endpoint", envvar="FNRT_S3_ENDPOINT", show_envvar=True, help="S3-compatible endpoint URL"
+)
 @click.option(
     "--cache-dir",
     envvar="FNRT_CACHE_DIR",
+    show_envvar=True,
     type=click.Path(path_type=Path),
     show_default=str(default_cache_dir()),
     help="local cache folder (the server's, to share its disk cache)",
@@ -30,6 +39,7 @@ from fnrt.runtime.settings import default_cache_dir
 @click.option(
     "--device",
     envvar="FNRT_DEVICE",
+    show_envvar=True,
     type=click.Choice(["auto", "cpu", "cuda"]),
     default="auto",
     show_default=True,
