@@ -46,7 +46,10 @@ class Resident(Protocol):
     @property
     def busy(self) -> bool: ...
 
-    async def evict(self) -> None: ...
+    async def evict(self) -> bool:
+        """Unload its idle instances now; whether any was unloaded (one that turned busy
+        meanwhile is kept)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,10 @@ class MemoryBudget:
         out = []
         for r in self._residents():
             size = measure(r)
-            if r.key == loading or not size:
+            if not size:
+                continue
+            if r.key == loading:  # its own instances (scaling out): counted, never evicted
+                out.append((Held(r.key, size, 0.0, r.last_active_s, True), r))
                 continue
             worth, due = appraise(r) if appraise is not None else (0.0, False)
             keep = below is not None and (due or worth >= below)
@@ -151,6 +157,13 @@ class MemoryBudget:
         (``below``: only those worth less than that, e.g. for a pre-warm)."""
         if self.budget_bytes is None:
             return
+        if needed_bytes > self.budget_bytes:
+            log.warning(
+                "%s needs %d bytes, more than the whole memory budget (%d): loaded over it",
+                loading,
+                needed_bytes,
+                self.budget_bytes,
+            )
         weighed = self._weighed(loading, below)
         # each its own name for the choice: two may share a key (a version's scheduler
         # still closing beside its replacement); a NUL sorts them as their keys sort
@@ -164,8 +177,10 @@ class MemoryBudget:
             return  # a pre-warm that would not fit anyway takes nobody's place
         for name in victims:
             resident = named[name][1]
+            if not await resident.evict():  # turned busy meanwhile: kept, and not counted
+                log.info("kept %s, busy again, though %s wanted its room", resident.key, loading)
+                continue
             log.info("evicting %s to make room for %s (reason: budget)", resident.key, loading)
-            await resident.evict()
             if self.evicted is not None:
                 self.evicted(resident.key, "budget")
 

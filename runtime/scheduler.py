@@ -126,8 +126,8 @@ class Scheduler:
         found = activity(self)
         return found.busy or found.queued > 0
 
-    async def evict(self) -> None:
-        await scale_to_zero(self, self.clock.now(), force=True)
+    async def evict(self) -> bool:
+        return await scale_to_zero(self, self.clock.now(), force=True)
 
 
 # --- what the version's parts do together (functions of the record, not its methods) ---

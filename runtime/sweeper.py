@@ -72,9 +72,12 @@ class Sweeper:
         None: at every function."""
         self._evicted = evicted
         self._holding = holding
-        memory.evicted = self.evicted
-        if keeper is not None:
-            memory.appraise = self.appraise
+        for budget in (memory, gpu_memory):  # the GPU's decides and counts as the host's
+            if budget is None:
+                continue
+            budget.evicted = self.evicted
+            if keeper is not None:
+                budget.appraise = self.appraise
         self._registry = registry
         self._gpu_memory = gpu_memory
         self._splits = splits

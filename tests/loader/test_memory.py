@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import pytest
+
 from fnrt.loader.memory import Holders, MemoryBudget, device_bytes, room_maker
 
 
@@ -16,9 +18,10 @@ class Held:
     busy: bool = False
     evicted: bool = False
 
-    async def evict(self) -> None:
+    async def evict(self) -> bool:
         self.evicted = True
         self.resident_bytes = 0
+        return True
 
 
 def test_make_room_evicts_oldest_idle_first_and_never_busy_ones() -> None:
@@ -43,9 +46,9 @@ def test_the_loading_resident_and_an_unbounded_budget_are_left_alone() -> None:
 class OnGpu(Held):
     device_bytes: int = 0
 
-    async def evict(self) -> None:
-        await super().evict()
+    async def evict(self) -> bool:
         self.device_bytes = 0
+        return await super().evict()
 
 
 def test_the_gpu_budget_counts_and_evicts_by_device_memory() -> None:
@@ -145,3 +148,40 @@ def test_two_residents_of_one_key_are_each_evicted() -> None:
     asyncio.run(budget.make_room("new/v1", 900))
     assert closing.evicted and replacement.evicted and other.evicted
     assert budget.used_bytes() == 0
+
+
+def test_a_version_scaling_out_counts_the_instances_it_holds() -> None:
+    """A second instance of a loaded version: the first's bytes count (never evicted for
+    it), so the idle one of another version goes, and the node stays in its budget."""
+    serving, idle = Held("f/v1", 600, 5.0, busy=True), Held("g/v1", 400, 1.0)
+    budget = MemoryBudget(1000, lambda: [serving, idle])
+    asyncio.run(budget.make_room("f/v1", 600))
+    assert idle.evicted and not serving.evicted
+    quiet = Held("f/v1", 600, 5.0)  # its own idle instance is not evicted for its twin
+    asyncio.run(MemoryBudget(1000, lambda: [quiet]).make_room("f/v1", 600))
+    assert not quiet.evicted
+
+
+@dataclass
+class BusyAgain(Held):
+    """A resident whose instance took a request while another was being evicted."""
+
+    async def evict(self) -> bool:
+        return False
+
+
+def test_an_eviction_that_unloaded_nothing_is_not_counted(caplog: pytest.LogCaptureFixture) -> None:
+    taken, idle = BusyAgain("w/v1", 400, 1.0), Held("v/v1", 400, 2.0)
+    counted: list[tuple[str, str]] = []
+    budget = MemoryBudget(1000, lambda: [taken, idle], evicted=lambda k, r: counted.append((k, r)))
+    with caplog.at_level("INFO", logger="fnrt.memory"):
+        asyncio.run(budget.make_room("new/v1", 1000))
+    assert counted == [("v/v1", "budget")]
+    assert "kept w/v1, busy again" in caplog.text
+
+
+def test_a_load_bigger_than_the_whole_budget_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    held = [Held("a/v1", 300, 1.0)]
+    with caplog.at_level("WARNING", logger="fnrt.memory"):
+        asyncio.run(MemoryBudget(1000, lambda: held).make_room("big/v1", 5000))
+    assert "big/v1 needs 5000 bytes, more than the whole memory budget (1000)" in caplog.text

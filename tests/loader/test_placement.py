@@ -114,9 +114,10 @@ class _Version:
     def device_bytes(self) -> int:
         return sum(i.device_bytes for i in self.pool.instances)
 
-    async def evict(self) -> None:
+    async def evict(self) -> bool:
         self.evicted = True
         self.pool.instances = []
+        return True
 
 
 def test_a_load_makes_room_on_the_gpu_it_will_go_to_only() -> None:

@@ -6,13 +6,16 @@ import asyncio
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
+from fnrt.runtime.sweeper import Sweeper
 from support import ECHO_MANIFEST, live_server, make_node, publish, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
@@ -200,3 +203,46 @@ def test_an_idle_unload_under_a_fixed_keep_alive_is_logged_and_counted(
         assert scheduler.pool.state.value == "cold"
         assert 'fnrt_evictions_total{reason="idle"} 1.0' in c.get("/metrics").text
     assert "unloading fixed (reason: idle)" in caplog.text
+
+
+@dataclass
+class _OnGpu:
+    """A version holding an instance on the GPU (the budget's view of it)."""
+
+    key: str
+    resident_bytes: int
+    last_active_s: float
+    device_bytes: int
+    busy: bool = False
+    evicted: bool = False
+
+    async def evict(self) -> bool:
+        self.evicted, self.resident_bytes, self.device_bytes = True, 0, 0
+        return True
+
+
+def test_the_gpu_budgets_evictions_are_counted_as_the_hosts_are() -> None:
+    """On a GPU node the GPU's budget is the one that binds: its evictions are counted
+    (``fnrt_evictions_total{reason="budget"}``) and chosen by the plans, as the host's."""
+    held = [_OnGpu("a/v1", 10, 1.0, device_bytes=600)]
+    host, gpu = MemoryBudget(1000, lambda: held), MemoryBudget(1000, lambda: held, device_bytes)
+    counted: list[tuple[str, str]] = []
+
+    def sweeper(keeper: Keeper | None) -> Sweeper:
+        return Sweeper(
+            None,  # type: ignore[arg-type]  # (the budgets' wiring alone)
+            None,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
+            host,
+            ManualClock(),
+            keeper,
+            gpu_memory=gpu,
+            evicted=lambda key, why: counted.append((key, why)),
+        )
+
+    planned = sweeper(Keeper(None))
+    assert gpu.appraise == planned.appraise == host.appraise  # chosen by the plans
+    host.appraise = gpu.appraise = None  # (the fakes here have no plan to read)
+    asyncio.run(room_maker(host, gpu)("b/v1", 10, 500))  # room on the GPU: a goes
+    assert held[0].evicted
+    assert counted == [("a/v1", "budget")]
