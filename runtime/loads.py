@@ -104,10 +104,7 @@ class Loads:
         try:
             if self._make_room is not None:
                 key = f"{self._name}/{self._version.version}"
-                size = self._version.size_bytes  # until a load says what it holds where
-                await self._make_room(
-                    key, stats.last_load_bytes or size, stats.last_load_device_bytes or size
-                )
+                await self._make_room(key, *stats.expected_bytes(self._version.size_bytes))
             if COLLECTOR.pending:  # what was unloaded (for room, say) is freed first
                 await loop.run_in_executor(executor, COLLECTOR.settle)
             instance = await loop.run_in_executor(

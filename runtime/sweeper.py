@@ -223,8 +223,7 @@ class Sweeper:
     async def _prewarm(self, scheduler: Scheduler) -> None:
         """Load ahead of a predicted call, only into memory nobody else is using: when it
         does not fit the budget, only fetch its files into the disk cache."""
-        stats, size = scheduler.stats, scheduler.version.size_bytes
-        needed = stats.last_load_bytes or size
+        needed, needed_device = scheduler.stats.expected_bytes(scheduler.version.size_bytes)
         gpu = self._gpu_memory
         # pre-warms started in the same sweep load side by side: until loaded, an
         # instance holds none of the budget, so each counts those still loading
@@ -245,9 +244,7 @@ class Sweeper:
                 )
                 await self._memory.make_room(scheduler.key, needed + loading, below=due)
                 loading = sum(self._prewarming.values())
-            if self._memory.fits(needed + loading) and (
-                gpu is None or gpu.fits(stats.last_load_device_bytes or size)
-            ):
+            if self._memory.fits(needed + loading) and (gpu is None or gpu.fits(needed_device)):
                 self._prewarming[scheduler.key] = needed
                 try:
                     if await sched.prewarm(scheduler):

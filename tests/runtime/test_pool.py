@@ -709,3 +709,29 @@ def test_a_handler_raising_timeout_error_keeps_its_instance(tmp_path: Path) -> N
         await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_load_asks_for_the_room_its_last_load_measured_even_none(tmp_path: Path) -> None:
+    """The first load of a version asks the budgets for its size; the next ones for what
+    the last one held, where it held it: a model wholly on the GPU asks the host for
+    nothing (a measured 0 is not "unknown")."""
+    vm = packed(write_function(tmp_path, "f"))[0]
+    asked: list[tuple[int, int]] = []
+
+    async def make_room(key: str, host_bytes: int, device_bytes: int) -> None:
+        asked.append((host_bytes, device_bytes))
+
+    def on_gpu(v: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        timings = {"fetch_s": 0.0, "verify_s": 0.0, "import_s": 0.0, "load_s": 0.0, "total_s": 0.0}
+        return Instance(v, _double, executor, None, timings, 0, device_bytes=600)
+
+    async def scenario() -> None:
+        clock, stats = ManualClock(), Stats()
+        pool = InstancePool(vm, on_gpu, clock, stats, NoEvents(), make_room, in_thread=True)
+        await pool.ensure(pool.slots[0])
+        await pool.drop(pool.slots[0])
+        await pool.ensure(pool.slots[0])
+        await pool.close()
+
+    asyncio.run(scenario())
+    assert asked == [(vm.size_bytes, vm.size_bytes), (0, 600)]
