@@ -123,8 +123,10 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
+        """Whether a memory budget must leave it loaded: running or with calls waiting,
+        or held loaded by its manifest (``min_instances``)."""
         found = activity(self)
-        return found.busy or found.queued > 0
+        return found.busy or found.queued > 0 or self.version.manifest.scaling.min_instances > 0
 
     async def evict(self) -> bool:
         return await scale_to_zero(self, self.clock.now(), force=True)

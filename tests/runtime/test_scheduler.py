@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fnrt.functions.manifest import IsolationMode
+from fnrt.loader.instance import Instance
+from fnrt.loader.memory import Holders, MemoryBudget, room_maker
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import ManualClock
 from support import (
@@ -17,6 +21,7 @@ from support import (
     gates,
     live_server,
     make_node,
+    packed,
     wait_until,
     write_function,
 )
@@ -327,3 +332,44 @@ def test_adaptive_refuses_what_cannot_finish_in_time(tmp_path: Path) -> None:
         gate("release").set()
         assert all(f.result().status_code == 200 for f in [blocker, *queued, *more])
         assert job.result(10)[0]["y"].tolist() == [[7.0, 0, 0, 0]]
+
+
+def test_a_memory_budget_leaves_a_version_held_by_min_instances_loaded(tmp_path: Path) -> None:
+    """``[scaling] min_instances`` keeps a version loaded (the sweep never unloads it):
+    a load short of room evicts others, never it, and goes over the budget if it must."""
+    holders = Holders()
+    memory = MemoryBudget(1000, holders)
+    clock = ManualClock()
+
+    def version(name: str, min_instances: int, size: int) -> sched.Scheduler:
+        manifest = 'name = "{name}"\nhandler = "handler:Echo"\n\n[scaling]\n'
+        manifest += f"min_instances = {min_instances}\n"
+        vm = packed(write_function(tmp_path, name, manifest=manifest))[0]
+
+        def load(v: Any, executor: ThreadPoolExecutor) -> Instance:
+            timings = {"fetch_s": 0.0, "verify_s": 0.0, "load_s": 0.0, "total_s": 0.0}
+            return Instance(
+                v, lambda batch: [{"y": 1} for _ in batch], executor, None, timings, size
+            )
+
+        s = sched.Scheduler(
+            vm,
+            load,
+            clock,
+            make_room=room_maker(memory, None),
+            isolation=IsolationMode.THREAD,
+        )
+        s.pool.holding = functools.partial(holders.holding, s)
+        return s
+
+    async def scenario() -> None:
+        kept, idle, new = version("kept", 1, 500), version("idle", 0, 400), version("new", 0, 500)
+        for s in (kept, idle):  # kept the least recently used
+            await sched.warm(s)
+            clock.advance(10)
+        await sched.warm(new)  # 900 held: room for 500 more takes idle's, never kept's
+        assert kept.pool.instances == 1 and idle.pool.instances == 0
+        for s in (kept, idle, new):
+            await sched.close(s)
+
+    asyncio.run(scenario())
