@@ -13,7 +13,10 @@ loading, or with requests queued) are never evicted, and if they alone fill the
 budget the load goes ahead over it; a pre-warm evicts only instances worth less
 than it will be, never one pre-warmed for a call that is due. The choice is the
 pure :func:`evictions` (over :func:`~fnrt.loader.cache.choose_evictions`, shared
-with the disk cache), which ``fnrt simulate --node-memory-gb`` runs too.
+with the disk cache), which ``fnrt simulate --node-memory-gb`` runs too. The room
+a load made is its own until it is loaded (or fails): :meth:`MemoryBudget.make_room`
+reserves it, and the loads that come meanwhile count it, as the simulator counts a
+load's bytes at once.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
+from itertools import count
 from typing import Protocol
 
 from fnrt.loader.cache import choose_evictions
@@ -123,9 +127,16 @@ class MemoryBudget:
         self._measure = measure
         self.appraise = appraise  # None: all worth the same (least recently used first)
         self.evicted = evicted
+        self._reserved: dict[int, tuple[str, int]] = {}  # loads under way: key, bytes
+        self._tokens = count()
+
+    @property
+    def reserved_bytes(self) -> int:
+        """The room loads under way made for themselves and hold until they are loaded."""
+        return sum(size for _, size in self._reserved.values())
 
     def used_bytes(self) -> int:
-        return sum(self._measure(r) for r in self._residents())
+        return sum(self._measure(r) for r in self._residents()) + self.reserved_bytes
 
     def fits(self, needed_bytes: int) -> bool:
         """Whether ``needed_bytes`` more fit without evicting anything."""
@@ -152,11 +163,28 @@ class MemoryBudget:
             out.append((Held(r.key, size, worth, r.last_active_s, r.busy or keep), r))
         return out
 
-    async def make_room(self, loading: str, needed_bytes: int, below: float | None = None) -> None:
+    def _reserve(self, loading: str, needed_bytes: int) -> Callable[[], None]:
+        """Hold ``needed_bytes`` for a load until the returned call (once it is loaded,
+        and counted as a resident, or failed)."""
+        if needed_bytes <= 0:
+            return _nothing
+        token = next(self._tokens)
+        self._reserved[token] = (loading, needed_bytes)
+
+        def release() -> None:
+            self._reserved.pop(token, None)
+
+        return release
+
+    async def make_room(
+        self, loading: str, needed_bytes: int, below: float | None = None
+    ) -> Callable[[], None]:
         """Unload the idle residents worth least so ``needed_bytes`` fits the budget
-        (``below``: only those worth less than that, e.g. for a pre-warm)."""
+        (``below``: only those worth less than that, e.g. for a pre-warm), and hold that
+        room for the load, which the loads that come meanwhile count: the returned call
+        gives it back (once the instance holds it, or the load failed)."""
         if self.budget_bytes is None:
-            return
+            return _nothing
         if needed_bytes > self.budget_bytes:
             log.warning(
                 "%s needs %d bytes, more than the whole memory budget (%d): loaded over it",
@@ -164,7 +192,10 @@ class MemoryBudget:
                 needed_bytes,
                 self.budget_bytes,
             )
-        weighed = self._weighed(loading, below)
+        weighed: list[tuple[Held, Resident | None]] = list(self._weighed(loading, below))
+        weighed += [  # the room other loads under way hold: never evicted
+            (Held(key, size, 0.0, 0.0, True), None) for key, size in self._reserved.values()
+        ]
         # each its own name for the choice: two may share a key (a version's scheduler
         # still closing beside its replacement); a NUL sorts them as their keys sort
         named = {f"{h.key}\0{i}": (h, r) for i, (h, r) in enumerate(weighed)}
@@ -174,27 +205,47 @@ class MemoryBudget:
         if below is not None and sum(h.size for h in held) - freed + needed_bytes > (
             self.budget_bytes
         ):
-            return  # a pre-warm that would not fit anyway takes nobody's place
+            return _nothing  # a pre-warm that would not fit anyway takes nobody's place
+        release = self._reserve(loading, needed_bytes)  # before the evictions' waits
         for name in victims:
             resident = named[name][1]
+            assert resident is not None  # (reservations are pinned)
             if not await resident.evict():  # turned busy meanwhile: kept, and not counted
                 log.info("kept %s, busy again, though %s wanted its room", resident.key, loading)
                 continue
             log.info("evicting %s to make room for %s (reason: budget)", resident.key, loading)
             if self.evicted is not None:
                 self.evicted(resident.key, "budget")
+        return release
 
 
-#: Called before a load with ("name/version", host bytes, device bytes it expects to need).
-MakeRoom = Callable[[str, int, int], Awaitable[None]]
+def _nothing() -> None:
+    """No room held (no budget, or none needed)."""
+
+
+#: Called before a load with ("name/version", host bytes, device bytes it expects to
+#: need): makes the room and holds it; what it returns gives it back once the instance
+#: is loaded (and counted where it is held) or the load failed.
+MakeRoom = Callable[[str, int, int], Awaitable[Callable[[], None]]]
 
 
 def room_maker(host: MemoryBudget, device: MemoryBudget | None) -> MakeRoom:
     """Make room in host memory, then in the GPU's (when the node runs on one)."""
 
-    async def make_room(loading: str, host_bytes: int, device_bytes: int) -> None:
-        await host.make_room(loading, host_bytes)
-        if device is not None:
-            await device.make_room(loading, device_bytes)
+    async def make_room(loading: str, host_bytes: int, device_bytes: int) -> Callable[[], None]:
+        release_host = await host.make_room(loading, host_bytes)
+        if device is None:
+            return release_host
+        try:
+            release_device = await device.make_room(loading, device_bytes)
+        except BaseException:
+            release_host()
+            raise
+
+        def release() -> None:
+            release_host()
+            release_device()
+
+        return release
 
     return make_room

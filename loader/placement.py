@@ -152,7 +152,13 @@ class GpuBudgets(MemoryBudget):
             for d in placement.devices
         }
 
-    async def make_room(self, loading: str, needed_bytes: int, below: float | None = None) -> None:
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(budget.reserved_bytes for budget in self.per_device.values())
+
+    async def make_room(
+        self, loading: str, needed_bytes: int, below: float | None = None
+    ) -> Callable[[], None]:
         budget = self.per_device[self.placement.peek().index]
         budget.appraise, budget.evicted = self.appraise, self.evicted
-        await budget.make_room(loading, needed_bytes, below)
+        return await budget.make_room(loading, needed_bytes, below)

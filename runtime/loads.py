@@ -87,9 +87,10 @@ class Loads:
         #: slot loads none again (the backoff) and why: the breaker counts deaths in a row.
         self.died: Callable[[str, float, str], None] = lambda cause, retry_at, reason: None
 
-    async def load(self, slot: Backoff) -> tuple[Runnable, int]:
-        """A new instance for ``slot`` (after its backoff), and when its load started
-        (``time.time_ns``, after the backoff)."""
+    async def load(self, slot: Backoff) -> tuple[Runnable, int, Callable[[], None]]:
+        """A new instance for ``slot`` (after its backoff), when its load started
+        (``time.time_ns``, after the backoff), and what gives back the memory room held
+        for it: call it once the instance is in its slot (its bytes counted there)."""
         delay = slot.retry_at - self._clock.now()
         if delay > 0:  # backing off after failures
             slot.backing_off = True
@@ -101,16 +102,20 @@ class Loads:
         executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self._name}-{slot.index}")
         loop = asyncio.get_running_loop()
         stats = self._stats
+        release = _no_room
         try:
             if self._make_room is not None:
                 key = f"{self._name}/{self._version.version}"
-                await self._make_room(key, *stats.expected_bytes(self._version.size_bytes))
+                release = await self._make_room(
+                    key, *stats.expected_bytes(self._version.size_bytes)
+                )
             if COLLECTOR.pending:  # what was unloaded (for room, say) is freed first
                 await loop.run_in_executor(executor, COLLECTOR.settle)
             instance = await loop.run_in_executor(
                 executor, self._load_instance, self._version, executor
             )
         except BaseException as exc:
+            release()  # the room goes back to the loads after it
             executor.shutdown(wait=False)
             stats.load_failures += 1
             if isinstance(exc, FnrtError) and not isinstance(exc, InstanceLost):
@@ -130,7 +135,7 @@ class Loads:
             error = LoadError(self._name, error_id, describe_failure(exc))
             stats.last_load_error = error.message
             raise error from exc
-        return instance, started_ns
+        return instance, started_ns, release
 
     def loaded(self, slot: Backoff, instance: Runnable, started_ns: int) -> None:
         """Count and tell a load that ended with ``instance`` in ``slot``."""
@@ -167,3 +172,7 @@ class Loads:
             slot.failures
         )
         self.died(cause, slot.retry_at, reason)
+
+
+def _no_room() -> None:
+    """No memory room held for a load (no budget)."""

@@ -235,9 +235,10 @@ class InstancePool:
     async def _load(self, slot: Slot) -> Runnable:
         """Load the slot's instance, start the watch on its files and put it in the slot:
         loading until then (a ``close`` meanwhile waits for it, and then unloads it)."""
+        release: Callable[[], None] | None = None  # the memory room held for the load
         try:
             try:
-                instance, started_ns = await self.loads.load(slot)
+                instance, started_ns, release = await self.loads.load(slot)
             except FnrtError:
                 if not slot.primary:  # an extra slot whose load failed is given up: the
                     slot.retired = True  # others serve (and the queue may ask for another)
@@ -254,6 +255,8 @@ class InstancePool:
         finally:
             slot.loading = None
             self._held()
+            if release is not None:  # counted as the slot's now (or given up)
+                release()
         slot.first_batch = True
         slot.last_active = self._clock.now()
         self.stages = instance.stages

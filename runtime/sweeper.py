@@ -242,7 +242,9 @@ class Sweeper:
                     ahead=True,
                     budget_bytes=self._memory.budget_bytes,
                 )
-                await self._memory.make_room(scheduler.key, needed + loading, below=due)
+                release = await self._memory.make_room(scheduler.key, needed + loading, below=due)
+                release()  # (its load makes and holds its own room: these pre-warms' bytes
+                # are counted meanwhile by _prewarming)
                 loading = sum(self._prewarming.values())
             if self._memory.fits(needed + loading) and (gpu is None or gpu.fits(needed_device)):
                 self._prewarming[scheduler.key] = needed

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from fnrt.loader.memory import Holders, MemoryBudget, device_bytes, room_maker
+
+
+def _loaded(making: Coroutine[Any, Any, Callable[[], None]]) -> None:
+    """Make the room for a load, and the load ends: the room it held is given back."""
+    asyncio.run(making)()
 
 
 @dataclass
@@ -28,17 +35,17 @@ def test_make_room_evicts_oldest_idle_first_and_never_busy_ones() -> None:
     held = [Held("a", 400, 1.0), Held("b", 400, 0.5, busy=True), Held("c", 400, 2.0)]
     budget = MemoryBudget(1000, lambda: held)
     assert not budget.fits(300) and budget.fits(-200)
-    asyncio.run(budget.make_room("new", 100))
+    _loaded(budget.make_room("new", 100))
     assert [h.evicted for h in held] == [True, False, False]  # a was enough
-    asyncio.run(budget.make_room("new", 900))
+    _loaded(budget.make_room("new", 900))
     assert [h.evicted for h in held] == [True, False, True]  # b is busy: over budget
     assert budget.used_bytes() == 400
 
 
 def test_the_loading_resident_and_an_unbounded_budget_are_left_alone() -> None:
     held = [Held("a", 900, 1.0)]
-    asyncio.run(MemoryBudget(1000, lambda: held).make_room("a", 500))
-    asyncio.run(MemoryBudget(None, lambda: held).make_room("b", 10**12))
+    _loaded(MemoryBudget(1000, lambda: held).make_room("a", 500))
+    _loaded(MemoryBudget(None, lambda: held).make_room("b", 10**12))
     assert not held[0].evicted
 
 
@@ -56,9 +63,9 @@ def test_the_gpu_budget_counts_and_evicts_by_device_memory() -> None:
     host = MemoryBudget(1000, lambda: held)
     gpu = MemoryBudget(1000, lambda: held, device_bytes)
     assert gpu.used_bytes() == 600 and host.used_bytes() == 910
-    asyncio.run(room_maker(host, gpu)("new", 50, 500))  # the host fits; the GPU does not
+    _loaded(room_maker(host, gpu)("new", 50, 500))  # the host fits; the GPU does not
     assert [h.evicted for h in held] == [True, False]  # a, though b is older and bigger
-    asyncio.run(room_maker(host, None)("new", 50, 10**12))  # no GPU: its bytes ask nothing
+    _loaded(room_maker(host, None)("new", 50, 10**12))  # no GPU: its bytes ask nothing
     assert not held[1].evicted
 
 
@@ -108,15 +115,15 @@ def test_with_an_appraiser_the_least_worth_goes_first_and_a_prewarm_takes_less()
         appraise=lambda r: worth[r.key],
         evicted=lambda key, why: reasons.append((key, why)),
     )
-    asyncio.run(budget.make_room("new", 200))
+    _loaded(budget.make_room("new", 200))
     # least recently used would take a; b is worth least
     assert [h.evicted for h in held] == [False, True, False]
     assert reasons == [("b", "budget")]
     # a pre-warm worth 4.5 takes only what is worth less, and never a due pre-warm: c
     # (worth 4.0, due) stays, a (5.0) stays: nothing it may take, so nothing is taken
-    asyncio.run(budget.make_room("ahead", 600, below=4.5))
+    _loaded(budget.make_room("ahead", 600, below=4.5))
     assert [h.evicted for h in held] == [False, True, False]
-    asyncio.run(budget.make_room("ahead", 600, below=6.0))  # worth more than a: a goes
+    _loaded(budget.make_room("ahead", 600, below=6.0))  # worth more than a: a goes
     assert [h.evicted for h in held] == [True, True, False]
     assert [h.key for h in budget.held("new")] == ["c"]
 
@@ -134,7 +141,7 @@ def test_holders_are_what_a_budget_weighs() -> None:
     holders.holding(a, False)
     holders.holding(a, False)  # (gone already: nothing)
     assert holders() == [b] and budget.used_bytes() == 300
-    asyncio.run(budget.make_room("c", 800))
+    _loaded(budget.make_room("c", 800))
     assert b.evicted and holders() == [b]  # (its pool says when it has let go)
 
 
@@ -145,7 +152,7 @@ def test_two_residents_of_one_key_are_each_evicted() -> None:
     closing, replacement = Held("f/v1", 400, last_active_s=10), Held("f/v1", 400, last_active_s=20)
     other = Held("g/v1", 200, last_active_s=30)
     budget = MemoryBudget(1000, lambda: [closing, replacement, other])
-    asyncio.run(budget.make_room("new/v1", 900))
+    _loaded(budget.make_room("new/v1", 900))
     assert closing.evicted and replacement.evicted and other.evicted
     assert budget.used_bytes() == 0
 
@@ -155,10 +162,10 @@ def test_a_version_scaling_out_counts_the_instances_it_holds() -> None:
     it), so the idle one of another version goes, and the node stays in its budget."""
     serving, idle = Held("f/v1", 600, 5.0, busy=True), Held("g/v1", 400, 1.0)
     budget = MemoryBudget(1000, lambda: [serving, idle])
-    asyncio.run(budget.make_room("f/v1", 600))
+    _loaded(budget.make_room("f/v1", 600))
     assert idle.evicted and not serving.evicted
     quiet = Held("f/v1", 600, 5.0)  # its own idle instance is not evicted for its twin
-    asyncio.run(MemoryBudget(1000, lambda: [quiet]).make_room("f/v1", 600))
+    _loaded(MemoryBudget(1000, lambda: [quiet]).make_room("f/v1", 600))
     assert not quiet.evicted
 
 
@@ -175,7 +182,7 @@ def test_an_eviction_that_unloaded_nothing_is_not_counted(caplog: pytest.LogCapt
     counted: list[tuple[str, str]] = []
     budget = MemoryBudget(1000, lambda: [taken, idle], evicted=lambda k, r: counted.append((k, r)))
     with caplog.at_level("INFO", logger="fnrt.memory"):
-        asyncio.run(budget.make_room("new/v1", 1000))
+        _loaded(budget.make_room("new/v1", 1000))
     assert counted == [("v/v1", "budget")]
     assert "kept w/v1, busy again" in caplog.text
 
@@ -183,5 +190,26 @@ def test_an_eviction_that_unloaded_nothing_is_not_counted(caplog: pytest.LogCapt
 def test_a_load_bigger_than_the_whole_budget_says_so(caplog: pytest.LogCaptureFixture) -> None:
     held = [Held("a/v1", 300, 1.0)]
     with caplog.at_level("WARNING", logger="fnrt.memory"):
-        asyncio.run(MemoryBudget(1000, lambda: held).make_room("big/v1", 5000))
+        _loaded(MemoryBudget(1000, lambda: held).make_room("big/v1", 5000))
     assert "big/v1 needs 5000 bytes, more than the whole memory budget (1000)" in caplog.text
+
+
+def test_the_room_a_load_made_is_its_own_until_it_is_loaded() -> None:
+    """Two loads at once: the first's room (not loaded yet: it holds no instance) counts
+    for the second, which evicts for its own rather than take it; given back when the
+    first is loaded (its instance then counts) or failed."""
+    idle = Held("h/v1", 800, 1.0)
+    budget = MemoryBudget(1000, lambda: [idle])
+
+    async def scenario() -> None:
+        first = await budget.make_room("f/v1", 200)  # 800 + 200 fit: nothing evicted
+        assert not idle.evicted and budget.used_bytes() == 1000 and not budget.fits(1)
+        second = await budget.make_room("g/v1", 200)  # the room is f's: h goes
+        assert idle.evicted and budget.used_bytes() == 400
+        first()
+        second()
+        assert budget.used_bytes() == 0
+        first()  # (given back once)
+        assert budget.reserved_bytes == 0
+
+    asyncio.run(scenario())

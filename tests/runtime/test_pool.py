@@ -12,6 +12,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -26,7 +27,7 @@ from fnrt.functions.version import VersionManifest
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import Instance, InstanceLoader, Runnable
 from fnrt.loader.launch import launch
-from fnrt.loader.memory import Holders
+from fnrt.loader.memory import Holders, MemoryBudget, room_maker
 from fnrt.loader.process import ProcessInstance
 from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Watch
@@ -718,8 +719,9 @@ def test_a_load_asks_for_the_room_its_last_load_measured_even_none(tmp_path: Pat
     vm = packed(write_function(tmp_path, "f"))[0]
     asked: list[tuple[int, int]] = []
 
-    async def make_room(key: str, host_bytes: int, device_bytes: int) -> None:
+    async def make_room(key: str, host_bytes: int, device_bytes: int) -> Callable[[], None]:
         asked.append((host_bytes, device_bytes))
+        return lambda: None
 
     def on_gpu(v: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
         timings = {"fetch_s": 0.0, "verify_s": 0.0, "import_s": 0.0, "load_s": 0.0, "total_s": 0.0}
@@ -735,3 +737,59 @@ def test_a_load_asks_for_the_room_its_last_load_measured_even_none(tmp_path: Pat
 
     asyncio.run(scenario())
     assert asked == [(vm.size_bytes, vm.size_bytes), (0, 600)]
+
+
+def test_the_memory_room_held_for_a_load_is_given_back_whatever_its_end(tmp_path: Path) -> None:
+    """The room a load makes is held while it loads (other loads count it), then given
+    back once its instance is in the slot (counted there instead) or the load failed:
+    nothing is left held, or the budget would shrink for good."""
+    vm = packed(write_function(tmp_path, "f"))[0]
+    pools: list[InstancePool] = []
+    # the pool's instances, as the node's scheduler shows them to the budget
+    memory = MemoryBudget(10_000, lambda: [_Holding(p) for p in pools])
+    seen: list[int] = []
+
+    def sized(v: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        seen.append(memory.reserved_bytes)  # while loading: held
+        timings = {"fetch_s": 0.0, "verify_s": 0.0, "import_s": 0.0, "load_s": 0.0, "total_s": 0.0}
+        return Instance(v, _double, executor, None, timings, 700)
+
+    failing = Loads(fail=1)
+
+    async def scenario() -> None:
+        pool = InstancePool(
+            vm, sized, ManualClock(), Stats(), NoEvents(), room_maker(memory, None), in_thread=True
+        )
+        pools.append(pool)
+        await pool.ensure(pool.slots[0])
+        assert seen == [vm.size_bytes] and memory.reserved_bytes == 0
+        assert memory.used_bytes() == 700  # the instance's, counted in its slot
+        await pool.close()
+        make_room = room_maker(memory, None)
+        broken = InstancePool(
+            vm, failing, ManualClock(), Stats(), NoEvents(), make_room, in_thread=True
+        )
+        with pytest.raises(LoadError):
+            await broken.ensure(broken.slots[0])
+        assert memory.reserved_bytes == 0
+        await broken.close()
+
+    asyncio.run(scenario())
+
+
+@dataclass
+class _Holding:
+    """A pool as a memory budget sees it (what the node's ``Scheduler`` is)."""
+
+    pool: InstancePool
+    key: str = "f/v1"
+    device_bytes: int = 0
+    last_active_s: float = 0.0
+    busy: bool = True
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.pool.instance_bytes
+
+    async def evict(self) -> bool:
+        return False
