@@ -207,15 +207,19 @@ class MemoryBudget:
         ):
             return _nothing  # a pre-warm that would not fit anyway takes nobody's place
         release = self._reserve(loading, needed_bytes)  # before the evictions' waits
-        for name in victims:
-            resident = named[name][1]
-            assert resident is not None  # (reservations are pinned)
-            if not await resident.evict():  # turned busy meanwhile: kept, and not counted
-                log.info("kept %s, busy again, though %s wanted its room", resident.key, loading)
-                continue
-            log.info("evicting %s to make room for %s (reason: budget)", resident.key, loading)
-            if self.evicted is not None:
-                self.evicted(resident.key, "budget")
+        try:
+            for name in victims:
+                resident = named[name][1]
+                assert resident is not None  # (reservations are pinned)
+                if not await resident.evict():  # turned busy meanwhile: kept, not counted
+                    log.info("kept %s, busy again, for %s", resident.key, loading)
+                    continue
+                log.info("evicting %s to make room for %s (reason: budget)", resident.key, loading)
+                if self.evicted is not None:
+                    self.evicted(resident.key, "budget")
+        except BaseException:  # cancelled, or an unload failed: the load will not come
+            release()
+            raise
         return release
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +211,31 @@ def test_the_room_a_load_made_is_its_own_until_it_is_loaded() -> None:
         second()
         assert budget.used_bytes() == 0
         first()  # (given back once)
+        assert budget.reserved_bytes == 0
+
+    asyncio.run(scenario())
+
+
+@dataclass
+class Stuck(Held):
+    """A resident whose unload never ends (until cancelled)."""
+
+    async def evict(self) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+
+def test_a_load_cancelled_while_it_makes_room_gives_the_room_back() -> None:
+    stuck = Stuck("s/v1", 900, 1.0)
+    budget = MemoryBudget(1000, lambda: [stuck])
+
+    async def scenario() -> None:
+        making = asyncio.ensure_future(budget.make_room("f/v1", 500))
+        await asyncio.sleep(0.01)
+        assert budget.reserved_bytes == 500  # held while it evicts
+        making.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await making
         assert budget.reserved_bytes == 0
 
     asyncio.run(scenario())
