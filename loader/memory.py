@@ -135,6 +135,10 @@ class MemoryBudget:
         """The room loads under way made for themselves and hold until they are loaded."""
         return sum(size for _, size in self._reserved.values())
 
+    def holding_room(self) -> set[str]:
+        """The keys of the loads under way that hold room here."""
+        return {key for key, _ in self._reserved.values()}
+
     def used_bytes(self) -> int:
         return sum(self._measure(r) for r in self._residents()) + self.reserved_bytes
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from fnrt.loader.instance import InstanceLoader
@@ -225,9 +225,9 @@ class Sweeper:
         does not fit the budget, only fetch its files into the disk cache."""
         needed, needed_device = scheduler.stats.expected_bytes(scheduler.version.size_bytes)
         gpu = self._gpu_memory
-        # pre-warms started in the same sweep load side by side: until loaded, an
-        # instance holds none of the budget, so each counts those still loading
-        loading = sum(self._prewarming.values())
+        # pre-warms started in the same sweep load side by side: each counts those not
+        # yet holding the room of their load (which the budget counts once they do)
+        loading = self._loading()
         try:
             keeper = self.keeper
             filled = keeper is not None and keeper.filling(scheduler.name)
@@ -243,9 +243,8 @@ class Sweeper:
                     budget_bytes=self._memory.budget_bytes,
                 )
                 release = await self._memory.make_room(scheduler.key, needed + loading, below=due)
-                release()  # (its load makes and holds its own room: these pre-warms' bytes
-                # are counted meanwhile by _prewarming)
-                loading = sum(self._prewarming.values())
+                release()  # (its load makes and holds its own room)
+                loading = self._loading()
             if self._memory.fits(needed + loading) and (gpu is None or gpu.fits(needed_device)):
                 self._prewarming[scheduler.key] = needed
                 try:
@@ -258,6 +257,9 @@ class Sweeper:
         except Exception as exc:
             log.warning("pre-warming %s failed: %s", scheduler.name, exc)
 
+    def _loading(self) -> int:
+        return unheld_bytes(self._prewarming, self._memory.holding_room())
+
     async def _every(self, interval_s: float, work: Callable[[], Awaitable[object]]) -> None:
         while True:
             await self._clock.sleep(interval_s)
@@ -265,3 +267,10 @@ class Sweeper:
                 await work()
             except Exception:
                 log.exception("%s failed", getattr(work, "__name__", "periodic work"))
+
+
+def unheld_bytes(prewarming: Mapping[str, int], holding_room: Collection[str]) -> int:
+    """The bytes of the pre-warms under way (``prewarming``: by key) whose loads hold no
+    room in the budget yet: a load holds its room from its ``make_room`` on (the budget
+    counts it then, and it must not be counted twice)."""
+    return sum(size for key, size in prewarming.items() if key not in holding_room)

@@ -15,7 +15,7 @@ from fnrt.loader.memory import MemoryBudget, device_bytes, room_maker
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
-from fnrt.runtime.sweeper import Sweeper
+from fnrt.runtime.sweeper import Sweeper, unheld_bytes
 from support import ECHO_MANIFEST, live_server, make_node, publish, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
@@ -246,3 +246,20 @@ def test_the_gpu_budgets_evictions_are_counted_as_the_hosts_are() -> None:
     asyncio.run(room_maker(host, gpu)("b/v1", 10, 500))  # room on the GPU: a goes
     assert held[0].evicted
     assert counted == [("a/v1", "budget")]
+
+
+def test_a_prewarm_under_way_is_counted_once() -> None:
+    """Pre-warms loading side by side count each other's bytes until each one's load
+    holds its room in the budget, which counts it from then on: never twice."""
+    memory = MemoryBudget(100, lambda: [])
+    prewarming = {"a/v1": 40, "b/v1": 30}
+    assert unheld_bytes(prewarming, memory.holding_room()) == 70  # neither holds room yet
+
+    async def scenario() -> None:
+        release = await memory.make_room("a/v1", 40)  # a's load holds its room now
+        assert unheld_bytes(prewarming, memory.holding_room()) == 30
+        assert memory.used_bytes() + unheld_bytes(prewarming, memory.holding_room()) == 70
+        release()
+        assert unheld_bytes(prewarming, memory.holding_room()) == 70
+
+    asyncio.run(scenario())
