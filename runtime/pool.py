@@ -176,13 +176,16 @@ class InstancePool:
 
     @property
     def instance_bytes(self) -> int:
-        """Memory the loaded instances hold (0 when cold)."""
-        return sum(s.instance.size_bytes for s in self.slots if s.instance is not None)
+        """Memory the loaded instances hold (0 when cold): a worker that died while idle
+        (killed for memory, say) holds none, though its slot keeps it until a call finds
+        it gone."""
+        return sum(i.size_bytes for i in self.loaded_instances() if i.alive)
 
     @property
     def device_bytes(self) -> int:
-        """GPU memory the loaded instances hold (0 when cold, or on the CPU)."""
-        return sum(s.instance.device_bytes for s in self.slots if s.instance is not None)
+        """GPU memory the loaded instances hold (0 when cold, or on the CPU; none for a
+        worker that died)."""
+        return sum(i.device_bytes for i in self.loaded_instances() if i.alive)
 
     @property
     def running(self) -> int:

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import gc
 import os
+import signal
 import threading
 import time
 import weakref
@@ -793,3 +794,24 @@ class _Holding:
 
     async def evict(self) -> bool:
         return False
+
+
+def test_a_worker_that_died_while_idle_holds_no_memory(tmp_path: Path) -> None:
+    """A worker killed while idle (by the kernel, short of memory, say) holds none of the
+    node's memory: the budget does not evict live instances for room that is free."""
+    loaded: list[weakref.ref[ProcessInstance]] = []
+
+    async def scenario() -> None:
+        pool = _worker_pool(tmp_path, loaded)
+        instance = await pool.ensure(pool.slots[0])
+        assert isinstance(instance, ProcessInstance)
+        assert pool.instance_bytes == instance.size_bytes > 0
+        os.kill(instance.pid, signal.SIGKILL)
+        for _ in range(200):
+            if not instance.alive:
+                break
+            await asyncio.sleep(0.05)
+        assert pool.instances == 1 and pool.instance_bytes == 0  # its slot finds out later
+        await pool.close()
+
+    asyncio.run(scenario())
