@@ -171,7 +171,7 @@ class MemoryBudget:
         """Hold ``needed_bytes`` for a load until the returned call (once it is loaded,
         and counted as a resident, or failed)."""
         if needed_bytes <= 0:
-            return _nothing
+            return no_room
         token = next(self._tokens)
         self._reserved[token] = (loading, needed_bytes)
 
@@ -188,7 +188,7 @@ class MemoryBudget:
         room for the load, which the loads that come meanwhile count: the returned call
         gives it back (once the instance holds it, or the load failed)."""
         if self.budget_bytes is None:
-            return _nothing
+            return no_room
         if needed_bytes > self.budget_bytes:
             log.warning(
                 "%s needs %d bytes, more than the whole memory budget (%d): loaded over it",
@@ -209,7 +209,7 @@ class MemoryBudget:
         if below is not None and sum(h.size for h in held) - freed + needed_bytes > (
             self.budget_bytes
         ):
-            return _nothing  # a pre-warm that would not fit anyway takes nobody's place
+            return no_room  # a pre-warm that would not fit anyway takes nobody's place
         release = self._reserve(loading, needed_bytes)  # before the evictions' waits
         try:
             for name in victims:
@@ -227,8 +227,8 @@ class MemoryBudget:
         return release
 
 
-def _nothing() -> None:
-    """No room held (no budget, or none needed)."""
+def no_room() -> None:
+    """What gives back no room: none was held (no budget, or none needed)."""
 
 
 #: Called before a load with ("name/version", host bytes, device bytes it expects to

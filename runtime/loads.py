@@ -23,7 +23,7 @@ from typing import Protocol
 from fnrt.functions.errors import FnrtError, InstanceLost, LoadError
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Runnable
-from fnrt.loader.memory import MakeRoom
+from fnrt.loader.memory import MakeRoom, no_room
 from fnrt.loader.process import ProcessInstance
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.collector import COLLECTOR
@@ -102,7 +102,7 @@ class Loads:
         executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self._name}-{slot.index}")
         loop = asyncio.get_running_loop()
         stats = self._stats
-        release = _no_room
+        release = no_room
         try:
             if self._make_room is not None:
                 key = f"{self._name}/{self._version.version}"
@@ -172,7 +172,3 @@ class Loads:
             slot.failures
         )
         self.died(cause, slot.retry_at, reason)
-
-
-def _no_room() -> None:
-    """No memory room held for a load (no budget)."""

@@ -37,7 +37,7 @@ from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable, add_first_batch
-from fnrt.loader.memory import MakeRoom
+from fnrt.loader.memory import MakeRoom, no_room
 from fnrt.loader.process import ProcessInstance
 from fnrt.loader.staging import Staged
 from fnrt.runtime.clock import Clock
@@ -238,7 +238,7 @@ class InstancePool:
     async def _load(self, slot: Slot) -> Runnable:
         """Load the slot's instance, start the watch on its files and put it in the slot:
         loading until then (a ``close`` meanwhile waits for it, and then unloads it)."""
-        release: Callable[[], None] | None = None  # the memory room held for the load
+        release = no_room  # what gives back the memory room held for the load
         try:
             try:
                 instance, started_ns, release = await self.loads.load(slot)
@@ -258,8 +258,7 @@ class InstancePool:
         finally:
             slot.loading = None
             self._held()
-            if release is not None:  # counted as the slot's now (or given up)
-                release()
+            release()  # counted as the slot's now (or given up)
         slot.first_batch = True
         slot.last_active = self._clock.now()
         self.stages = instance.stages

@@ -764,3 +764,31 @@ max_queue = {max_queue}
 [isolation]
 mode = "{mode}"
 """
+
+
+@dataclass
+class Held:
+    """A memory budget's resident, as a fake (``fnrt.loader.memory.Resident``): what it
+    holds, when it was last used, whether it is busy; its eviction frees it all."""
+
+    key: str
+    resident_bytes: int
+    last_active_s: float
+    busy: bool = False
+    evicted: bool = False
+
+    async def evict(self) -> bool:
+        self.evicted = True
+        self.resident_bytes = 0
+        return True
+
+
+@dataclass
+class OnGpu(Held):
+    """A resident holding GPU memory too."""
+
+    device_bytes: int = 0
+
+    async def evict(self) -> bool:
+        self.device_bytes = 0
+        return await super().evict()

@@ -11,25 +11,12 @@ from typing import Any
 import pytest
 
 from fnrt.loader.memory import Holders, MemoryBudget, device_bytes, room_maker
+from support import Held, OnGpu
 
 
 def _loaded(making: Coroutine[Any, Any, Callable[[], None]]) -> None:
     """Make the room for a load, and the load ends: the room it held is given back."""
     asyncio.run(making)()
-
-
-@dataclass
-class Held:
-    key: str
-    resident_bytes: int
-    last_active_s: float
-    busy: bool = False
-    evicted: bool = False
-
-    async def evict(self) -> bool:
-        self.evicted = True
-        self.resident_bytes = 0
-        return True
 
 
 def test_make_room_evicts_oldest_idle_first_and_never_busy_ones() -> None:
@@ -48,15 +35,6 @@ def test_the_loading_resident_and_an_unbounded_budget_are_left_alone() -> None:
     _loaded(MemoryBudget(1000, lambda: held).make_room("a", 500))
     _loaded(MemoryBudget(None, lambda: held).make_room("b", 10**12))
     assert not held[0].evicted
-
-
-@dataclass
-class OnGpu(Held):
-    device_bytes: int = 0
-
-    async def evict(self) -> bool:
-        self.device_bytes = 0
-        return await super().evict()
 
 
 def test_the_gpu_budget_counts_and_evicts_by_device_memory() -> None:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.sweeper import Sweeper, unheld_bytes
-from support import ECHO_MANIFEST, live_server, make_node, publish, write_function
+from support import ECHO_MANIFEST, OnGpu, live_server, make_node, publish, write_function
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 
@@ -205,26 +204,10 @@ def test_an_idle_unload_under_a_fixed_keep_alive_is_logged_and_counted(
     assert "unloading fixed (reason: idle)" in caplog.text
 
 
-@dataclass
-class _OnGpu:
-    """A version holding an instance on the GPU (the budget's view of it)."""
-
-    key: str
-    resident_bytes: int
-    last_active_s: float
-    device_bytes: int
-    busy: bool = False
-    evicted: bool = False
-
-    async def evict(self) -> bool:
-        self.evicted, self.resident_bytes, self.device_bytes = True, 0, 0
-        return True
-
-
 def test_the_gpu_budgets_evictions_are_counted_as_the_hosts_are() -> None:
     """On a GPU node the GPU's budget is the one that binds: its evictions are counted
     (``fnrt_evictions_total{reason="budget"}``) and chosen by the plans, as the host's."""
-    held = [_OnGpu("a/v1", 10, 1.0, device_bytes=600)]
+    held = [OnGpu("a/v1", 10, 1.0, device_bytes=600)]
     host, gpu = MemoryBudget(1000, lambda: held), MemoryBudget(1000, lambda: held, device_bytes)
     counted: list[tuple[str, str]] = []
 
