@@ -40,7 +40,16 @@ from coldstart import (
 )
 
 PARTS = ("client", "edge", "functions", "loader", "runtime", "tracing")
-STAGES = ("files_s", "worker_s", "import_s", "load_s", "setup_s", "after_s", "first_batch_s")
+STAGES = (
+    "files_s",
+    "room_s",
+    "worker_s",
+    "import_s",
+    "load_s",
+    "setup_s",
+    "after_s",
+    "first_batch_s",
+)
 
 
 def export(rev: str, work: Path, name: str) -> dict[str, str]:

@@ -41,7 +41,7 @@ from fnrt.functions.tensors import coerce_result
 from fnrt.functions.version import ArtifactRef, FileRef, VersionManifest, check_rel
 from fnrt.loader.artifact import LocalArtifact
 from fnrt.loader.cache import BlobCache
-from fnrt.loader.environment import Environments
+from fnrt.loader.environment import Environment, Environments
 from fnrt.loader.formats import safetensors as safetensors_format
 from fnrt.loader.formats.safetensors import MappedAhead
 from fnrt.loader.integrity import (
@@ -236,13 +236,15 @@ def run_checked(
 
 #: The stages of a cold start, in order, which add up to its ``total_s``: its
 #: ``[environment]`` ready, its files materialised (``fetch_s`` and ``verify_s`` are
-#: parts of ``files_s``), a worker taken or started, the handler's imports and ``load``,
+#: parts of ``files_s``), the wait for room in the node's memory (evictions, and what
+#: they freed collected), a worker taken or started, the handler's imports and ``load``,
 #: the rest of the load's round trip, what follows it, and the instance's first batch
 #: (or step): lazy set-up and warm-up land there. A thread instance has no
 #: ``environment_s``, ``worker_s`` or ``setup_s``.
 STAGES = (
     "environment_s",
     "files_s",
+    "room_s",
     "worker_s",
     "import_s",
     "load_s",
@@ -490,6 +492,21 @@ class InstanceLoader:
         code = self.code_dir(vm, fetches)
         return import_handler(code, vm.manifest, bundle_package(vm.bundle.digest))
 
+    def prepare(
+        self, vm: VersionManifest, environment: Callable[[], Environment | None] | None = None
+    ) -> Prepared:
+        """What a load of ``vm`` needs that holds none of the node's memory, readied
+        (blocking): its ``environment`` (a worker's, built here on first use) and its
+        files, fetched, checked and pinned. A store or a build that fails raises here,
+        before any room is made for the load."""
+        started = time.perf_counter()
+        built, environment_s = None, None
+        if environment is not None:
+            built = environment()
+            environment_s = time.perf_counter() - started
+        files = self.materialise(vm)
+        return Prepared(files, built, started, environment_s, time.perf_counter())
+
     def materialise(self, vm: VersionManifest) -> Materialised:
         """The version's code and artifacts on local disk, their blobs pinned (blocking)."""
         fetches = _Fetches()
@@ -517,15 +534,20 @@ class InstanceLoader:
             },
         )
 
-    def load(self, vm: VersionManifest, executor: Executor) -> Instance:
-        """Build an instance in this process; call this on ``executor``'s thread.
+    def load(
+        self, vm: VersionManifest, executor: Executor, prepared: Prepared | None = None
+    ) -> Instance:
+        """Build an instance in this process; call this on ``executor``'s thread, from
+        what :meth:`prepare` readied (now when None); the instance owns its pins.
 
-        ``timings_s`` gets fetch_s (L3 downloads), verify_s (hashing), import_s,
-        load_s (the handler's ``load``, mapping weights included) and total_s.
+        ``timings_s`` gets files_s (fetch_s, L3 downloads, and verify_s, hashing, are
+        parts of it), room_s (the wait since it was prepared), import_s, load_s (the
+        handler's ``load``, mapping weights included), after_s and total_s.
         """
+        if prepared is None:
+            prepared = self.prepare(vm)
+        files = prepared.files
         start = time.perf_counter()
-        files = self.materialise(vm)
-        materialised = time.perf_counter()
         device = self.device_for(vm)
         artifacts = files.artifacts
         if device != self.device:  # placed on another of the node's GPUs
@@ -547,14 +569,12 @@ class InstanceLoader:
 
         done = time.perf_counter()
         timings = {
-            "files_s": materialised - start,  # fetch_s and verify_s are parts of it
-            "fetch_s": files.timings_s["fetch_s"],
-            "verify_s": files.timings_s["verify_s"],
+            **prepared.timings_s(start),
             "import_s": built.import_s,
             "load_s": built.load_s,
             # the rest: the device chosen, the instance's lanes, its size measured
-            "after_s": max(done - materialised - built.import_s - built.load_s, 0.0),
-            "total_s": done - start,
+            "after_s": max(done - start - built.import_s - built.load_s, 0.0),
+            "total_s": done - prepared.started,
         }
         return Instance(
             vm,
@@ -593,6 +613,32 @@ class Materialised:
     pinned: list[str]  # blobs pinned in the disk cache while an instance uses them
     tier: LoadTier
     timings_s: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a load readied before it took any of the node's memory
+    (:meth:`InstanceLoader.prepare`): its files, pinned, and a worker's
+    ``[environment]``. A load made from it owns the pins; one never made gives them
+    back (:meth:`InstanceLoader.unpin`). Times are ``time.perf_counter``'s."""
+
+    files: Materialised
+    environment: Environment | None
+    started: float  # when preparing began: the cold start counts from here
+    environment_s: float | None  # None: a thread's load, which readies none
+    ready: float  # when it was ready
+
+    def timings_s(self, load_started: float) -> dict[str, float]:
+        """The cold start's first stages, for a load that started at ``load_started``:
+        the environment, the files, and the wait between (``room_s``: room made in the
+        node's memory for it)."""
+        environment_s = self.environment_s or 0.0
+        timings = {} if self.environment_s is None else {"environment_s": environment_s}
+        timings["files_s"] = self.ready - self.started - environment_s
+        timings["fetch_s"] = self.files.timings_s["fetch_s"]
+        timings["verify_s"] = self.files.timings_s["verify_s"]
+        timings["room_s"] = max(load_started - self.ready, 0.0)
+        return timings
 
 
 @dataclass(frozen=True)

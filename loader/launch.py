@@ -1,7 +1,9 @@
-"""Starting an instance of a version where its isolation says: a worker process
-(:func:`spawn`: its environment ready, its files materialised, a spare worker taken
-or one started, the handler loaded there) or a thread here (``InstanceLoader.load``);
-and the deploy-time check of a handler in its environment's worker.
+"""Starting an instance of a version where its isolation says, in two steps
+(:class:`Launch`): what holds no memory readied (:func:`prepare`: its environment
+ready, its files materialised), then a worker process (:func:`spawn`: a spare
+worker taken or one started, the handler loaded there) or a thread here
+(``InstanceLoader.load``); and the deploy-time check of a handler in its
+environment's worker.
 
 The worker itself, once started, is :class:`~fnrt.loader.process.ProcessInstance`'s.
 """
@@ -17,6 +19,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 
 from fnrt.functions.errors import EnvironmentFailed, HandlerError, Unavailable
@@ -25,38 +28,39 @@ from fnrt.functions.version import VersionManifest
 from fnrt.loader.arena import shm_dir
 from fnrt.loader.channel import Channel
 from fnrt.loader.environment import Environment
-from fnrt.loader.instance import InstanceLoader, Runnable, map_ahead_now
+from fnrt.loader.instance import InstanceLoader, Prepared, Runnable, map_ahead_now
 from fnrt.loader.process import LOAD_TIMEOUT_S, ProcessInstance
 from fnrt.loader.spares import end, start_worker
 
 log = logging.getLogger("fnrt.loader")
 
 
-def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Runnable:
-    """Start a worker process for ``vm`` and load its handler there (blocking).
+def spawn(
+    loader: InstanceLoader,
+    vm: VersionManifest,
+    executor: Executor,
+    prepared: Prepared | None = None,
+) -> Runnable:
+    """Start a worker process for ``vm`` and load its handler there (blocking), from
+    what :func:`prepare` readied (now when None); the instance owns its pins.
 
-    The files are materialised here (fetched, verified, pinned in the disk
-    cache); the worker maps them itself. RemoteError if the handler's import or
+    The files are materialised by :func:`prepare` (fetched, verified, pinned in
+    the disk cache); the worker maps them itself. RemoteError if the handler's import or
     ``load`` raised, InstanceLost if the worker died or was killed while loading.
 
     ``timings_s`` has the stages of the cold start, which add up to its
     ``total_s``: environment_s (its [environment] ready), files_s (materialised:
-    fetch_s and verify_s are part of it), worker_s (a spare taken or a process
-    started), import_s and load_s (in the worker: the handler's imports, its
-    ``load`` with the weights mapped), setup_s (the rest of the load message's
-    round trip: sending it, the worker's unpickling and arenas, and, with no
-    spare ready, the new process's own start: its interpreter and fnrt's
-    imports) and after_s (what the server does with the reply).
+    fetch_s and verify_s are part of it), room_s (the wait since, for room in the
+    node's memory), worker_s (a spare taken or a process started), import_s and
+    load_s (in the worker: the handler's imports, its ``load`` with the weights
+    mapped), setup_s (the rest of the load message's round trip: sending it, the
+    worker's unpickling and arenas, and, with no spare ready, the new process's own
+    start: its interpreter and fnrt's imports) and after_s (what the server does
+    with the reply).
     """
-    start = time.perf_counter()
-    try:  # before the files are pinned: a first build on this node may take long
-        environment = environment_of(loader, vm)
-    except EnvironmentFailed as exc:  # deployed elsewhere; this node cannot build it now
-        raise Unavailable(
-            f"function '{vm.name}': its environment cannot be built on this node: {exc.message}"
-        ) from None
-    ready = time.perf_counter()
-    files = loader.materialise(vm)
+    if prepared is None:
+        prepared = prepare(loader, IsolationMode.PROCESS, vm)
+    files, environment = prepared.files, prepared.environment
     materialised = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix=f"fnrt-{vm.name}-", dir=shm_dir()))
     spares = loader.spares
@@ -132,16 +136,13 @@ def spawn(loader: InstanceLoader, vm: VersionManifest, executor: Executor) -> Ru
     import_s, load_s = float(reply["import_s"]), float(reply["load_s"])
     done = time.perf_counter()
     instance.timings_s = {
-        "environment_s": ready - start,
-        "files_s": materialised - ready,
-        "fetch_s": files.timings_s["fetch_s"],
-        "verify_s": files.timings_s["verify_s"],
+        **prepared.timings_s(materialised),
         "worker_s": sent - materialised,
         "import_s": import_s,
         "load_s": load_s,
         "setup_s": max(replied - sent - import_s - load_s, 0.0),
         "after_s": done - replied,
-        "total_s": done - start,
+        "total_s": done - prepared.started,
     }
     log.info(
         "worker %d%s serves %s %s on %s",
@@ -184,10 +185,58 @@ def check_in_environment(loader: InstanceLoader, vm: VersionManifest) -> None:
         raise HandlerError(said[-1] if said else f"the handler check exited {done.returncode}")
 
 
+def prepare(loader: InstanceLoader, kind: IsolationMode, vm: VersionManifest) -> Prepared:
+    """What a load of ``vm`` where ``kind`` says needs that holds none of the node's
+    memory, readied (blocking): its files on this disk, pinned, and a worker's
+    ``[environment]`` (Unavailable when this node cannot build it)."""
+    if kind is not IsolationMode.PROCESS:
+        return loader.prepare(vm)
+
+    def environment() -> Environment | None:
+        try:  # before the files are pinned: a first build on this node may take long
+            return environment_of(loader, vm)
+        except EnvironmentFailed as exc:  # deployed elsewhere; this node cannot build it
+            raise Unavailable(
+                f"function '{vm.name}': its environment cannot be built on this node: {exc.message}"
+            ) from None
+
+    return loader.prepare(vm, environment)
+
+
 def launch(
-    loader: InstanceLoader, kind: IsolationMode, vm: VersionManifest, executor: Executor
+    loader: InstanceLoader,
+    kind: IsolationMode,
+    vm: VersionManifest,
+    executor: Executor,
+    prepared: Prepared | None = None,
 ) -> Runnable:
-    """An instance of ``vm`` where ``kind`` says: a thread here, or a worker process."""
+    """An instance of ``vm`` where ``kind`` says: a thread here, or a worker process;
+    from what :func:`prepare` readied (now when None)."""
     if kind is IsolationMode.PROCESS:
-        return spawn(loader, vm, executor)
-    return loader.load(vm, executor)
+        return spawn(loader, vm, executor, prepared)
+    return loader.load(vm, executor, prepared)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The node's load of a version's instances in two steps: what holds no memory
+    readied first (:meth:`prepare`: a store that fails or a build that cannot be
+    made raises there), then, once the memory budgets have made room, the instance
+    loaded from it (:meth:`load`). Called whole, it does both (a ``LoadInstance``)."""
+
+    loader: InstanceLoader
+    kind: IsolationMode
+
+    def prepare(self, vm: VersionManifest) -> Prepared:
+        return prepare(self.loader, self.kind, vm)
+
+    def load(self, vm: VersionManifest, executor: Executor, prepared: Prepared) -> Runnable:
+        """The instance, from ``prepared`` (its pins are the instance's from here)."""
+        return launch(self.loader, self.kind, vm, executor, prepared)
+
+    def give_back(self, prepared: Prepared) -> None:
+        """``prepared`` will not be loaded: its files are unpinned."""
+        self.loader.unpin(prepared.files.pinned)
+
+    def __call__(self, vm: VersionManifest, executor: Executor) -> Runnable:
+        return launch(self.loader, self.kind, vm, executor)

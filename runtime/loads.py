@@ -2,7 +2,9 @@
 
 A load runs on a new executor's one thread (the instance's thread from then
 on), after the slot's backoff if its last loads failed or its instances kept
-dying, and after the memory budgets made room for what the last load held. A
+dying, and after the memory budgets made room for what the last load held. The
+node's own load (``fnrt.loader.launch.Launch``) readies its files first (and a
+worker's environment): a store that fails then evicts nothing for it. A
 failure of the store or the manifest is raised as it is; the handler's own
 failure is logged with an error id, counted, and makes the next load of the
 slot wait the backoff (:meth:`Loads.failed`, which also tells ``died``: the
@@ -13,6 +15,7 @@ this returns; this part owns the loads' stats, events and log lines.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -22,7 +25,8 @@ from typing import Protocol
 
 from fnrt.functions.errors import FnrtError, InstanceLost, LoadError
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.instance import Runnable
+from fnrt.loader.instance import Prepared, Runnable
+from fnrt.loader.launch import Launch
 from fnrt.loader.memory import MakeRoom, no_room
 from fnrt.loader.process import ProcessInstance
 from fnrt.runtime.clock import Clock
@@ -78,6 +82,8 @@ class Loads:
         self._version = version
         self._name = version.name
         self._load_instance = load
+        #: the node's own load, in two steps (None: a load of one step, a test's say)
+        self._launch = load if isinstance(load, Launch) else None
         self._clock = clock
         self._stats = stats
         self._events = events
@@ -101,22 +107,29 @@ class Loads:
         started_ns = time.time_ns()
         executor = ThreadPoolExecutor(1, thread_name_prefix=f"fnrt-{self._name}-{slot.index}")
         loop = asyncio.get_running_loop()
-        stats = self._stats
+        stats, version, launch = self._stats, self._version, self._launch
         release = no_room
+        prepared: Prepared | None = None  # readied, not handed to its load yet
         try:
+            if launch is not None:  # its files (and environment) first: they hold no room
+                prepared = await loop.run_in_executor(executor, launch.prepare, version)
             if self._make_room is not None:
-                key = f"{self._name}/{self._version.version}"
-                release = await self._make_room(
-                    key, *stats.expected_bytes(self._version.size_bytes)
-                )
+                key = f"{self._name}/{version.version}"
+                release = await self._make_room(key, *stats.expected_bytes(version.size_bytes))
             if COLLECTOR.pending:  # what was unloaded (for room, say) is freed first
                 await loop.run_in_executor(executor, COLLECTOR.settle)
-            instance = await loop.run_in_executor(
-                executor, self._load_instance, self._version, executor
-            )
+            if launch is None or prepared is None:
+                load = functools.partial(self._load_instance, version, executor)
+            else:  # the load's pins from here
+                load, prepared = functools.partial(launch.load, version, executor, prepared), None
+            instance = await loop.run_in_executor(executor, load)
         except BaseException as exc:
+            if launch is not None and prepared is not None:
+                launch.give_back(prepared)  # never loaded: its files are unpinned
             release()  # the room goes back to the loads after it
             executor.shutdown(wait=False)
+            if isinstance(exc, asyncio.CancelledError):
+                raise  # stopped, not failed: no backoff, nothing logged
             stats.load_failures += 1
             if isinstance(exc, FnrtError) and not isinstance(exc, InstanceLost):
                 stats.last_load_error = exc.message  # the store's or the manifest's: no backoff

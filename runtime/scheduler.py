@@ -23,7 +23,7 @@ from fnrt.functions.handler import Request
 from fnrt.functions.manifest import DEFAULT_ISOLATION, IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import InstanceLoader
-from fnrt.loader.launch import launch
+from fnrt.loader.launch import Launch
 from fnrt.loader.memory import Holders, MakeRoom
 from fnrt.runtime.batcher import Batcher
 from fnrt.runtime.clock import Clock
@@ -287,7 +287,7 @@ class SchedulerFactory:
                     spares.expect_environment(built, vm.imports)
         scheduler = Scheduler(
             vm,
-            load or functools.partial(launch, self.loader, kind),
+            load or Launch(self.loader, kind),
             self.clock,
             events=self.events,
             admission=self.admission,

@@ -44,6 +44,7 @@ def test_folder_artifacts_are_materialised_with_their_names(tmp_path: Path) -> N
         "files_s",  # fetch_s and verify_s are parts of it
         "fetch_s",
         "verify_s",
+        "room_s",  # prepared and loaded at once: no wait for memory room
         "import_s",
         "load_s",
         "after_s",

@@ -10,6 +10,7 @@ from s3support import FaultProxy, MotoEndpoint
 
 from fnrt.runtime.cli.main import main
 from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.node import Node
 from support import (
     WEIGHTED_HANDLER,
     WEIGHTED_MANIFEST,
@@ -31,6 +32,12 @@ def deploy_to_s3(tmp: Path, s3: MotoEndpoint, name: str, size: int) -> None:
     )
     argv = ["deploy", str(folder), "--store", "s3://fnrt/fns", "--s3-endpoint", s3.url, "-q"]
     assert main(argv) == 0
+
+
+def evictions(node: Node) -> float | None:
+    """``fnrt_evictions_total{reason="budget"}`` (None: none counted yet)."""
+    registry = node.telemetry.metrics.registry
+    return registry.get_sample_value("fnrt_evictions_total", {"reason": "budget"})
 
 
 def invoke(srv: LiveServer, name: str) -> tuple[int, str | None]:
@@ -62,6 +69,7 @@ def test_l3_then_l2_then_l1(
             "files_s",
             "fetch_s",
             "verify_s",
+            "room_s",
             "import_s",
             "load_s",
             "after_s",
@@ -92,6 +100,29 @@ def test_store_down_503_for_what_is_not_cached_while_l2_keeps_serving(
         assert invoke(srv, "cached") == (200, "l2")
         proxy.set("pass")
         assert invoke(srv, "remote") == (200, "l3")  # and it recovers
+
+
+def test_a_load_whose_store_is_down_evicts_nothing_for_its_room(
+    tmp_path: Path, s3: MotoEndpoint, proxy: FaultProxy
+) -> None:
+    deploy_to_s3(tmp_path, s3, "warm", 400_000)
+    deploy_to_s3(tmp_path, s3, "remote", 600_000)
+    node = s3_registry(tmp_path / "node", proxy.url, ManualClock(), memory_budget_bytes=900_000)
+    with live_server(tmp_path / "node", node=node) as srv:
+        assert invoke(srv, "warm") == (200, "l3")
+        srv.call(node.registry.get("remote"))  # known to this node, never loaded
+        proxy.set("refuse")  # the store goes away
+        assert invoke(srv, "remote")[0] == 503  # its files could not be fetched...
+        # ...so no room was made for it: "warm" (400 + 600 kB > 900 kB) stays loaded
+        assert {s.name: s.pool.state.value for s in node.schedulers()} == {
+            "warm": "warm",
+            "remote": "cold",
+        }
+        assert evictions(node) is None  # none counted
+        assert invoke(srv, "warm") == (200, None)
+        proxy.set("pass")
+        assert invoke(srv, "remote") == (200, "l3")  # once it is back: now "warm" goes
+        assert evictions(node) == 1.0
 
 
 def test_memory_budget_evicts_the_least_recently_used_idle_instance(

@@ -1,0 +1,145 @@
+"""One version's loads alone: no server, a manual clock, the node's real two-step load
+(``Launch``) of a thread instance from a folder store, and small fakes of the memory
+budgets' ``make_room``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from fnrt.functions.errors import BlobNotFound, LoadError
+from fnrt.functions.manifest import IsolationMode
+from fnrt.functions.version import VersionManifest
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import STAGES, InstanceLoader, Prepared, Runnable
+from fnrt.loader.launch import Launch
+from fnrt.loader.repository import Repository
+from fnrt.loader.stores import FileStore
+from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.events import NoEvents
+from fnrt.runtime.loads import Loads
+from fnrt.runtime.stats import Stats
+from support import WEIGHTED_HANDLER, WEIGHTED_MANIFEST, assert_stages_add_up, publish
+from support import write_function as write
+
+
+@dataclass
+class Slot:
+    index: int = 0
+    failures: int = 0
+    retry_at: float = 0.0
+    backing_off: bool = False
+
+
+@dataclass(frozen=True)
+class Recorded(Launch):
+    """The node's load, its steps recorded in order."""
+
+    steps: list[str] = field(default_factory=list)
+
+    def prepare(self, vm: VersionManifest) -> Prepared:
+        self.steps.append("prepare")
+        return super().prepare(vm)
+
+    def load(self, vm: VersionManifest, executor: Executor, prepared: Prepared) -> Runnable:
+        self.steps.append("load")
+        return super().load(vm, executor, prepared)
+
+    def give_back(self, prepared: Prepared) -> None:
+        self.steps.append("give back")
+        super().give_back(prepared)
+
+
+def _parts(tmp_path: Path) -> tuple[Repository, VersionManifest, Recorded]:
+    repository = Repository(FileStore(tmp_path / "store"))
+    folder = write(
+        tmp_path / "src", "w", WEIGHTED_HANDLER, WEIGHTED_MANIFEST, files={"w.bin": b"7"}
+    )
+    vm = publish(repository, folder)
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    return repository, vm, Recorded(loader, IsolationMode.THREAD)
+
+
+def _loads(
+    vm: VersionManifest,
+    launch: Recorded,
+    make_room: Callable[[str, int, int], object],
+    stats: Stats | None = None,
+) -> Loads:
+    async def room(key: str, host_bytes: int, device_bytes: int) -> Callable[[], None]:
+        launch.steps.append("room")
+        made = make_room(key, host_bytes, device_bytes)
+        if asyncio.iscoroutine(made):
+            await made
+
+        def release() -> None:
+            launch.steps.append("release")
+
+        return release
+
+    return Loads(vm, launch, ManualClock(), stats or Stats(), NoEvents(), room)
+
+
+def test_a_load_readies_its_files_before_it_makes_room_and_counts_the_wait(
+    tmp_path: Path,
+) -> None:
+    _, vm, launch = _parts(tmp_path)
+    loads = _loads(vm, launch, lambda *_: asyncio.sleep(0.05))  # evictions take a while
+
+    instance, _, release = asyncio.run(loads.load(Slot()))
+    try:
+        release()
+        assert launch.steps == ["prepare", "room", "load", "release"]
+        timings = instance.timings_s
+        assert timings["room_s"] >= 0.05  # the wait for room is a stage of its cold start
+        assert set(timings) - {"fetch_s", "verify_s", "total_s"} <= set(STAGES)
+        assert_stages_add_up(timings)
+    finally:
+        instance.close()
+
+
+def test_a_store_that_fails_makes_no_room(tmp_path: Path) -> None:
+    """The files come first: a blob gone from the store raises before the budgets are
+    asked for room (which would evict warm instances for a load that cannot happen)."""
+    repository, vm, launch = _parts(tmp_path)
+    digest = vm.artifacts["w"].digest
+    path = repository.blob_path(digest)
+    assert path is not None
+    path.unlink()
+    loads = _loads(vm, launch, lambda *_: None)
+
+    with pytest.raises(BlobNotFound):
+        asyncio.run(loads.load(Slot()))
+    assert launch.steps == ["prepare"]
+
+
+@pytest.mark.parametrize("fault", ["raises", "cancelled"])
+def test_a_load_that_gets_no_room_gives_its_files_back(tmp_path: Path, fault: str) -> None:
+    _, vm, launch = _parts(tmp_path)
+
+    def make_room(*_: object) -> object:
+        if fault == "raises":
+            raise MemoryError("no room")
+        return asyncio.sleep(60)
+
+    stats = Stats()
+    loads = _loads(vm, launch, make_room, stats)
+
+    async def attempt() -> None:
+        task = asyncio.ensure_future(loads.load(Slot()))
+        while "room" not in launch.steps:
+            await asyncio.sleep(0.01)
+        if fault == "cancelled":
+            task.cancel()
+        await task
+
+    with pytest.raises(LoadError if fault == "raises" else asyncio.CancelledError):
+        asyncio.run(attempt())
+    assert launch.steps == ["prepare", "room", "give back"]
+    # a load stopped is not one that failed: the slot's next load does not back off
+    assert stats.load_failures == (1 if fault == "raises" else 0)
