@@ -67,6 +67,22 @@ def remote_traceback(exc: BaseException) -> str:
     return f"\nin the worker:\n{text}" if text else ""
 
 
+async def _prepared(launch: Launch, version: VersionManifest, executor: Executor) -> Prepared:
+    """``launch.prepare(version)`` on ``executor``'s thread; when this is cancelled while it
+    runs, what it readies is given back once it has (its files unpinned)."""
+    future = asyncio.wrap_future(executor.submit(launch.prepare, version))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+
+        def give_back(done: asyncio.Future[Prepared]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                launch.give_back(done.result())
+
+        future.add_done_callback(give_back)
+        raise
+
+
 class Loads:
     """The loads of one version's instances."""
 
@@ -112,10 +128,12 @@ class Loads:
         prepared: Prepared | None = None  # readied, not handed to its load yet
         try:
             if launch is not None:  # its files (and environment) first: they hold no room
-                prepared = await loop.run_in_executor(executor, launch.prepare, version)
+                prepared = await _prepared(launch, version, executor)
             if self._make_room is not None:
                 key = f"{self._name}/{version.version}"
-                release = await self._make_room(key, *stats.expected_bytes(version.size_bytes))
+                extra = 0 if launch is None else launch.worker_bytes()  # a worker's own
+                expected = stats.expected_bytes(version.size_bytes, extra)
+                release = await self._make_room(key, *expected)
             if COLLECTOR.pending:  # what was unloaded (for room, say) is freed first
                 await loop.run_in_executor(executor, COLLECTOR.settle)
             if launch is None or prepared is None:
@@ -128,8 +146,9 @@ class Loads:
                 launch.give_back(prepared)  # never loaded: its files are unpinned
             release()  # the room goes back to the loads after it
             executor.shutdown(wait=False)
-            if isinstance(exc, asyncio.CancelledError):
-                raise  # stopped, not failed: no backoff, nothing logged
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
+                raise  # stopped (the loop's end), not failed: no backoff, nothing logged
             stats.load_failures += 1
             if isinstance(exc, FnrtError) and not isinstance(exc, InstanceLost):
                 stats.last_load_error = exc.message  # the store's or the manifest's: no backoff

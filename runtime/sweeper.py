@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.launch import worker_bytes
 from fnrt.loader.memory import MemoryBudget
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
@@ -196,7 +197,7 @@ class Sweeper:
         if activity.loaded and scheduler.pool.instances <= scaling.min_instances:
             return False
         idle_for = max(now - activity.last_active_s, 0.0)
-        instance_bytes = scheduler.stats.last_load_bytes or scheduler.version.size_bytes
+        instance_bytes = scheduler.stats.last_load_bytes or sum(self._unmeasured(scheduler))
         action = self.keeper.act(
             scheduler.name,
             policy,
@@ -217,18 +218,22 @@ class Sweeper:
                 return True
             return False
         if action.prewarm:
-            self._registry.background(self._prewarm(scheduler))
+            self._registry.background(self.prewarm(scheduler))
         return False
 
-    async def _prewarm(self, scheduler: Scheduler) -> None:
-        """Load ahead of a predicted call, only into memory nobody else is using: when it
-        does not fit the budget, only fetch its files into the disk cache."""
-        needed, needed_device = scheduler.stats.expected_bytes(scheduler.version.size_bytes)
+    async def prewarm(self, scheduler: Scheduler) -> None:
+        """Fetch its files into the disk cache ahead of a predicted call, then load it,
+        only into memory nobody else is using (or, when its plan fills the budget, that
+        of instances worth less): when it does not fit, the files alone. The files come
+        first: a store that is down fails the pre-warm before anything is evicted, and
+        the load's own room is made right after the choice, not a download later."""
+        needed, needed_device = scheduler.stats.expected_bytes(*self._unmeasured(scheduler))
         gpu = self._gpu_memory
-        # pre-warms started in the same sweep load side by side: each counts those not
-        # yet holding the room of their load (which the budget counts once they do)
-        loading = self._loading()
         try:
+            await asyncio.to_thread(self._loader.prefetch, scheduler.version)
+            # pre-warms started in the same sweep load side by side: each counts those
+            # not yet holding the room of their load (which the budget counts once they do)
+            loading = self._loading()
             keeper = self.keeper
             filled = keeper is not None and keeper.filling(scheduler.name)
             if keeper is not None and filled and not self._memory.fits(needed + loading):
@@ -252,10 +257,13 @@ class Sweeper:
                         log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
                 finally:
                     self._prewarming.pop(scheduler.key, None)
-            else:
-                await asyncio.to_thread(self._loader.prefetch, scheduler.version)
         except Exception as exc:
             log.warning("pre-warming %s failed: %s", scheduler.name, exc)
+
+    def _unmeasured(self, scheduler: Scheduler) -> tuple[int, int]:
+        """What its version's instance holds before one has been measured: its files,
+        and, when it runs in a worker process, the worker's own (``launch.worker_bytes``)."""
+        return scheduler.version.size_bytes, worker_bytes(self._loader, scheduler.isolation)
 
     def _loading(self) -> int:
         return unheld_bytes(self._prewarming, self._memory.holding_room())

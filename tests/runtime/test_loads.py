@@ -5,6 +5,7 @@ budgets' ``make_room``."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -38,12 +39,16 @@ class Slot:
 
 @dataclass(frozen=True)
 class Recorded(Launch):
-    """The node's load, its steps recorded in order."""
+    """The node's load, its steps recorded in order; its ``prepare`` waits for ``gate``
+    when one is given."""
 
     steps: list[str] = field(default_factory=list)
+    gate: threading.Event | None = None
 
     def prepare(self, vm: VersionManifest) -> Prepared:
         self.steps.append("prepare")
+        if self.gate is not None:
+            self.gate.wait(10)
         return super().prepare(vm)
 
     def load(self, vm: VersionManifest, executor: Executor, prepared: Prepared) -> Runnable:
@@ -55,14 +60,14 @@ class Recorded(Launch):
         super().give_back(prepared)
 
 
-def _parts(tmp_path: Path) -> tuple[Repository, VersionManifest, Recorded]:
+def _parts(
+    tmp_path: Path, gate: threading.Event | None = None, handler: str = WEIGHTED_HANDLER
+) -> tuple[Repository, VersionManifest, Recorded]:
     repository = Repository(FileStore(tmp_path / "store"))
-    folder = write(
-        tmp_path / "src", "w", WEIGHTED_HANDLER, WEIGHTED_MANIFEST, files={"w.bin": b"7"}
-    )
+    folder = write(tmp_path / "src", "w", handler, WEIGHTED_MANIFEST, files={"w.bin": b"7"})
     vm = publish(repository, folder)
     loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
-    return repository, vm, Recorded(loader, IsolationMode.THREAD)
+    return repository, vm, Recorded(loader, IsolationMode.THREAD, gate=gate)
 
 
 def _loads(
@@ -143,3 +148,56 @@ def test_a_load_that_gets_no_room_gives_its_files_back(tmp_path: Path, fault: st
     assert launch.steps == ["prepare", "room", "give back"]
     # a load stopped is not one that failed: the slot's next load does not back off
     assert stats.load_failures == (1 if fault == "raises" else 0)
+
+
+def test_a_load_cancelled_while_it_prepares_gives_its_files_back_once_ready(
+    tmp_path: Path,
+) -> None:
+    gate = threading.Event()
+    _, vm, launch = _parts(tmp_path, gate)
+    loads = _loads(vm, launch, lambda *_: None)
+
+    async def attempt() -> None:
+        task = asyncio.ensure_future(loads.load(Slot()))
+        while "prepare" not in launch.steps:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.set()  # the thread readies what it was readying: given back, not kept
+        for _ in range(500):
+            if "give back" in launch.steps:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(attempt())
+    assert launch.steps == ["prepare", "give back"]
+
+
+CANCELLING_HANDLER = """
+import concurrent.futures
+
+class Weighted:
+    def load(self, artifacts, device):
+        future = concurrent.futures.Future()
+        future.cancel()
+        future.result()  # a shard's future cancelled: the handler's own failure
+
+    def __call__(self, batch):
+        return []
+"""
+
+
+def test_a_handler_whose_load_raises_a_cancel_failed_and_was_not_cancelled(
+    tmp_path: Path,
+) -> None:
+    """What the handler raises (a future's CancelledError) is its own failure, with a
+    backoff: only a load whose task is cancelled is re-raised as one."""
+    _, vm, launch = _parts(tmp_path, handler=CANCELLING_HANDLER)
+    stats = Stats()
+    loads = _loads(vm, launch, lambda *_: None, stats)
+    slot = Slot()
+
+    with pytest.raises(LoadError, match="CancelledError"):
+        asyncio.run(loads.load(slot))
+    assert stats.load_failures == 1 and slot.failures == 1

@@ -15,7 +15,16 @@ from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.prewarm.keeper import Keeper
 from fnrt.runtime.sweeper import Sweeper, unheld_bytes
-from support import ECHO_MANIFEST, OnGpu, live_server, make_node, publish, write_function
+from support import (
+    ECHO_MANIFEST,
+    WEIGHTED_HANDLER,
+    WEIGHTED_MANIFEST,
+    OnGpu,
+    live_server,
+    make_node,
+    publish,
+    write_function,
+)
 
 X = [[1.0, 2.0, 3.0, 4.0]]
 
@@ -184,6 +193,43 @@ def test_the_memory_budget_evicts_by_plan_not_recency_and_says_why(tmp_path: Pat
         assert 'fnrt_load_stage_duration_seconds_count{stage="files"} 3.0' in metrics
         keep = c.get("/v1/functions/tick").json()["keep_alive"]
         assert keep["why"] == "cost" and keep["plan"].startswith("loaded minutes 1-")
+
+
+def test_a_prewarm_whose_files_cannot_be_fetched_evicts_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pre-warm whose plan fills the budget may evict instances worth less than it, but
+    only once its files are here: a store that fails them fails the pre-warm first."""
+    clock = ManualClock(start=0.0)
+    wall = 1_800_000_000.0  # a minute boundary
+    keeper = Keeper(tmp_path / "history.json", wall=lambda: wall + clock.now(), fill_memory=True)
+    node = make_node(tmp_path, clock, keeper=keeper)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        for name in ("idle", "ahead"):
+            files = {"w.bin": bytes(1000)}
+            srv.deploy(write_function(tmp_path, name, WEIGHTED_HANDLER, WEIGHTED_MANIFEST, files))
+        idle, ahead = (srv.call(node.registry.get(n)) for n in ("idle", "ahead"))
+
+        def call(name: str) -> None:
+            assert c.post(f"/v1/functions/{name}/invoke", json={"x": X}).status_code == 200
+
+        call("idle")  # once, long ago: worth nothing by now, kept while there is room
+        for minute in range(1, 41):
+            if minute % 5 == 0:
+                call("ahead")  # every five minutes: its next call is due at minute 45
+            clock.advance(60)
+            srv.call(node.sweeper.sweep())
+        srv.call(sched.scale_to_zero(ahead, clock.now(), force=True))
+        assert idle.pool.state.value == "warm" and ahead.pool.state.value == "cold"
+        # room for one of them (1,000 bytes of weights, 1,400 with its code), not two
+        node.memory.budget_bytes = idle.resident_bytes + 500
+        blob = node.repository.blob_path(ahead.version.artifacts["w"].digest)
+        assert blob is not None
+        blob.unlink()  # the store lost it
+        with caplog.at_level(logging.WARNING, "fnrt.sweeper"):
+            srv.call(node.sweeper.prewarm(ahead))
+        assert idle.pool.state.value == "warm" and ahead.pool.state.value == "cold"
+        assert "pre-warming ahead failed" in caplog.text
 
 
 def test_an_idle_unload_under_a_fixed_keep_alive_is_logged_and_counted(
