@@ -139,9 +139,12 @@ class Intake:
         alone: bool = False,
     ) -> Call:
         """The record of one request to this version, arrived at ``now``: the version's
-        default priority and timeout where it asks for none."""
+        default priority and timeout where it asks for none (``math.inf``: no deadline,
+        a job's record)."""
         if timeout_s is None:
             timeout_s = self.default_timeout_s
+        elif timeout_s == math.inf:
+            timeout_s = None
         return Call(
             inputs,
             asyncio.get_running_loop().create_future(),

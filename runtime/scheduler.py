@@ -147,13 +147,19 @@ def activity(s: Scheduler) -> Activity:
 
 
 def submit(
-    s: Scheduler, inputs: Request, *, priority: Priority | None = None, alone: bool = False
+    s: Scheduler,
+    inputs: Request,
+    *,
+    priority: Priority | None = None,
+    alone: bool = False,
+    timeout_s: float | None = None,
 ) -> Awaitable[Served]:
     """Queue ``inputs`` with no guards (a job's record, a canary's probe, a sweep's load):
     what waits for the answer. Data routes go through ``Gateway.submit``. ``alone``: run
     it in a batch of its own (a job record tried again after its batch failed, so it
-    fails only for its own sake)."""
-    call = s.batcher.call(inputs, s.clock.now(), priority, scheduler=s, alone=alone)
+    fails only for its own sake). ``timeout_s``: its deadline (None: the version's
+    default; ``math.inf``: none, as a job's records have)."""
+    call = s.batcher.call(inputs, s.clock.now(), priority, timeout_s, scheduler=s, alone=alone)
     return s.batcher.submit(call)
 
 

@@ -67,8 +67,8 @@ def follow(server: Client, status: dict[str, Any], *, show_progress: bool = True
 @click.group(short_help="asynchronous jobs: batch predictions on idle capacity")
 def job() -> None:
     """Asynchronous jobs: many records through a function at the lowest priority, from a
-    queue in the store that every node takes chunks from. Results are kept in the store
-    until fetched. See docs/jobs.md."""
+    queue in the store that every node takes chunks from. A job and its results stay in
+    the store until removed (jobs/ID/). See docs/jobs.md."""
 
 
 @job.command(short_help="queue a job of a record file")
@@ -139,13 +139,14 @@ def submit(
 @client_options
 def status(job_id: str, wait: bool, as_json: bool, client: ClientSettings) -> int:
     """Show job ID: its state (queued, running, done, failed, cancelled), records done
-    and failed of the total, timings, and the version that runs it."""
+    and failed of the total, timings, and the version that runs it. Exits 1 for a
+    failed job (as `submit --wait` does)."""
     with connect(client) as server:
         found = server.job(job_id)
         if wait and found["state"] not in _ENDED:
             found = follow(server, found)
     _show(found, as_json)
-    return 0
+    return 0 if found["state"] != "failed" else 1
 
 
 @job.command(short_help="download a finished job's results")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -24,8 +23,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import orjson
+from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from fnrt.functions.codec import (
     Format,
@@ -36,8 +36,8 @@ from fnrt.functions.codec import (
     encode_msgpack,
     format_of,
 )
-from fnrt.functions.errors import BadRequest, Conflict, FnrtError, PayloadTooLarge
-from fnrt.loader.stores.base import check_key
+from fnrt.functions.errors import BadRequest, Conflict, FnrtError, PayloadTooLarge, StoreError
+from fnrt.loader.stores.base import KeyNotFound, check_key
 from fnrt.runtime.http.admin import admin, query_int
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.resource import resource
@@ -312,9 +312,13 @@ async def get_job(request: Request) -> Response:
 async def cancel_job(request: Request) -> Response:
     """Cancel a job: no chunk starts after this (409 when it has ended already)."""
     status = await _status(request)
-    board = node_of(request).jobs.board
-    cancelled = await asyncio.to_thread(board.cancel, status.spec.id)
-    return JSONResponse(cancelled.to_dict(board.clock()))
+    jobs = node_of(request).jobs
+    cancelled = await jobs.cancel(status.spec.id)  # its webhook told, as an ended job's
+    return JSONResponse(cancelled.to_dict(jobs.board.clock()))
+
+
+#: The most jobs one page of ``GET /v1/jobs?function=`` looks at for its function's
+LIST_SCAN = 1000
 
 
 @admin
@@ -327,14 +331,23 @@ async def list_jobs(request: Request) -> Response:
     if after is not None and not is_id(after):
         raise BadRequest(f"?after={after!r} is not a job id")
     function = request.query_params.get("function")
-    ids = await asyncio.to_thread(board.listing, after or "", limit)
-    statuses = []
-    for job in ids:
-        with contextlib.suppress(FnrtError):  # a job being written or removed
-            statuses.append(await asyncio.to_thread(board.status, job))
+    statuses: list[JobStatus] = []
+    last, scanned, more = after or "", 0, True
+    # with ?function=, pages are read on until ``limit`` of its jobs (or LIST_SCAN jobs
+    # looked at: ``next`` then says where to go on from)
+    while more and len(statuses) < limit and scanned < LIST_SCAN:
+        ids = await asyncio.to_thread(board.listing, last, limit - len(statuses))
+        more = len(ids) == limit - len(statuses)
+        for job in ids:
+            with contextlib.suppress(FnrtError):  # a job being written or removed
+                status = await asyncio.to_thread(board.status, job)
+                if function is None or status.spec.function == function:
+                    statuses.append(status)
+        scanned += len(ids)
+        last = ids[-1] if ids else last
     now = board.clock()
-    shown = [s.to_dict(now) for s in statuses if function is None or s.spec.function == function]
-    return JSONResponse({"jobs": shown, "next": ids[-1] if len(ids) == limit else None})
+    shown = [s.to_dict(now) for s in statuses]
+    return JSONResponse({"jobs": shown, "next": last if more else None})
 
 
 async def get_result(request: Request) -> Response:
@@ -351,11 +364,26 @@ async def get_result(request: Request) -> Response:
         )
     fmt = negotiate_records(request.headers.get("accept"))
     board = node_of(request).jobs.board
-    if fmt is RecordFormat.NPZ:
-        body = await asyncio.to_thread(_npz, board, status)
-        return Response(body, media_type=fmt.media_type, headers=_result_headers(status, fmt))
+    if fmt is RecordFormat.NPZ:  # written to a spool file, sent from there, removed
+        node = node_of(request)
+        path = _spool_path(node)
+        try:
+            await asyncio.to_thread(_npz, board, status, node.settings.max_job_bytes, path)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return FileResponse(
+            path,
+            media_type=fmt.media_type,
+            headers=_result_headers(status, fmt),
+            background=BackgroundTask(path.unlink, missing_ok=True),
+        )
+    # the first chunk before the answer starts: a store that fails is an error response
+    first = await asyncio.to_thread(_chunk_or_none, board, status, 0) if status.spec.chunks else []
     return StreamingResponse(
-        _stream(board, status, fmt), media_type=fmt.media_type, headers=_result_headers(status, fmt)
+        _stream(board, status, fmt, first),
+        media_type=fmt.media_type,
+        headers=_result_headers(status, fmt),
     )
 
 
@@ -364,22 +392,40 @@ def _result_headers(status: JobStatus, fmt: RecordFormat) -> dict[str, str]:
     return {"content-disposition": f'attachment; filename="{name}"'}
 
 
-async def _stream(board: Any, status: JobStatus, fmt: RecordFormat) -> AsyncIterator[bytes]:
+async def _stream(
+    board: Any, status: JobStatus, fmt: RecordFormat, first: list[dict[str, Any]] | None
+) -> AsyncIterator[bytes]:
+    """Each chunk's lines in turn (``first``: chunk 0's results, read already). A chunk
+    that cannot be read past the first ends the answer unfinished (its client sees a
+    truncated body, never made-up records)."""
     spec = status.spec
     for chunk in range(spec.chunks):
-        results = await asyncio.to_thread(_chunk_or_none, board, spec, chunk)
-        first = chunk * spec.chunk_records
+        if chunk == 0:
+            results = first
+        else:
+            results = await asyncio.to_thread(_chunk_or_none, board, status, chunk)
+        start = chunk * spec.chunk_records
         if results is None:
             results = [_not_run(status) for _ in range(spec.chunk_size(chunk))]
-        lines = [_line(first + i, r, fmt) for i, r in enumerate(results)]
+        lines = [_line(start + i, r, fmt) for i, r in enumerate(results)]
         yield b"".join(lines)
 
 
-def _chunk_or_none(board: Any, spec: JobSpec, chunk: int) -> list[dict[str, Any]] | None:
-    with contextlib.suppress(FnrtError):
-        results: list[dict[str, Any]] = board.chunk_results(spec.id, chunk)
-        return results
-    return None
+def _chunk_or_none(board: Any, status: JobStatus, chunk: int) -> list[dict[str, Any]] | None:
+    """A chunk's results, or None for one an ended job never ran (it was cancelled, or
+    failed, first). A store that fails, or a done job's chunk gone, raises: a record's
+    result is never made up."""
+    try:
+        results: list[dict[str, Any]] = board.chunk_results(status.spec.id, chunk)
+    except KeyNotFound:
+        if status.state.state is JobState.DONE:  # every chunk of it was written
+            raise StoreError(
+                f"the results of chunk {chunk} of job '{status.spec.id}' are gone from the store",
+                job=status.spec.id,
+                chunk=chunk,
+            ) from None
+        return None
+    return results
 
 
 def _not_run(status: JobStatus) -> dict[str, Any]:
@@ -400,9 +446,11 @@ def _line(index: int, result: Mapping[str, Any], fmt: RecordFormat) -> bytes:
     return orjson.dumps({"index": index, "error": result["error"]}) + b"\n"
 
 
-def _npz(board: Any, status: JobStatus) -> bytes:
-    """Every output as one array, record ``i`` its row ``i``; only for a job whose every
-    record succeeded with outputs of one shape."""
+def _npz(board: Any, status: JobStatus, max_bytes: int, path: Path) -> None:
+    """Write to ``path`` every output as one array, record ``i`` its row ``i``; only for
+    a job whose every record succeeded with outputs of one shape and dtype, and whose
+    arrays fit ``max_bytes`` (the node's ``--max-job-bytes``: they are built in memory,
+    each row written once into its column)."""
     spec = status.spec
     if status.state.state is not JobState.DONE or status.records_failed:
         raise Conflict(
@@ -411,22 +459,36 @@ def _npz(board: Any, status: JobStatus) -> bytes:
             "application/x-ndjson or application/vnd.fnrt.records+msgpack",
             job=spec.id,
         )
-    columns: dict[str, list[Any]] = {}
+    columns: dict[str, np.ndarray[Any, Any]] = {}
+    row = 0
     for chunk in range(spec.chunks):
         for result in board.chunk_results(spec.id, chunk):
-            for name, value in result["outputs"].items():
-                columns.setdefault(name, []).append(value)
-    out = io.BytesIO()
-    try:
-        arrays = {
-            name: np.stack([np.asarray(v) for v in values]) for name, values in columns.items()
-        }
-    except ValueError as exc:
-        raise Conflict(
-            f"outputs differ in shape from record to record ({exc}): ask for JSON Lines"
-        ) from None
-    np.savez(out, **arrays)  # type: ignore[arg-type]
-    return out.getvalue()
+            outputs = {name: np.asarray(v) for name, v in result["outputs"].items()}
+            if not columns:  # the first record's outputs shape every column
+                total = sum(v.nbytes for v in outputs.values()) * spec.records
+                if total > max_bytes:
+                    raise PayloadTooLarge(
+                        max_bytes,
+                        f"job '{spec.id}''s outputs take {total} bytes as .npz arrays, more "
+                        "than --max-job-bytes: ask for application/x-ndjson or "
+                        "application/vnd.fnrt.records+msgpack (streamed)",
+                    )
+                columns = {
+                    n: np.empty((spec.records, *v.shape), v.dtype) for n, v in outputs.items()
+                }
+            if outputs.keys() != columns.keys() or any(
+                v.shape != columns[n].shape[1:] or v.dtype != columns[n].dtype
+                for n, v in outputs.items()
+            ):
+                raise Conflict(
+                    f"record {row}'s outputs differ in names, shape or dtype from record "
+                    "0's: .npz holds one array per output; ask for JSON Lines"
+                )
+            for name, value in outputs.items():
+                columns[name][row] = value
+            row += 1
+    with path.open("wb") as out:
+        np.savez(out, **columns)  # type: ignore[arg-type]
 
 
 routes = [

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -45,6 +45,7 @@ import orjson
 
 from fnrt.functions.codec import decode_msgpack, encode_msgpack
 from fnrt.functions.errors import BadRequest, Conflict, FnrtError, NotFound
+from fnrt.functions.limits import UNBOUNDED
 from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed
 
 JOBS = "jobs/"
@@ -411,13 +412,15 @@ class JobBoard:
         """A page of job ids (oldest first) after ``after``."""
         return self.store.list_folders(JOBS, after=after, limit=limit)
 
+    # A chunk is the store's own object, its records checked one by one at the submit:
+    # read back whole (a thousand images stack past one request's tensor limits).
     def chunk_inputs(self, job: str, chunk: int) -> list[Record]:
         data, _ = self.store.get(_chunk_key(job, "in", chunk))
-        return _unpacked(decode_msgpack(data), "records")
+        return _unpacked(decode_msgpack(data, UNBOUNDED), "records")
 
     def chunk_results(self, job: str, chunk: int) -> list[Outcome]:
         data, _ = self.store.get(_chunk_key(job, "out", chunk))
-        stored = decode_msgpack(data)
+        stored = decode_msgpack(data, UNBOUNDED)
         if "columns" in stored:  # every record succeeded, outputs of one shape
             return [{"outputs": outputs} for outputs in _unpacked(stored, "results")]
         results: list[Outcome] = stored["results"]
@@ -432,13 +435,14 @@ class JobBoard:
             return None
         return Lease.from_json(job, chunk, data, etag)
 
-    def claim(self, job: str, lease_s: float) -> Lease | None:
+    def claim(self, job: str, lease_s: float, skip: Collection[int] = ()) -> Lease | None:
         """Take a chunk of ``job`` that is not done and not held (or held past its
-        lease); None when there is none to take."""
+        lease), and not in ``skip`` (those the caller still runs); None when there is
+        none to take."""
         spec = self.spec(job)
         done = set(self.done_chunks(job))
         held = {int(k.rsplit("/", 1)[1]) for k in self.store.list(f"{JOBS}{job}/lease/")}
-        open_chunks = [c for c in range(spec.chunks) if c not in done]
+        open_chunks = [c for c in range(spec.chunks) if c not in done and c not in skip]
         # chunks nobody holds first, then the held ones whose lease may have run out
         for chunk in sorted(open_chunks, key=lambda c: c in held):
             taken = self._take(job, chunk, lease_s, chunk in held)
@@ -545,6 +549,7 @@ class JobBoard:
             )
 
         ended = self._move(job, end)
+        self._forget_done(job)  # ended here or by another node: read no more here
         if ended is None:
             return None
         self.store.delete(f"{QUEUE}{job}")
@@ -568,7 +573,19 @@ class JobBoard:
 
     def forget(self, job: str) -> None:
         """Take an ended job off the queue (a cancelled one a node still listed)."""
+        self._forget_done(job)
         self.store.delete(f"{QUEUE}{job}")
+
+    @property
+    def followed(self) -> int:
+        """How many jobs this node keeps counts of finished chunks for (those under way)."""
+        with self._lock:
+            return len(self._done)
+
+    def _forget_done(self, job: str) -> None:
+        """Drop what this node kept of a job's finished chunks (it has ended)."""
+        with self._lock:
+            self._done.pop(job, None)
 
     def _move(self, job: str, change: Callable[[StateDoc], StateDoc | None]) -> StateDoc | None:
         """Apply ``change`` to ``state.json`` with a conditional write, again on a race.

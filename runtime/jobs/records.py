@@ -196,6 +196,11 @@ def _msgpack(stream: Any, limits: TensorLimits) -> Iterator[tuple[int, int | Non
         raise MalformedRecords(exc.index, None, exc.reason) from None
 
 
+#: What reading a malformed .npz raises: zipfile's own errors, and RuntimeError (an
+#: encrypted member) or NotImplementedError (a compression method it lacks)
+_UNREADABLE = (OSError, ValueError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError)
+
+
 def _npz(path: Path, specs: Mapping[str, TensorSpec], max_bytes: int) -> Iterator[Record]:
     unpacked = _npz_bytes(path)
     if unpacked > max_bytes:  # a small compressed file can declare a huge array
@@ -205,7 +210,7 @@ def _npz(path: Path, specs: Mapping[str, TensorSpec], max_bytes: int) -> Iterato
     try:
         with np.load(path, allow_pickle=False) as archive:
             columns = {name: archive[name] for name in archive.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+    except _UNREADABLE as exc:
         raise BadRequest(f"not a readable .npz file: {exc}") from None
     if not columns:
         raise BadRequest("the .npz file holds no arrays")
@@ -237,7 +242,7 @@ def _npz_bytes(path: Path) -> int:
                 with archive.open(name) as member:
                     shape, dtype = _array_header(member)
                 total += math.prod(shape) * dtype.itemsize
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+    except _UNREADABLE as exc:
         raise BadRequest(f"not a readable .npz file: {exc}") from None
     return total
 

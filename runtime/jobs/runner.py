@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from math import inf
 from typing import Any
 
 import orjson
@@ -40,7 +41,9 @@ from fnrt.functions.generation import join_chunks
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.jobs.board import (
     JobBoard,
+    JobNotFound,
     JobState,
+    JobStatus,
     Lease,
     Outcome,
     Record,
@@ -110,6 +113,7 @@ class JobRunner:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._started_jobs: set[str] = set()
+        self._telling: set[asyncio.Future[None]] = set()  # webhooks of cancelled jobs
         #: Records waiting or running, by function (for /metrics and KEDA).
         self.queued_records: dict[str, int] = {}
 
@@ -125,6 +129,19 @@ class JobRunner:
     def running(self) -> int:
         return len(self._running)
 
+    async def cancel(self, job: str) -> JobStatus:
+        """Cancel ``job`` (Conflict when it has ended already) and tell its webhook, as an
+        ending job's is told: in the background, the answer not waiting for it."""
+        board = self.board
+        cancelled = await asyncio.to_thread(board.cancel, job)
+        if cancelled.spec.webhook:
+            told: asyncio.Future[None] = asyncio.ensure_future(
+                self._notify(cancelled.spec.webhook, cancelled.to_dict(board.clock()))
+            )
+            self._telling.add(told)
+            told.add_done_callback(self._telling.discard)
+        return cancelled
+
     async def close(self) -> None:
         """Stop taking chunks; those running are stopped and given back to the fleet."""
         if self._task is not None:
@@ -135,7 +152,7 @@ class JobRunner:
         tasks = list(self._running.values())
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._telling, return_exceptions=True)
 
     async def _loop(self) -> None:
         while True:
@@ -156,26 +173,40 @@ class JobRunner:
         counts: dict[str, int] = {}
         self._started_jobs &= set(queued)
         for job in queued:
-            status = await asyncio.to_thread(board.status, job)
-            spec = status.spec
-            if status.state.state.final:
+            try:
+                await self._look_at(job, counts)
+            except JobNotFound:  # its folder was removed: its queue entry goes too
+                log.warning("job %s is queued but gone from the store: forgotten", job)
                 await asyncio.to_thread(board.forget, job)
-                continue
-            if status.chunks_done == spec.chunks:  # its last chunk's node died ending it
-                await self._end(job)
-                continue
-            left = spec.records - status.records_done
-            counts[spec.function] = counts.get(spec.function, 0) + left
-            while self._serving() and len(self._running) < self.config.chunks_per_node:
-                lease = await asyncio.to_thread(board.claim, job, self.config.lease_s)
-                if lease is None:
-                    break
-                if job not in self._started_jobs:
-                    self._started_jobs.add(job)
-                    await asyncio.to_thread(board.mark_running, job)
-                key = (job, lease.chunk)
-                self._running[key] = asyncio.create_task(self._run(lease), name=f"fnrt-job-{job}")
+            except Exception:  # this job's, not the jobs' after it
+                log.exception("jobs: looking at job %s failed; trying again", job)
         self.queued_records = counts
+
+    async def _look_at(self, job: str, counts: dict[str, int]) -> None:
+        """End a queued job that has ended, or take chunks of it while this node has
+        room; its records left are added to ``counts`` (by function)."""
+        board = self.board
+        status = await asyncio.to_thread(board.status, job)
+        spec = status.spec
+        if status.state.state.final:
+            await asyncio.to_thread(board.forget, job)
+            return
+        if status.chunks_done == spec.chunks:  # its last chunk's node died ending it
+            await self._end(job)
+            return
+        left = spec.records - status.records_done
+        counts[spec.function] = counts.get(spec.function, 0) + left
+        while self._serving() and len(self._running) < self.config.chunks_per_node:
+            # never a chunk this node still runs (its lease ran out while it computed)
+            mine = {chunk for held, chunk in self._running if held == job}
+            lease = await asyncio.to_thread(board.claim, job, self.config.lease_s, mine)
+            if lease is None:
+                break
+            if job not in self._started_jobs:
+                self._started_jobs.add(job)
+                await asyncio.to_thread(board.mark_running, job)
+            key = (job, lease.chunk)
+            self._running[key] = asyncio.create_task(self._run(lease), name=f"fnrt-job-{job}")
 
     async def _run(self, lease: Lease) -> None:
         board = self.board
@@ -235,7 +266,18 @@ class JobRunner:
         every_s = self.config.lease_s / 3
         while True:
             await asyncio.sleep(every_s)
-            renewed = await asyncio.to_thread(self.board.renew, holder.lease, self.config.lease_s)
+            try:
+                renewed = await asyncio.to_thread(
+                    self.board.renew, holder.lease, self.config.lease_s
+                )
+            except Exception as exc:  # the store, for now: renewing goes on
+                log.warning(
+                    "job %s chunk %d: renewing its lease failed (%s); trying again",
+                    holder.lease.job,
+                    holder.lease.chunk,
+                    exc,
+                )
+                continue
             if renewed is None:
                 log.warning(
                     "job %s chunk %d: another node took it (this one was too slow); "
@@ -310,9 +352,9 @@ class JobRunner:
             try:
                 if scheduler.sequencer is not None:
                     return [await self._generate(scheduler, records[0])]
-                if alone:
+                if alone:  # no deadline: a job's records wait behind live ones (as a block's)
                     served = await sched.submit(
-                        scheduler, records[0], priority=Priority.JOB, alone=True
+                        scheduler, records[0], priority=Priority.JOB, alone=True, timeout_s=inf
                     )
                     return [ok_outcome(served.outputs)]
                 return [ok_outcome(o) for o in await sched.submit_block(scheduler, records)]
@@ -326,7 +368,7 @@ class JobRunner:
 
     async def _generate(self, scheduler: Scheduler, record: Record) -> Outcome:
         """A generative function's answer to one record: every chunk, joined."""
-        served = await sched.submit(scheduler, record, priority=Priority.JOB)
+        served = await sched.submit(scheduler, record, priority=Priority.JOB, timeout_s=inf)
         assert served.stream is not None
         chunks = [chunk async for chunk in served.stream]
         return ok_outcome(join_chunks(scheduler.version.manifest.outputs, chunks))

@@ -83,3 +83,28 @@ def test_store_references() -> None:
 def test_every_job_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["job", command, "--help"]) == 0
     assert f"Usage: fnrt job {command}" in capsys.readouterr().out
+
+
+FAILING_HANDLER = """
+class Echo:
+    def load(self, artifacts, device):
+        pass
+
+    def __call__(self, batch):
+        raise ValueError("never")
+"""
+
+
+def test_a_failed_jobs_status_exits_1_as_its_submit_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = tmp_path / "in.jsonl"
+    records.write_text("".join(json.dumps({"x": [[i, 0, 0, 1]]}) + "\n" for i in range(3)))
+    with live_server(tmp_path, isolation="thread", job_poll_interval_s=0.05) as srv:
+        srv.deploy(write_function(tmp_path / "src", "echo", FAILING_HANDLER))
+        s = ("--server", srv.url)
+        code, out, err = run(capsys, "job", "submit", "echo", "-i", str(records), "--wait", *s)
+        assert code == 1 and ": failed" in out.splitlines()[0], (out, err)
+        job_id = out.split()[1].rstrip(":")
+        code, out, _ = run(capsys, "job", "status", job_id, *s)
+        assert code == 1 and "failed" in out.splitlines()[0]

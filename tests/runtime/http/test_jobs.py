@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -241,10 +242,30 @@ def test_the_client_submits_follows_and_reads_results(server: LiveServer, tmp_pa
         assert {j["id"] for j in listed} == {inline["id"], from_file["id"]}
 
 
+def _npz_patched(flags: int = 0, method: int | None = None) -> bytes:
+    """An .npz of three records whose zip headers say its member is encrypted (``flags``
+    1) or compressed by a method zipfile lacks (``method``): what zipfile raises for
+    each is not one of its usual errors (RuntimeError, NotImplementedError)."""
+    out = io.BytesIO()
+    np.savez(out, x=np.ones((3, 1, 4), np.float32))
+    data = bytearray(out.getvalue())
+    for signature, flags_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = data.find(signature)
+        data[at + flags_at] |= flags
+        if method is not None:
+            struct.pack_into("<H", data, at + flags_at + 2, method)
+    return bytes(data)
+
+
+NPZ = {"content-type": "application/x-npz"}
+
+
 @pytest.mark.parametrize(
     ("body", "headers", "status", "words", "fields"),
     [
         (b'{"records": [{"x": [[1,2,3,4]]}, {"x": [[1,2]]}]}', {}, 422, "record 1", {"record": 1}),
+        (_npz_patched(flags=1), NPZ, 400, "not a readable .npz", {}),
+        (_npz_patched(method=99), NPZ, 400, "not a readable .npz", {}),
         (
             b'{"x": [[1,2,3,4]]}\n{"x": [[1,2,3,4]]}\n{"x": [[1,2,3,4]]\n',
             {"content-type": "application/x-ndjson"},
@@ -379,9 +400,8 @@ def test_a_function_at_zero_is_woken_by_a_queued_job(server: LiveServer) -> None
         assert c.get("/v1/functions/echo").json()["instance"]["state"] == "warm"
 
 
-def test_the_webhook_gets_the_final_status_and_metrics_count_queued_records(
-    tmp_path: Path,
-) -> None:
+def _webhook() -> tuple[HTTPServer, list[dict[str, Any]]]:
+    """A webhook receiver on 127.0.0.1, serving in a thread, and the bodies it got."""
     got: list[dict[str, Any]] = []
 
     class Hook(BaseHTTPRequestHandler):
@@ -395,6 +415,32 @@ def test_the_webhook_gets_the_final_status_and_metrics_count_queued_records(
 
     hook = HTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
+    return hook, got
+
+
+def test_a_cancelled_jobs_webhook_is_told(tmp_path: Path) -> None:
+    hook, got = _webhook()
+    try:
+        with live_server(tmp_path, isolation="thread", job_poll_interval_s=0.05) as server:
+            _deploy(server, tmp_path, "gated", handler=GATED_HANDLER, max_batch_size=8)
+            url = f"http://127.0.0.1:{hook.server_address[1]}/ended"
+            with server.client() as c:
+                r = c.post(
+                    "/v1/functions/gated/jobs", json={"records": _records(30), "webhook": url}
+                )
+                location = r.headers["location"]
+                assert c.delete(location).status_code == 200
+                wait_until(lambda: len(got) == 1)
+                gate("job").set()
+    finally:
+        hook.shutdown()
+    assert got[0]["id"] == r.json()["id"] and got[0]["state"] == "cancelled"
+
+
+def test_the_webhook_gets_the_final_status_and_metrics_count_queued_records(
+    tmp_path: Path,
+) -> None:
+    hook, got = _webhook()
     try:
         with live_server(tmp_path, isolation="thread", job_poll_interval_s=0.05) as server:
             _deploy(server, tmp_path, "gated", handler=GATED_HANDLER, max_batch_size=8)
@@ -549,3 +595,61 @@ def test_a_job_of_too_many_chunks_is_refused_at_once_and_writes_nothing(
     jobs = tmp_path / "store" / "jobs"
     assert not jobs.exists() or not any(jobs.iterdir())  # was: an empty jobs/<id>/in/
     assert server.node.repository.store.list("jobqueue/") == []
+
+
+def test_a_done_jobs_results_that_the_store_lost_are_an_error_not_made_up(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """Results the store cannot give back (lost, or the store failing) answer an error
+    before the first byte: never records said not to have run, with a 200."""
+    with server.client() as c:
+        r = c.post("/v1/functions/echo/jobs", json={"records": _records(4), "chunk_records": 2})
+        assert r.status_code == 202, r.text
+        location = r.headers["location"]
+        assert _wait(c, location)["state"] == "done"
+        job = location.rsplit("/", 1)[1]
+        server.node.jobs.board.store.delete(f"jobs/{job}/out/000000")
+        r = c.get(f"{location}/result")
+        assert r.status_code == 503, r.text
+        assert error_of(r)["chunk"] == 0 and "gone from the store" in error_of(r)["error"]
+        assert c.post("/v1/functions/echo/invoke", json={"x": [[1, 2, 3, 4]]}).status_code == 200
+
+
+def test_a_page_of_one_functions_jobs_is_full_whatever_came_between(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    _deploy(server, tmp_path, "other")
+    ids = {}
+    with server.client() as c:
+        for name in ("other", "other", "echo", "other", "echo"):
+            r = c.post(f"/v1/functions/{name}/jobs", json={"records": _records(2)})
+            ids.setdefault(name, []).append(r.json()["id"])
+        page = c.get("/v1/jobs", params={"function": "echo", "limit": 2}).json()
+        assert {j["id"] for j in page["jobs"]} == set(ids["echo"])  # whatever came first
+        first = c.get("/v1/jobs", params={"function": "other", "limit": 2}).json()
+        assert len(first["jobs"]) == 2 and first["next"]
+        rest = c.get("/v1/jobs", params={"function": "other", "after": first["next"]}).json()
+        assert len(rest["jobs"]) == 1 and rest["next"] is None
+        assert {j["id"] for j in first["jobs"] + rest["jobs"]} == set(ids["other"])
+
+
+def test_npz_results_past_the_job_bound_are_refused_and_leave_no_spool(tmp_path: Path) -> None:
+    """An .npz answer is built whole: within --max-job-bytes (413 past it, the streamed
+    formats still whole), from a spool file removed once sent."""
+    with live_server(
+        tmp_path, isolation="thread", job_poll_interval_s=0.05, max_job_bytes=2048
+    ) as server:
+        _deploy(server, tmp_path, "echo")
+        with server.client() as c:
+            small = c.post("/v1/functions/echo/jobs", json={"records": _records(10)})
+            big = c.post("/v1/functions/echo/jobs", json={"records": _records(200)})
+            for r in (small, big):
+                assert _wait(c, r.headers["location"])["state"] == "done"
+            npz = {"accept": "application/x-npz"}
+            got = c.get(small.headers["location"] + "/result", headers=npz)
+            assert got.status_code == 200
+            assert np.load(io.BytesIO(got.content))["y"].shape == (10, 1, 4)
+            refused = c.get(big.headers["location"] + "/result", headers=npz)
+            assert refused.status_code == 413 and "3200 bytes" in error_of(refused)["error"]
+            assert len(_lines(c.get(big.headers["location"] + "/result"))) == 200
+            wait_until(lambda: not list((tmp_path / "cache" / "uploads").glob("job.*")))

@@ -191,3 +191,33 @@ def test_a_job_has_a_bounded_number_of_chunks(
     with pytest.raises(BadRequest, match="at most 3 chunks"):
         a.write_chunks("0" * 25, rows, chunk_records=2)
     assert a.write_chunks("1" * 25, iter([{"x": np.zeros((1, 2))}] * 6), chunk_records=2) == 6
+
+
+def test_a_chunk_of_records_each_within_the_limits_is_read_back_whole(
+    two: tuple[JobBoard, JobBoard, Clock],
+) -> None:
+    """Each record was checked alone at the submit; a chunk stacks them (one more
+    dimension, its records times the elements): read back past one request's limits."""
+    a, _, _ = two
+    deep = (1,) * 32  # the most dimensions one request's tensor may have
+    spec = JobSpec(new_id(a.clock()), "echo", "v-1", 3, 3, a.clock())
+    a.create(spec, [{"x": np.full(deep, i, np.float32)} for i in range(3)])
+    records = a.chunk_inputs(spec.id, 0)
+    assert [float(r["x"].ravel()[0]) for r in records] == [0.0, 1.0, 2.0]
+    lease = a.claim(spec.id, 30)
+    assert lease is not None
+    a.finish_chunk(lease, [ok_outcome({"y": r["x"]}) for r in records])
+    assert [r["outputs"]["y"].shape for r in a.chunk_results(spec.id, 0)] == [deep] * 3
+
+
+def test_a_node_keeps_no_counts_of_jobs_that_ended(two: tuple[JobBoard, JobBoard, Clock]) -> None:
+    a, b, _ = two
+    for _ in range(3):
+        spec = _job(a, records=4, chunk_records=2)
+        while (lease := a.claim(spec.id, 30)) is not None:
+            a.finish_chunk(lease, _results(a, lease))
+        b.done_chunks(spec.id)  # another node looked at it while it ran
+        assert a.complete(spec.id) is not None
+        assert b.complete(spec.id) is None  # ended by a: nothing to do
+    assert a.queued() == []
+    assert a.followed == b.followed == 0  # each node's counts of the ended jobs dropped

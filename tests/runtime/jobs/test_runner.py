@@ -5,6 +5,7 @@ one version the job pinned)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -13,7 +14,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from fnrt.functions.errors import NotFound
+from fnrt.functions.errors import NotFound, StoreError
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
@@ -48,7 +49,13 @@ class Pinned:
         return self.scheduler
 
 
+#: a record of 0.25 waits for it to be set (a chunk computing for long)
+SLOW = threading.Event()
+
+
 def _triple_unless_negative(batch: list[Request]) -> Sequence[Any]:
+    if any(float(r["x"][0, 0]) == 0.25 for r in batch):
+        SLOW.wait(10)
     if any(float(r["x"][0, 0]) < 0 for r in batch):
         raise ValueError("negative")
     return [{"y": r["x"] * 3} for r in batch]
@@ -111,3 +118,132 @@ def test_closing_the_runner_as_it_is_woken_stops_it(tmp_path: Path) -> None:
         assert closing in done, "close() did not return: the runner's loop runs on"
 
     asyncio.run(scenario())
+
+
+def _until_final(board: JobBoard, vm: VersionManifest, job: str, wait_s: float = 10) -> None:
+    """Run the runner on ``vm`` until ``job`` has ended (or ``wait_s``)."""
+
+    async def scenario() -> None:
+        scheduler = Scheduler(vm, _load, SystemClock(), isolation=IsolationMode.THREAD)
+        config = JobConfig(poll_interval_s=0.02)
+        runner = JobRunner(board, Pinned(scheduler), config, lambda: True)  # type: ignore[arg-type]
+        runner.start()
+        give_up = time.monotonic() + wait_s
+        while not board.status(job).state.state.final and time.monotonic() < give_up:
+            await asyncio.sleep(0.02)
+        await runner.close()
+        await sched.close(scheduler)
+
+    asyncio.run(scenario())
+
+
+def test_a_queued_job_removed_from_the_store_stops_no_other_job(tmp_path: Path) -> None:
+    """Its folder removed by hand while it was queued (the queue entry left): forgotten,
+    and the jobs queued after it run."""
+    vm = packed(write_function(tmp_path / "src", "echo", manifest=MANIFEST))[0]
+    store = FileStore(tmp_path / "store")
+    board = JobBoard(store, "node-a", time.time)
+    old = JobSpec(new_id(time.time() - 60), "echo", vm.version, 2, 1, time.time() - 60)
+    board.create(old, [{"x": np.ones((1, 4), np.float32)} for _ in range(2)])
+    for key in store.list(f"jobs/{old.id}/"):
+        store.delete(key)
+    new = JobSpec(new_id(time.time()), "echo", vm.version, 2, 1, time.time())
+    board.create(new, [{"x": np.ones((1, 4), np.float32)} for _ in range(2)])
+    _until_final(board, vm, new.id)
+    assert board.status(new.id).state.state is JobState.DONE
+    assert board.queued() == []  # the removed job's entry too
+
+
+class FailsOneRenewal(FileStore):
+    """A store whose first lease renewal fails (a transient error of the store's)."""
+
+    renewals = 0
+
+    def put(self, key: str, data: bytes, **kwargs: Any) -> str:  # type: ignore[override]
+        if "/lease/" in key and kwargs.get("if_match") and b'"until_unix_s": 0.0' not in data:
+            self.renewals += 1
+            if self.renewals == 1:
+                raise StoreError("503 SlowDown")
+        return super().put(key, data, **kwargs)
+
+
+def test_a_failed_lease_renewal_is_tried_again(tmp_path: Path) -> None:
+    """One renewal the store refused: the chunk's lease is still renewed while its node
+    computes, so no other node takes it and runs it again."""
+    vm = packed(write_function(tmp_path / "src", "echo", manifest=MANIFEST))[0]
+    store = FailsOneRenewal(tmp_path / "store")
+    board = JobBoard(store, "node-a", time.time)
+    spec = JobSpec(new_id(time.time()), "echo", vm.version, 1, 1, time.time())
+    board.create(spec, [{"x": np.full((1, 4), 0.25, np.float32)}])  # computing until SLOW
+    SLOW.clear()
+
+    async def scenario() -> None:
+        scheduler = Scheduler(vm, _load, SystemClock(), isolation=IsolationMode.THREAD)
+        runner = JobRunner(board, Pinned(scheduler), JobConfig(lease_s=0.6), lambda: True)  # type: ignore[arg-type]
+        runner.start()
+        await asyncio.sleep(1.5)
+        lease = board.lease(spec.id, 0)
+        assert store.renewals >= 2  # the one refused, then more
+        assert lease is not None and lease.until_unix_s > time.time() and lease.attempt == 1
+        SLOW.set()
+        give_up = time.monotonic() + 10
+        while not board.status(spec.id).state.state.final and time.monotonic() < give_up:
+            await asyncio.sleep(0.02)
+        await runner.close()
+        await sched.close(scheduler)
+
+    asyncio.run(scenario())
+    assert board.status(spec.id).state.state is JobState.DONE
+
+
+DEADLINE_MANIFEST = MANIFEST + "\n[requests]\ntimeout_ms = 200\n"
+
+
+def test_records_tried_alone_have_no_deadline_under_live_load(tmp_path: Path) -> None:
+    """The function's timeout is for live requests: a job's records tried alone after
+    their block failed wait behind live traffic for their turn, whatever it says (they
+    failed with DeadlineExceeded, each of them, the good ones too)."""
+    vm = packed(write_function(tmp_path / "src", "echo", manifest=DEADLINE_MANIFEST))[0]
+    board = JobBoard(FileStore(tmp_path / "store"), "node-a", time.time)
+    values = [1.0, -1.0, 2.0, 3.0]  # the block fails, each record tried alone
+    spec = JobSpec(new_id(time.time()), "echo", vm.version, 4, 4, time.time())
+    board.create(spec, [{"x": np.full((1, 4), v, np.float32)} for v in values])
+
+    failed = threading.Event()  # the block failed: live traffic comes now
+
+    def busy(batch: list[Request]) -> Sequence[Any]:
+        time.sleep(0.01)  # a batch takes a while: live traffic keeps the slot busy
+        if any(float(r["x"][0, 0]) < 0 for r in batch):
+            failed.set()
+        return _triple_unless_negative(batch)
+
+    async def scenario() -> None:
+        scheduler = Scheduler(
+            vm,
+            lambda vm, ex: Instance(vm, busy, ex, None, {"total_s": 0.0}, 100),
+            SystemClock(),
+            isolation=IsolationMode.THREAD,
+        )
+        config = JobConfig(poll_interval_s=0.02)
+        runner = JobRunner(board, Pinned(scheduler), config, lambda: True)  # type: ignore[arg-type]
+
+        async def live() -> None:  # normal priority, ahead of the job's records, for 2 s
+            while not failed.is_set():
+                await asyncio.sleep(0.005)
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                await sched.submit(scheduler, {"x": np.ones((1, 4), np.float32)})
+
+        users = [asyncio.create_task(live()) for _ in range(8)]
+        runner.start()
+        give_up = time.monotonic() + 20
+        while not board.status(spec.id).state.state.final and time.monotonic() < give_up:
+            await asyncio.sleep(0.02)
+        await runner.close()
+        await asyncio.gather(*users, return_exceptions=True)
+        await sched.close(scheduler)
+
+    asyncio.run(scenario())
+    results = board.chunk_results(spec.id, 0)
+    assert "ValueError: negative" in results[1]["error"]["message"]
+    assert [float(results[i]["outputs"]["y"][0, 0]) for i in (0, 2, 3)] == [3.0, 6.0, 9.0]
