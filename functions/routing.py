@@ -21,6 +21,9 @@ class Routing:
     traffic: Mapping[str, int]
     previous: tuple[str, ...] = ()
     updated_at: str = ""
+    #: While traffic is split (a canary, a hand-set split): the version that had all of
+    #: it before the split began, where a rollback returns ("": none)
+    source: str = ""
 
     def __post_init__(self) -> None:
         if not self.traffic:
@@ -45,6 +48,7 @@ class Routing:
             traffic={version: 100},
             previous=tuple(history[:HISTORY_LIMIT]),
             updated_at=now_iso,
+            source="",
         )
 
     def with_traffic(self, traffic: Mapping[str, int], now_iso: str) -> Routing:
@@ -57,23 +61,32 @@ class Routing:
         gone = [v for v in self.traffic if v not in shares and v not in head]
         history = [*head, *gone]
         history += [v for v in self.previous if v not in history and v != routing.primary]
-        return replace(routing, previous=tuple(history[:HISTORY_LIMIT]))
+        source = ""
+        if len(shares) > 1:  # a split: it began from this one's only version, or its source
+            source = self.primary if len(self.traffic) == 1 else self.source
+        return replace(routing, previous=tuple(history[:HISTORY_LIMIT]), source=source)
 
     def rolled_back(self, now_iso: str) -> Routing:
-        """All traffic back to the newest version in history; FnrtError if there is none."""
+        """All traffic back to the version it had before: while a split is under way, the
+        one the split began from (the others leave no history: a canary rolled back);
+        else the newest version in history. FnrtError if there is none."""
+        if len(self.traffic) > 1 and self.source in self.traffic:
+            others = set(self.traffic) - {self.source}
+            history = [v for v in self.previous if v not in others and v != self.source]
+            return Routing({self.source: 100}, tuple(history), now_iso)
         if not self.previous:
             raise Conflict("there is no earlier version to roll back to")
         return self.cut_over(self.previous[0], now_iso)
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "traffic": dict(self.traffic),
-                "previous": list(self.previous),
-                "updated_at": self.updated_at,
-            },
-            indent=2,
-        ).encode()
+        doc: dict[str, Any] = {
+            "traffic": dict(self.traffic),
+            "previous": list(self.previous),
+            "updated_at": self.updated_at,
+        }
+        if self.source:
+            doc["source"] = self.source
+        return json.dumps(doc, indent=2).encode()
 
     @staticmethod
     def first(version: str, now_iso: str) -> Routing:
@@ -87,6 +100,7 @@ class Routing:
                 traffic={str(k): int(v) for k, v in raw["traffic"].items()},
                 previous=tuple(str(v) for v in raw.get("previous", [])),
                 updated_at=str(raw.get("updated_at", "")),
+                source=str(raw.get("source", "")),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise FnrtError(f"routing file is malformed: {exc}") from None

@@ -56,6 +56,14 @@ PROCESS = IsolationMode.PROCESS
 log = logging.getLogger("fnrt.deploy")
 
 
+class RoutingChanged(Exception):
+    """The stored routing is not the split a canary wrote last: changed elsewhere."""
+
+    def __init__(self, traffic: dict[str, int]) -> None:
+        super().__init__(f"the routing is {traffic}")
+        self.traffic = traffic
+
+
 class Deployer:
     """Deploys, canaries, traffic splits and rollbacks of the functions a node serves."""
 
@@ -180,6 +188,7 @@ class Deployer:
                 self._clock,
                 lambda traffic, _: self._canary_step(entry, canary, traffic),
             )
+            canary.written = dict(entry.routing.traffic)  # what its first step replaces
             rollout.canary = canary
             canary.start()
             rollout.last = canary.status
@@ -192,23 +201,44 @@ class Deployer:
         return Deployed(vm.name, vm.version, created, routing, checks=checks)
 
     async def _canary_step(
-        self, entry: ServedFunction, canary: Canary, traffic: dict[str, int]
+        self,
+        entry: ServedFunction,
+        canary: Canary,
+        traffic: dict[str, int],
+        *,
+        by_hand: bool = False,
     ) -> bool:
+        """Write ``traffic`` for ``canary``: only over the split it wrote last (False,
+        and nothing written, when the routing was changed elsewhere meanwhile: the
+        canary stops), unless ``by_hand`` (a rollback by hand, after the canary was
+        cancelled: the last word)."""
         registry = self._registry
-        if self.rollouts.of(entry.name).canary is not canary or not registry.is_current(entry):
+        if not by_hand and (
+            self.rollouts.of(entry.name).canary is not canary or not registry.is_current(entry)
+        ):
             return False
-        new = canary.candidate.version.version
-        if traffic.get(new, 0) == 0:  # rolled back: the failed version leaves no history
-            await registry.write(
-                entry,
-                lambda r: Routing(
-                    traffic=traffic,
-                    previous=tuple(v for v in r.with_traffic(traffic, "").previous if v != new),
-                    updated_at=now_iso(),
-                ),
+        new, expected = canary.candidate.version.version, dict(canary.written)
+
+        def step(r: Routing) -> Routing:
+            if not by_hand and dict(r.traffic) != expected:
+                raise RoutingChanged(dict(r.traffic))
+            if traffic.get(new, 0) == 0:  # rolled back: the failed version leaves no history
+                previous = tuple(v for v in r.with_traffic(traffic, "").previous if v != new)
+                return Routing(traffic=traffic, previous=previous, updated_at=now_iso())
+            return r.with_traffic(traffic, now_iso())
+
+        writing = canary.writing = asyncio.ensure_future(registry.write(entry, step))
+        try:  # shielded: a cancel meanwhile waits for it (Canary.cancel)
+            await asyncio.shield(writing)
+        except RoutingChanged as changed:
+            log.warning(
+                "canary %s of %s stopped: the routing was changed elsewhere to %s",
+                new,
+                entry.name,
+                changed.traffic,
             )
-        else:
-            await registry.write(entry, lambda r: r.with_traffic(traffic, now_iso()))
+            return False
+        canary.written = dict(traffic)
         return True
 
     async def set_traffic(self, name: str, traffic: Mapping[str, int]) -> Routing:
@@ -237,7 +267,7 @@ class Deployer:
         if canary is not None and canary.task is not None and not canary.task.done():
             await canary.cancel("rolled back by hand")  # back to the version it started from
             base = canary.baseline.version.version
-            await self._canary_step(entry, canary, {base: 100})
+            await self._canary_step(entry, canary, {base: 100}, by_hand=True)
             rollout.canary = None
             canary.status.state = RolloutState.ROLLED_BACK
             canary.status.reason = "rolled back by hand"

@@ -182,6 +182,11 @@ class Canary:
     task: asyncio.Task[None] | None = None
     #: Set once the first step's split is written (or the rollout ended before it).
     first_step: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The split this canary last wrote (at its start, the one it found): a step writes
+    #: only over it, so that a change made elsewhere meanwhile stops the canary.
+    written: dict[str, int] = field(default_factory=dict)
+    #: A split being written: :meth:`cancel` waits for it (a write on a thread goes on).
+    writing: asyncio.Future[Any] | None = None
 
     def __post_init__(self) -> None:
         self.status = RolloutStatus(
@@ -198,11 +203,16 @@ class Canary:
         self.task.add_done_callback(lambda _: self.first_step.set())
 
     async def cancel(self, why: str) -> None:
+        """Stop it; once this returns, no write of its split is under way (one that had
+        begun is waited for, so a rollback written after it is the last word)."""
         if self.task is not None and not self.task.done():
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self._end(RolloutState.STOPPED, why)
+        writing = self.writing
+        if writing is not None and not writing.done():
+            await asyncio.wait([writing])
 
     async def _run(self) -> None:
         base, new = self.baseline.version.version, self.candidate.version.version
@@ -216,6 +226,8 @@ class Canary:
                 outcomes.unwatch()
 
     async def _steps(self, base: str, new: str) -> None:
+        breaker = self.candidate.protection.breaker
+        opened = breaker.opened  # the times it opened before this canary
         try:
             for percent in self.config.steps_percent:
                 if not await self.set_traffic(canary_traffic(base, new, percent), new):
@@ -235,9 +247,12 @@ class Canary:
                         self.candidate.protection.outcomes.summary(started),
                         started,
                         now,
+                        breaker_opened=breaker.opened - opened,
                     )
                     if judgement.verdict is Verdict.ROLL_BACK:
-                        await self.set_traffic({base: 100}, new)
+                        if not await self.set_traffic({base: 100}, new):
+                            self._end(RolloutState.STOPPED, "the routing was changed")
+                            return
                         log.warning("canary %s of %s rolled back: %s", new, base, judgement.reason)
                         self._end(RolloutState.ROLLED_BACK, judgement.reason, percent=0)
                         return

@@ -65,14 +65,18 @@ def judge_canary(
     canary: Summary,
     step_started_s: float,
     now: float,
+    breaker_opened: int = 0,
 ) -> Judgement:
     """Roll back, advance or hold, from both versions' outcomes since the step began.
 
     The canary is judged once it has served ``min_requests``: its error rate
     may not exceed the baseline's by more than ``max_error_rate``, and its p99
     may not pass ``max_p99_ratio`` times the baseline's plus ``p99_slack_ms``
-    (compared only when the baseline served ``min_requests`` too). A step ends
-    after ``dwell_s`` with no such failure.
+    (compared only when the baseline served ``min_requests`` too). A canary whose
+    circuit breaker opened (``breaker_opened`` times since it began: its instances
+    kept dying, or its errors passed the breaker's rate) is rolled back however few
+    requests it served: those the breaker refuses never reach its outcomes. A step
+    ends after ``dwell_s`` with no such failure.
     """
     if canary.requests >= config.min_requests:
         excess = canary.error_rate - baseline.error_rate
@@ -90,6 +94,10 @@ def judge_canary(
                     f"p99 {canary.p99_s * 1000:.1f} ms, baseline "
                     f"{baseline.p99_s * 1000:.1f} ms (allowed up to {limit_s * 1000:.1f} ms)",
                 )
+    if breaker_opened:
+        return Judgement(
+            Verdict.ROLL_BACK, "its circuit breaker opened: its requests were being refused"
+        )
     if now - step_started_s >= config.dwell_s:
         return Judgement(Verdict.ADVANCE)
     return Judgement(Verdict.HOLD)

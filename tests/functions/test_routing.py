@@ -46,3 +46,19 @@ def test_rollback_needs_history() -> None:
         Routing.first("v-a", "t0").rolled_back("t1")
     r = Routing.first("v-a", "t0").cut_over("v-b", "t1").rolled_back("t2")
     assert r.traffic == {"v-a": 100} and r.previous == ("v-b",)
+
+
+def test_a_rollback_during_a_split_returns_to_where_the_split_began() -> None:
+    """A canary's split, rolled back from any node (which knows nothing of the canary):
+    all traffic back to the version it began from, the canary's version in no history."""
+    r = Routing.first("v-0", "t0").cut_over("v-1", "t1")
+    for share in (10, 50, 90):
+        split = r.with_traffic({"v-1": 100 - share, "v-2": share}, "t2")
+        assert split.source == "v-1" and Routing.from_json(split.to_json()) == split
+        later = split.with_traffic({"v-1": 40, "v-2": 60}, "t3")  # the next step
+        for routing in (split, later):
+            back = routing.rolled_back("t4")
+            assert back.traffic == {"v-1": 100} and back.previous == ("v-0",)
+            assert back.source == ""
+    done = r.with_traffic({"v-2": 100}, "t5")  # the canary's last step: no split now
+    assert done.source == "" and done.rolled_back("t6").traffic == {"v-1": 100}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -10,14 +12,20 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
-from fnrt.functions.errors import DeployRejected
+from fnrt.functions.errors import DeployRejected, FnrtError
 from fnrt.functions.routing import Routing
 from fnrt.runtime import views
+from fnrt.runtime.deployment import publish_version
+from fnrt.runtime.gateway import Target
+from fnrt.runtime.rollout import RolloutState
 from support import (
+    ECHO_MANIFEST,
     LiveServer,
     gate,
     live_server,
@@ -359,3 +367,170 @@ def test_sticky_header_keeps_a_user_on_one_version(tmp_path: Path) -> None:
                 for _ in range(10)
             }
             assert len(versions) == 1
+
+
+#: y = x * {k}: which version answered, by its value (no gates: in worker threads here)
+TIMES = """
+class Echo:
+    def load(self, artifacts, device):
+        pass
+
+    def __call__(self, batch):
+        return [{{"y": r["x"] * {k}}} for r in batch]
+"""
+
+#: A version whose every batch passes its 0.1 s timeout: each instance dies in turn
+DYING = """
+import time
+
+class Echo:
+    def load(self, artifacts, device):
+        pass
+
+    def __call__(self, batch):
+        time.sleep(0.3)
+        return [{"y": r["x"]} for r in batch]
+"""
+
+
+def _canary(steps: str, dwell_s: float, extra: str = "") -> str:
+    return (
+        ECHO_MANIFEST
+        + f'\n[rollout]\npolicy = "canary"\nsteps_percent = {steps}\ndwell_s = {dwell_s}\n'
+        + extra
+    )
+
+
+def test_a_canary_whose_instances_keep_dying_is_rolled_back_not_promoted(
+    tmp_path: Path,
+) -> None:
+    """Its breaker opens after three deaths in a row: the requests it then refuses never
+    reach its outcomes, so its error rate was never judged and it walked to 100%."""
+    dying = _canary("[20, 100]", 4, '\n[isolation]\nmode = "thread"\ntimeout_s = 0.1\n')
+
+    async def scenario() -> None:
+        node = make_node(tmp_path, isolation="thread")
+        try:
+            v1 = await node.deployer.deploy(
+                publish(node.repository, write_function(tmp_path / "v1", "f"))
+            )
+            stop = asyncio.Event()
+            gateway = node.gateway
+
+            async def client() -> None:
+                x = np.ones((1, 4), np.float32)
+                while not stop.is_set():
+                    target = Target("f")
+                    scheduler = gateway.choose_now(target) or await gateway.choose(target)
+                    with contextlib.suppress(FnrtError):
+                        await gateway.submit(gateway.call(scheduler, {"x": x}))
+                    await asyncio.sleep(0.01)
+
+            clients = [asyncio.ensure_future(client()) for _ in range(6)]
+            folder = write_function(tmp_path / "v2", "f", DYING, manifest=dying)
+            assert (await node.deployer.deploy(publish(node.repository, folder))).rollout
+            canary = node.deployer.rollouts.of("f").canary
+            assert canary is not None and canary.task is not None
+            await asyncio.wait_for(canary.task, 15)
+            stop.set()
+            await asyncio.gather(*clients, return_exceptions=True)
+            assert canary.status.state is RolloutState.ROLLED_BACK, canary.status.to_dict()
+            assert "circuit breaker" in (canary.status.reason or "")
+            assert node.repository.get_routing("f")[0].traffic == {v1.version: 100}
+        finally:
+            await node.close(timeout_s=1.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_canary_never_writes_over_a_routing_changed_elsewhere(tmp_path: Path) -> None:
+    """Another node (or ``fnrt deploy --store``) cuts over to v3 during this node's
+    canary of v2: the canary stops, and v3 keeps all traffic."""
+
+    async def scenario() -> None:
+        node = make_node(tmp_path, isolation="thread")
+        try:
+            await node.deployer.deploy(
+                publish(node.repository, write_function(tmp_path / "v1", "f"))
+            )
+            folder = write_function(
+                tmp_path / "v2", "f", TIMES.format(k=3), manifest=_canary("[10, 50, 100]", 0.5)
+            )
+            assert (await node.deployer.deploy(publish(node.repository, folder))).rollout
+            vm3 = publish(node.repository, write_function(tmp_path / "v3", "f", TIMES.format(k=4)))
+            v3 = await asyncio.to_thread(publish_version, node.repository, node.loader, vm3)
+            canary = node.deployer.rollouts.of("f").canary
+            assert canary is not None and canary.task is not None
+            await asyncio.wait_for(canary.task, 10)
+            assert canary.status.state is RolloutState.STOPPED
+            assert node.repository.get_routing("f")[0].traffic == {v3.version: 100}
+        finally:
+            await node.close(timeout_s=1.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_rollback_during_a_canary_step_being_written_is_the_last_word(
+    tmp_path: Path,
+) -> None:
+    """The canary's next split is on its way to a slow store when a rollback cancels
+    the canary: the rollback waits for it, and its own write comes last."""
+
+    async def scenario() -> None:
+        node = make_node(tmp_path, isolation="thread")
+        store, put = node.repository.store, node.repository.store.put
+        slow = threading.Event()
+
+        def slow_put(key: str, data: bytes, **kwargs: Any) -> str:
+            if key.endswith("routing.json") and slow.is_set() and b": 50" in data:
+                time.sleep(0.5)  # the canary's 50% step, on a slow store
+            return put(key, data, **kwargs)
+
+        store.put = slow_put  # type: ignore[method-assign]
+        try:
+            v1 = await node.deployer.deploy(
+                publish(node.repository, write_function(tmp_path / "v1", "f"))
+            )
+            folder = write_function(
+                tmp_path / "v2", "f", TIMES.format(k=2), manifest=_canary("[10, 50, 100]", 0.5)
+            )
+            await node.deployer.deploy(publish(node.repository, folder))
+            slow.set()
+            await asyncio.sleep(0.6)  # the 50% write is under way now
+            routing = await node.deployer.rollback("f")
+            await asyncio.sleep(1.0)
+            assert dict(routing.traffic) == {v1.version: 100}
+            assert node.repository.get_routing("f")[0].traffic == {v1.version: 100}
+        finally:
+            store.put = put  # type: ignore[method-assign]
+            await node.close(timeout_s=1.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_rollback_through_another_node_during_a_canary_returns_to_its_start(
+    tmp_path: Path,
+) -> None:
+    """The node that runs the canary is not the one asked to roll back (the shipped
+    nginx routes a deploy and a rollback by different keys): back to where the split
+    began, not to the version before it, and the canary stops there."""
+
+    async def scenario() -> None:
+        a, b = make_node(tmp_path, isolation="thread"), make_node(tmp_path, isolation="thread")
+        try:
+            for k in (1, 2):
+                folder = write_function(tmp_path / f"v{k}", "f", TIMES.format(k=k))
+                started = await a.deployer.deploy(publish(a.repository, folder))
+            folder = write_function(
+                tmp_path / "v3", "f", TIMES.format(k=3), manifest=_canary("[10, 50, 100]", 1.5)
+            )
+            assert (await a.deployer.deploy(publish(a.repository, folder))).rollout
+            routing = await b.deployer.rollback("f")
+            assert dict(routing.traffic) == {started.version: 100}
+            await asyncio.sleep(2.0)  # the canary's next step finds it changed: it stops
+            assert a.repository.get_routing("f")[0].traffic == {started.version: 100}
+        finally:
+            await a.close(timeout_s=1.0)
+            await b.close(timeout_s=1.0)
+
+    asyncio.run(scenario())

@@ -85,3 +85,12 @@ def test_canary_rolls_back_on_a_slow_p99() -> None:
     assert judge_canary(CONFIG, GOOD, Summary(100, 0, 0.024), 100.0, 101.0).verdict is Verdict.HOLD
     # no baseline to compare with: latency is not judged
     assert judge_canary(CONFIG, Summary(3, 0, 0.001), slow, 100.0, 101.0).verdict is Verdict.HOLD
+
+
+def test_a_canary_whose_breaker_opened_is_rolled_back_whatever_its_outcomes() -> None:
+    """The requests its open breaker refuses never reach its outcomes: a canary that
+    kept dying has served few, all fine, and would be promoted after its dwell."""
+    few = Summary(3, 0, 0.010)
+    assert judge_canary(CONFIG, GOOD, few, 100.0, 110.0).verdict is Verdict.ADVANCE
+    judged = judge_canary(CONFIG, GOOD, few, 100.0, 110.0, breaker_opened=1)
+    assert judged.verdict is Verdict.ROLL_BACK and "circuit breaker opened" in judged.reason
