@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fnrt.functions.errors import FnrtError
+from fnrt.functions.errors import DeadlineExceeded, FnrtError
 from fnrt.functions.generation import (
     CANCELLED,
     DEADLINE,
@@ -363,8 +363,13 @@ class Sequencer(Intake):
         totals = self._stats.totals
         totals.success.add(usage.total_s)
         totals.last_request_unix_s = time.time()
-        if r.waiting.counted and self._protection is not None:
-            self._protection.succeeded(now, usage.total_s)
+        protection = self._protection
+        if r.waiting.counted and protection is not None:  # for the breaker and a canary
+            if reason == DEADLINE:  # a failure of the version's, as a batch request's is
+                why = f"function '{self.name}': the deadline passed mid-sequence"
+                protection.failed(now, usage.total_s, DeadlineExceeded(why), r.waiting.inputs)
+            elif reason != CANCELLED:  # a client that left says nothing of the version
+                protection.succeeded(now, usage.total_s)
         self._events.sequence_ended(self.version, r.waiting, reason, usage)
 
     def describe(self) -> dict[str, Any]:

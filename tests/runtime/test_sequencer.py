@@ -157,6 +157,7 @@ def test_a_sequence_whose_reader_left_ends_and_one_waiting_takes_its_place(
     async def scenario() -> None:
         loads = Loads(handler=Slow())
         parts = Parts(tmp_path, loads, max_active=1)
+        parts.protection.outcomes.watch()  # as a rollout does: kept
         left = await parts.submit(0, 1000)  # would run to max_new_tokens (50)
         waiting = await parts.submit(10, 13)  # max_active 1: it waits its turn
         assert await _first(left, 3) == [1, 2, 3]
@@ -167,6 +168,8 @@ def test_a_sequence_whose_reader_left_ends_and_one_waiting_takes_its_place(
         assert waiting.stream.ended.reason == "stop"
         assert max(loads.handler.sizes) == 1 and parts.sequencer.outstanding == 0
         assert parts.sequencer.generation.ended == {"cancelled": 1, "stop": 1}
+        # a client that left says nothing of the version: not a success, for a canary
+        assert parts.protection.outcomes.summary(0.0).requests == 1
         await parts.sequencer.close()
 
     asyncio.run(scenario())
@@ -177,6 +180,7 @@ def test_a_sequence_past_its_deadline_mid_generation_ends_with_what_it_made(
 ) -> None:
     async def scenario() -> None:
         parts = Parts(tmp_path, Loads(handler=Slow()), max_active=2)
+        parts.protection.outcomes.watch()  # as a rollout does: kept
         late = await parts.submit(0, 1000, timeout_s=1.0)
         other = await parts.submit(100, 1000)
         assert await _first(late, 2) == [1, 2]
@@ -188,6 +192,10 @@ def test_a_sequence_past_its_deadline_mid_generation_ends_with_what_it_made(
         other.stream.cancel()
         await _tokens(other)
         assert other.stream.ended.reason == "cancelled"
+        # its deadline passed: a failure of the version's (as a batch request's), for the
+        # breaker and a canary; the one whose client left, neither
+        outcomes = parts.protection.outcomes.summary(0.0)
+        assert (outcomes.requests, outcomes.errors) == (1, 1)
         await parts.sequencer.close()
 
     asyncio.run(scenario())
