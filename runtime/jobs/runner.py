@@ -203,8 +203,14 @@ class JobRunner:
             if lease is None:
                 break
             if job not in self._started_jobs:
+                try:
+                    await asyncio.to_thread(board.mark_running, job)
+                except BaseException:  # its chunk goes back at once, no attempt counted
+                    await asyncio.shield(
+                        asyncio.to_thread(board.release, lease, "its node failed", counted=False)
+                    )
+                    raise
                 self._started_jobs.add(job)
-                await asyncio.to_thread(board.mark_running, job)
             key = (job, lease.chunk)
             self._running[key] = asyncio.create_task(self._run(lease), name=f"fnrt-job-{job}")
 

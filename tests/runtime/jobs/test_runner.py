@@ -247,3 +247,30 @@ def test_records_tried_alone_have_no_deadline_under_live_load(tmp_path: Path) ->
     results = board.chunk_results(spec.id, 0)
     assert "ValueError: negative" in results[1]["error"]["message"]
     assert [float(results[i]["outputs"]["y"][0, 0]) for i in (0, 2, 3)] == [3.0, 6.0, 9.0]
+
+
+class FailsOneStateWrite(FileStore):
+    """A store whose first write of a job's state after its creation fails (transient)."""
+
+    failed = False
+
+    def put(self, key: str, data: bytes, **kwargs: Any) -> str:  # type: ignore[override]
+        if key.endswith("/state.json") and kwargs.get("if_match") and not self.failed:
+            self.failed = True
+            raise StoreError("503 SlowDown")
+        return super().put(key, data, **kwargs)
+
+
+def test_a_job_whose_start_could_not_be_written_runs_once_it_can(tmp_path: Path) -> None:
+    """Marking the job running failed (the store, for a moment): the chunk just taken
+    is given back at once, no attempt counted, and the job is marked and run later."""
+    vm = packed(write_function(tmp_path / "src", "echo", manifest=MANIFEST))[0]
+    store = FailsOneStateWrite(tmp_path / "store")
+    board = JobBoard(store, "node-a", time.time)
+    spec = JobSpec(new_id(time.time()), "echo", vm.version, 2, 1, time.time())
+    board.create(spec, [{"x": np.ones((1, 4), np.float32)} for _ in range(2)])
+    _until_final(board, vm, spec.id)
+    status = board.status(spec.id)
+    assert store.failed and status.state.state is JobState.DONE
+    assert status.state.started_unix_s is not None  # marked running, the second time
+    assert {board.lease(spec.id, c) for c in (0, 1)} == {None}  # every lease dropped
