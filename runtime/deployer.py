@@ -177,9 +177,16 @@ class Deployer:
             await registry.entry(vm.name)
             return Deployed(vm.name, vm.version, created, routing, checks=checks)
         rollout = self.rollouts.of(vm.name)
-        if rollout.canary is not None:
-            await rollout.canary.cancel(f"version {vm.version} was deployed")
         baseline = entry.primary
+        running = rollout.canary
+        if running is not None:
+            if running.task is not None and not running.task.done():
+                # the version the canary began from, not the one it had not finished
+                # proving (at 50% the primary is the newer): the new rollout's baseline
+                start = running.baseline
+                if entry.schedulers.get(start.version.version) is start:
+                    baseline = start
+            await running.cancel(f"version {vm.version} was deployed")
         if chosen is RolloutPolicy.CANARY and baseline.version.version != vm.version:
             canary = Canary(
                 baseline,

@@ -534,3 +534,32 @@ def test_a_rollback_through_another_node_during_a_canary_returns_to_its_start(
             await b.close(timeout_s=1.0)
 
     asyncio.run(scenario())
+
+
+def test_a_deploy_during_a_canary_starts_from_the_version_the_canary_began_from(
+    tmp_path: Path,
+) -> None:
+    """v2's canary is at 50% (where v2 is the primary: the newer wins a tie) when v3 is
+    deployed: v3's canary starts from v1, the version proven, and v2 leaves."""
+
+    async def scenario() -> None:
+        node = make_node(tmp_path, isolation="thread")
+        try:
+            v1 = await node.deployer.deploy(
+                publish(node.repository, write_function(tmp_path / "v1", "f"))
+            )
+            half = _canary("[50, 100]", 30)
+            folder = write_function(tmp_path / "v2", "f", TIMES.format(k=2), manifest=half)
+            v2 = await node.deployer.deploy(publish(node.repository, folder))
+            assert node.repository.get_routing("f")[0].traffic == {v1.version: 50, v2.version: 50}
+            slow = _canary("[10, 100]", 30)
+            folder = write_function(tmp_path / "v3", "f", TIMES.format(k=3), manifest=slow)
+            v3 = await node.deployer.deploy(publish(node.repository, folder))
+            routing = node.repository.get_routing("f")[0]
+            assert routing.traffic == {v1.version: 90, v3.version: 10}
+            assert routing.source == v1.version
+            assert node.deployer.rollouts.of("f").canary.status.source == v1.version  # type: ignore[union-attr]
+        finally:
+            await node.close(timeout_s=1.0)
+
+    asyncio.run(scenario())
