@@ -469,7 +469,7 @@ def _npz(board: Any, status: JobStatus, max_bytes: int, path: Path) -> None:
                 if total > max_bytes:
                     raise PayloadTooLarge(
                         max_bytes,
-                        f"job '{spec.id}''s outputs take {total} bytes as .npz arrays, more "
+                        f"the outputs of job '{spec.id}' take {total} bytes as .npz arrays, more "
                         "than --max-job-bytes: ask for application/x-ndjson or "
                         "application/vnd.fnrt.records+msgpack (streamed)",
                     )

@@ -289,6 +289,31 @@ class JobStatus:
         }
 
 
+class DoneCounts:
+    """The counts of finished chunks (they never change) of the jobs under way that this
+    node follows, by job: read from the store once each; dropped when the job ends."""
+
+    def __init__(self) -> None:
+        self._by_job: dict[str, dict[int, ChunkDone]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, job: str) -> dict[int, ChunkDone]:
+        with self._lock:
+            return dict(self._by_job.get(job, {}))
+
+    def keep(self, job: str, counts: dict[int, ChunkDone]) -> None:
+        with self._lock:
+            self._by_job[job] = counts
+
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self._by_job.pop(job, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_job)
+
+
 @dataclass
 class JobBoard:
     """The jobs in one store, as one node reads and writes them."""
@@ -298,8 +323,8 @@ class JobBoard:
     clock: Callable[[], float] = time.time  # wall time: leases are compared across nodes
     #: Specs read (they never change), the most recently used kept.
     _specs: OrderedDict[str, JobSpec] = field(default_factory=OrderedDict)
-    #: Finished chunks' counts (they never change) of jobs still under way here.
-    _done: dict[str, dict[int, ChunkDone]] = field(default_factory=dict)
+    #: Finished chunks' counts of the jobs still under way here.
+    done_counts: DoneCounts = field(default_factory=DoneCounts)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # --- submit --------------------------------------------------------------------------
@@ -376,8 +401,7 @@ class JobBoard:
     def done_chunks(self, job: str, *, keep: bool = True) -> dict[int, ChunkDone]:
         """The finished chunks of a job and their counts (each read once per node while
         the job is under way; ``keep`` False reads an ended job's without keeping them)."""
-        with self._lock:
-            known = dict(self._done.get(job, {}))
+        known = self.done_counts.of(job)
         for key in self.store.list(f"{JOBS}{job}/done/"):
             chunk = int(key.rsplit("/", 1)[1])
             if chunk not in known:
@@ -386,8 +410,7 @@ class JobBoard:
                 except KeyNotFound:
                     continue
         if keep:
-            with self._lock:
-                self._done[job] = known
+            self.done_counts.keep(job, known)
         return known
 
     def status(self, job: str) -> JobStatus:
@@ -396,8 +419,7 @@ class JobBoard:
         spec = self.spec(job)
         state, _ = self.state(job)
         if state.state.final:
-            with self._lock:
-                self._done.pop(job, None)  # nothing of it is read again here
+            self.done_counts.forget(job)  # nothing of it is read again here
             if state.records_failed is not None:  # done or failed: counted at the end
                 return JobStatus(spec, state, spec.chunks, spec.records, state.records_failed)
         done = self.done_chunks(job, keep=not state.state.final)
@@ -549,7 +571,7 @@ class JobBoard:
             )
 
         ended = self._move(job, end)
-        self._forget_done(job)  # ended here or by another node: read no more here
+        self.done_counts.forget(job)  # ended here or by another node: read no more here
         if ended is None:
             return None
         self.store.delete(f"{QUEUE}{job}")
@@ -573,19 +595,8 @@ class JobBoard:
 
     def forget(self, job: str) -> None:
         """Take an ended job off the queue (a cancelled one a node still listed)."""
-        self._forget_done(job)
+        self.done_counts.forget(job)
         self.store.delete(f"{QUEUE}{job}")
-
-    @property
-    def followed(self) -> int:
-        """How many jobs this node keeps counts of finished chunks for (those under way)."""
-        with self._lock:
-            return len(self._done)
-
-    def _forget_done(self, job: str) -> None:
-        """Drop what this node kept of a job's finished chunks (it has ended)."""
-        with self._lock:
-            self._done.pop(job, None)
 
     def _move(self, job: str, change: Callable[[StateDoc], StateDoc | None]) -> StateDoc | None:
         """Apply ``change`` to ``state.json`` with a conditional write, again on a race.
