@@ -56,11 +56,12 @@ PROCESS = IsolationMode.PROCESS
 log = logging.getLogger("fnrt.deploy")
 
 
-class RoutingChanged(Exception):
-    """The stored routing is not the split a canary wrote last: changed elsewhere."""
+class RoutingChanged(Conflict):
+    """The stored routing is not the split a canary wrote last: changed elsewhere (the
+    canary stops; raised inside its write, never answered)."""
 
     def __init__(self, traffic: dict[str, int]) -> None:
-        super().__init__(f"the routing is {traffic}")
+        super().__init__(f"the routing was changed elsewhere to {traffic}", traffic=traffic)
         self.traffic = traffic
 
 
