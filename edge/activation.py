@@ -50,7 +50,11 @@ class Encoding(Enum):
 
 
 def pack(activation: Array, encoding: Encoding = Encoding.FLOAT32) -> bytes:
-    """The request body carrying ``activation`` as ``encoding``."""
+    """The request body carrying ``activation`` as ``encoding``; an integer or bool one
+    (a model's own input, at split 0: token ids, say) travels as it is, whatever the
+    encoding (rounded or quantised, its values would change)."""
+    if activation.dtype.kind in "biu":
+        return _packb({"activation": _array(activation)})
     if encoding is Encoding.INT8:
         peak = float(np.max(np.abs(activation))) if activation.size else 0.0
         scale = peak / 127.0 if peak > 0 else 1.0
@@ -104,8 +108,9 @@ def read_outputs(body: bytes) -> dict[str, Array]:
 
 
 def unpack(body: bytes, limits: TensorLimits | None = None) -> Array:
-    """The float32 activation a request body carries; BadRequest or InvalidInput if not
-    (TensorTooLarge past ``limits``)."""
+    """The activation a request body carries: float32 (from float32, float16 or int8
+    with its scale), or an integer or bool one as it came (a model's own input at split
+    0); BadRequest or InvalidInput if not (TensorTooLarge past ``limits``)."""
     from fnrt.functions.codec import decode_msgpack  # the server's validating decoder
     from fnrt.functions.limits import DEFAULT_LIMITS
 
@@ -120,15 +125,17 @@ def unpack(body: bytes, limits: TensorLimits | None = None) -> Array:
         scale = payload.get("scale")
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
             raise InvalidInput("an int8 activation needs a 'scale' > 0", input="scale")
-        if not np.isfinite(scale):
-            raise InvalidInput("'scale' must be finite", input="scale")
+        if not np.isfinite(np.float32(scale)):  # as it is applied: past float32, inf
+            raise InvalidInput("'scale' must be finite (as a float32)", input="scale")
         return activation.astype(np.float32) * np.float32(scale)
     if "scale" in payload:
         raise InvalidInput("'scale' goes only with an int8 activation", input="scale")
     if activation.dtype == np.float16:
         return activation.astype(np.float32)
-    if activation.dtype == np.float32:
+    if activation.dtype == np.float32 or activation.dtype.kind in "biu":
         return activation
     raise InvalidInput(
-        f"activation must be float32, float16 or int8, got {activation.dtype}", input="activation"
+        f"activation must be float32, float16, int8 (with a scale), or the integer or bool "
+        f"dtype of a model's input, got {activation.dtype}",
+        input="activation",
     )

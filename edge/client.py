@@ -137,13 +137,16 @@ class EdgeClient:
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
+        key: str | None = None,
     ) -> None:
         """``clock`` says when the plan data is due again (seconds); ``timer`` times
         calls, heads and probes (seconds), and ``sleep`` makes an emulated slowdown:
-        all three injectable, so a test runs the client on a virtual clock."""
+        all three injectable, so a test runs the client on a virtual clock. ``key``: the
+        function's invoke key, where it has keys (its plan, heads and tails need one),
+        sent by the default transport."""
         self.name = name
         self.config = config or EdgeConfig()
-        self.transport = transport or HttpTransport(server, self.config.timeout_s)
+        self.transport = transport or HttpTransport(server, self.config.timeout_s, key)
         self.tracer = tracer  # a fnrt.tracing Tracer (client_tracer), or None
         self.link = LinkEstimate(link)
         self._clock = clock

@@ -31,9 +31,11 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """HTTP/1.1 to one server (``http://host:port``), the connection kept between calls."""
+    """HTTP/1.1 to one server (``http://host:port``), the connection kept between calls;
+    ``key`` (a function's invoke key) goes with every request as ``Authorization:
+    Bearer``."""
 
-    def __init__(self, server: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, server: str, timeout_s: float = 30.0, key: str | None = None) -> None:
         parts = urlsplit(server)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"server must be an http(s):// URL, got {server!r}")
@@ -43,6 +45,7 @@ class HttpTransport:
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         self._timeout_s = timeout_s
+        self._authorization = {"authorization": f"Bearer {key}"} if key else {}
         self._connection: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
 
@@ -59,7 +62,8 @@ class HttpTransport:
             for attempt in (0, 1):  # a kept-alive connection the server closed: once more
                 connection = self._connect()
                 try:
-                    connection.request(method, self._prefix + path, body, dict(headers))
+                    sent = {**headers, **self._authorization}
+                    connection.request(method, self._prefix + path, body, sent)
                     answer = connection.getresponse()
                     data = answer.read()
                 except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):

@@ -248,6 +248,15 @@ def _check(point: Point, activation: np.ndarray[Any, Any]) -> None:
         )
     if activation.shape[0] < 1:
         raise InvalidInput("activation has no rows", input=point.name)
+    # a float point takes any float encoding; any other only its own dtype (token ids
+    # cast from floats would be rounded: the wrong numbers, not an error)
+    floating = point.dtype.startswith(("float", "bfloat"))
+    sent = activation.dtype
+    if (sent.kind != "f") if floating else (sent != numpy_dtype(point.dtype)):
+        raise InvalidInput(
+            f"activation for {point.name!r} must be {point.dtype} (the split point's), got {sent}",
+            input=point.name,
+        )
 
 
 def _row_bytes(dtype: str, shape: tuple[int, ...]) -> int:
@@ -265,7 +274,8 @@ def _tail_instance(
     started = time.perf_counter()
     session = onnx_format.session(cuts.tail(k), providers)
     point = cuts.sent(k) or cuts.input_points[0]
-    outputs = list(cuts.outputs)
+    declared = vm.manifest.outputs  # the graph may have more: only these are answered
+    outputs = [o for o in cuts.outputs if o in declared] if declared else list(cuts.outputs)
     dtype = np.dtype(point.dtype)
 
     def call(batch: list[Request]) -> list[dict[str, Any]]:

@@ -40,6 +40,7 @@ class EdgeOptions:
     emulate_bandwidth: float | None
     emulate_rtt_ms: float
     emulate_slowdown: float
+    key: str | None
 
 
 def _client(options: EdgeOptions, tracer: Any = None) -> Any:
@@ -54,7 +55,7 @@ def _client(options: EdgeOptions, tracer: Any = None) -> Any:
         threads=options.threads,
         emulate_slowdown=options.emulate_slowdown,
     )
-    transport: Transport = HttpTransport(options.server, config.timeout_s)
+    transport: Transport = HttpTransport(options.server, config.timeout_s, options.key)
     if options.emulate_bandwidth is not None:
         transport = Throttled(transport, options.emulate_bandwidth, options.emulate_rtt_ms)
     return EdgeClient(options.server, options.name, config, transport=transport, tracer=tracer)
@@ -102,6 +103,13 @@ def edge_options(command: F) -> F:
             help="how the activation travels",
         ),
         click.option("--split", type=int, help="use this split instead of planning"),
+        click.option(
+            "--key",
+            envvar="FNRT_INVOKE_KEY",
+            show_envvar=True,
+            help="the function's invoke key, where it has keys (sent as Authorization: "
+            "Bearer with the plan, heads and tails)",
+        ),
         click.option(
             "--cache-dir",
             type=click.Path(path_type=Path),

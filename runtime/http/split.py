@@ -113,22 +113,31 @@ async def serve_split(
 async def get_plan(request: Request) -> Response:
     """What an edge device plans with: split points, heads, this node's time per segment."""
     started = time.perf_counter()
-    splits = node_of(request).splits
+    node = node_of(request)
     name = request.path_params["name"]
-    plan = await splits.plan(name, request.query_params.get("version"))
+    _check_key(node, name, request)
+    plan = await node.splits.plan(name, request.query_params.get("version"))
     return JSONResponse(plan, headers={SERVER_MS_HEADER: _since_ms(started)})
 
 
 async def get_head(request: Request) -> Response:
     """The head model (ONNX) the device runs for split ``k``; its sha256 in a header."""
     started = time.perf_counter()
-    splits = node_of(request).splits
+    node = node_of(request)
     name = request.path_params["name"]
+    _check_key(node, name, request)  # a head is the model's first layers (n + 1: all)
     k = split_index(request.path_params["k"])
     version = request.query_params.get("version")
-    head = await splits.head(name, k, version)
+    head = await node.splits.head(name, k, version)
     headers = {DIGEST_HEADER: f"sha256:{head.digest}", SERVER_MS_HEADER: _since_ms(started)}
     return FileResponse(head.path, media_type="application/octet-stream", headers=headers)
+
+
+def _check_key(node: Node, name: str, request: Request) -> None:
+    """A function with invoke keys gives its plan and heads only to a caller with one,
+    as its tails (401 without, 403 with another)."""
+    if node.invoke_keys is not None:
+        node.invoke_keys.check(name, request.headers)
 
 
 def _since_ms(started: float) -> str:

@@ -51,7 +51,9 @@ def test_the_client_reads_what_the_server_encodes() -> None:
         ({"activation": A.astype(np.int8)}, InvalidInput, "needs a 'scale'"),
         ({"activation": A.astype(np.int8), "scale": -1.0}, InvalidInput, "needs a 'scale'"),
         ({"activation": A, "scale": 0.5}, InvalidInput, "only with an int8"),
-        ({"activation": A.astype(np.float64)}, InvalidInput, "float32, float16 or int8"),
+        ({"activation": A.astype(np.float64)}, InvalidInput, "float32, float16, int8"),
+        # finite as a Python float, inf once applied in float32: inf and NaN outputs
+        ({"activation": A.astype(np.int8), "scale": 1e300}, InvalidInput, "finite"),
     ],
 )
 def test_malformed_bodies_are_refused(
@@ -71,3 +73,12 @@ def test_not_msgpack_is_a_bad_request() -> None:
 def test_unknown_encodings_are_named() -> None:
     with pytest.raises(ValueError, match="float32"):
         Encoding.parse("int4")
+
+
+def test_an_integer_activation_travels_as_it_is_whatever_the_encoding() -> None:
+    """A model's own integer input at split 0 (token ids): rounded to float16 or
+    quantised to int8 it would be other ids."""
+    ids = np.array([[4095, 3001, 2049, 17]], np.int64)
+    for encoding in Encoding:
+        got = unpack(pack(ids, encoding))
+        assert got.dtype == np.int64 and np.array_equal(got, ids)

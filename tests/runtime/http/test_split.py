@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from fnrt.edge.activation import Encoding, pack, read_outputs
+from fnrt.edge.client import EdgeClient, EdgeConfig
 from fnrt.runtime.clock import ManualClock
 from support import LiveServer, error_of, live_server, publish, write_function
 
@@ -220,3 +223,118 @@ def test_tails_of_a_retired_version_close_once_idle(tmp_path: Path, cnn: Path) -
         assert r.headers["x-fnrt-version"] == second != first
         (tail,) = srv.node.splits.schedulers()
         assert tail.version.version == second
+
+
+#: A token model: int64 ids [n, 4] of a vocabulary of 5,000 through an embedding to
+#: y [n, 3], split at the embedding; its graph has an output the manifest leaves out.
+TOKENS_MODEL = """
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+rng = np.random.default_rng(0)
+table = numpy_helper.from_array(rng.standard_normal((5000, 8)).astype(np.float32), "table")
+w = numpy_helper.from_array(rng.standard_normal((32, 3)).astype(np.float32), "w")
+nodes = [
+    helper.make_node("Gather", ["table", "ids"], ["gathered"], axis=0),
+    helper.make_node("Flatten", ["gathered"], ["emb"], axis=1),
+    helper.make_node("MatMul", ["emb", "w"], ["y"]),
+    helper.make_node("Relu", ["y"], ["extra"]),
+]
+graph = helper.make_graph(
+    nodes,
+    "tokens",
+    [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", 4])],
+    [
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3]),
+        helper.make_tensor_value_info("extra", TensorProto.FLOAT, ["n", 3]),
+    ],
+    [table, w],
+)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 8
+onnx.save(model, sys.argv[1])
+"""
+
+TOKENS_HANDLER = """
+import numpy as np
+
+class Tokens:
+    def load(self, artifacts, device):
+        self.session = artifacts["model"].onnx_session(device)
+
+    def __call__(self, batch):
+        ids = np.concatenate([r["ids"] for r in batch])
+        (y,) = self.session.run(["y"], {"ids": ids})
+        return [{"y": y[i : i + 1]} for i in range(len(batch))]
+"""
+
+TOKENS_MANIFEST = """
+name = "{name}"
+handler = "handler:Tokens"
+
+[artifacts]
+model = "model.onnx"
+
+[inputs]
+ids = {{ dtype = "int64", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 3] }}
+
+[split]
+model = "model"
+points = ["emb"]
+"""
+
+IDS = np.array([[4095, 3001, 2049, 17]], np.int64)
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> Path:
+    folder = write_function(tmp_path / "src", "tokens", TOKENS_HANDLER, TOKENS_MANIFEST)
+    script = tmp_path / "make_model.py"
+    script.write_text(TOKENS_MODEL)
+    subprocess.run([sys.executable, str(script), str(folder / "model.onnx")], check=True)
+    return folder
+
+
+def test_token_ids_at_split_0_are_exact_whatever_the_encoding_or_refused(
+    tmp_path: Path, tokens: Path
+) -> None:
+    """An integer input travels as it is (rounded to float16 or quantised to int8, ids
+    past 2,048 changed: other embeddings, no error); a float activation for it is a
+    422, not cast; and the graph's output the manifest leaves out is not answered."""
+    with live_server(tmp_path / "srv") as srv, srv.client() as c:
+        deploy(srv, tokens)
+        whole = c.post("/v1/functions/tokens/invoke", json={"ids": IDS.tolist()})
+        assert whole.status_code == 200, whole.text
+        expected = np.asarray(whole.json()["y"], np.float32)
+        for encoding in Encoding:
+            r = c.post("/v1/functions/tokens/split/0", content=pack(IDS, encoding), headers=MSGPACK)
+            assert r.status_code == 200, (encoding, r.text)
+            outputs = read_outputs(r.content)
+            assert set(outputs) == {"y"}
+            np.testing.assert_allclose(outputs["y"], expected, rtol=1e-5)
+        floats = pack(IDS.astype(np.float32) + 0.4)
+        r = c.post("/v1/functions/tokens/split/0", content=floats, headers=MSGPACK)
+        assert r.status_code == 422 and "must be int64" in error_of(r)["error"]
+
+
+def test_a_functions_keys_guard_its_plan_and_heads_and_the_edge_client_sends_one(
+    tmp_path: Path, cnn: Path
+) -> None:
+    """A head is the model's first layers (split n + 1: all of it): with invoke keys,
+    the plan and the heads need one, as the tails do."""
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"cnn-split": ["k-secret"]}')
+    with live_server(tmp_path / "srv", invoke_keys_file=keys) as srv, srv.client() as c:
+        deploy(srv, cnn)
+        assert c.get("/v1/functions/cnn-split/split").status_code == 401
+        assert c.get("/v1/functions/cnn-split/split/7/head").status_code == 401
+        bearer = {"authorization": "Bearer k-secret"}
+        assert c.get("/v1/functions/cnn-split/split/7/head", headers=bearer).status_code == 200
+        config = EdgeConfig(cache_dir=tmp_path / "edge", profile_runs=1)
+        with EdgeClient(srv.url, "cnn-split", config, key="k-secret") as client:
+            assert client.run({"x": X}, split=3).outputs["y"].shape == (1, 10)
