@@ -300,10 +300,16 @@ class EdgeClient:
             root.end()
         return result
 
-    def _run(self, inputs: Mapping[str, Array], split: int | None, root: Any) -> EdgeResult:
+    def _run(
+        self, inputs: Mapping[str, Array], split: int | None, root: Any, *, again: bool = False
+    ) -> EdgeResult:
         started = self._timer()
         try:
             chosen = split if split is not None else self.config.split
+            if chosen is not None and self._clock() - self._fetched_at >= (
+                self.config.plan_refresh_s
+            ):  # a fixed split follows the server's versions as a planned one does
+                self.refresh()
             k = chosen if chosen is not None else self.plan().split
             last = self.splits - 1
         except OSError as exc:
@@ -327,6 +333,11 @@ class EdgeClient:
             response = self._upload(k, body, root)
         except OSError as exc:
             return self._offline(inputs, started, root, exc)
+        except NoSuchSplit:  # its version gone (deleted, redeployed): the plan again, once
+            if again:
+                raise
+            self.refresh()
+            return self._run(inputs, split, root, again=True)
         request_s = self._timer() - sent_at
         server_ms = float(response.headers.get(SERVER_MS_HEADER, "0") or 0)
         self._observe(len(body) + len(response.body), sent_at, response)

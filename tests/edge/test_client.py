@@ -353,3 +353,41 @@ def test_the_client_plans_again_when_the_link_slows_down(
         assert splits[-1] == client.splits - 1, splits  # all on the device now
         estimate = client.link.link
         assert estimate is not None and estimate.bandwidth_bytes_per_s < 200e3
+
+
+class Ticks:
+    """A virtual clock the test moves (when the client's plan data is due again)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_fixed_split_moves_to_a_new_deploy_and_past_a_version_gone(
+    tmp_path: Path, cnn: Path
+) -> None:
+    """With ``split`` fixed the plan is not chosen, but the server's versions are still
+    followed: a new deploy once the plan data is due, and at once when the version it
+    used is gone (deleted, then deployed anew: 404, the plan again)."""
+    folder = tmp_path / "cnn-split"
+    shutil.copytree(cnn, folder)
+    ticks = Ticks()
+    with live_server(tmp_path) as srv:
+        deployer, repository = srv.node.deployer, srv.node.repository
+        first = srv.call(deployer.deploy(publish(repository, folder))).version
+        config = EdgeConfig(cache_dir=tmp_path / "edge", profile_runs=1, split=3)
+        with EdgeClient(srv.url, NAME, config, clock=ticks) as client:
+            assert client.run({"x": X}).version == first
+            retrain(folder / "model.onnx")
+            second = srv.call(deployer.deploy(publish(repository, folder))).version
+            ticks.now += 2 * config.plan_refresh_s
+            assert client.run({"x": X}).version == second
+            srv.call(deployer.delete(NAME))
+            retrain(folder / "model.onnx")
+            third = srv.call(deployer.deploy(publish(repository, folder))).version
+            assert client.run({"x": X}).version == third  # no time passed: by its 404
+            np.testing.assert_allclose(
+                client.run({"x": X}).outputs["y"], whole(folder), rtol=1e-4, atol=1e-5
+            )
