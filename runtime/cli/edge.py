@@ -48,16 +48,19 @@ def _client(options: EdgeOptions, tracer: Any = None) -> Any:
     from fnrt.edge.client import EdgeClient, EdgeConfig
     from fnrt.edge.transport import HttpTransport, Throttled, Transport
 
-    config = EdgeConfig(
-        cache_dir=options.cache_dir or default_cache_dir() / "edge",
-        encoding=Encoding.parse(options.encoding),
-        split=options.split,
-        threads=options.threads,
-        emulate_slowdown=options.emulate_slowdown,
-    )
-    transport: Transport = HttpTransport(options.server, config.timeout_s, options.key)
-    if options.emulate_bandwidth is not None:
-        transport = Throttled(transport, options.emulate_bandwidth, options.emulate_rtt_ms)
+    try:  # an option's value out of range: a usage error naming it, not a traceback
+        config = EdgeConfig(
+            cache_dir=options.cache_dir or default_cache_dir() / "edge",
+            encoding=Encoding.parse(options.encoding),
+            split=options.split,
+            threads=options.threads,
+            emulate_slowdown=options.emulate_slowdown,
+        )
+        transport: Transport = HttpTransport(options.server, config.timeout_s, options.key)
+        if options.emulate_bandwidth is not None:
+            transport = Throttled(transport, options.emulate_bandwidth, options.emulate_rtt_ms)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     return EdgeClient(options.server, options.name, config, transport=transport, tracer=tracer)
 
 
@@ -179,7 +182,8 @@ def run(
 @edge_options
 def plan(edge: EdgeOptions) -> int:
     """Show each split's bytes sent, device and server time and predicted latency
-    over the measured link, and the split the planner picks."""
+    over the measured link, and the split the planner picks (or, with --split, the one
+    given)."""
     with _client(edge) as client:
         plan = client.plan()
         profile = client.profile()
@@ -194,6 +198,8 @@ def plan(edge: EdgeOptions) -> int:
         device = sum(profile.device_ms[:k])
         server = sum(profile.server_ms[k:])
         mark = "  <- planned" if k == plan.split else ""
+        if edge.split is not None:  # --split: the one a run would use, not the planner's
+            mark = "  <- --split" if k == edge.split else ""
         predicted = plan.predicted_ms[k]
         print(
             f"{k:>5}  {name:<12} {sent:>10} {device:>10.2f} {server:>10.2f} "

@@ -47,6 +47,11 @@ def test_edge_run_and_plan(tmp_path: Path, cnn: Path, capsys: pytest.CaptureFixt
         assert lines[0].startswith("cnn-split v-") and "MB/s" in lines[0]
         assert len(lines) == 2 + 8 and sum("<- planned" in line for line in lines) == 1
         assert "after.5" in out and "(all here)" in out
+        code = main(["edge", "plan", "cnn-split", "--split", "2", *slow, *s])
+        out, err = capsys.readouterr()
+        assert code == 0, err  # the split given is the one marked, not the planner's
+        marked = [line for line in out.splitlines() if "<-" in line]
+        assert len(marked) == 1 and marked[0].split()[0] == "2" and "--split" in marked[0]
     # the server is gone: the whole model runs here from the cache
     code = main(["edge", "run", "cnn-split", "-i", f"x={tmp_path / 'x.npy'}", "-v", *s])
     out, err = capsys.readouterr()
@@ -76,3 +81,15 @@ def test_plan_of_a_function_without_splits_names_it_once(
         assert main(["edge", "plan", "echo", "--server", srv.url, *cache]) == 1
         err = capsys.readouterr().err
         assert err.count("function 'echo'") == 1 and "has no split points" in err, err
+
+
+@pytest.mark.parametrize(
+    "option", [("--split", "-1"), ("--threads", "0"), ("--emulate-slowdown", "0.5")]
+)
+def test_an_option_out_of_range_is_a_usage_error(
+    option: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["edge", "plan", "cnn-split", *option, "--server", "http://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Error: " in err and "must be" in err  # click's usage error
+    assert "Traceback" not in err
