@@ -135,7 +135,7 @@ async def get_head(request: Request) -> Response:
 
 def _check_key(node: Node, name: str, request: Request) -> None:
     """A function with invoke keys gives its plan and heads only to a caller with one,
-    as its tails (401 without, 403 with another)."""
+    as its tails (401 without one)."""
     if node.invoke_keys is not None:
         node.invoke_keys.check(name, request.headers)
 
