@@ -34,8 +34,6 @@ from fnrt.loader.spares import end, start_worker
 
 log = logging.getLogger("fnrt.loader")
 
-MIB = 1 << 20
-
 
 def spawn(
     loader: InstanceLoader,
@@ -128,17 +126,9 @@ def spawn(
         else:
             spares.learn_environment(environment, reply.get("modules", ()))
         spares.refill()
-    # A worker's interpreter (and the imports it had when taken) and its page-locked
-    # ring count in host memory beside the model: a node of many small models in
-    # worker processes holds mostly interpreters. Its CUDA context, cuBLAS's workspace
-    # and torch's cache, measured in the worker, count on its GPU.
-    # (to the MiB: two workers a few kB apart weigh the same in the budget's choices)
-    instance.interpreter_bytes = -(-int(reply.get("interpreter_bytes", 0)) // MIB) * MIB
-    if instance.interpreter_bytes:
-        loader.worker_bytes = instance.interpreter_bytes
-    instance.size_bytes = (
-        int(reply["size_bytes"]) + int(reply.get("pinned_bytes", 0)) + instance.interpreter_bytes
-    )
+    # A worker's page-locked ring counts in host memory; its CUDA context, cuBLAS's
+    # workspace and torch's cache, measured in the worker, count on its GPU.
+    instance.size_bytes = int(reply["size_bytes"]) + int(reply.get("pinned_bytes", 0))
     instance.device_bytes = int(reply.get("device_bytes", 0)) + int(reply.get("context_bytes", 0))
     instance.context_bytes = int(reply.get("context_bytes", 0))
     instance.stages = bool(reply.get("staged", False))
@@ -213,12 +203,6 @@ def prepare(loader: InstanceLoader, kind: IsolationMode, vm: VersionManifest) ->
     return loader.prepare(vm, environment)
 
 
-def worker_bytes(loader: InstanceLoader, kind: IsolationMode) -> int:
-    """What an instance where ``kind`` says holds in host memory besides its model's: in
-    a worker process, the worker's own (as the node's last worker measured it)."""
-    return loader.worker_bytes if kind is IsolationMode.PROCESS else 0
-
-
 def launch(
     loader: InstanceLoader,
     kind: IsolationMode,
@@ -249,10 +233,6 @@ class Launch:
     def load(self, vm: VersionManifest, executor: Executor, prepared: Prepared) -> Runnable:
         """The instance, from ``prepared`` (its pins are the instance's from here)."""
         return launch(self.loader, self.kind, vm, executor, prepared)
-
-    def worker_bytes(self) -> int:
-        """What its instances hold besides their model's (:func:`worker_bytes`)."""
-        return worker_bytes(self.loader, self.kind)
 
     def give_back(self, prepared: Prepared) -> None:
         """``prepared`` will not be loaded: its files are unpinned."""

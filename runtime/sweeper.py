@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from fnrt.loader.instance import InstanceLoader
-from fnrt.loader.launch import worker_bytes
 from fnrt.loader.memory import MemoryBudget
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
@@ -197,7 +196,7 @@ class Sweeper:
         if activity.loaded and scheduler.pool.instances <= scaling.min_instances:
             return False
         idle_for = max(now - activity.last_active_s, 0.0)
-        instance_bytes = scheduler.stats.last_load_bytes or sum(self._unmeasured(scheduler))
+        instance_bytes = scheduler.stats.last_load_bytes or scheduler.version.size_bytes
         action = self.keeper.act(
             scheduler.name,
             policy,
@@ -227,7 +226,7 @@ class Sweeper:
         of instances worth less): when it does not fit, the files alone. The files come
         first: a store that is down fails the pre-warm before anything is evicted, and
         the load's own room is made right after the choice, not a download later."""
-        needed, needed_device = scheduler.stats.expected_bytes(*self._unmeasured(scheduler))
+        needed, needed_device = scheduler.stats.expected_bytes(scheduler.version.size_bytes)
         gpu = self._gpu_memory
         try:
             await asyncio.to_thread(self._loader.prefetch, scheduler.version)
@@ -259,11 +258,6 @@ class Sweeper:
                     self._prewarming.pop(scheduler.key, None)
         except Exception as exc:
             log.warning("pre-warming %s failed: %s", scheduler.name, exc)
-
-    def _unmeasured(self, scheduler: Scheduler) -> tuple[int, int]:
-        """What its version's instance holds before one has been measured: its files,
-        and, when it runs in a worker process, the worker's own (``launch.worker_bytes``)."""
-        return scheduler.version.size_bytes, worker_bytes(self._loader, scheduler.isolation)
 
     def _loading(self) -> int:
         return unheld_bytes(self._prewarming, self._memory.holding_room())

@@ -6,11 +6,10 @@ The node is the server ``fnrt serve`` runs (its app and node, built from its
 settings) on a real uvicorn socket on 127.0.0.1, with a manual clock a minute
 of the trace moves at once (a day's slice replays in seconds). Each call is an
 HTTP request; after each minute the sweeper runs, as its timer would, and the
-pre-warms it starts finish before the next minute's calls (as their lead, the
-load's time, makes them on a node in real time). The budget is set to three
-instances' bytes (and half of one more, so that a worker's heap a MiB larger
-than another's decides nothing) once three are loaded, so from there on the
-budget decides. The live order of evictions is read from the node's logs
+pre-warms it starts finish before the next minute's calls (as their lead, the load's
+time, makes them on a node in real time). The
+budget is set to three instances' bytes once three are loaded, so from there on
+the budget decides. The live order of evictions is read from the node's logs
 (``fnrt.memory``: "evicting ... (reason: budget)"), then the same trace, with
 the instances' measured sizes, runs through
 :func:`~fnrt.runtime.prewarm.node.simulate_node`.
@@ -116,11 +115,8 @@ def replay(tmp: Path, trace: Trace) -> Replayed:
                         raise RuntimeError(f"minute {minute}: {r.status_code} {r.text}")
                     sizes[f] = max(sizes[f], schedulers[f].resident_bytes)
                     if not sized and all(s.resident_bytes for s in schedulers[:3]):
-                        # three instances fit, with half of one to spare: from here on,
-                        # the budget decides, and no worker's heap a few kB larger
-                        # than another's (each instance counts its worker's) decides
-                        held = [s.resident_bytes for s in schedulers[:3]]
-                        node.memory.budget_bytes = sum(held) + min(held) // 2
+                        # three instances fit: from here on, the budget decides
+                        node.memory.budget_bytes = sum(s.resident_bytes for s in schedulers[:3])
                         sized = True
                 clock.advance(60)
                 srv.call(node.sweeper.sweep())
