@@ -31,6 +31,7 @@ from coldstart import (
     MODEL,
     ROOT,
     SPARE_READY_S,
+    STAGES,  # the cold start's stages, as the loader records them
     Server,
     _digest_of,
     build_models,
@@ -40,16 +41,6 @@ from coldstart import (
 )
 
 PARTS = ("client", "edge", "functions", "loader", "runtime", "tracing")
-STAGES = (
-    "files_s",
-    "room_s",
-    "worker_s",
-    "import_s",
-    "load_s",
-    "setup_s",
-    "after_s",
-    "first_batch_s",
-)
 
 
 def export(rev: str, work: Path, name: str) -> dict[str, str]:
