@@ -379,6 +379,13 @@ class InstanceLoader:
         self.placement: Placement | None = None
         #: watches the files loaded instances map (None: nothing watches them)
         self.scrubber: Scrubber | None = None
+        #: what the last worker process measured itself holding before its handler's
+        #: own (its interpreter and imports, to the MiB): what a version never loaded
+        #: in a worker expects its worker to hold (0 until one has loaded)
+        self.worker_bytes = 0
+        #: the figures workers count of their own memory (``launch.steady_bytes``): a
+        #: worker measuring within an eighth of one counts it
+        self.worker_sizes: list[int] = []
         #: each code bundle's files and their xxh3, read from it once (``code_dir``)
         self._bundle_files: dict[str, dict[str, str]] = {}
 

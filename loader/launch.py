@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,9 @@ from fnrt.loader.process import LOAD_TIMEOUT_S, ProcessInstance
 from fnrt.loader.spares import end, start_worker
 
 log = logging.getLogger("fnrt.loader")
+
+MIB = 1 << 20
+FIGURES_KEPT = 64  # the figures of workers' own memory a node keeps (steady_bytes)
 
 
 def spawn(
@@ -126,9 +130,14 @@ def spawn(
         else:
             spares.learn_environment(environment, reply.get("modules", ()))
         spares.refill()
-    # A worker's page-locked ring counts in host memory; its CUDA context, cuBLAS's
-    # workspace and torch's cache, measured in the worker, count on its GPU.
-    instance.size_bytes = int(reply["size_bytes"]) + int(reply.get("pinned_bytes", 0))
+    # A worker's interpreter (and the imports it had when taken) and its page-locked
+    # ring count in host memory beside the model: a node of many small models in
+    # worker processes holds mostly interpreters. Its CUDA context, cuBLAS's workspace
+    # and torch's cache, measured in the worker, count on its GPU.
+    instance.interpreter_bytes = worker_bytes_of(loader, int(reply.get("interpreter_bytes", 0)))
+    instance.size_bytes = (
+        int(reply["size_bytes"]) + int(reply.get("pinned_bytes", 0)) + instance.interpreter_bytes
+    )
     instance.device_bytes = int(reply.get("device_bytes", 0)) + int(reply.get("context_bytes", 0))
     instance.context_bytes = int(reply.get("context_bytes", 0))
     instance.stages = bool(reply.get("staged", False))
@@ -203,6 +212,38 @@ def prepare(loader: InstanceLoader, kind: IsolationMode, vm: VersionManifest) ->
     return loader.prepare(vm, environment)
 
 
+def steady_bytes(known: Sequence[int], measured: int) -> int:
+    """What a worker counts of its own memory, from its ``measured`` heap: the first of
+    the figures the node ``known`` within an eighth of it, else ``measured``. A
+    worker's heap moves by a MiB or so from one start to the next; the budget's
+    choices, and the plans priced by each instance's size, should not move with it,
+    and two functions whose workers hold alike weigh alike."""
+    for figure in known:
+        if abs(measured - figure) <= figure // 8:
+            return figure
+    return measured
+
+
+def worker_bytes_of(loader: InstanceLoader, measured: int) -> int:
+    """What a new worker counts of its own (:func:`steady_bytes`, to the MiB), from its
+    ``measured`` heap; the node's guess for versions never loaded follows it."""
+    if not measured:
+        return 0
+    known = loader.worker_sizes
+    figure = steady_bytes(known, -(-measured // MIB) * MIB)
+    if figure not in known:
+        known.append(figure)
+        del known[:-FIGURES_KEPT]  # (the oldest first)
+    loader.worker_bytes = figure
+    return figure
+
+
+def worker_bytes(loader: InstanceLoader, kind: IsolationMode) -> int:
+    """What an instance where ``kind`` says holds in host memory besides its model's: in
+    a worker process, the worker's own (as the node's last worker measured it)."""
+    return loader.worker_bytes if kind is IsolationMode.PROCESS else 0
+
+
 def launch(
     loader: InstanceLoader,
     kind: IsolationMode,
@@ -233,6 +274,10 @@ class Launch:
     def load(self, vm: VersionManifest, executor: Executor, prepared: Prepared) -> Runnable:
         """The instance, from ``prepared`` (its pins are the instance's from here)."""
         return launch(self.loader, self.kind, vm, executor, prepared)
+
+    def worker_bytes(self) -> int:
+        """What its instances hold besides their model's (:func:`worker_bytes`)."""
+        return worker_bytes(self.loader, self.kind)
 
     def give_back(self, prepared: Prepared) -> None:
         """``prepared`` will not be loaded: its files are unpinned."""

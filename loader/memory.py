@@ -17,7 +17,8 @@ with the disk cache), which ``fnrt simulate --node-memory-gb`` runs too. The roo
 a load made is its own until it is loaded (or fails): :meth:`MemoryBudget.make_room`
 reserves it, and the loads that come meanwhile count it, as the simulator counts a
 load's bytes at once. (A load asks for its room once its files are on this disk:
-its download is not part of it.)
+its download is not part of it. An instance in a worker process holds its worker's
+own memory too, ``launch.worker_bytes``.)
 """
 
 from __future__ import annotations

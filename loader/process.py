@@ -216,7 +216,8 @@ class ProcessInstance:
         self.version = vm
         self.executor = executor
         self.timings_s: dict[str, float] = {}
-        self.size_bytes = 0
+        self.size_bytes = 0  # its handler's tensors, its pinned ring and interpreter_bytes
+        self.interpreter_bytes = 0  # the worker's own heap before the handler's, measured
         self.device_bytes = 0  # its handler's tensors and its context_bytes
         self.context_bytes = 0  # the worker's CUDA context and workspaces, measured
         self.device = Device()  # where it runs: the GPU placement chose, or the CPU

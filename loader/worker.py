@@ -86,6 +86,19 @@ def _die_with_parent() -> None:
         return
 
 
+def private_bytes(pid: int | str = "self") -> int:
+    """A process's anonymous resident memory (``RssAnon``: its heap, its interpreter's
+    objects; no file it maps and no library it shares), 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssAnon:"):
+                    return int(line.split()[1]) * 1024  # in kB
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
 def _failure(exc: BaseException) -> dict[str, Any]:
     return {
         "ok": False,
@@ -200,6 +213,9 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
     requests = [Arena(Path(path), create=False) for path in start["requests"]]
     responses = [Arena(Path(path), create=False) for path in start["responses"]]
     free_before = free_bytes_now(device)  # before this process's CUDA context exists
+    # what the worker holds before the handler's own: its interpreter and what it
+    # imported (a spare's: what it learned the versions import, torch say)
+    interpreter_bytes = private_bytes()
     try:
         built = build_handler(
             vm, Path(start["code_dir"]), artifacts, device, map_ahead=bool(start.get("map_ahead"))
@@ -220,6 +236,7 @@ def serve(channel: Channel, sites: Iterable[str] = ()) -> int:
             "device_bytes": built.device_bytes,
             "context_bytes": context_cost(on_device, built.device_bytes),
             "pinned_bytes": pinned_ring_bytes(),
+            "interpreter_bytes": interpreter_bytes,
             "staged": built.stager is not None,
             "import_s": built.import_s,
             "load_s": built.load_s,

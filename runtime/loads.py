@@ -131,7 +131,9 @@ class Loads:
                 prepared = await _prepared(launch, version, executor)
             if self._make_room is not None:
                 key = f"{self._name}/{version.version}"
-                release = await self._make_room(key, *stats.expected_bytes(version.size_bytes))
+                extra = 0 if launch is None else launch.worker_bytes()  # a worker's own
+                expected = stats.expected_bytes(version.size_bytes, extra)
+                release = await self._make_room(key, *expected)
             if COLLECTOR.pending:  # what was unloaded (for room, say) is freed first
                 await loop.run_in_executor(executor, COLLECTOR.settle)
             if launch is None or prepared is None:

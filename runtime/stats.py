@@ -121,13 +121,15 @@ class Stats:
     restarts: Counter[str] = field(default_factory=Counter)  # instances lost, by cause
     last_restart_reason: str | None = None
 
-    def expected_bytes(self, size_bytes: int) -> tuple[int, int]:
+    def expected_bytes(self, size_bytes: int, worker_bytes: int = 0) -> tuple[int, int]:
         """What the version's next load will hold in host and device memory: its last
-        load's, or ``size_bytes`` (the version's) until one has loaded. A measured 0 is
-        0: a model wholly on the GPU holds no host memory, nor one on the CPU the GPU's."""
+        load's, or until one has loaded ``size_bytes`` (the version's) on either, and
+        ``worker_bytes`` (a worker process's own, ``launch.worker_bytes``) in host memory.
+        A measured 0 is 0: a model wholly on the GPU holds no host memory, nor one on
+        the CPU the GPU's."""
         if self.loads:
             return self.last_load_bytes, self.last_load_device_bytes
-        return size_bytes, size_bytes
+        return size_bytes + worker_bytes, size_bytes
 
     def describe(self) -> dict[str, Any]:
         return {

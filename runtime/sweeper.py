@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from fnrt.loader.instance import InstanceLoader
+from fnrt.loader.launch import worker_bytes
 from fnrt.loader.memory import MemoryBudget
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
@@ -35,6 +36,7 @@ log = logging.getLogger("fnrt.sweeper")
 
 #: How often the keep-alive histories are written to the cache folder.
 HISTORY_SAVE_INTERVAL_S = 60.0
+PREWARM_TURN_S = 5.0  # the longest a pre-warm waits for the one started before to choose
 
 
 def prewarm_lead_s(last_load_s: float) -> float:
@@ -90,6 +92,9 @@ class Sweeper:
         self._loops: list[asyncio.Task[None]] = []
         self._saved_at = 0.0
         self._prewarming: dict[str, int] = {}  # pre-warms loading: their bytes, by key
+        #: the last pre-warm started: done once it has chosen (its files fetched, its
+        #: room asked); each waits for the one before, so they choose in start order
+        self._chosen: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         self._loops = [
@@ -196,7 +201,7 @@ class Sweeper:
         if activity.loaded and scheduler.pool.instances <= scaling.min_instances:
             return False
         idle_for = max(now - activity.last_active_s, 0.0)
-        instance_bytes = scheduler.stats.last_load_bytes or scheduler.version.size_bytes
+        instance_bytes = scheduler.stats.last_load_bytes or sum(self._unmeasured(scheduler))
         action = self.keeper.act(
             scheduler.name,
             policy,
@@ -226,12 +231,22 @@ class Sweeper:
         of instances worth less): when it does not fit, the files alone. The files come
         first: a store that is down fails the pre-warm before anything is evicted, and
         the load's own room is made right after the choice, not a download later."""
-        needed, needed_device = scheduler.stats.expected_bytes(scheduler.version.size_bytes)
+        needed, needed_device = scheduler.stats.expected_bytes(*self._unmeasured(scheduler))
         gpu = self._gpu_memory
+        before, chosen = self._chosen, asyncio.get_running_loop().create_future()
+        self._chosen = chosen
         try:
             await asyncio.to_thread(self._loader.prefetch, scheduler.version)
-            # pre-warms started in the same sweep load side by side: each counts those
-            # not yet holding the room of their load (which the budget counts once they do)
+            # pre-warms started side by side choose in the order the sweep started them
+            # (the order of the function table), not the order their files came in, as
+            # ``fnrt simulate`` takes a minute's pre-warms; a fetch that hangs holds the
+            # next no longer than PREWARM_TURN_S
+            if before is not None and not before.done():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(PREWARM_TURN_S):
+                        await asyncio.shield(before)
+            # each counts those chosen before it and not yet holding the room of their
+            # load (which the budget counts once they do)
             loading = self._loading()
             keeper = self.keeper
             filled = keeper is not None and keeper.filling(scheduler.name)
@@ -251,6 +266,7 @@ class Sweeper:
                 loading = self._loading()
             if self._memory.fits(needed + loading) and (gpu is None or gpu.fits(needed_device)):
                 self._prewarming[scheduler.key] = needed
+                chosen.set_result(None)
                 try:
                     if await sched.prewarm(scheduler):
                         log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
@@ -258,6 +274,16 @@ class Sweeper:
                     self._prewarming.pop(scheduler.key, None)
         except Exception as exc:
             log.warning("pre-warming %s failed: %s", scheduler.name, exc)
+        finally:
+            if not chosen.done():
+                chosen.set_result(None)
+            if self._chosen is chosen:
+                self._chosen = None
+
+    def _unmeasured(self, scheduler: Scheduler) -> tuple[int, int]:
+        """What its version's instance holds before one has been measured: its files,
+        and, when it runs in a worker process, the worker's own (``launch.worker_bytes``)."""
+        return scheduler.version.size_bytes, worker_bytes(self._loader, scheduler.isolation)
 
     def _loading(self) -> int:
         return unheld_bytes(self._prewarming, self._memory.holding_room())

@@ -56,7 +56,8 @@ PLOT_PRICES_MEAN_S = (1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
     multiple=True,
     metavar="S[,S...]",
     help="auto's prices of a cold start, in seconds of the trace's mean instance kept "
-    "loaded (each function's memory from --memory, else 1 GB)  [default: 4000; with "
+    "loaded (each function's memory from --memory, else 1 GB; with --node-memory-gb, as "
+    "a node has it: the mean of the functions planned for so far)  [default: 4000; with "
     "--plot: 1000,2000,4000,8000,16000]",
 )
 @click.option(

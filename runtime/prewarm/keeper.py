@@ -34,6 +34,7 @@ from fnrt.runtime.prewarm.policies import (
     decide,
     filling,
     fills,
+    node_mean_gb,
     scarce,
     weigh,
     worth,
@@ -221,9 +222,7 @@ class Keeper:
         two significant digits (a plan is not made again for a small change of it)."""
         mean = self._mean_gb
         if mean is None:
-            sizes = self._sizes
-            mean = float(f"{max(sum(sizes.values()) / len(sizes), 1e-6):.2g}") if sizes else 1.0
-            self._mean_gb = mean
+            mean = self._mean_gb = node_mean_gb(self._sizes.values())
         return mean
 
     def at_mean(self, config: PolicyConfig) -> PolicyConfig:
@@ -264,11 +263,15 @@ class Keeper:
             live = self._live.get(name)
             last = history.last_minute
             self._called_in(name, last if live is None else max(last, live.minute))
-        config = self.at_mean(config or self.config)
-        key = (policy, history.invocations, history.last_minute, memory_gb, config)
+        given = config or self.config
+        key = (policy, history.invocations, history.last_minute, memory_gb, given)
         cached = self._plans.get(name)
         if cached is not None and cached[0] == key:
-            return cached[1]  # nothing new since: the same plan (the sweep asks every second)
+            # nothing new since: the same plan (the sweep asks every second). The node's
+            # mean instance moves as functions join; a plan is made once after a call at
+            # the mean then, as ``fnrt simulate`` makes it
+            return cached[1]
+        config = self.at_mean(given)
         fill = self.fill_memory
         working_set = None
         if fill is None:

@@ -70,11 +70,12 @@ from fnrt.runtime.prewarm.policies import (
     decide,
     filling,
     fills,
+    node_mean_gb,
     scarce,
     weigh,
     worth,
 )
-from fnrt.runtime.prewarm.simulator import _instance_gb, _runs, mean_instance_gb
+from fnrt.runtime.prewarm.simulator import _instance_gb, _runs
 from fnrt.runtime.prewarm.trace import Trace
 
 #: The policies a node's memory is compared under.
@@ -150,9 +151,12 @@ def simulate_node(
     if budget_gb is not None and not budget_gb > 0:
         raise ValueError("budget_gb: must be > 0")
     config = config or PolicyConfig()
-    if config.mean_instance_gb is None:
-        config = replace(config, mean_instance_gb=mean_instance_gb(trace))
+    # auto's unit of price, as a node's keeper has it: the mean instance of the functions
+    # planned for so far (the trace's later ones are unknown to a node), unless given
+    by_node = config.mean_instance_gb is None
+    base = config
     plain, filled = config, filling(config)  # a plan that fills the budget: at 4x the price
+    planned_gb: dict[int, float] = {}
     planned = policy in (*AUTO_FILLS, "fixed", CLAIRVOYANT)
     memory = trace.memory_mb / 1024 if trace.memory_mb is not None else None
     functions = trace.counts.shape[0]
@@ -328,6 +332,10 @@ def simulate_node(
                 continue
             history = histories.setdefault(f, History())
             history.record_run(first, t, calls)
+            if by_node and f not in planned_gb:
+                planned_gb[f] = gb[f]
+                at_mean = replace(base, mean_instance_gb=node_mean_gb(planned_gb.values()))
+                plain, filled = at_mean, filling(at_mean)
             kind = Policy.FIXED if policy == "fixed" else Policy.AUTO
             fill = budget is not None and AUTO_FILLS.get(policy, False) is not False
             if fill and AUTO_FILLS[policy] is None:  # the default: while the working set fits

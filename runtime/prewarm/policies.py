@@ -42,6 +42,7 @@ and ``fnrt simulate``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -74,6 +75,16 @@ FILL_PRICE_FACTOR = 4.0
 #: (the instances of the functions called in its last ``keep_alive_min`` minutes) is at
 #: most this share of the budget (:func:`fills`).
 FILL_SHARE = 1.0
+
+
+def node_mean_gb(sizes_gb: Collection[float]) -> float:
+    """``auto``'s unit of price on a node: the mean instance of the functions it has
+    planned for so far, to two significant digits (a plan is not made again for a small
+    change of it), 1 GB before any. The server's keeper and ``fnrt simulate
+    --node-memory-gb`` both price by it."""
+    if not sizes_gb:
+        return 1.0
+    return float(f"{max(sum(sizes_gb) / len(sizes_gb), 1e-6):.2g}")
 
 
 def filling(config: PolicyConfig) -> PolicyConfig:

@@ -24,6 +24,7 @@ from fnrt.loader.process import ProcessInstance, RemoteError, rss_bytes
 from fnrt.loader.repository import Repository
 from fnrt.loader.spares import start_worker
 from fnrt.loader.stores import FileStore
+from fnrt.loader.worker import private_bytes
 from support import FORWARD_WORKER_MANIFEST, made_folders, publish, write_function
 from support import ISOLATED_MANIFEST as MANIFEST
 from support import MISBEHAVING_HANDLER as HANDLER
@@ -90,6 +91,20 @@ def test_a_worker_freezes_what_its_imports_and_load_made_out_of_the_collector(
     try:
         frozen = instance.run_timed([_x(-7)]).results[0]["y"][0, 0]
         assert frozen > 10_000  # numpy, fnrt and the handler at least
+    finally:
+        instance.close()
+
+
+def test_a_workers_interpreter_counts_in_its_instances_memory(tmp_path: Path) -> None:
+    """What a node's memory budget weighs for a worker's instance includes the worker
+    itself: its interpreter and imports hold far more than a small model's tensors."""
+    instance = _start(tmp_path)
+    try:
+        private = private_bytes(instance.pid)  # the worker's heap now, measured from here
+        # numpy and fnrt at least; measured before the load, to the MiB (rounded up)
+        assert 10 << 20 < instance.interpreter_bytes <= private + (1 << 20)
+        assert instance.interpreter_bytes % (1 << 20) == 0
+        assert instance.size_bytes >= instance.interpreter_bytes
     finally:
         instance.close()
 

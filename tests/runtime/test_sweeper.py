@@ -6,7 +6,9 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -292,3 +294,35 @@ def test_a_prewarm_under_way_is_counted_once() -> None:
         assert unheld_bytes(prewarming, memory.holding_room()) == 70
 
     asyncio.run(scenario())
+
+
+def test_prewarms_started_together_choose_in_the_order_they_started(tmp_path: Path) -> None:
+    """Two pre-warms with room for one: the one the sweep started first loads, though its
+    files come in last. A minute's pre-warms take room in the order of the function
+    table, as ``fnrt simulate`` takes them, not in the order their fetches end."""
+    clock = ManualClock(start=0.0)
+    node = make_node(tmp_path, clock)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        for name in ("first", "second"):
+            srv.deploy(write_function(tmp_path, name, manifest=ECHO_MANIFEST))
+            assert c.post(f"/v1/functions/{name}/invoke", json={"x": X}).status_code == 200
+        first, second = (srv.call(node.registry.get(n)) for n in ("first", "second"))
+        for scheduler in (first, second):
+            srv.call(sched.scale_to_zero(scheduler, clock.now(), force=True))
+        sizes = [s.stats.last_load_bytes for s in (first, second)]
+        node.memory.budget_bytes = max(sizes) + min(sizes) // 2  # room for one
+        fetch = node.sweeper._loader.prefetch
+
+        def slow_for_first(version: Any) -> Any:
+            if version.name == "first":
+                time.sleep(0.3)  # its files come in after the second's
+            return fetch(version)
+
+        node.sweeper._loader.prefetch = slow_for_first  # type: ignore[method-assign]
+
+        async def both() -> None:
+            started = [asyncio.create_task(node.sweeper.prewarm(s)) for s in (first, second)]
+            await asyncio.gather(*started)
+
+        srv.call(both())
+        assert first.pool.state.value == "warm" and second.pool.state.value == "cold"

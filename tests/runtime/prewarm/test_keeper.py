@@ -434,6 +434,29 @@ def test_the_price_is_in_seconds_of_the_nodes_mean_instance() -> None:
     assert keeper.at_mean(keeper.config).mean_instance_gb == 2.0
 
 
+def test_a_plan_is_made_once_after_a_call_at_the_mean_then() -> None:
+    """A function joining moves the node's mean instance, but a plan made stays until its
+    function is called again, as ``fnrt simulate`` plans once after each call: a plan
+    made again at a later sweep would see a later working set, and the node would part
+    from the simulator by when it happened to look."""
+    wall = [BASE_UNIX]
+    keeper = Keeper(None, wall=lambda: wall[0])
+    for _ in range(6):
+        keeper.invoked("small")
+        wall[0] += 30 * 60
+    made = keeper.plan("small", Policy.AUTO, memory_gb=0.5)
+    assert made is not None and keeper.mean_instance_gb() == 0.5
+    keeper.invoked("large")
+    wall[0] += 60
+    keeper.plan("large", Policy.AUTO, memory_gb=3.5)
+    assert keeper.mean_instance_gb() == 2.0
+    assert keeper.plan("small", Policy.AUTO, memory_gb=0.5) is made  # not made again
+    keeper.invoked("small")
+    wall[0] += 60
+    again = keeper.plan("small", Policy.AUTO, memory_gb=0.5)
+    assert again is not made  # a call: a new plan, at the mean now
+
+
 def test_a_plan_fills_the_budget_by_the_working_set_the_simulator_counts() -> None:
     # three functions of 1, 2 and 0.5 GB on their own rhythms; after each minute the
     # keeper plans the ones called in it, as the sweep does: its working set (what a

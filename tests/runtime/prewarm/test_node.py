@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from tracesupport import made
 
 from fnrt.runtime.prewarm.history import History
 from fnrt.runtime.prewarm.node import NODE_POLICIES, Cause, compare, fixed_peak_gb, simulate_node
 from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, worth
-from fnrt.runtime.prewarm.simulator import simulate_one
+from fnrt.runtime.prewarm.simulator import mean_instance_gb, simulate_one
 from fnrt.runtime.prewarm.trace import synthetic
 
 
 def test_with_no_budget_the_node_is_the_simulator() -> None:
     trace = synthetic(50, days=2, seed=3)
+    # priced alike (by default the node prices as a node's keeper does: the mean of the
+    # functions it has planned for so far; the simulator at the whole trace's mean)
+    config = PolicyConfig(mean_instance_gb=mean_instance_gb(trace))
     for name, policy in (("fixed", Policy.FIXED), ("auto", Policy.AUTO)):
-        alone = simulate_one(trace, policy, PolicyConfig())
-        node = simulate_node(trace, name, None)
+        alone = simulate_one(trace, policy, config)
+        node = simulate_node(trace, name, None, config)
         assert node.cold_starts == alone.cold_starts, name
         assert node.idle_gb_minutes == pytest.approx(alone.idle_gb_minutes), name
         assert node.evictions["budget"] == 0
@@ -155,3 +159,19 @@ def test_a_minutes_unloads_come_before_its_prewarms() -> None:
     o = simulate_node(trace, "auto_plan", 1.0, record=True)
     assert Cause.NO_ROOM not in o.causes
     assert o.cold_starts == 6 and max(m for m, _, _ in o.colds) < 30  # all warm once learned
+
+
+def test_a_nodes_plans_before_a_functions_first_call_do_not_depend_on_it() -> None:
+    """The node prices a cold start by the mean instance of the functions it has planned
+    for so far, as a node's keeper does (it cannot know the functions still to come): a
+    20 GB function first called at minute 900 changes nothing before it."""
+    gaps = np.random.default_rng(7).exponential(60.0, 40).astype(int) + 1
+    small = [int(m) for m in np.cumsum(gaps) if m < 900]
+    calls = {"small": small, "late": [900, 940, 980]}
+    trace = made(calls, {"small": 256.0, "late": 20480.0}, minutes=1000)
+    alone = made({"small": small}, {"small": 256.0}, minutes=1000)
+    with_late = simulate_node(trace, "auto", None, record=True)
+    without = simulate_node(alone, "auto", None, record=True)
+    before = [c for c in with_late.colds if c[0] < 900]
+    assert len(before) > 1  # plans decide here: not only the first call is cold
+    assert before == [c for c in without.colds if c[0] < 900]
