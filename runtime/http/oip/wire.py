@@ -79,6 +79,10 @@ class InferRequest:
 
 # --- compression ------------------------------------------------------------------
 
+#: The most gzip members a body may hold (``cat a.gz b.gz`` makes two; gzip -d reads
+#: every one): past it, a body of many empty members costs more than it carries.
+GZIP_MEMBERS = 64
+
 
 def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
     """The body without its ``Content-Encoding``, refused beyond ``limit_bytes`` inflated."""
@@ -97,11 +101,28 @@ def decompress(body: bytes, encoding: str | None, limit_bytes: int) -> bytes:
             out = inflater.decompress(body, limit_bytes + 1)
         except zlib.error:
             continue
-        if len(out) > limit_bytes or inflater.unconsumed_tail:
-            raise PayloadTooLarge(limit_bytes)
-        if not inflater.eof:
-            raise BadRequest(f"the {coding} body is truncated")
-        return out
+        parts = [out]
+        while True:
+            if len(out) > limit_bytes or inflater.unconsumed_tail:
+                raise PayloadTooLarge(limit_bytes)
+            if not inflater.eof:
+                raise BadRequest(f"the {coding} body is truncated")
+            rest = inflater.unused_data
+            if wbits == 31:  # gzip: members one after another, zero bytes between them
+                rest = rest.lstrip(b"\0")
+            if not rest:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            if wbits != 31:
+                raise BadRequest(f"the {coding} body has data after its end")
+            if len(parts) >= GZIP_MEMBERS:
+                raise BadRequest(f"the gzip body has more than {GZIP_MEMBERS} members")
+            limit_bytes -= len(out)
+            inflater = zlib.decompressobj(wbits)
+            try:
+                out = inflater.decompress(rest, limit_bytes + 1)
+            except zlib.error:
+                raise BadRequest("the gzip body has data after its end that is not gzip") from None
+            parts.append(out)
     raise BadRequest(f"the body is not valid {coding} data")
 
 

@@ -15,6 +15,7 @@ import pytest
 from fnrt.functions.errors import BadRequest, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from fnrt.functions.manifest import TensorSpec
 from fnrt.runtime.http.oip.wire import (
+    GZIP_MEMBERS,
     RequestedOutput,
     compress,
     decode_request,
@@ -241,6 +242,27 @@ def test_compression_round_trip_and_bombs(coding: str) -> None:
         decompress(b"not compressed", coding, 1 << 20)
     with pytest.raises(BadRequest, match="truncated"):
         decompress(compress(data, coding)[:-8], coding, 1 << 20)
+
+
+def test_every_member_of_a_gzip_body_is_read_within_the_limit() -> None:
+    """A gzip body may be several members one after another (``cat a.gz b.gz``, or a
+    client that compresses as it streams): each is read, not the first alone, and the
+    limit holds over them all."""
+    first, second = b"tensor " * 100, b"bytes " * 100
+    two = gzip.compress(first) + gzip.compress(second)
+    assert decompress(two, "gzip", 1 << 20) == first + second
+    assert decompress(two + b"\0" * 8, "gzip", 1 << 20) == first + second  # padding
+    with pytest.raises(PayloadTooLarge):
+        decompress(two, "gzip", len(first) + len(second) - 1)
+    with pytest.raises(BadRequest, match="not gzip"):
+        decompress(gzip.compress(first) + b"trailing junk", "gzip", 1 << 20)
+    with pytest.raises(BadRequest, match="truncated"):
+        decompress(two[:-8], "gzip", 1 << 20)
+    with pytest.raises(BadRequest, match="members"):
+        decompress(gzip.compress(b"") * (GZIP_MEMBERS + 1), "gzip", 1 << 20)
+    assert decompress(gzip.compress(b"x") * GZIP_MEMBERS, "gzip", 1 << 20) == b"x" * GZIP_MEMBERS
+    with pytest.raises(BadRequest, match="after its end"):  # deflate: one stream
+        decompress(compress(first, "deflate") + b"junk", "deflate", 1 << 20)
 
 
 def test_raw_deflate_and_identity_and_unknown_codings() -> None:
