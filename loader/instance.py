@@ -16,6 +16,7 @@ import py_compile
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -379,13 +380,13 @@ class InstanceLoader:
         self.placement: Placement | None = None
         #: watches the files loaded instances map (None: nothing watches them)
         self.scrubber: Scrubber | None = None
-        #: what the last worker process measured itself holding before its handler's
-        #: own (its interpreter and imports, to the MiB): what a version never loaded
-        #: in a worker expects its worker to hold (0 until one has loaded)
+        #: what a version never loaded in a worker expects its worker to hold besides
+        #: its model (its interpreter and imports): the largest of ``worker_sizes``
         self.worker_bytes = 0
         #: the figures workers count of their own memory (``launch.steady_bytes``): a
-        #: worker measuring within an eighth of one counts it
+        #: worker measuring within an eighth of one counts it; the last used last
         self.worker_sizes: list[int] = []
+        self.worker_sizes_lock = threading.Lock()
         #: each code bundle's files and their xxh3, read from it once (``code_dir``)
         self._bundle_files: dict[str, dict[str, str]] = {}
 

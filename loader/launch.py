@@ -213,34 +213,37 @@ def prepare(loader: InstanceLoader, kind: IsolationMode, vm: VersionManifest) ->
 
 
 def steady_bytes(known: Sequence[int], measured: int) -> int:
-    """What a worker counts of its own memory, from its ``measured`` heap: the first of
-    the figures the node ``known`` within an eighth of it, else ``measured``. A
-    worker's heap moves by a MiB or so from one start to the next; the budget's
-    choices, and the plans priced by each instance's size, should not move with it,
-    and two functions whose workers hold alike weigh alike."""
-    for figure in known:
-        if abs(measured - figure) <= figure // 8:
-            return figure
-    return measured
+    """What a worker counts of its own memory, from its ``measured`` heap: the figure of
+    those the node ``known`` nearest to it, if it is within an eighth of that figure,
+    else ``measured``. A worker's heap moves by a MiB or so from one start to the
+    next; the budget's choices, and the plans priced by each instance's size, should
+    not move with it, and two functions whose workers hold alike weigh alike. (A
+    worker counts at most an eighth less than it measured.)"""
+    near = [f for f in known if abs(measured - f) <= f // 8]
+    return min(near, key=lambda f: abs(measured - f)) if near else measured
 
 
 def worker_bytes_of(loader: InstanceLoader, measured: int) -> int:
     """What a new worker counts of its own (:func:`steady_bytes`, to the MiB), from its
-    ``measured`` heap; the node's guess for versions never loaded follows it."""
+    ``measured`` heap. The figures are the node's (the last used kept, at most
+    :data:`FIGURES_KEPT`); a version never loaded in a worker expects the largest."""
     if not measured:
         return 0
-    known = loader.worker_sizes
-    figure = steady_bytes(known, -(-measured // MIB) * MIB)
-    if figure not in known:
-        known.append(figure)
-        del known[:-FIGURES_KEPT]  # (the oldest first)
-    loader.worker_bytes = figure
+    with loader.worker_sizes_lock:  # (loads spawn their workers side by side)
+        known = loader.worker_sizes
+        figure = steady_bytes(known, -(-measured // MIB) * MIB)
+        if figure in known:
+            known.remove(figure)
+        known.append(figure)  # the last used last
+        del known[:-FIGURES_KEPT]
+        loader.worker_bytes = max(known)
     return figure
 
 
 def worker_bytes(loader: InstanceLoader, kind: IsolationMode) -> int:
     """What an instance where ``kind`` says holds in host memory besides its model's: in
-    a worker process, the worker's own (as the node's last worker measured it)."""
+    a worker process, the worker's own (the largest figure the node's workers count,
+    :func:`worker_bytes_of`; 0 before one has loaded)."""
     return loader.worker_bytes if kind is IsolationMode.PROCESS else 0
 
 

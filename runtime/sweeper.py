@@ -45,6 +45,12 @@ def prewarm_lead_s(last_load_s: float) -> float:
     return min(60.0, 5.0 + 2.0 * last_load_s)
 
 
+def _settle(chosen: asyncio.Future[None]) -> None:
+    """``chosen`` done, if it is not yet (a pre-warm's turn over)."""
+    if not chosen.done():
+        chosen.set_result(None)
+
+
 def rollback_over(left_at: Mapping[str, float], window_s: float, now: float) -> list[str]:
     """The versions whose rollback window has passed: ``window_s`` since they lost their
     traffic (``left_at``: version -> when)."""
@@ -93,8 +99,10 @@ class Sweeper:
         self._saved_at = 0.0
         self._prewarming: dict[str, int] = {}  # pre-warms loading: their bytes, by key
         #: the last pre-warm started: done once it has chosen (its files fetched, its
-        #: room asked); each waits for the one before, so they choose in start order
+        #: room asked) and the one before it has; each waits for the one before, so
+        #: they choose in start order
         self._chosen: asyncio.Future[None] | None = None
+        self._started: set[str] = set()  # the keys of the pre-warms under way
 
     def start(self) -> None:
         self._loops = [
@@ -182,7 +190,7 @@ class Sweeper:
         policy = Policy(scaling.keep_alive_policy)
         if policy is not Policy.AUTO:
             return 0.0, False
-        instance_bytes = resident.stats.last_load_bytes or resident.version.size_bytes
+        instance_bytes = resident.stats.last_load_bytes or sum(self._unmeasured(resident))
         return keeper.weigh(
             resident.name,
             policy,
@@ -231,10 +239,13 @@ class Sweeper:
         of instances worth less): when it does not fit, the files alone. The files come
         first: a store that is down fails the pre-warm before anything is evicted, and
         the load's own room is made right after the choice, not a download later."""
+        if scheduler.key in self._started:
+            return  # one under way already (a sweep a second later, while it waits)
         needed, needed_device = scheduler.stats.expected_bytes(*self._unmeasured(scheduler))
         gpu = self._gpu_memory
         before, chosen = self._chosen, asyncio.get_running_loop().create_future()
         self._chosen = chosen
+        self._started.add(scheduler.key)
         try:
             await asyncio.to_thread(self._loader.prefetch, scheduler.version)
             # pre-warms started side by side choose in the order the sweep started them
@@ -266,7 +277,7 @@ class Sweeper:
                 loading = self._loading()
             if self._memory.fits(needed + loading) and (gpu is None or gpu.fits(needed_device)):
                 self._prewarming[scheduler.key] = needed
-                chosen.set_result(None)
+                _settle(chosen)
                 try:
                     if await sched.prewarm(scheduler):
                         log.info("pre-warmed %s ahead of its predicted call", scheduler.name)
@@ -275,10 +286,12 @@ class Sweeper:
         except Exception as exc:
             log.warning("pre-warming %s failed: %s", scheduler.name, exc)
         finally:
-            if not chosen.done():
-                chosen.set_result(None)
-            if self._chosen is chosen:
-                self._chosen = None
+            self._started.discard(scheduler.key)
+            if before is not None and not before.done():  # failed before its turn: the
+                # next still waits for the one before this (a chain, never cut)
+                before.add_done_callback(lambda _: _settle(chosen))
+            else:
+                _settle(chosen)
 
     def _unmeasured(self, scheduler: Scheduler) -> tuple[int, int]:
         """What its version's instance holds before one has been measured: its files,

@@ -56,8 +56,7 @@ PLOT_PRICES_MEAN_S = (1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
     multiple=True,
     metavar="S[,S...]",
     help="auto's prices of a cold start, in seconds of the trace's mean instance kept "
-    "loaded (each function's memory from --memory, else 1 GB; with --node-memory-gb, as "
-    "a node has it: the mean of the functions planned for so far)  [default: 4000; with "
+    "loaded (each function's memory from --memory, else 1 GB)  [default: 4000; with "
     "--plot: 1000,2000,4000,8000,16000]",
 )
 @click.option(
@@ -119,8 +118,9 @@ PLOT_PRICES_MEAN_S = (1000.0, 2000.0, 4000.0, 8000.0, 16000.0)
     multiple=True,
     metavar="GB[,GB...]",
     help="without --nodes: compare the policies on one node at each memory budget (GB, or "
-    "a share of the fixed 10-minute keep-alive's peak: 25%,50%,100%); with --nodes: the L1 "
-    "budget per node  [default with --nodes: 32]",
+    "a share of the fixed 10-minute keep-alive's peak: 25%,50%,100%), auto at its default "
+    "price in seconds of the node's mean instance as a node has it (the functions planned "
+    "for so far); with --nodes: the L1 budget per node  [default with --nodes: 32]",
 )
 @click.option(
     "--node-disk-gb", type=float, default=200.0, show_default=True, help="L2 budget per node"

@@ -104,7 +104,9 @@ class Keeper:
         self._recency: dict[str, None] = {}
         self._prewarm_at: dict[str, float] = {}  # unix time of a planned pre-warm
         self._unload_after: dict[str, float] = {}  # unix time the plan releases it
-        self._plans: dict[str, tuple[tuple[Policy, int, int, float, PolicyConfig], Plan]] = {}
+        self._plans: dict[
+            str, tuple[tuple[Policy, int, int, float, PolicyConfig, int | None], Plan]
+        ] = {}
         self._priced: dict[tuple[float | None, float | None], PolicyConfig] = {}
         self._fixed: set[str] = set()  # kept by the manifest's keep_alive_s: nothing to plan
         self._sizes: dict[str, float] = {}  # each planned function's instance, GB
@@ -222,7 +224,8 @@ class Keeper:
         two significant digits (a plan is not made again for a small change of it)."""
         mean = self._mean_gb
         if mean is None:
-            mean = self._mean_gb = node_mean_gb(self._sizes.values())
+            sizes = self._sizes
+            mean = self._mean_gb = node_mean_gb(sum(sizes.values()), len(sizes))
         return mean
 
     def at_mean(self, config: PolicyConfig) -> PolicyConfig:
@@ -264,7 +267,7 @@ class Keeper:
             last = history.last_minute
             self._called_in(name, last if live is None else max(last, live.minute))
         given = config or self.config
-        key = (policy, history.invocations, history.last_minute, memory_gb, given)
+        key = (policy, history.invocations, history.last_minute, memory_gb, given, budget_bytes)
         cached = self._plans.get(name)
         if cached is not None and cached[0] == key:
             # nothing new since: the same plan (the sweep asks every second). The node's

@@ -151,12 +151,15 @@ def simulate_node(
     if budget_gb is not None and not budget_gb > 0:
         raise ValueError("budget_gb: must be > 0")
     config = config or PolicyConfig()
-    # auto's unit of price, as a node's keeper has it: the mean instance of the functions
-    # planned for so far (the trace's later ones are unknown to a node), unless given
+    # auto's unit of price, as a node's keeper has it, unless given: the mean instance of
+    # the functions it has planned for so far (the trace's later ones are unknown to a
+    # node), each from the sweep after its first busy minute (in the function table's
+    # order within a sweep); ``joining``: (first busy minute, function), in that order
     by_node = config.mean_instance_gb is None
     base = config
     plain, filled = config, filling(config)  # a plan that fills the budget: at 4x the price
-    planned_gb: dict[int, float] = {}
+    joining: list[tuple[int, int]] = []
+    joined, joined_gb = 0, 0.0
     planned = policy in (*AUTO_FILLS, "fixed", CLAIRVOYANT)
     memory = trace.memory_mb / 1024 if trace.memory_mb is not None else None
     functions = trace.counts.shape[0]
@@ -174,6 +177,8 @@ def simulate_node(
     for f in range(functions):
         firsts, lasts, sums = _runs(trace.counts[f])
         calls_at.append(firsts.tolist())
+        if len(firsts):
+            joining.append((int(firsts[0]), f))
         for first, last, calls in zip(firsts.tolist(), lasts.tolist(), sums.tolist(), strict=True):
             starts[first].append((f, calls))
             ends[last].append((f, first, calls))
@@ -195,6 +200,7 @@ def simulate_node(
     idle = 0.0
     clock = 0.0  # greedy_dual
     minutes = trace.minutes
+    joining.sort()
     agenda = sorted(set(starts) | set(ends))
     t_prev = -1
 
@@ -332,9 +338,11 @@ def simulate_node(
                 continue
             history = histories.setdefault(f, History())
             history.record_run(first, t, calls)
-            if by_node and f not in planned_gb:
-                planned_gb[f] = gb[f]
-                at_mean = replace(base, mean_instance_gb=node_mean_gb(planned_gb.values()))
+            if by_node and joined < len(joining) and joining[joined] <= (t, f):
+                while joined < len(joining) and joining[joined] <= (t, f):
+                    joined_gb += gb[joining[joined][1]]
+                    joined += 1
+                at_mean = replace(base, mean_instance_gb=node_mean_gb(joined_gb, joined))
                 plain, filled = at_mean, filling(at_mean)
             kind = Policy.FIXED if policy == "fixed" else Policy.AUTO
             fill = budget is not None and AUTO_FILLS.get(policy, False) is not False

@@ -42,7 +42,6 @@ and ``fnrt simulate``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -77,14 +76,13 @@ FILL_PRICE_FACTOR = 4.0
 FILL_SHARE = 1.0
 
 
-def node_mean_gb(sizes_gb: Collection[float]) -> float:
-    """``auto``'s unit of price on a node: the mean instance of the functions it has
-    planned for so far, to two significant digits (a plan is not made again for a small
-    change of it), 1 GB before any. The server's keeper and ``fnrt simulate
-    --node-memory-gb`` both price by it."""
-    if not sizes_gb:
+def node_mean_gb(total_gb: float, functions: int) -> float:
+    """``auto``'s unit of price on a node: the mean instance of the ``functions`` it has
+    planned for so far (``total_gb`` together), to two significant digits, 1 GB before
+    any. The server's keeper and ``fnrt simulate --node-memory-gb`` both price by it."""
+    if not functions:
         return 1.0
-    return float(f"{max(sum(sizes_gb) / len(sizes_gb), 1e-6):.2g}")
+    return float(f"{max(total_gb / functions, 1e-6):.2g}")
 
 
 def filling(config: PolicyConfig) -> PolicyConfig:

@@ -326,3 +326,46 @@ def test_prewarms_started_together_choose_in_the_order_they_started(tmp_path: Pa
 
         srv.call(both())
         assert first.pool.state.value == "warm" and second.pool.state.value == "cold"
+
+
+def test_a_prewarm_that_fails_before_its_turn_keeps_the_order_of_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Three pre-warms, room for one: the first's files come in last, the second's store
+    fails at once, the third's are quick. The third still waits for the first: a
+    failure in the middle does not cut the chain, nor does a pre-warm started twice
+    (a sweep a second later, while it waits) fetch twice."""
+    clock = ManualClock(start=0.0)
+    node = make_node(tmp_path, clock)
+    names = ("first", "second", "third")
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        for name in names:
+            srv.deploy(write_function(tmp_path, name, manifest=ECHO_MANIFEST))
+            assert c.post(f"/v1/functions/{name}/invoke", json={"x": X}).status_code == 200
+        schedulers = [srv.call(node.registry.get(n)) for n in names]
+        for scheduler in schedulers:
+            srv.call(sched.scale_to_zero(scheduler, clock.now(), force=True))
+        sizes = [s.stats.last_load_bytes for s in schedulers]
+        node.memory.budget_bytes = max(sizes) + min(sizes) // 2  # room for one
+        fetch = node.sweeper._loader.prefetch
+        fetched: list[str] = []
+
+        def prefetch(version: Any) -> Any:
+            fetched.append(version.name)
+            if version.name == "first":
+                time.sleep(0.3)
+            if version.name == "second":
+                raise OSError("the store is down")
+            return fetch(version)
+
+        node.sweeper._loader.prefetch = prefetch  # type: ignore[method-assign]
+
+        async def all_three() -> None:
+            started = [asyncio.create_task(node.sweeper.prewarm(s)) for s in schedulers]
+            started.append(asyncio.create_task(node.sweeper.prewarm(schedulers[0])))
+            await asyncio.gather(*started)
+
+        srv.call(all_three())
+        states = [s.pool.state.value for s in schedulers]
+        assert states == ["warm", "cold", "cold"]
+        assert sorted(fetched) == sorted(names)  # the first, once

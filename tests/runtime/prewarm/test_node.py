@@ -8,7 +8,7 @@ from tracesupport import made
 
 from fnrt.runtime.prewarm.history import History
 from fnrt.runtime.prewarm.node import NODE_POLICIES, Cause, compare, fixed_peak_gb, simulate_node
-from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, worth
+from fnrt.runtime.prewarm.policies import Plan, Policy, PolicyConfig, node_mean_gb, worth
 from fnrt.runtime.prewarm.simulator import mean_instance_gb, simulate_one
 from fnrt.runtime.prewarm.trace import synthetic
 
@@ -175,3 +175,21 @@ def test_a_nodes_plans_before_a_functions_first_call_do_not_depend_on_it() -> No
     before = [c for c in with_late.colds if c[0] < 900]
     assert len(before) > 1  # plans decide here: not only the first call is cold
     assert before == [c for c in without.colds if c[0] < 900]
+
+
+def test_a_function_busy_every_minute_counts_in_the_mean_from_its_first() -> None:
+    """A node's keeper knows a function from the sweep after its first busy minute, not
+    from the end of its run: one called every minute of the trace prices the others'
+    plans from the start, here as if the mean were fixed at the two functions'."""
+    gaps = np.random.default_rng(7).exponential(60.0, 40).astype(int) + 1
+    small = [int(m) + 5 for m in np.cumsum(gaps) if m < 900]
+    both = made(
+        {"small": small, "busy": list(range(1000))}, {"small": 256.0, "busy": 20480.0}, 1000
+    )
+    alone = made({"small": small}, {"small": 256.0}, minutes=1000)
+    mean = node_mean_gb((256.0 + 20480.0) / 1024, 2)
+    priced = simulate_node(alone, "auto", None, PolicyConfig(mean_instance_gb=mean), record=True)
+    live = simulate_node(both, "auto", None, record=True)
+    assert [c for c in live.colds if c[1] == "small"] == priced.colds
+    by_itself = simulate_node(alone, "auto", None, record=True)  # priced at its own size
+    assert len(by_itself.colds) > len(priced.colds)  # the mean decides here
