@@ -155,13 +155,17 @@ class Deployer:
             return Deployed(vm.name, vm.version, created, entry.routing, rollout="unchanged")
         checks: dict[str, Any] = {}
         if entry is not None or config.warmup_file or config.probe_file:
+            # a version held here already (kept warm for a rollback, say) stays as it
+            # was if its checks fail now: only a candidate made for this deploy closes
+            was = entry.schedulers.get(vm.version) if entry is not None else None
             candidate = (
                 registry.held(entry, vm) if entry is not None else registry.new_scheduler(vm)
             )
             try:
                 checks = await prepare(candidate, self._loader)
             except Exception:
-                if entry is None or vm.version not in entry.routing.traffic:
+                made = candidate is not was
+                if made and (entry is None or vm.version not in entry.routing.traffic):
                     if entry is not None and entry.schedulers.get(vm.version) is candidate:
                         registry.hold(entry, vm.version, None)  # and closes it
                     else:

@@ -9,6 +9,9 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.routing import Routing
@@ -16,7 +19,7 @@ from fnrt.loader.device import detect_device
 from fnrt.loader.instance import InstanceLoader
 from fnrt.loader.repository import Repository
 from fnrt.loader.stores import FileStore
-from fnrt.runtime import views
+from fnrt.runtime import deployer, views
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.deployment import cut_over, store_version
 from fnrt.runtime.events import NoEvents
@@ -198,6 +201,41 @@ def test_redeploy_swaps_version_and_old_one_unloads_after_the_rollback_window(
         routing, _ = node.repository.get_routing("tracked")
         assert routing.traffic == {second.version: 100}
         assert routing.previous == (first.version,)
+
+
+def test_a_failed_redeploy_of_the_version_kept_for_a_rollback_leaves_it_warm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deploying again the version kept warm for a rollback, whose checks fail this
+    time (a warm-up that times out under load, say): the deploy is refused with the
+    routing untouched, and so is the node: the version stays warm and kept for a
+    rollback, not closed with the candidate that failed."""
+    gate("load").set()
+    clock = ManualClock()
+    node = make_node(tmp_path, clock)
+    v1 = write_function(tmp_path / "v1", "tracked", TRACKED, TRACKED_MANIFEST, keep_alive_s=300)
+    v2 = write_function(tmp_path / "v2", "tracked", TRACKED.replace("+ 1", "+ 2"), TRACKED_MANIFEST)
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        first = srv.deploy(v1)
+        assert c.post("/v1/functions/tracked/invoke", json={"x": X}).status_code == 200
+        srv.deploy(v2)
+        entry = srv.call(node.registry.entry("tracked"))
+        kept = entry.schedulers[first.version]
+        assert kept.pool.state.value == "warm" and first.version in entry.left_at
+
+        async def failing(candidate: Any, loader: Any) -> dict[str, Any]:
+            raise RuntimeError("the warm-up timed out")
+
+        monkeypatch.setattr(deployer, "prepare", failing)
+        with pytest.raises(RuntimeError, match="warm-up"):
+            srv.deploy(v1)
+        assert entry.schedulers.get(first.version) is kept
+        assert not kept.batcher.closing and kept.pool.state.value == "warm"
+        assert first.version in entry.left_at
+        r = c.post("/v1/functions/tracked/rollback")
+        assert r.status_code == 200, r.text
+        assert c.post("/v1/functions/tracked/invoke", json={"x": X}).json()["y"] == [[2, 3, 4, 5]]
+        assert entry.schedulers.get(first.version) is kept  # the warm one took it back
 
 
 def test_a_second_node_serves_what_the_first_deployed(tmp_path: Path) -> None:
