@@ -225,6 +225,8 @@ class Sequencer(Intake):
                         if pool.instances == 0:  # nobody else can serve them
                             self.fail_queued(exc)
                             running.clear()
+                        elif self.closing and not running:  # the others serve the queue
+                            return
                         else:
                             self._wake.clear()
                             await self._wake.wait()

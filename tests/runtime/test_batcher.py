@@ -402,3 +402,55 @@ def test_a_request_arriving_while_a_lone_batch_is_accounted_is_not_staged_behind
         await batcher.close()
 
     asyncio.run(scenario())
+
+
+class _FailingFromNowOn(Loads):
+    """Loads that succeed until ``failing`` is set, then fail (its store went down)."""
+
+    failing = False
+
+    def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        if self.failing:
+            self.count += 1
+            raise OSError("weights are corrupt")
+        return super().__call__(vm, executor)
+
+
+def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
+    tmp_path: Path,
+) -> None:
+    """The primary slot lost its instance and its loads fail now, while a second slot
+    serves the queue. Closing the version (a re-deploy, a retirement) answers what was
+    queued, then ends: the primary does not wait for an arrival that cannot come."""
+    hold = threading.Event()
+    hold.set()
+    loads = _FailingFromNowOn(_plus_one_after(hold))
+    two = MANIFEST.replace("max_queue = 6", "max_queue = 6\nmin_instances = 2\nmax_instances = 2")
+
+    async def scenario() -> None:
+        parts = _parts(tmp_path, loads, manifest=two)
+        batcher, pool, clock = parts.batcher, parts.pool, parts.clock
+        assert (await _submit(batcher, 1.0)).outputs["y"][0, 0] == 2
+        for _ in range(500):
+            if pool.instances == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.instances == 2
+        await pool.drop(pool.slots[0])  # the primary's instance is gone
+        loads.failing = True
+        hold.clear()  # the second slot's batches wait
+        queued = [asyncio.ensure_future(_submit(batcher, float(i))) for i in range(6)]
+        await asyncio.sleep(0.05)
+        closed = asyncio.ensure_future(batcher.close())
+        hold.set()
+        for _ in range(100):  # the primary's load backs off, then fails again
+            if closed.done():
+                break
+            clock.advance(5)
+            await asyncio.sleep(0.02)
+        assert closed.done(), "the version never finished closing"
+        answers = await asyncio.gather(*queued)
+        assert [a.outputs["y"][0, 0] for a in answers] == [float(i) + 1 for i in range(6)]
+        assert loads.count >= 3  # two loads, then the primary's failed ones
+
+    asyncio.run(scenario())

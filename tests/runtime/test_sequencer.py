@@ -77,9 +77,11 @@ class Loads:
 
 
 class Parts:
-    def __init__(self, tmp_path: Path, loads: Loads, max_active: int = 2) -> None:
+    def __init__(
+        self, tmp_path: Path, loads: Loads, max_active: int = 2, manifest: str = COUNTER_MANIFEST
+    ) -> None:
         folder = write_function(
-            tmp_path, "seq", COUNTER_HANDLER, COUNTER_MANIFEST,
+            tmp_path, "seq", COUNTER_HANDLER, manifest,
             max_active=max_active, max_queue=3, mode="thread",
         )  # fmt: skip
         self.vm = packed(folder)[0]
@@ -215,5 +217,52 @@ def test_a_failed_step_fails_its_sequences_and_the_next_are_served(tmp_path: Pat
         assert await _tokens(after) == [51, 52]
         assert after.stream.ended.reason == "stop"
         await parts.sequencer.close()
+
+    asyncio.run(scenario())
+
+
+def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
+    tmp_path: Path,
+) -> None:
+    """The primary slot lost its instance and its loads fail now, while a second slot
+    generates. Closing the version ends once the queued sequences are done: the
+    primary does not wait for an arrival that cannot come."""
+
+    class Failing(Loads):
+        failing = False
+
+        def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+            if self.failing:
+                raise OSError("weights are corrupt")
+            return super().__call__(vm, executor)
+
+    loads = Failing(handler=Slow())
+    two = COUNTER_MANIFEST.replace(
+        "max_queue = {max_queue}", "max_queue = {max_queue}\nmin_instances = 2\nmax_instances = 2"
+    )
+
+    async def scenario() -> None:
+        parts = Parts(tmp_path, loads, max_active=1, manifest=two)
+        pool, clock = parts.pool, parts.clock
+        assert await _tokens(await parts.submit(0, 2)) == [1, 2]
+        for _ in range(500):
+            if pool.instances == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.instances == 2
+        await pool.drop(pool.slots[0])  # the primary's instance is gone
+        loads.failing = True
+        served = [asyncio.ensure_future(parts.submit(10 * i, 10 * i + 5)) for i in range(3)]
+        await asyncio.sleep(0.02)
+        closed = asyncio.ensure_future(parts.sequencer.close())
+        for _ in range(200):  # the primary's load backs off, then fails again
+            if closed.done():
+                break
+            clock.advance(5)
+            await asyncio.sleep(0.02)
+        assert closed.done(), "the version never finished closing"
+        answers = await asyncio.gather(*served)
+        tokens = await asyncio.gather(*(_tokens(a) for a in answers))
+        assert tokens == [list(range(10 * i + 1, 10 * i + 6)) for i in range(3)]
 
     asyncio.run(scenario())
