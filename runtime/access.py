@@ -63,3 +63,19 @@ class InvokeKeys:
             matched |= hmac.compare_digest(given.encode(), self._admin.encode())
         if not (ok and matched):
             raise Unauthorized(f"function '{function}' needs 'Authorization: Bearer <key>'")
+
+
+def require_key(keys: InvokeKeys | None, function: str, headers: Mapping[str, str]) -> None:
+    """Raise Unauthorized (401) unless ``function`` takes calls without a key or
+    ``headers`` carry one of its keys (``keys``: the node's, None with no keys file)."""
+    if keys is not None:
+        keys.check(function, headers)
+
+
+def allows(keys: InvokeKeys | None, function: str, headers: Mapping[str, str]) -> bool:
+    """Whether a caller with ``headers`` may call ``function`` (:func:`require_key`)."""
+    try:
+        require_key(keys, function, headers)
+    except Unauthorized:
+        return False
+    return True

@@ -38,6 +38,7 @@ from fnrt.functions.codec import (
 )
 from fnrt.functions.errors import BadRequest, Conflict, FnrtError, PayloadTooLarge, StoreError
 from fnrt.loader.stores.base import KeyNotFound, check_key
+from fnrt.runtime.access import require_key
 from fnrt.runtime.http.admin import admin, query_int
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.resource import resource
@@ -75,8 +76,7 @@ async def submit(request: Request) -> Response:
     node = node_of(request)
     name = request.path_params["name"]
     headers = request.headers
-    if node.invoke_keys is not None:
-        node.invoke_keys.check(name, headers)
+    require_key(node.invoke_keys, name, headers)
     options: dict[str, Any] = dict(request.query_params)
     media = headers.get("content-type", "")
     record_format = format_of_media(media)
@@ -298,8 +298,7 @@ async def _status(request: Request) -> JobStatus:
     """The job named by the path, once the caller may see its function."""
     node = node_of(request)
     status = await asyncio.to_thread(node.jobs.board.status, _job_id(request))
-    if node.invoke_keys is not None:
-        node.invoke_keys.check(status.spec.function, request.headers)
+    require_key(node.invoke_keys, status.spec.function, request.headers)
     return status
 
 

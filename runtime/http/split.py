@@ -25,6 +25,7 @@ from fnrt.edge.activation import unpack
 from fnrt.functions.codec import Format, encode, format_of, negotiate
 from fnrt.functions.errors import BadRequest, UnsupportedMediaType
 from fnrt.functions.headers import DIGEST_HEADER, SERVER_MS_HEADER, VERSION_HEADER
+from fnrt.runtime.access import require_key
 from fnrt.runtime.gateway import ACTIVATION, Target
 from fnrt.runtime.http.body import Receive, read_body
 from fnrt.runtime.http.data import Answer, Incoming, Scope, Send, data_entry
@@ -136,8 +137,7 @@ async def get_head(request: Request) -> Response:
 def _check_key(node: Node, name: str, request: Request) -> None:
     """A function with invoke keys gives its plan and heads only to a caller with one,
     as its tails (401 without one)."""
-    if node.invoke_keys is not None:
-        node.invoke_keys.check(name, request.headers)
+    require_key(node.invoke_keys, name, request.headers)
 
 
 def _since_ms(started: float) -> str:

@@ -59,6 +59,20 @@ def test_invokes_need_a_key_where_the_keys_file_says(tmp_path: Path) -> None:
         }
         assert c.post("/v2/models/locked/infer", json=infer).status_code == 401
         assert c.post("/v1/functions/open/invoke", json=X).status_code == 200
+        # what a model takes, how it is configured, if it is ready and how much it is
+        # called: only to a caller with a key, as its inferences
+        bearer = {"authorization": "Bearer k-1"}
+        for path in ("", "/ready", "/config", "/stats"):
+            r = c.get(f"/v2/models/locked{path}")
+            assert r.status_code == 401 and "Bearer" in r.json()["error"], path
+            assert c.get(f"/v2/models/locked{path}", headers=bearer).status_code == 200, path
+            assert c.get(f"/v2/models/open{path}").status_code == 200, path
+        version = c.get("/v2/models/locked", headers=bearer).json()["versions"][0]
+        assert c.get(f"/v2/models/locked/versions/{version}/config").status_code == 401
+        every = c.get("/v2/models/stats").json()["model_stats"]  # those this caller may call
+        assert [m["name"] for m in every] == ["open"]
+        with_key = c.get("/v2/models/stats", headers=bearer).json()["model_stats"]
+        assert sorted(m["name"] for m in with_key) == ["locked", "open"]
 
 
 def test_cors_preflight_and_exposed_headers(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from fnrt.functions.errors import BadRequest
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime import views
+from fnrt.runtime.access import allows, require_key
 from fnrt.runtime.http.admin import admin
 from fnrt.runtime.http.body import read_body
 from fnrt.runtime.http.health import not_ready
@@ -58,9 +59,18 @@ async def server_metadata(request: Request) -> Response:
     return JSONResponse({"name": "fnrt", "version": server_version(), "extensions": EXTENSIONS})
 
 
+def _may_see(request: Request) -> str:
+    """The model the path names, once the caller may see it: a function with invoke keys
+    shows its metadata, config, readiness and counters only to a caller with one, as it
+    answers its inferences (401)."""
+    name: str = request.path_params["name"]
+    require_key(node_of(request).invoke_keys, name, request.headers)
+    return name
+
+
 async def model(request: Request) -> Response:
     registry = node_of(request).registry
-    name, version = request.path_params["name"], _version(request)
+    name, version = _may_see(request), _version(request)
     vm = await registry.version_manifest(name, version)
     versions = [vm.version] if version is not None else await views.stored_versions(registry, name)
     return JSONResponse(model_metadata(vm, versions))
@@ -68,7 +78,7 @@ async def model(request: Request) -> Response:
 
 async def model_ready(request: Request) -> Response:
     registry = node_of(request).registry
-    name, version = request.path_params["name"], _version(request)
+    name, version = _may_see(request), _version(request)
     vm = await registry.version_manifest(name, version)
     failing = [
         s.stats.last_load_error
@@ -84,18 +94,22 @@ async def model_ready(request: Request) -> Response:
 
 async def config(request: Request) -> Response:
     node = node_of(request)
-    vm = await node.registry.version_manifest(request.path_params["name"], _version(request))
+    vm = await node.registry.version_manifest(_may_see(request), _version(request))
     return JSONResponse(model_config(vm, node.loader.device.kind))
 
 
 async def statistics(request: Request) -> Response:
-    """Counters of the versions this node serves (each node counts its own)."""
+    """Counters of the versions this node serves (each node counts its own): of every
+    model, those the caller may call (a function with invoke keys counts only for a
+    caller with one)."""
     node = node_of(request)
     registry = node.registry
-    name, version = request.path_params.get("name"), _version(request)
+    name = _may_see(request) if "name" in request.path_params else None
+    version = _version(request)
     schedulers: list[Scheduler]
     if name is None:
-        schedulers = node.schedulers()
+        keys, headers = node.invoke_keys, request.headers
+        schedulers = [s for s in node.schedulers() if allows(keys, s.name, headers)]
     elif version is None:
         await registry.get(name)
         schedulers = registry.versions_of(name)

@@ -75,7 +75,7 @@ def _v2_model_paths(base: str, params: list[Schema], suffix_id: str) -> dict[str
             "get": {
                 "summary": "Model metadata",
                 "operationId": f"modelMetadata{suffix_id}",
-                "responses": {**ok(ref("ModelMetadata")), **error_responses(404)},
+                "responses": {**ok(ref("ModelMetadata")), **error_responses(401, 404)},
             },
         },
         f"{base}/ready": {
@@ -89,7 +89,7 @@ def _v2_model_paths(base: str, params: list[Schema], suffix_id: str) -> dict[str
                         "description": "its last load failed",
                         "content": {JSON: {"schema": ready}},
                     },
-                    **error_responses(404),
+                    **error_responses(401, 404),
                 },
             },
         },
@@ -98,7 +98,7 @@ def _v2_model_paths(base: str, params: list[Schema], suffix_id: str) -> dict[str
             "get": {
                 "summary": "Model configuration in Triton's shape",
                 "operationId": f"modelConfig{suffix_id}",
-                "responses": {**ok({"type": "object"}), **error_responses(404)},
+                "responses": {**ok({"type": "object"}), **error_responses(401, 404)},
             },
         },
         f"{base}/stats": {
@@ -106,7 +106,7 @@ def _v2_model_paths(base: str, params: list[Schema], suffix_id: str) -> dict[str
             "get": {
                 "summary": "Model statistics in Triton's shape (this node's counters)",
                 "operationId": f"modelStats{suffix_id}",
-                "responses": {**ok(ref("ModelStats")), **error_responses(404)},
+                "responses": {**ok(ref("ModelStats")), **error_responses(401, 404)},
             },
         },
         f"{base}/infer": {
@@ -125,7 +125,7 @@ def _v2_model_paths(base: str, params: list[Schema], suffix_id: str) -> dict[str
                             OCTETS: {"schema": {}},
                         },
                     },
-                    **error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+                    **error_responses(400, 401, 404, 413, 415, 422, 429, 500, 503, 504),
                 },
             },
         },
@@ -144,7 +144,7 @@ def _v2_model_paths(base: str, params: list[Schema], suffix_id: str) -> dict[str
                     },
                     "responses": {
                         "200": {"description": answer, "content": {media: {"schema": schema}}},
-                        **error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+                        **error_responses(400, 401, 404, 413, 415, 422, 429, 500, 503, 504),
                     },
                 },
             }
