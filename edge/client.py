@@ -39,7 +39,13 @@ from fnrt.edge.activation import Encoding, pack, read_outputs
 from fnrt.edge.link import LinkConfig, LinkEstimate
 from fnrt.edge.planner import Link, Plan, Profile, choose_split
 from fnrt.edge.transport import HttpTransport, Response, Transport
-from fnrt.functions.errors import FnrtError, IntegrityError, NoSuchSplit, Unavailable
+from fnrt.functions.errors import (
+    FnrtError,
+    IntegrityError,
+    InvalidInput,
+    NoSuchSplit,
+    Unavailable,
+)
 from fnrt.functions.extras import require
 from fnrt.functions.headers import DIGEST_HEADER, SERVER_MS_HEADER, VERSION_HEADER
 
@@ -355,14 +361,33 @@ class EdgeClient:
 
     def _feed(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         """The model's inputs from ``inputs``, in their declared dtypes; FnrtError if any
-        is missing."""
+        is missing, InvalidInput if one is not of its declared shape ``[n, ...]`` or
+        cannot be its dtype (said here, as the server says it of an activation, not in
+        onnxruntime's words from inside a head)."""
         names = [p["name"] for p in self.data["inputs"]]
         missing = set(names) - set(inputs)
         if missing:
             raise FnrtError(f"inputs {sorted(missing)} are missing (the model takes {names})")
-        return {
-            p["name"]: np.asarray(inputs[p["name"]], dtype=p["dtype"]) for p in self.data["inputs"]
-        }
+        feed = {}
+        for p in self.data["inputs"]:
+            name, row_shape = p["name"], tuple(p["row_shape"])
+            try:
+                array = np.asarray(inputs[name], dtype=p["dtype"])
+            except (TypeError, ValueError) as exc:
+                raise InvalidInput(f"input {name!r}: not {p['dtype']}: {exc}", input=name) from None
+            fits = array.ndim == len(row_shape) + 1 and all(
+                want < 0 or got == want
+                for got, want in zip(array.shape[1:], row_shape, strict=True)
+            )
+            if not fits or not len(array):
+                rows = ", ".join(map(str, row_shape))
+                raise InvalidInput(
+                    f"input {name!r} must have shape [n, {rows}] with n >= 1, "
+                    f"got {list(array.shape)}",
+                    input=name,
+                )
+            feed[name] = array
+        return feed
 
     def _head(self, k: int, inputs: Mapping[str, Array]) -> Array:
         feed = self._feed(inputs)

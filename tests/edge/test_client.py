@@ -21,7 +21,7 @@ import pytest
 from fnrt.edge.activation import Encoding
 from fnrt.edge.client import EdgeClient, EdgeConfig, EdgeUnavailable
 from fnrt.edge.transport import HttpTransport, Response, Throttled, Transport
-from fnrt.functions.errors import IntegrityError, NoSuchSplit
+from fnrt.functions.errors import IntegrityError, InvalidInput, NoSuchSplit
 from fnrt.functions.headers import SERVER_MS_HEADER
 from fnrt.tracing.export import MemoryExporter
 from fnrt.tracing.recorder import SpanKind
@@ -391,3 +391,22 @@ def test_a_fixed_split_moves_to_a_new_deploy_and_past_a_version_gone(
             np.testing.assert_allclose(
                 client.run({"x": X}).outputs["y"], whole(folder), rtol=1e-4, atol=1e-5
             )
+
+
+def test_an_input_of_the_wrong_shape_is_refused_in_the_clients_words(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """At any split, here or offline, an input that is not the model's shape is an
+    InvalidInput that names it, before any head runs (not onnxruntime's traceback from
+    inside one), and the client serves the next call."""
+    config = EdgeConfig(cache_dir=tmp_path / "edge", profile_runs=1)
+    with EdgeClient(server.url, NAME, config) as client:
+        for k in (0, 3, client.splits - 1):
+            for bad in (X[0], X[:, :, :16], np.zeros((0, 3, 32, 32), np.float32)):
+                with pytest.raises(
+                    InvalidInput, match=r"input 'x' must have shape \[n, 3, 32, 32\]"
+                ):
+                    client.run({"x": bad}, split=k)
+            with pytest.raises(InvalidInput, match="not float32"):
+                client.run({"x": [["a"]]}, split=k)
+        assert client.run({"x": X}, split=3).outputs["y"].shape == (1, 10)
