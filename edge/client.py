@@ -284,7 +284,10 @@ class EdgeClient:
         return self._plan
 
     def _allowed(self) -> set[int]:
-        return {0, *self._sessions}
+        """The splits this device can take: those whose head it holds, and split 0 (the
+        input sent as it is) for a model of one input."""
+        sends_input = len(self.data["inputs"]) == 1
+        return {*({0} if sends_input else ()), *self._sessions}
 
     # --- one call ------------------------------------------------------------------------
 

@@ -296,9 +296,11 @@ def _profile(cuts: Cuts, providers: list[Any]) -> tuple[float, ...]:
     """The median time (ms) of each tail on one row of zeros: k = 0 .. n."""
     out = []
     for k in range(cuts.count - 1):
-        point = cuts.sent(k) or cuts.input_points[0]
+        sent = cuts.sent(k)  # k = 0: the model's inputs, every one (a device sends one
+        # only to a model of one input; the whole model's time still plans the others)
+        points = [sent] if sent is not None else list(cuts.input_points)
         session = onnx_format.session(cuts.tail(k), providers)
-        feed = {point.name: np.zeros((1, *point.row_shape), dtype=point.dtype)}
+        feed = {p.name: np.zeros((1, *p.row_shape), dtype=p.dtype) for p in points}
         session.run(None, feed)  # warm-up: first runs allocate
         times = []
         for _ in range(PROFILE_RUNS):

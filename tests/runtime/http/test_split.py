@@ -338,3 +338,91 @@ def test_a_functions_keys_guard_its_plan_and_heads_and_the_edge_client_sends_one
         config = EdgeConfig(cache_dir=tmp_path / "edge", profile_runs=1)
         with EdgeClient(srv.url, "cnn-split", config, key="k-secret") as client:
             assert client.run({"x": X}, split=3).outputs["y"].shape == (1, 10)
+
+
+#: A model of two inputs, a and b [n, 4], added first: split at "hidden" or "act".
+PAIR_MODEL = """
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+rng = np.random.default_rng(1)
+w1 = numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), "w1")
+w2 = numpy_helper.from_array(rng.standard_normal((8, 2)).astype(np.float32), "w2")
+nodes = [
+    helper.make_node("Add", ["a", "b"], ["sum"]),
+    helper.make_node("MatMul", ["sum", "w1"], ["hidden"]),
+    helper.make_node("Relu", ["hidden"], ["act"]),
+    helper.make_node("MatMul", ["act", "w2"], ["y"]),
+]
+inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 4]) for n in "ab"]
+graph = helper.make_graph(
+    nodes, "pair", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])],
+    [w1, w2],
+)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 8
+onnx.save(model, sys.argv[1])
+"""
+
+PAIR_HANDLER = """
+import numpy as np
+
+class Pair:
+    def load(self, artifacts, device):
+        self.session = artifacts["model"].onnx_session(device)
+
+    def __call__(self, batch):
+        feed = {n: np.concatenate([r[n] for r in batch]) for n in ("a", "b")}
+        (y,) = self.session.run(["y"], feed)
+        return [{"y": y[i : i + 1]} for i in range(len(batch))]
+"""
+
+PAIR_MANIFEST = """
+name = "{name}"
+handler = "handler:Pair"
+
+[artifacts]
+model = "model.onnx"
+
+[inputs]
+a = {{ dtype = "float32", shape = [-1, 4] }}
+b = {{ dtype = "float32", shape = [-1, 4] }}
+
+[outputs]
+y = {{ dtype = "float32", shape = [-1, 2] }}
+
+[split]
+model = "model"
+points = ["hidden", "act"]
+"""
+
+
+def test_a_model_of_two_inputs_deploys_and_splits_after_them(tmp_path: Path) -> None:
+    """Its server profile feeds both inputs at split 0 (it fed one, and the deploy
+    failed); a device plans among the splits after the inputs (split 0 would send two
+    tensors: the server refuses it with a 404 that says so) and gets the model's answer."""
+    folder = write_function(tmp_path / "src", "pair", PAIR_HANDLER, PAIR_MANIFEST)
+    script = tmp_path / "make_model.py"
+    script.write_text(PAIR_MODEL)
+    subprocess.run([sys.executable, str(script), str(folder / "model.onnx")], check=True)
+    rng = np.random.default_rng(2)
+    a, b = (rng.random((1, 4), dtype=np.float32) for _ in range(2))
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(["y"], {"a": a, "b": b})
+    with live_server(tmp_path / "srv") as srv, srv.client() as c:
+        deploy(srv, folder)
+        plan = c.get("/v1/functions/pair/split").json()
+        assert [p["name"] for p in plan["inputs"]] == ["a", "b"]
+        r = c.post("/v1/functions/pair/split/0", content=pack(a), headers=MSGPACK)
+        assert r.status_code == 404 and "one input" in error_of(r)["error"]
+        config = EdgeConfig(cache_dir=tmp_path / "edge", profile_runs=1)
+        with EdgeClient(srv.url, "pair", config) as client:
+            result = client.run({"a": a, "b": b})
+            assert result.split != 0
+            np.testing.assert_allclose(result.outputs["y"], expected, rtol=1e-5)
+            for k in (1, 2, 3):
+                np.testing.assert_allclose(
+                    client.run({"a": a, "b": b}, split=k).outputs["y"], expected, rtol=1e-5
+                )
