@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,8 @@ async def submit(request: Request) -> Response:
         job = new_id(now)
         settings, specs = node.settings, vm.manifest.inputs
 
+        left = threading.Event()  # the request was cancelled (its client left) meanwhile
+
         def write() -> int:  # in a thread: records read, checked and written a chunk at a time
             most = MAX_CHUNKS * chunk_records  # refused before anything is written
             if spool is None:
@@ -144,35 +147,43 @@ async def submit(request: Request) -> Response:
                 )
             try:
                 count = board.write_chunks(job, records, chunk_records)
+                if count and not left.is_set():
+                    # published here, not after the thread: a request cancelled while
+                    # its records were written leaves no chunks that nothing queues
+                    board.publish(
+                        JobSpec(
+                            id=job,
+                            function=vm.name,
+                            version=vm.version,
+                            records=count,
+                            chunk_records=chunk_records,
+                            created_unix_s=now,
+                            source=source,
+                            webhook=webhook,
+                        )
+                    )
+                    return count
             except BaseException:
                 with contextlib.suppress(Exception):  # the first error is the one to tell
                     board.discard(job)
                 raise
-            if not count:
-                board.discard(job)
-            return count
+            board.discard(job)  # no records, or nobody left to tell the job's id
+            return 0
 
-        count = await asyncio.to_thread(write)
+        try:
+            count = await asyncio.to_thread(write)
+        except asyncio.CancelledError:
+            left.set()
+            raise
     finally:
         if spool is not None:
             spool.unlink(missing_ok=True)
     if not count:
         raise BadRequest("the job has no records")
-    spec = JobSpec(
-        id=job,
-        function=vm.name,
-        version=vm.version,
-        records=count,
-        chunk_records=chunk_records,
-        created_unix_s=now,
-        source=source,
-        webhook=webhook,
-    )
-    await asyncio.to_thread(board.publish, spec)
     node.jobs.poke()
-    status = await asyncio.to_thread(node.jobs.board.status, spec.id)
+    status = await asyncio.to_thread(node.jobs.board.status, job)
     return JSONResponse(
-        status.to_dict(now), status_code=202, headers={"location": f"/v1/jobs/{spec.id}"}
+        status.to_dict(now), status_code=202, headers={"location": f"/v1/jobs/{job}"}
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from fnrt.client import Client
+from fnrt.functions.errors import StoreError
 from fnrt.functions.tensors import coerce_request
 from fnrt.runtime.gateway import Target
 from fnrt.runtime.jobs.board import JobBoard, JobSpec, new_id
@@ -653,3 +654,65 @@ def test_npz_results_past_the_job_bound_are_refused_and_leave_no_spool(tmp_path:
             assert refused.status_code == 413 and "3200 bytes" in error_of(refused)["error"]
             assert len(_lines(c.get(big.headers["location"] + "/result"))) == 200
             wait_until(lambda: not list((tmp_path / "cache" / "uploads").glob("job.*")))
+
+
+def test_a_submit_that_cannot_be_published_or_is_cancelled_leaves_nothing_stored(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its chunks written, a submit whose job cannot be queued (the store fails) answers
+    503 and removes them; one cancelled while its records are written (the server
+    stopping) leaves none either: no chunks that nothing queues or cleans."""
+    store = server.node.jobs.board.store
+    put = store.put
+
+    def failing(key: str, data: bytes, **kw: Any) -> Any:
+        if key.endswith("/state.json"):
+            raise StoreError("503 SlowDown")
+        return put(key, data, **kw)
+
+    body = {"records": _records(5), "chunk_records": 2}
+    with server.client() as c:
+        monkeypatch.setattr(store, "put", failing)
+        r = c.post("/v1/functions/echo/jobs", json=body)
+        assert r.status_code == 503, r.text
+        assert store.list("jobs/") == [] and store.list("jobqueue/") == []
+
+        def slow(key: str, data: bytes, **kw: Any) -> Any:
+            time.sleep(0.2)  # each chunk: the cancel comes while they are written
+            return put(key, data, **kw)
+
+        monkeypatch.setattr(store, "put", slow)
+        from starlette.requests import Request
+
+        from fnrt.runtime.http.jobs import submit
+
+        raw = json.dumps(body).encode()
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/functions/echo/jobs",
+            "headers": [(b"content-type", b"application/json")],
+            "query_string": b"",
+            "path_params": {"name": "echo"},
+            "app": server.app,
+        }
+
+        async def cancelled() -> None:
+            task = asyncio.ensure_future(submit(Request(scope, receive)))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        server.call(cancelled())
+        monkeypatch.setattr(store, "put", put)
+        deadline = time.monotonic() + 10
+        while store.list("jobs/") and time.monotonic() < deadline:
+            time.sleep(0.05)  # the thread writing it finishes, then removes it
+        time.sleep(0.7)
+        assert store.list("jobs/") == [] and store.list("jobqueue/") == []
+        assert c.post("/v1/functions/echo/jobs", json=body).status_code == 202
