@@ -276,7 +276,14 @@ class EdgeClient:
                 link = self.link.link
             if link is None:
                 raise FnrtError("cannot estimate the link: probes of two sizes did not fit")
-            self._plan = choose_split(self.profile(), link, self._allowed())
+            allowed = self._allowed()
+            if not allowed:  # several inputs (no split 0), and no head fits this device
+                raise NoSuchSplit(
+                    self.name,
+                    "no split fits this device: the model has several inputs (split 0 sends "
+                    "one) and no head within max_model_bytes; raise it or use /invoke",
+                )
+            self._plan = choose_split(self.profile(), link, allowed)
             self._planned_link, self._planned_wait_ms = link, wait
             self._planned_head_ms = self._heads_ms()[self._plan.split]
             log.info("split plan for %s: %d (%s)", self.name, self._plan.split, _ms(self._plan))
@@ -390,6 +397,9 @@ class EdgeClient:
                     input=name,
                 )
             feed[name] = array
+        counts = {name: len(array) for name, array in feed.items()}
+        if len(set(counts.values())) > 1:
+            raise InvalidInput(f"the inputs must have as many rows each, got {counts}")
         return feed
 
     def _head(self, k: int, inputs: Mapping[str, Array]) -> Array:

@@ -165,8 +165,8 @@ class Batcher(Intake):
                 if slot.primary:
                     if pool.instances == 0:  # nobody else can serve them
                         self.fail_queued(exc)
-                    elif self.closing:  # the others answer what is queued; none comes
-                        return
+                    elif self.closing:  # the others answer what is queued (what is left
+                        return  # when every loop has ended: Intake.close fails it)
                     else:  # the other instances serve; try again at the next arrival
                         self._wake.clear()
                         await self._wake.wait()

@@ -26,6 +26,7 @@ from fnrt.functions.errors import (
     DeadlineExceeded,
     FnrtError,
     Overloaded,
+    Unavailable,
     VersionRetired,
 )
 from fnrt.functions.handler import Request
@@ -269,10 +270,16 @@ class Intake:
         raise NotImplementedError
 
     def _start(self, loop: Coroutine[Any, Any, None]) -> None:
-        """Run a slot's loop, held until it ends (:meth:`close` waits for it)."""
+        """Run a slot's loop, held until it ends (:meth:`close` waits for it). A loop that
+        ends wakes the others: one waiting for an instance of its own while this one
+        served looks again (and fails the queue if no instance is left)."""
         task = asyncio.ensure_future(loop)
         self._loops.add(task)
-        task.add_done_callback(self._loops.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Future[None]) -> None:
+        self._loops.discard(task)
+        self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()
@@ -283,10 +290,14 @@ class Intake:
             self._serve(slot)
 
     async def close(self) -> None:
-        """Stop taking calls; return when the queued (and running) ones are answered."""
+        """Stop taking calls; return when the queued (and running) ones are answered (503
+        for any still queued once every loop has ended: no instance was left to run them)."""
         self.closing = True
         self._wake.set()
-        loops = list(self._loops)
-        await asyncio.gather(*(asyncio.shield(w) for w in loops), return_exceptions=True)
+        while self._loops:
+            loops = list(self._loops)
+            await asyncio.gather(*(asyncio.shield(w) for w in loops), return_exceptions=True)
+        if self._queue:
+            self.fail_queued(Unavailable(f"function '{self.name}': closed before it ran; retry"))
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()

@@ -221,11 +221,13 @@ class Sequencer(Intake):
                 try:
                     instance = await pool.ensure(slot)
                 except FnrtError as exc:
+                    if running:  # their state was on the instance that is gone: they end
+                        self._settle_failed([r.waiting for r in running], exc, self._clock.now())
+                        running.clear()
                     if slot.primary:
                         if pool.instances == 0:  # nobody else can serve them
                             self.fail_queued(exc)
-                            running.clear()
-                        elif self.closing and not running:  # the others serve the queue
+                        elif self.closing:  # the others serve the queue (Intake.close)
                             return
                         else:
                             self._wake.clear()

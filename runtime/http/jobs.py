@@ -17,7 +17,7 @@ import contextlib
 import os
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,7 +37,14 @@ from fnrt.functions.codec import (
     encode_msgpack,
     format_of,
 )
-from fnrt.functions.errors import BadRequest, Conflict, FnrtError, PayloadTooLarge, StoreError
+from fnrt.functions.errors import (
+    BadRequest,
+    ClientLeft,
+    Conflict,
+    FnrtError,
+    PayloadTooLarge,
+    StoreError,
+)
 from fnrt.loader.stores.base import KeyNotFound, check_key
 from fnrt.runtime.access import require_key
 from fnrt.runtime.http.admin import admin, query_int
@@ -49,6 +56,8 @@ from fnrt.runtime.jobs.board import (
     JobSpec,
     JobState,
     JobStatus,
+    Record,
+    StateDoc,
     is_id,
     new_id,
     too_many_chunks,
@@ -127,7 +136,7 @@ async def submit(request: Request) -> Response:
 
         left = threading.Event()  # the request was cancelled (its client left) meanwhile
 
-        def write() -> int:  # in a thread: records read, checked and written a chunk at a time
+        def write() -> JobStatus | None:  # in a thread: records read, checked, written
             most = MAX_CHUNKS * chunk_records  # refused before anything is written
             if spool is None:
                 if len(raw_records) > most:
@@ -146,45 +155,54 @@ async def submit(request: Request) -> Response:
                     max_npz_bytes=settings.max_job_bytes,
                 )
             try:
-                count = board.write_chunks(job, records, chunk_records)
-                if count and not left.is_set():
+                count = board.write_chunks(job, _until(left, records), chunk_records)
+                if count:
                     # published here, not after the thread: a request cancelled while
                     # its records were written leaves no chunks that nothing queues
-                    board.publish(
-                        JobSpec(
-                            id=job,
-                            function=vm.name,
-                            version=vm.version,
-                            records=count,
-                            chunk_records=chunk_records,
-                            created_unix_s=now,
-                            source=source,
-                            webhook=webhook,
-                        )
+                    spec = JobSpec(
+                        id=job,
+                        function=vm.name,
+                        version=vm.version,
+                        records=count,
+                        chunk_records=chunk_records,
+                        created_unix_s=now,
+                        source=source,
+                        webhook=webhook,
                     )
-                    return count
+                    board.publish(spec)
+                    return JobStatus(spec, StateDoc(), 0, 0, 0)  # as queued, not read back
             except BaseException:
                 with contextlib.suppress(Exception):  # the first error is the one to tell
                     board.discard(job)
                 raise
-            board.discard(job)  # no records, or nobody left to tell the job's id
-            return 0
+            board.discard(job)  # no records
+            return None
 
         try:
-            count = await asyncio.to_thread(write)
+            queued = await asyncio.to_thread(write)
         except asyncio.CancelledError:
             left.set()
             raise
     finally:
         if spool is not None:
             spool.unlink(missing_ok=True)
-    if not count:
+    if queued is None:
         raise BadRequest("the job has no records")
     node.jobs.poke()
-    status = await asyncio.to_thread(node.jobs.board.status, job)
+    # the status as queued, from what was written: a store that fails a read now would
+    # answer 503 for a job that runs, and a client that retried would submit it twice
     return JSONResponse(
-        status.to_dict(now), status_code=202, headers={"location": f"/v1/jobs/{job}"}
+        queued.to_dict(now), status_code=202, headers={"location": f"/v1/jobs/{job}"}
     )
+
+
+def _until(left: threading.Event, records: Iterator[Record]) -> Iterator[Record]:
+    """``records`` until ``left`` is set (the submit was cancelled): ClientLeft then, and
+    what was written is removed, not every chunk written first."""
+    for record in records:
+        if left.is_set():
+            raise ClientLeft("the submit was cancelled while its records were written")
+        yield record
 
 
 def _inline_limit(node: Node, fmt: Format) -> tuple[int, str]:

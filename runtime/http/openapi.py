@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from fnrt.functions.dtypes import DTYPE_OF_DATATYPE, DTYPES
 from fnrt.functions.manifest import NAME_PATTERN, Manifest, TensorSpec
+from fnrt.runtime.access import allows
 from fnrt.runtime.http.oip.spec import paths as v2_paths
 from fnrt.runtime.http.oip.spec import tensor_metadata
 from fnrt.runtime.http.spec import (
@@ -195,7 +196,7 @@ def _v1_split() -> dict[str, Schema]:
                 "summary": "Split plan data: points, head digests, server time per segment",
                 "operationId": "splitPlan",
                 "parameters": [version_query],
-                "responses": {**ok(plan), **error_responses(404)},
+                "responses": {**ok(plan), **error_responses(401, 404)},
             },
         },
         "/v1/functions/{name}/split/{k}/head": {
@@ -209,7 +210,7 @@ def _v1_split() -> dict[str, Schema]:
                         "description": "ONNX bytes; x-fnrt-digest is their sha256",
                         "content": {OCTETS: {"schema": {}}},
                     },
-                    **error_responses(400, 404),
+                    **error_responses(400, 401, 404),
                 },
             },
         },
@@ -231,7 +232,7 @@ def _v1_split() -> dict[str, Schema]:
                         "description": "the outputs; x-fnrt-server-ms is the time spent here",
                         "content": {MSGPACK: {"schema": {}}, JSON: {"schema": {}}},
                     },
-                    **data_error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+                    **data_error_responses(400, 401, 404, 413, 415, 422, 429, 500, 503, 504),
                 },
             },
         },
@@ -712,7 +713,7 @@ def function_invoke_path(manifest: Manifest) -> Schema:
                     "description": "the outputs; x-fnrt-version says which version served",
                     "content": {JSON: {"schema": answer}, MSGPACK: {"schema": {}}},
                 },
-                **data_error_responses(400, 404, 413, 415, 422, 429, 500, 503, 504),
+                **data_error_responses(400, 401, 404, 413, 415, 422, 429, 500, 503, 504),
             },
         }
     }
@@ -756,8 +757,15 @@ def _element(dtype: str) -> Schema:
 
 
 async def openapi_json(request: Request) -> Response:
-    registry = request.app.state.node.registry
-    served = {entry.name: entry.primary.version.manifest for entry in registry.entries()}
+    """The document, with an invoke path for each function the caller may call (one with
+    invoke keys only for a caller with one: its schema is what its model routes hide)."""
+    node = request.app.state.node
+    keys, headers = node.invoke_keys, request.headers
+    served = {
+        entry.name: entry.primary.version.manifest
+        for entry in node.registry.entries()
+        if allows(keys, entry.name, headers)
+    }
     return JSONResponse(document(served))
 
 

@@ -73,6 +73,10 @@ def test_invokes_need_a_key_where_the_keys_file_says(tmp_path: Path) -> None:
         assert [m["name"] for m in every] == ["open"]
         with_key = c.get("/v2/models/stats", headers=bearer).json()["model_stats"]
         assert sorted(m["name"] for m in with_key) == ["locked", "open"]
+        paths = c.get("/openapi.json").json()["paths"]  # its schema: only with a key
+        assert "/v1/functions/open/invoke" in paths and "/v1/functions/locked/invoke" not in paths
+        paths = c.get("/openapi.json", headers=bearer).json()["paths"]
+        assert "/v1/functions/locked/invoke" in paths
 
 
 def test_cors_preflight_and_exposed_headers(tmp_path: Path) -> None:

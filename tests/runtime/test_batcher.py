@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 from test_pool import Loads
 
-from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, Overloaded, VersionRetired
+from fnrt.functions.errors import (
+    DeadlineExceeded,
+    HandlerFailed,
+    Overloaded,
+    Unavailable,
+    VersionRetired,
+)
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import TensorSpec
 from fnrt.functions.version import VersionManifest
@@ -452,5 +458,49 @@ def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
         answers = await asyncio.gather(*queued)
         assert [a.outputs["y"][0, 0] for a in answers] == [float(i) + 1 for i in range(6)]
         assert loads.count >= 3  # two loads, then the primary's failed ones
+
+    asyncio.run(scenario())
+
+
+def test_what_is_still_queued_when_every_slot_has_ended_is_answered_503(tmp_path: Path) -> None:
+    """Closing while the primary cannot load and the other slot goes too (unloaded once
+    its batch is done): nothing is left to run the queue, and close answers it 503
+    rather than leave its callers waiting for good."""
+    hold = threading.Event()
+    hold.set()
+    loads = _FailingFromNowOn(_plus_one_after(hold))
+    two = MANIFEST.replace("max_queue = 6", "max_queue = 6\nmin_instances = 2\nmax_instances = 2")
+
+    async def scenario() -> None:
+        parts = _parts(tmp_path, loads, manifest=two)
+        batcher, pool, clock = parts.batcher, parts.pool, parts.clock
+        assert (await _submit(batcher, 1.0)).outputs["y"][0, 0] == 2
+        for _ in range(500):
+            if pool.instances == 2:
+                break
+            await asyncio.sleep(0.01)
+        await pool.drop(pool.slots[0])
+        loads.failing = True
+        hold.clear()
+        queued = [asyncio.ensure_future(_submit(batcher, float(i))) for i in range(6)]
+        await asyncio.sleep(0.05)  # the second slot runs a batch of four; two wait
+        closed = asyncio.ensure_future(batcher.close())
+        await asyncio.sleep(0.01)
+        unloading = asyncio.ensure_future(pool.drop(pool.slots[1]))  # its loop ends next
+        hold.set()
+        for _ in range(200):
+            if closed.done():
+                break
+            clock.advance(5)
+            await asyncio.sleep(0.02)
+        await unloading
+        assert closed.done(), "the version never finished closing"
+        done, _ = await asyncio.wait(queued, timeout=1)
+        assert len(done) == 6, "queued calls were left unanswered"
+        answered = [q.result().outputs["y"][0, 0] for q in queued[:4]]
+        assert answered == [1.0, 2.0, 3.0, 4.0]
+        for q in queued[4:]:
+            with pytest.raises(Unavailable, match="closed before it ran"):
+                q.result()
 
     asyncio.run(scenario())

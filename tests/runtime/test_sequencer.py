@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, Overloaded
+from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, LoadError, Overloaded
 from fnrt.functions.generation import Chunk, Generator, parse_parameters
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Instance
@@ -221,6 +221,22 @@ def test_a_failed_step_fails_its_sequences_and_the_next_are_served(tmp_path: Pat
     asyncio.run(scenario())
 
 
+class Failing(Loads):
+    """Loads that succeed until ``failing`` is set, then fail (the store went down)."""
+
+    failing = False
+
+    def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
+        if self.failing:
+            raise OSError("weights are corrupt")
+        return super().__call__(vm, executor)
+
+
+TWO = COUNTER_MANIFEST.replace(
+    "max_queue = {max_queue}", "max_queue = {max_queue}\nmin_instances = 2\nmax_instances = 2"
+)
+
+
 def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
     tmp_path: Path,
 ) -> None:
@@ -228,21 +244,10 @@ def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
     generates. Closing the version ends once the queued sequences are done: the
     primary does not wait for an arrival that cannot come."""
 
-    class Failing(Loads):
-        failing = False
-
-        def __call__(self, vm: VersionManifest, executor: ThreadPoolExecutor) -> Instance:
-            if self.failing:
-                raise OSError("weights are corrupt")
-            return super().__call__(vm, executor)
-
     loads = Failing(handler=Slow())
-    two = COUNTER_MANIFEST.replace(
-        "max_queue = {max_queue}", "max_queue = {max_queue}\nmin_instances = 2\nmax_instances = 2"
-    )
 
     async def scenario() -> None:
-        parts = Parts(tmp_path, loads, max_active=1, manifest=two)
+        parts = Parts(tmp_path, loads, max_active=1, manifest=TWO)
         pool, clock = parts.pool, parts.clock
         assert await _tokens(await parts.submit(0, 2)) == [1, 2]
         for _ in range(500):
@@ -264,5 +269,38 @@ def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
         answers = await asyncio.gather(*served)
         tokens = await asyncio.gather(*(_tokens(a) for a in answers))
         assert tokens == [list(range(10 * i + 1, 10 * i + 6)) for i in range(3)]
+
+    asyncio.run(scenario())
+
+
+def test_sequences_on_an_instance_lost_while_others_serve_end_with_its_error(
+    tmp_path: Path,
+) -> None:
+    """The primary's instance is gone mid-generation and its load fails, while a second
+    instance serves: the sequences that ran on it end with the load's error at once
+    (their state was on it), not stalled until some other call arrives."""
+    loads = Failing(handler=Slow())
+
+    async def scenario() -> None:
+        parts = Parts(tmp_path, loads, max_active=1, manifest=TWO)
+        pool = parts.pool
+        assert await _tokens(await parts.submit(0, 2)) == [1, 2]
+        for _ in range(500):
+            if pool.instances == 2:
+                break
+            await asyncio.sleep(0.01)
+        first, second = await parts.submit(0, 30), await parts.submit(100, 130)
+        await asyncio.sleep(0.05)  # each instance steps one (max_active = 1)
+        loads.failing = True
+        await pool.drop(pool.slots[0])
+        ended = await asyncio.wait_for(
+            asyncio.gather(_tokens(first), _tokens(second), return_exceptions=True), 5
+        )
+        lost = [e for e in ended if isinstance(e, LoadError)]
+        assert len(lost) == 1 and "weights are corrupt" in str(lost[0])
+        assert [list(range(1, 31)), list(range(101, 131))].count(
+            next(e for e in ended if not isinstance(e, BaseException))
+        ) == 1
+        await asyncio.wait_for(parts.sequencer.close(), 5)
 
     asyncio.run(scenario())

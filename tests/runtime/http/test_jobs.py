@@ -677,11 +677,25 @@ def test_a_submit_that_cannot_be_published_or_is_cancelled_leaves_nothing_stored
         assert r.status_code == 503, r.text
         assert store.list("jobs/") == [] and store.list("jobqueue/") == []
 
+        writing, release, discarded = threading.Event(), threading.Event(), threading.Event()
+
         def slow(key: str, data: bytes, **kw: Any) -> Any:
-            time.sleep(0.2)  # each chunk: the cancel comes while they are written
+            if "/in/" in key:  # a chunk: the cancel comes while the first is written
+                writing.set()
+                release.wait(10)
             return put(key, data, **kw)
 
+        board = server.node.jobs.board
+        discard = board.discard
+
+        def watched(job: str) -> None:
+            try:
+                discard(job)
+            finally:
+                discarded.set()
+
         monkeypatch.setattr(store, "put", slow)
+        monkeypatch.setattr(board, "discard", watched)
         from starlette.requests import Request
 
         from fnrt.runtime.http.jobs import submit
@@ -703,16 +717,14 @@ def test_a_submit_that_cannot_be_published_or_is_cancelled_leaves_nothing_stored
 
         async def cancelled() -> None:
             task = asyncio.ensure_future(submit(Request(scope, receive)))
-            await asyncio.sleep(0.1)
+            assert await asyncio.to_thread(writing.wait, 10)  # its first chunk under way
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
 
         server.call(cancelled())
+        release.set()
+        assert discarded.wait(10), "the cancelled submit's chunks were not removed"
         monkeypatch.setattr(store, "put", put)
-        deadline = time.monotonic() + 10
-        while store.list("jobs/") and time.monotonic() < deadline:
-            time.sleep(0.05)  # the thread writing it finishes, then removes it
-        time.sleep(0.7)
         assert store.list("jobs/") == [] and store.list("jobqueue/") == []
         assert c.post("/v1/functions/echo/jobs", json=body).status_code == 202

@@ -15,6 +15,7 @@ import pytest
 
 from fnrt.edge.activation import Encoding, pack, read_outputs
 from fnrt.edge.client import EdgeClient, EdgeConfig
+from fnrt.functions.errors import InvalidInput, NoSuchSplit
 from fnrt.runtime.clock import ManualClock
 from support import LiveServer, error_of, live_server, publish, write_function
 
@@ -426,3 +427,11 @@ def test_a_model_of_two_inputs_deploys_and_splits_after_them(tmp_path: Path) -> 
                 np.testing.assert_allclose(
                     client.run({"a": a, "b": b}, split=k).outputs["y"], expected, rtol=1e-5
                 )
+            with pytest.raises(InvalidInput, match="as many rows each"):
+                client.run({"a": a, "b": np.concatenate([b, b])}, split=1)
+        tiny = EdgeConfig(cache_dir=tmp_path / "tiny", profile_runs=1, max_model_bytes=0)
+        with (  # no head fits, and no split 0
+            EdgeClient(srv.url, "pair", tiny) as client,
+            pytest.raises(NoSuchSplit, match="no split fits this device"),
+        ):
+            client.run({"a": a, "b": b})
