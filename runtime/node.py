@@ -225,6 +225,7 @@ def build_node(
             poll_interval_s=settings.job_poll_interval_s,
             lease_s=settings.job_lease_s,
             chunks_per_node=settings.job_chunks,
+            retention_s=settings.job_retention_s,
         ),
         serving=lambda: not node.lifecycle.draining,
     )

@@ -98,6 +98,7 @@ class ServerSettings:
     jobs: bool = True  # take chunks of asynchronous jobs (runtime/jobs/)
     job_poll_interval_s: float = 1.0  # how often the store's job queue is read
     job_lease_s: float = 30.0  # a chunk's hold: a killed node's chunks are taken again after it
+    job_retention_s: float = 7 * 86_400.0  # an ended job's records and results kept (0: for good)
     job_chunks: int = 2  # chunks one node runs at once
     max_job_bytes: int = 1024 * 1024 * 1024  # largest record file a job submit takes, else 413
     preload: bool = False
@@ -171,6 +172,8 @@ class ServerSettings:
             raise ValueError("fd_reserve: must be >= 0")
         if self.job_poll_interval_s <= 0 or self.job_lease_s <= 0:
             raise ValueError("job_poll_interval_s, job_lease_s: must be > 0")
+        if not self.job_retention_s >= 0:
+            raise ValueError("job_retention_s: must be >= 0 (0 keeps ended jobs for good)")
         if self.job_chunks < 1:
             raise ValueError("job_chunks: must be at least 1")
         if self.max_job_bytes < 1024:

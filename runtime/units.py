@@ -27,7 +27,7 @@ _BYTES = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
-_SECONDS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_SECONDS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_bytes(text: str) -> int:
@@ -43,11 +43,12 @@ def parse_bytes(text: str) -> int:
 
 
 def parse_seconds(text: str) -> float:
-    """``"250ms"`` -> 0.25, ``"5m"`` -> 300.0; ValueError naming the units it takes."""
+    """``"250ms"`` -> 0.25, ``"5m"`` -> 300.0, ``"7d"`` -> 604800.0; ValueError naming the
+    units it takes."""
     return _scaled(
         text,
         _SECONDS,
-        "a duration: a number of seconds, or with a unit (ms, s, m, h), e.g. 250ms or 5m",
+        "a duration: a number of seconds, or with a unit (ms, s, m, h, d), e.g. 250ms or 5m",
     )
 
 

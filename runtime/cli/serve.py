@@ -321,6 +321,12 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
     help="how long a node holds a job chunk without renewing it: a killed node's chunks "
     "are taken again by others after this",
 )
+@setting(
+    "job_retention_s",
+    type=DURATION,
+    help="how long an ended job's records and results stay in the store (0: for good); "
+    "its folder is then removed, as is a submit's that a node left unqueued a day ago",
+)
 @setting("job_chunks", type=int, help="job chunks this node runs at once")
 @setting("max_job_bytes", type=SIZE, help="largest record file a job submit takes, else 413")
 @flag("preload", help="load every function at start instead of at first invoke")

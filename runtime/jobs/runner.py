@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from math import inf
@@ -51,6 +52,7 @@ from fnrt.runtime.jobs.board import (
     ok_outcome,
     outcomes_failed,
 )
+from fnrt.runtime.jobs.retention import sweep_page
 from fnrt.runtime.queue import Priority
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.scheduler import Scheduler
@@ -87,6 +89,8 @@ class JobConfig:
     max_attempts: int = 3  # holds of one chunk before its records are failed
     record_retries: int = 2  # tries of a failed record on its own
     window_batches: int = 2  # blocks (a batch of records each) a chunk keeps queued
+    retention_s: float = 7 * 86_400.0  # an ended job's folder is kept this long (0: for good)
+    sweep_interval_s: float = 600.0  # how often the node removes job folders past it
 
 
 #: Sends a finished job's status to its webhook (the runner's own by default).
@@ -116,6 +120,7 @@ class JobRunner:
         self._telling: set[asyncio.Future[None]] = set()  # webhooks of cancelled jobs
         #: Records waiting or running, by function (for /metrics and KEDA).
         self.queued_records: dict[str, int] = {}
+        self._swept_at = -math.inf  # the last sweep of job folders past their retention
 
     def start(self) -> None:
         if self.config.enabled and self._task is None:
@@ -158,6 +163,7 @@ class JobRunner:
         while True:
             try:
                 await self._poll()
+                await self._sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -181,6 +187,22 @@ class JobRunner:
             except Exception:  # this job's, not the jobs' after it
                 log.exception("jobs: looking at job %s failed; trying again", job)
         self.queued_records = counts
+
+    async def _sweep(self) -> None:
+        """Every ``sweep_interval_s``: the job folders past their retention removed
+        (:mod:`~fnrt.runtime.jobs.retention`), a page at a time, off the event loop."""
+        board, config = self.board, self.config
+        now = board.clock()
+        if now - self._swept_at < config.sweep_interval_s:
+            return
+        self._swept_at = now
+        after: str | None = ""
+        removed = 0
+        while after is not None:
+            gone, after = await asyncio.to_thread(sweep_page, board, now, config.retention_s, after)
+            removed += len(gone)
+        if removed:
+            log.info("jobs: removed %d job folders past their retention", removed)
 
     async def _look_at(self, job: str, counts: dict[str, int]) -> None:
         """End a queued job that has ended, or take chunks of it while this node has

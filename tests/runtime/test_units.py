@@ -26,7 +26,15 @@ def test_sizes(text: str, size: int) -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30", 30.0), ("2.5", 2.5), ("250ms", 0.25), ("5m", 300.0), ("1h", 3600.0), ("10 s", 10)],
+    [
+        ("30", 30.0),
+        ("2.5", 2.5),
+        ("250ms", 0.25),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("10 s", 10),
+        ("7d", 604_800.0),
+    ],
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_seconds(text) == seconds

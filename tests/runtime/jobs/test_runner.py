@@ -274,3 +274,25 @@ def test_a_job_whose_start_could_not_be_written_runs_once_it_can(tmp_path: Path)
     assert store.failed and status.state.state is JobState.DONE
     assert status.state.started_unix_s is not None  # marked running, the second time
     assert {board.lease(spec.id, c) for c in (0, 1)} == {None}  # every lease dropped
+
+
+def test_a_running_node_removes_ended_jobs_past_their_retention(tmp_path: Path) -> None:
+    """The runner's loop sweeps the job folders at its interval: an ended job past
+    ``retention_s`` is removed while the node runs (what stays: test_retention.py)."""
+    store = FileStore(tmp_path / "store")
+    board = JobBoard(store, "node-a", time.time)
+    ended = JobSpec(new_id(time.time()), "echo", "v-1", 1, 1, time.time())
+    board.create(ended, [{"x": np.ones((1, 4), np.float32)}])
+    board.cancel(ended.id)
+
+    async def scenario() -> None:
+        config = JobConfig(poll_interval_s=0.02, retention_s=0.2, sweep_interval_s=0.05)
+        runner = JobRunner(board, Pinned(cast(Any, None)), config, lambda: True)  # type: ignore[arg-type]
+        runner.start()
+        give_up = time.monotonic() + 10
+        while store.list(f"jobs/{ended.id}/") and time.monotonic() < give_up:
+            await asyncio.sleep(0.02)
+        await runner.close()
+
+    asyncio.run(scenario())
+    assert store.list(f"jobs/{ended.id}/") == []

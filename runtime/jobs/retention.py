@@ -1,0 +1,55 @@
+"""How long a job stays in the store: an ended job's folder (its records and results)
+for ``--job-retention-s`` after it ended, a submit's left by a node that died mid-way
+for a day after it began. Every node sweeps a page of job folders at a time, now and
+then (``JobConfig.sweep_interval_s``); removing a folder twice is harmless.
+"""
+
+from __future__ import annotations
+
+from fnrt.runtime.jobs.board import ID_LENGTH, JobBoard, JobNotFound, StateDoc, is_id
+
+#: A job folder with no state (a submit whose node died before it was queued) is
+#: removed this long after the submit began: no submit writes its records for longer.
+ORPHAN_AFTER_S = 86_400.0
+#: Job folders looked at per page of a sweep.
+SWEEP_PAGE = 100
+
+
+def created_unix_s(job: str) -> float:
+    """When ``job`` was submitted, from its id (:func:`~fnrt.runtime.jobs.board.new_id`)."""
+    return int(job[: ID_LENGTH - 12], 16) / 1000.0
+
+
+def expired(
+    now_unix_s: float, retention_s: float, created_s: float, state: StateDoc | None
+) -> bool:
+    """Whether a job's folder goes now: an ended job's once ``retention_s`` has passed
+    since it ended (0: never), one with no state (never queued) once
+    :data:`ORPHAN_AFTER_S` has passed since it began; never one still under way."""
+    if state is None:
+        return now_unix_s - created_s >= ORPHAN_AFTER_S
+    if not state.state.final or retention_s <= 0:
+        return False
+    ended = state.finished_unix_s if state.finished_unix_s is not None else created_s
+    return now_unix_s - ended >= retention_s
+
+
+def sweep_page(
+    board: JobBoard, now_unix_s: float, retention_s: float, after: str = ""
+) -> tuple[list[str], str | None]:
+    """The job folders of one page after ``after``, the expired ones removed: their ids,
+    and where the next page starts (None: that was the last)."""
+    page = board.listing(after, SWEEP_PAGE)
+    removed = []
+    for job in page:
+        if not is_id(job):
+            continue
+        try:
+            state: StateDoc | None = board.state(job)[0]
+        except JobNotFound:
+            state = None
+        if expired(now_unix_s, retention_s, created_unix_s(job), state):
+            board.discard(job)
+            board.forget(job)
+            removed.append(job)
+    return removed, (page[-1] if len(page) == SWEEP_PAGE else None)
