@@ -6,6 +6,8 @@ then (``JobConfig.sweep_interval_s``); removing a folder twice is harmless.
 
 from __future__ import annotations
 
+import math
+
 from fnrt.runtime.jobs.board import ID_LENGTH, JobBoard, JobNotFound, StateDoc, is_id
 
 #: A job folder with no state (a submit whose node died before it was queued) is
@@ -13,6 +15,8 @@ from fnrt.runtime.jobs.board import ID_LENGTH, JobBoard, JobNotFound, StateDoc, 
 ORPHAN_AFTER_S = 86_400.0
 #: Job folders looked at per page of a sweep.
 SWEEP_PAGE = 100
+#: Ended jobs a node remembers the expiry of, sparing a read of their state per sweep.
+KNOWN_KEPT = 100_000
 
 
 def created_unix_s(job: str) -> float:
@@ -35,21 +39,41 @@ def expired(
 
 
 def sweep_page(
-    board: JobBoard, now_unix_s: float, retention_s: float, after: str = ""
+    board: JobBoard,
+    now_unix_s: float,
+    retention_s: float,
+    after: str = "",
+    known: dict[str, float] | None = None,
 ) -> tuple[list[str], str | None]:
     """The job folders of one page after ``after``, the expired ones removed: their ids,
-    and where the next page starts (None: that was the last)."""
+    and where the next page starts (None: no folder after it can have expired yet).
+
+    Ids sort by submit time, so the sweep stops at the first job too young to have
+    expired whatever its state. ``known`` (job -> the time before which it cannot
+    expire, kept by the caller between sweeps) spares a read of each ended job's state
+    at every sweep: an ended job's state no longer changes."""
+    known = {} if known is None else known
+    youngest = now_unix_s - min(retention_s if retention_s > 0 else math.inf, ORPHAN_AFTER_S)
     page = board.listing(after, SWEEP_PAGE)
-    removed = []
+    removed: list[str] = []
     for job in page:
-        if not is_id(job):
+        if not is_id(job) or now_unix_s < known.get(job, -math.inf):
             continue
+        created = created_unix_s(job)
+        if created > youngest:
+            return removed, None
         try:
             state: StateDoc | None = board.state(job)[0]
         except JobNotFound:
             state = None
-        if expired(now_unix_s, retention_s, created_unix_s(job), state):
+        if expired(now_unix_s, retention_s, created, state):
             board.discard(job)
             board.forget(job)
+            known.pop(job, None)
             removed.append(job)
+        elif state is not None and state.state.final:
+            ended = state.finished_unix_s if state.finished_unix_s is not None else created
+            known[job] = ended + retention_s if retention_s > 0 else math.inf
+            while len(known) > KNOWN_KEPT:  # (the oldest first)
+                del known[next(iter(known))]
     return removed, (page[-1] if len(page) == SWEEP_PAGE else None)

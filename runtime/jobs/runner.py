@@ -121,6 +121,7 @@ class JobRunner:
         #: Records waiting or running, by function (for /metrics and KEDA).
         self.queued_records: dict[str, int] = {}
         self._swept_at = -math.inf  # the last sweep of job folders past their retention
+        self._expiries: dict[str, float] = {}  # ended jobs: when each may go (sweep_page)
 
     def start(self) -> None:
         if self.config.enabled and self._task is None:
@@ -199,7 +200,9 @@ class JobRunner:
         after: str | None = ""
         removed = 0
         while after is not None:
-            gone, after = await asyncio.to_thread(sweep_page, board, now, config.retention_s, after)
+            gone, after = await asyncio.to_thread(
+                sweep_page, board, now, config.retention_s, after, self._expiries
+            )
             removed += len(gone)
         if removed:
             log.info("jobs: removed %d job folders past their retention", removed)

@@ -87,3 +87,32 @@ def test_a_sweep_goes_a_page_at_a_time(tmp_path: Path) -> None:
     rest, after = sweep_page(board, clock(), DAY, after)
     assert len(rest) == 3 and after is None
     assert store.list("jobs/") == []
+
+
+def test_an_ended_jobs_state_is_read_once_and_young_jobs_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per sweep, the store is read for what may have changed: an ended job's state once
+    (then its expiry is remembered), and no job too young to have expired."""
+    store, clock = FileStore(tmp_path / "store"), Clock()
+    board = JobBoard(store, "a", clock)
+    ended = _job(board)
+    board.cancel(ended)
+    clock.now += 2 * DAY + 10
+    young = _job(board)
+    reads: list[str] = []
+    state = board.state
+
+    def counted(job: str) -> tuple[StateDoc, str]:
+        reads.append(job)
+        return state(job)
+
+    monkeypatch.setattr(board, "state", counted)
+    known: dict[str, float] = {}
+    assert sweep_page(board, clock(), 3 * DAY, known=known) == ([], None)
+    assert reads == [ended] and known == {ended: 1_000_000.0 + 3 * DAY}
+    assert sweep_page(board, clock(), 3 * DAY, known=known) == ([], None)
+    assert reads == [ended]  # remembered: not read again, and the young one never
+    clock.now += DAY - 5  # the ended one's retention is over; the young is younger still
+    assert sweep_page(board, clock(), 3 * DAY, known=known)[0] == [ended]
+    assert known == {} and young not in reads
