@@ -172,8 +172,8 @@ class ServerSettings:
             raise ValueError("fd_reserve: must be >= 0")
         if self.job_poll_interval_s <= 0 or self.job_lease_s <= 0:
             raise ValueError("job_poll_interval_s, job_lease_s: must be > 0")
-        if not self.job_retention_s >= 0:
-            raise ValueError("job_retention_s: must be >= 0 (0 keeps ended jobs for good)")
+        if not (self.job_retention_s == 0 or self.job_retention_s >= 3600):
+            raise ValueError("job_retention_s: 0 (ended jobs kept for good) or at least 1h")
         if self.job_chunks < 1:
             raise ValueError("job_chunks: must be at least 1")
         if self.max_job_bytes < 1024:

@@ -85,7 +85,7 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
 @click.command(
     "serve",
     short_help="run the server",
-    epilog="Sizes take units (2GiB, 512MB, or bytes) and durations too (250ms, 5m, or "
+    epilog="Sizes take units (2GiB, 512MB, or bytes) and durations too (250ms, 5m, 7d, or "
     "seconds), as flags and as variables. Tracing also follows the standard OTEL_* "
     "variables (OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, "
     "OTEL_TRACES_SAMPLER_ARG); the --trace flags override them.",
@@ -324,8 +324,9 @@ def server_settings(options: Mapping[str, Any]) -> ServerSettings:
 @setting(
     "job_retention_s",
     type=DURATION,
-    help="how long an ended job's records and results stay in the store (0: for good); "
-    "its folder is then removed, as is a submit's that a node left unqueued a day ago",
+    help="how long an ended job's records and results stay in the store (0: for good, else "
+    "at least 1h); its folder is then removed, as is a submit's that a node left unqueued "
+    "a day ago",
 )
 @setting("job_chunks", type=int, help="job chunks this node runs at once")
 @setting("max_job_bytes", type=SIZE, help="largest record file a job submit takes, else 413")

@@ -53,6 +53,7 @@ from fnrt.runtime.http.resource import resource
 from fnrt.runtime.http.state import Node, node_of
 from fnrt.runtime.jobs.board import (
     MAX_CHUNKS,
+    JobNotFound,
     JobSpec,
     JobState,
     JobStatus,
@@ -443,13 +444,20 @@ def _chunk_or_none(board: Any, status: JobStatus, chunk: int) -> list[dict[str, 
     """A chunk's results, or None for one an ended job never ran (it was cancelled, or
     failed, first). A store that fails, or a done job's chunk gone, raises: a record's
     result is never made up."""
+    job = status.spec.id
     try:
-        results: list[dict[str, Any]] = board.chunk_results(status.spec.id, chunk)
+        results: list[dict[str, Any]] = board.chunk_results(job, chunk)
     except KeyNotFound:
-        if status.state.state is JobState.DONE:  # every chunk of it was written
+        gone = status.state.state is JobState.DONE  # every chunk of it was written
+        if not gone:  # never ran, unless the job is being removed (its retention over)
+            try:
+                board.state(job)
+            except JobNotFound:
+                gone = True
+        if gone:
             raise StoreError(
-                f"the results of chunk {chunk} of job '{status.spec.id}' are gone from the store",
-                job=status.spec.id,
+                f"the results of chunk {chunk} of job '{job}' are gone from the store",
+                job=job,
                 chunk=chunk,
             ) from None
         return None

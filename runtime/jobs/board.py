@@ -357,9 +357,16 @@ class JobBoard:
         return count
 
     def discard(self, job: str) -> None:
-        """Remove the chunks of a job that was never published."""
-        for key in self.store.list(f"{JOBS}{job}/"):
+        """Remove a job's folder: one never published, or one past its retention. Its
+        state goes first, then what it asked: a reader that finds the state finds the
+        folder whole (one cut off midway has no state, and the orphans' rule takes it)."""
+        prefix = f"{JOBS}{job}/"
+        first = [f"{prefix}state.json", f"{prefix}job.json"]
+        for key in first:
             self.store.delete(key)
+        for key in self.store.list(prefix):
+            if key not in first:
+                self.store.delete(key)
 
     def publish(self, spec: JobSpec) -> None:
         """Queue a job whose chunks are written: what it asked, its state, and last its

@@ -6,9 +6,16 @@ then (``JobConfig.sweep_interval_s``); removing a folder twice is harmless.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
+import random
+from collections.abc import Callable
 
 from fnrt.runtime.jobs.board import ID_LENGTH, JobBoard, JobNotFound, StateDoc, is_id
+
+log = logging.getLogger("fnrt.jobs")
 
 #: A job folder with no state (a submit whose node died before it was queued) is
 #: removed this long after the submit began: no submit writes its records for longer.
@@ -50,8 +57,9 @@ def sweep_page(
 
     Ids sort by submit time, so the sweep stops at the first job too young to have
     expired whatever its state. ``known`` (job -> the time before which it cannot
-    expire, kept by the caller between sweeps) spares a read of each ended job's state
-    at every sweep: an ended job's state no longer changes."""
+    expire, kept by the caller between sweeps, at most :data:`KNOWN_KEPT`) spares a
+    read of each ended job's state at every sweep: an ended job's state no longer
+    changes. A job that cannot be read or removed is logged and passed: the others go."""
     known = {} if known is None else known
     youngest = now_unix_s - min(retention_s if retention_s > 0 else math.inf, ORPHAN_AFTER_S)
     page = board.listing(after, SWEEP_PAGE)
@@ -63,17 +71,92 @@ def sweep_page(
         if created > youngest:
             return removed, None
         try:
-            state: StateDoc | None = board.state(job)[0]
-        except JobNotFound:
-            state = None
-        if expired(now_unix_s, retention_s, created, state):
-            board.discard(job)
-            board.forget(job)
-            known.pop(job, None)
-            removed.append(job)
-        elif state is not None and state.state.final:
-            ended = state.finished_unix_s if state.finished_unix_s is not None else created
-            known[job] = ended + retention_s if retention_s > 0 else math.inf
-            while len(known) > KNOWN_KEPT:  # (the oldest first)
-                del known[next(iter(known))]
+            if _swept(board, job, now_unix_s, retention_s, created, known):
+                removed.append(job)
+        except Exception:  # this job's (a state another version wrote, say): not the rest
+            log.exception("jobs: job %s could not be looked at for its retention", job)
     return removed, (page[-1] if len(page) == SWEEP_PAGE else None)
+
+
+def _swept(
+    board: JobBoard,
+    job: str,
+    now_unix_s: float,
+    retention_s: float,
+    created: float,
+    known: dict[str, float],
+) -> bool:
+    """Remove ``job``'s folder if it expired (True), or note when an ended one may."""
+    try:
+        state: StateDoc | None = board.state(job)[0]
+    except JobNotFound:
+        state = None
+    if expired(now_unix_s, retention_s, created, state):
+        board.discard(job)
+        board.forget(job)
+        known.pop(job, None)
+        return True
+    if state is not None and state.state.final and len(known) < KNOWN_KEPT:
+        ended = state.finished_unix_s if state.finished_unix_s is not None else created
+        known[job] = ended + retention_s if retention_s > 0 else math.inf
+    return False
+
+
+class Retention:
+    """A node's sweep of the job folders past their retention: a task of its own (job
+    work goes on meanwhile), every ``interval_s`` on the monotonic clock, the first after
+    a random part of one (nodes started together do not sweep together)."""
+
+    def __init__(
+        self,
+        board: JobBoard,
+        retention_s: float,
+        interval_s: float,
+        first: Callable[[], float] = random.random,
+    ) -> None:
+        self.board = board
+        self.retention_s = retention_s
+        self.interval_s = interval_s
+        self._first = first
+        #: ended jobs: when each may go (``sweep_page``), sparing reads of their state
+        self.expiries: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="fnrt-job-retention")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def sweep(self) -> int:
+        """One sweep, a page at a time off the event loop; how many folders went."""
+        board, known = self.board, self.expiries
+        now = board.clock()
+        after: str | None = ""
+        removed = 0
+        while after is not None:
+            gone, after = await asyncio.to_thread(
+                sweep_page, board, now, self.retention_s, after, known
+            )
+            removed += len(gone)
+        for job in [j for j, due in known.items() if due <= now]:
+            del known[job]  # due, and not seen this sweep: another node removed it
+        if removed:
+            log.info("jobs: removed %d job folders past their retention", removed)
+        return removed
+
+    async def _loop(self) -> None:
+        await asyncio.sleep(self.interval_s * self._first())
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("jobs: removing job folders past their retention failed")
+            await asyncio.sleep(self.interval_s)

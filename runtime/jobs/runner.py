@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from math import inf
@@ -52,7 +51,7 @@ from fnrt.runtime.jobs.board import (
     ok_outcome,
     outcomes_failed,
 )
-from fnrt.runtime.jobs.retention import sweep_page
+from fnrt.runtime.jobs.retention import Retention
 from fnrt.runtime.queue import Priority
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.scheduler import Scheduler
@@ -120,12 +119,13 @@ class JobRunner:
         self._telling: set[asyncio.Future[None]] = set()  # webhooks of cancelled jobs
         #: Records waiting or running, by function (for /metrics and KEDA).
         self.queued_records: dict[str, int] = {}
-        self._swept_at = -math.inf  # the last sweep of job folders past their retention
-        self._expiries: dict[str, float] = {}  # ended jobs: when each may go (sweep_page)
+        #: removes the job folders past their retention, beside the job work
+        self.retention = Retention(board, config.retention_s, config.sweep_interval_s)
 
     def start(self) -> None:
         if self.config.enabled and self._task is None:
             self._task = asyncio.create_task(self._loop(), name="fnrt-jobs")
+            self.retention.start()
 
     def poke(self) -> None:
         """Look for work now (a job was just submitted here)."""
@@ -150,6 +150,7 @@ class JobRunner:
 
     async def close(self) -> None:
         """Stop taking chunks; those running are stopped and given back to the fleet."""
+        await self.retention.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -164,7 +165,6 @@ class JobRunner:
         while True:
             try:
                 await self._poll()
-                await self._sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -188,24 +188,6 @@ class JobRunner:
             except Exception:  # this job's, not the jobs' after it
                 log.exception("jobs: looking at job %s failed; trying again", job)
         self.queued_records = counts
-
-    async def _sweep(self) -> None:
-        """Every ``sweep_interval_s``: the job folders past their retention removed
-        (:mod:`~fnrt.runtime.jobs.retention`), a page at a time, off the event loop."""
-        board, config = self.board, self.config
-        now = board.clock()
-        if now - self._swept_at < config.sweep_interval_s:
-            return
-        self._swept_at = now
-        after: str | None = ""
-        removed = 0
-        while after is not None:
-            gone, after = await asyncio.to_thread(
-                sweep_page, board, now, config.retention_s, after, self._expiries
-            )
-            removed += len(gone)
-        if removed:
-            log.info("jobs: removed %d job folders past their retention", removed)
 
     async def _look_at(self, job: str, counts: dict[str, int]) -> None:
         """End a queued job that has ended, or take chunks of it while this node has

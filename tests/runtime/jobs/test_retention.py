@@ -3,16 +3,19 @@ dead node left unqueued, are removed; everything else stays."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fnrt.loader.stores import FileStore
+from fnrt.runtime.jobs import retention
 from fnrt.runtime.jobs.board import JobBoard, JobNotFound, JobSpec, JobState, StateDoc, new_id
 from fnrt.runtime.jobs.retention import (
     ORPHAN_AFTER_S,
     SWEEP_PAGE,
+    Retention,
     created_unix_s,
     expired,
     sweep_page,
@@ -116,3 +119,57 @@ def test_an_ended_jobs_state_is_read_once_and_young_jobs_not_at_all(
     clock.now += DAY - 5  # the ended one's retention is over; the young is younger still
     assert sweep_page(board, clock(), 3 * DAY, known=known)[0] == [ended]
     assert known == {} and young not in reads
+
+
+def test_a_job_that_cannot_be_read_is_passed_and_the_rest_still_go(tmp_path: Path) -> None:
+    store, clock = FileStore(tmp_path / "store"), Clock()
+    board = JobBoard(store, "a", clock)
+    jobs = []
+    for _ in range(3):
+        jobs.append(_job(board))
+        board.cancel(jobs[-1])
+        clock.now += 1
+    store.put(f"jobs/{jobs[1]}/state.json", b'{"state": "from a later version"}')
+    clock.now += 2 * DAY
+    removed, _ = sweep_page(board, clock(), DAY)
+    assert removed == [jobs[0], jobs[2]]
+    assert {key.split("/")[1] for key in store.list("jobs/")} == {jobs[1]}
+
+
+def test_the_expiries_kept_are_bounded_and_those_due_are_dropped_after_a_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, clock = FileStore(tmp_path / "store"), Clock()
+    board = JobBoard(store, "a", clock)
+    monkeypatch.setattr(retention, "KNOWN_KEPT", 2)
+    jobs = []
+    for _ in range(3):
+        jobs.append(_job(board))
+        board.cancel(jobs[-1])
+        clock.now += 1
+    clock.now += 2 * DAY
+    sweeper = Retention(board, 3 * DAY, 600.0)
+    assert asyncio.run(sweeper.sweep()) == 0
+    known = sweeper.expiries
+    assert list(known) == jobs[:2]  # full: the third is read again next time
+    for job in jobs[:2]:  # another node removed them
+        board.discard(job)
+    clock.now += DAY
+    assert asyncio.run(sweeper.sweep()) == 1  # the third, read and removed
+    assert known == {}  # the two due ones, removed elsewhere, dropped
+
+
+def test_a_results_read_while_its_job_is_removed_ends_with_an_error(tmp_path: Path) -> None:
+    """A cancelled job's chunk that never ran reads as "not run"; once the job is being
+    removed (its state gone first), a missing chunk is an error, never made up."""
+    from fnrt.functions.errors import StoreError
+    from fnrt.runtime.http.jobs import _chunk_or_none
+
+    store, clock = FileStore(tmp_path / "store"), Clock()
+    board = JobBoard(store, "a", clock)
+    job = _job(board)
+    status = board.cancel(job)
+    assert _chunk_or_none(board, status, 0) is None  # never ran: said so
+    board.discard(job)
+    with pytest.raises(StoreError, match="gone from the store"):
+        _chunk_or_none(board, status, 0)
