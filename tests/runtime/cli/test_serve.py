@@ -162,6 +162,8 @@ def test_every_setting_is_an_option_with_its_variable_declared_once(
             monkeypatch.setenv("FNRT_SSL_KEYFILE", text)
         if name == "max_json_body_bytes":
             text, expected = "2KiB", 2048
+        if name == "job_retention_s":  # 0 or at least an hour
+            text, expected = "2h", 7200.0
         with monkeypatch.context() as env:
             env.setenv(option.envvar, text)
             assert getattr(settings_of(), name) == expected, name
