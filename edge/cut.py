@@ -75,7 +75,9 @@ class Cuts:
             found.append(_point(name, typed.get(name)))
         self.points = tuple(found)
         self._check_order(graph, produced)
-        self.input_points = tuple(_point(name, typed.get(name)) for name in self.inputs)
+        self.input_points = tuple(
+            _point(name, typed.get(name), "split.model", "model input ") for name in self.inputs
+        )
 
     @property
     def count(self) -> int:
@@ -159,17 +161,20 @@ def digest_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _point(name: str, value_info: Any) -> Point:
+def _point(name: str, value_info: Any, field: str = "split.points", what: str = "") -> Point:
+    """What crosses the network at a point (``field``: the manifest's field to blame;
+    ``what``: how to name the tensor, a model input being none of the points)."""
     import onnx
 
     if value_info is None or not value_info.type.HasField("tensor_type"):
-        raise ManifestError("split.points", f"{name!r}: its type is unknown (run shape inference)")
+        raise ManifestError(field, f"{what}{name!r}: its type is unknown (run shape inference)")
     tensor = value_info.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
     if len(dims) < 1 or any(d < 1 for d in dims[1:]):
         raise ManifestError(
-            "split.points",
-            f"{name!r} must have a fixed shape after the batch dimension, got {dims}",
+            field,
+            f"{what}{name!r} must have a fixed shape after the batch dimension to split the "
+            f"model, got {dims}",
         )
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
     return Point(name, dtype, tuple(dims[1:]))

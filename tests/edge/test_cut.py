@@ -103,3 +103,24 @@ def test_bad_points_are_named(tmp_path: Path, points: tuple[str, ...], message: 
     model = skip_model(tmp_path / "skip.onnx")
     with pytest.raises(ManifestError, match=message):
         Cuts(model, points, tmp_path / "cuts")
+
+
+def test_a_variable_length_input_is_blamed_on_the_model_not_the_points(tmp_path: Path) -> None:
+    """A model input of variable length ([n, t] tokens) cannot be split: the error names
+    the model's input and the field the model comes from, not the split points."""
+    graph = helper.make_graph(
+        [  # the mean over the tokens: 'a' has a fixed shape, [n, 1]
+            helper.make_node("ReduceMean", ["x"], ["a"], axes=[1], keepdims=1),
+            helper.make_node("Relu", ["a"], ["y"]),
+        ],
+        "tokens",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "t"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
+    )
+    path = tmp_path / "tokens.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(model, str(path))
+    with pytest.raises(ManifestError) as raised:
+        Cuts(path, ("a",), tmp_path / "cuts")
+    assert raised.value.fields["field"] == "split.model"
+    assert "model input 'x' must have a fixed shape after the batch dimension" in str(raised.value)
