@@ -436,6 +436,26 @@ def assert_stages_add_up(timings: Mapping[str, float], share: float = 0.95) -> N
     assert covered <= total + 1e-5, f"the stages sum past the total: {dict(timings)}"
 
 
+async def instances_up(pool: Any, count: int, timeout_s: float = 5.0) -> None:
+    """Until ``pool`` (an ``InstancePool``) holds ``count`` instances: its extra slots
+    load in the background."""
+    deadline = time.monotonic() + timeout_s
+    while pool.instances < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert pool.instances == count, f"{pool.instances} instances, not {count}"
+
+
+async def past_backoffs(done: asyncio.Future[Any], clock: Any, tries: int = 200) -> bool:
+    """Advance the manual ``clock`` 5 s at a time (a failed load's backoff) until
+    ``done`` is; whether it is."""
+    for _ in range(tries):
+        if done.done():
+            return True
+        clock.advance(5)
+        await asyncio.sleep(0.02)
+    return done.done()
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
     """Wait for a condition another thread makes true (no fixed sleeps)."""
     deadline = time.monotonic() + timeout_s

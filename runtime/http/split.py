@@ -116,7 +116,7 @@ async def get_plan(request: Request) -> Response:
     started = time.perf_counter()
     node = node_of(request)
     name = request.path_params["name"]
-    _check_key(node, name, request)
+    require_key(node.invoke_keys, name, request.headers)
     plan = await node.splits.plan(name, request.query_params.get("version"))
     return JSONResponse(plan, headers={SERVER_MS_HEADER: _since_ms(started)})
 
@@ -126,18 +126,13 @@ async def get_head(request: Request) -> Response:
     started = time.perf_counter()
     node = node_of(request)
     name = request.path_params["name"]
-    _check_key(node, name, request)  # a head is the model's first layers (n + 1: all)
+    # a head is the model's first layers (n + 1: all): keyed as the tails are
+    require_key(node.invoke_keys, name, request.headers)
     k = split_index(request.path_params["k"])
     version = request.query_params.get("version")
     head = await node.splits.head(name, k, version)
     headers = {DIGEST_HEADER: f"sha256:{head.digest}", SERVER_MS_HEADER: _since_ms(started)}
     return FileResponse(head.path, media_type="application/octet-stream", headers=headers)
-
-
-def _check_key(node: Node, name: str, request: Request) -> None:
-    """A function with invoke keys gives its plan and heads only to a caller with one,
-    as its tails (401 without one)."""
-    require_key(node.invoke_keys, name, request.headers)
 
 
 def _since_ms(started: float) -> str:

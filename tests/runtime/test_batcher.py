@@ -35,7 +35,7 @@ from fnrt.runtime.events import NoEvents
 from fnrt.runtime.intake import Admission
 from fnrt.runtime.pool import InstancePool
 from fnrt.runtime.stats import Stats
-from support import packed, write_function
+from support import instances_up, packed, past_backoffs, write_function
 
 MANIFEST = """
 name = "{name}"
@@ -422,6 +422,9 @@ class _FailingFromNowOn(Loads):
         return super().__call__(vm, executor)
 
 
+TWO = MANIFEST.replace("max_queue = 6", "max_queue = 6\nmin_instances = 2\nmax_instances = 2")
+
+
 def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
     tmp_path: Path,
 ) -> None:
@@ -431,17 +434,12 @@ def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
     hold = threading.Event()
     hold.set()
     loads = _FailingFromNowOn(_plus_one_after(hold))
-    two = MANIFEST.replace("max_queue = 6", "max_queue = 6\nmin_instances = 2\nmax_instances = 2")
 
     async def scenario() -> None:
-        parts = _parts(tmp_path, loads, manifest=two)
+        parts = _parts(tmp_path, loads, manifest=TWO)
         batcher, pool, clock = parts.batcher, parts.pool, parts.clock
         assert (await _submit(batcher, 1.0)).outputs["y"][0, 0] == 2
-        for _ in range(500):
-            if pool.instances == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert pool.instances == 2
+        await instances_up(pool, 2)
         await pool.drop(pool.slots[0])  # the primary's instance is gone
         loads.failing = True
         hold.clear()  # the second slot's batches wait
@@ -449,12 +447,8 @@ def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
         await asyncio.sleep(0.05)
         closed = asyncio.ensure_future(batcher.close())
         hold.set()
-        for _ in range(100):  # the primary's load backs off, then fails again
-            if closed.done():
-                break
-            clock.advance(5)
-            await asyncio.sleep(0.02)
-        assert closed.done(), "the version never finished closing"
+        # the primary's load backs off, then fails again
+        assert await past_backoffs(closed, clock), "the version never finished closing"
         answers = await asyncio.gather(*queued)
         assert [a.outputs["y"][0, 0] for a in answers] == [float(i) + 1 for i in range(6)]
         assert loads.count >= 3  # two loads, then the primary's failed ones
@@ -469,16 +463,12 @@ def test_what_is_still_queued_when_every_slot_has_ended_is_answered_503(tmp_path
     hold = threading.Event()
     hold.set()
     loads = _FailingFromNowOn(_plus_one_after(hold))
-    two = MANIFEST.replace("max_queue = 6", "max_queue = 6\nmin_instances = 2\nmax_instances = 2")
 
     async def scenario() -> None:
-        parts = _parts(tmp_path, loads, manifest=two)
+        parts = _parts(tmp_path, loads, manifest=TWO)
         batcher, pool, clock = parts.batcher, parts.pool, parts.clock
         assert (await _submit(batcher, 1.0)).outputs["y"][0, 0] == 2
-        for _ in range(500):
-            if pool.instances == 2:
-                break
-            await asyncio.sleep(0.01)
+        await instances_up(pool, 2)
         await pool.drop(pool.slots[0])
         loads.failing = True
         hold.clear()
@@ -488,13 +478,9 @@ def test_what_is_still_queued_when_every_slot_has_ended_is_answered_503(tmp_path
         await asyncio.sleep(0.01)
         unloading = asyncio.ensure_future(pool.drop(pool.slots[1]))  # its loop ends next
         hold.set()
-        for _ in range(200):
-            if closed.done():
-                break
-            clock.advance(5)
-            await asyncio.sleep(0.02)
+        finished = await past_backoffs(closed, clock)
         await unloading
-        assert closed.done(), "the version never finished closing"
+        assert finished, "the version never finished closing"
         done, _ = await asyncio.wait(queued, timeout=1)
         assert len(done) == 6, "queued calls were left unanswered"
         answered = [q.result().outputs["y"][0, 0] for q in queued[:4]]

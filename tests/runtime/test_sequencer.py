@@ -26,7 +26,14 @@ from fnrt.runtime.pool import InstancePool
 from fnrt.runtime.protection import Protection
 from fnrt.runtime.sequencer import Sequencer
 from fnrt.runtime.stats import Stats
-from support import COUNTER_HANDLER, COUNTER_MANIFEST, packed, write_function
+from support import (
+    COUNTER_HANDLER,
+    COUNTER_MANIFEST,
+    instances_up,
+    packed,
+    past_backoffs,
+    write_function,
+)
 
 
 class Counter(Generator):
@@ -250,22 +257,14 @@ def test_closing_while_the_primary_cannot_load_ends_once_the_others_drain(
         parts = Parts(tmp_path, loads, max_active=1, manifest=TWO)
         pool, clock = parts.pool, parts.clock
         assert await _tokens(await parts.submit(0, 2)) == [1, 2]
-        for _ in range(500):
-            if pool.instances == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert pool.instances == 2
+        await instances_up(pool, 2)
         await pool.drop(pool.slots[0])  # the primary's instance is gone
         loads.failing = True
         served = [asyncio.ensure_future(parts.submit(10 * i, 10 * i + 5)) for i in range(3)]
         await asyncio.sleep(0.02)
         closed = asyncio.ensure_future(parts.sequencer.close())
-        for _ in range(200):  # the primary's load backs off, then fails again
-            if closed.done():
-                break
-            clock.advance(5)
-            await asyncio.sleep(0.02)
-        assert closed.done(), "the version never finished closing"
+        # the primary's load backs off, then fails again
+        assert await past_backoffs(closed, clock), "the version never finished closing"
         answers = await asyncio.gather(*served)
         tokens = await asyncio.gather(*(_tokens(a) for a in answers))
         assert tokens == [list(range(10 * i + 1, 10 * i + 6)) for i in range(3)]
@@ -285,10 +284,7 @@ def test_sequences_on_an_instance_lost_while_others_serve_end_with_its_error(
         parts = Parts(tmp_path, loads, max_active=1, manifest=TWO)
         pool = parts.pool
         assert await _tokens(await parts.submit(0, 2)) == [1, 2]
-        for _ in range(500):
-            if pool.instances == 2:
-                break
-            await asyncio.sleep(0.01)
+        await instances_up(pool, 2)
         first, second = await parts.submit(0, 30), await parts.submit(100, 130)
         await asyncio.sleep(0.05)  # each instance steps one (max_active = 1)
         loads.failing = True
