@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar, cast
 import numpy as np
 
 from fnrt.functions.bundle import unpack_code
-from fnrt.functions.errors import BlobNotFound, InstanceLost
+from fnrt.functions.errors import BlobNotFound, InstanceLost, InstanceStopped
 from fnrt.functions.extras import require
 from fnrt.functions.generation import StepBatch, Stepped
 from fnrt.functions.handler import (
@@ -113,6 +113,8 @@ class Instance:
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
         """:meth:`run`, also timing the handler and the checking of its results; spans the
         handler makes through the OpenTelemetry API go under ``trace`` (the batch's span)."""
+        if self.call is _closed:
+            raise self.stopped()
         if trace is None:  # not traced (the common case): nothing to set up per batch
             return run_checked(self.call, self.version, batch)
         with capture(trace) as spans:
@@ -152,7 +154,7 @@ class Instance:
         if stager is None or self.call is _closed:
             if stager is not None:
                 stager.release(staged)
-            raise RuntimeError("instance is closed")
+            raise self.stopped()
         if trace is None:
             results, times = stager.compute(staged)
             return Ran(results, times.compute_s, times.output_s)
@@ -171,7 +173,7 @@ class Instance:
         """One step of a generative handler (its handler spans go under ``trace``)."""
         stepper = self.stepper
         if self.call is _closed:
-            raise RuntimeError("instance is closed")
+            raise self.stopped()
         if stepper is None:
             raise RuntimeError("not a generative handler")
         if trace is None:
@@ -188,6 +190,11 @@ class Instance:
     def ended(self) -> InstanceLost:
         """Why it is not alive: closed (it is never found so in a slot)."""
         return InstanceLost(self.version.name, "", "the instance was closed", cause="exit")
+
+    def stopped(self) -> InstanceStopped:
+        """What work that reaches the instance after it was closed raises: a batch or step
+        queued on its thread just before an unload (503, retry), not a handler failure."""
+        return InstanceStopped(self.version.name, "its instance was unloaded before it ran")
 
     def abandon(self) -> None:
         """Give up on an instance whose thread is stuck in the handler: it cannot be
@@ -340,6 +347,7 @@ class Runnable(Protocol):
 
 
 def _closed(batch: list[Request]) -> Sequence[Any]:
+    """A closed instance's handler (the run methods raise ``Instance.stopped`` first)."""
     raise RuntimeError("instance is closed")
 
 

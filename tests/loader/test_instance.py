@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fnrt.functions.errors import FnrtError, HandlerError
+from fnrt.functions.errors import FnrtError, HandlerError, InstanceStopped
 from fnrt.functions.version import VersionManifest
 from fnrt.runtime.node import Node
 from support import assert_stages_add_up, make_node, publish, write_function
@@ -249,5 +249,7 @@ def test_a_closed_instance_holds_nothing_of_its_handler(tmp_path: Path) -> None:
     del model
     instance.close()
     assert gone() is None and not instance.alive
-    with pytest.raises(RuntimeError, match="instance is closed"):
+    with pytest.raises(InstanceStopped, match="unloaded before it ran"):
         instance.step_timed(StepBatch([], []))
+    with pytest.raises(InstanceStopped, match="unloaded before it ran"):
+        instance.run_timed([])

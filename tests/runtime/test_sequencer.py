@@ -14,7 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fnrt.functions.errors import DeadlineExceeded, HandlerFailed, LoadError, Overloaded
+from fnrt.functions.errors import (
+    DeadlineExceeded,
+    HandlerFailed,
+    InstanceStopped,
+    LoadError,
+    Overloaded,
+)
 from fnrt.functions.generation import Chunk, Generator, parse_parameters
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Instance
@@ -276,8 +282,8 @@ def test_sequences_on_an_instance_lost_while_others_serve_end_with_its_error(
     tmp_path: Path,
 ) -> None:
     """The primary's instance is gone mid-generation and its load fails, while a second
-    instance serves: the sequences that ran on it end with the load's error at once
-    (their state was on it), not stalled until some other call arrives."""
+    instance serves: the sequences that ran on it end at once, with the load's error (or
+    503 for a step queued on it just before), not stalled until some other call arrives."""
     loads = Failing(handler=Slow())
 
     async def scenario() -> None:
@@ -292,8 +298,11 @@ def test_sequences_on_an_instance_lost_while_others_serve_end_with_its_error(
         ended = await asyncio.wait_for(
             asyncio.gather(_tokens(first), _tokens(second), return_exceptions=True), 5
         )
-        lost = [e for e in ended if isinstance(e, LoadError)]
-        assert len(lost) == 1 and "weights are corrupt" in str(lost[0])
+        # a step the sequencer queued on it just before the drop is stopped (503, retry);
+        # else its sequence waits for the reload, which fails
+        lost = [e for e in ended if isinstance(e, LoadError | InstanceStopped)]
+        assert len(lost) == 1, ended
+        assert "weights are corrupt" in str(lost[0]) or "unloaded before it ran" in str(lost[0])
         assert [list(range(1, 31)), list(range(101, 131))].count(
             next(e for e in ended if not isinstance(e, BaseException))
         ) == 1
