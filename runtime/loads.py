@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -29,8 +30,9 @@ from fnrt.loader.instance import Prepared, Runnable
 from fnrt.loader.launch import Launch
 from fnrt.loader.memory import MakeRoom, no_room
 from fnrt.loader.process import ProcessInstance
+from fnrt.loader.scrub import Watch
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.collector import COLLECTOR
+from fnrt.runtime.collector import COLLECTOR, empty_device_cache
 from fnrt.runtime.events import Events
 from fnrt.runtime.stats import Stats
 
@@ -83,6 +85,50 @@ async def _prepared(launch: Launch, version: VersionManifest, executor: Executor
         raise
 
 
+def _watched(
+    load: Callable[[], Runnable], watch: Callable[[], Watch | None]
+) -> tuple[Runnable, Watch | None, Exception | None]:
+    """``load()``, then ``watch()`` on the same thread (one hop back to the event loop for
+    both), and what the watch raised: the caller closes the instance then (a thread
+    instance's close runs its ``unload`` on this very thread)."""
+    instance = load()
+    try:
+        return instance, watch(), None
+    except Exception as exc:
+        return instance, None, exc
+
+
+def _close_made(made: asyncio.Future[tuple[Runnable, Watch | None, Exception | None]]) -> None:
+    """Close what a cancelled load's thread made (an instance a worker of which would run
+    on, the watch it registered with the scrub)."""
+    if made.cancelled() or made.exception() is not None:
+        return
+    instance, watch, _ = made.result()
+    if watch is not None:
+        watch.close()
+    threading.Thread(target=release_instance, args=(instance,), daemon=True).start()
+
+
+def release_instance(instance: Runnable) -> None:
+    """Close an instance and, when its objects live in this process, have them collected
+    (runs off the event loop).
+
+    A thread instance's objects (its model's) were frozen after its load: what they
+    hold in reference cycles is freed by a full collection (unfrozen first), which the
+    unloads of a moment share (:mod:`fnrt.runtime.collector`; a load runs it first).
+    A worker process's model goes with the process, and nothing was frozen here for
+    it (``Loads.loaded``): no collection. (A full collection walks every object of
+    the server, holding the GIL: it grows with every function a node has served.)
+    """
+    instance.close()
+    if isinstance(instance, ProcessInstance):
+        return
+    del instance  # (closed, it holds nothing of the handler's: its model is freed now
+    # by reference count, but for what it holds in cycles)
+    empty_device_cache()
+    COLLECTOR.unloaded()
+
+
 class Loads:
     """The loads of one version's instances."""
 
@@ -109,10 +155,15 @@ class Loads:
         #: slot loads none again (the backoff) and why: the breaker counts deaths in a row.
         self.died: Callable[[str, float, str], None] = lambda cause, retry_at, reason: None
 
-    async def load(self, slot: Backoff) -> tuple[Runnable, int, Callable[[], None]]:
-        """A new instance for ``slot`` (after its backoff), when its load started
-        (``time.time_ns``, after the backoff), and what gives back the memory room held
-        for it: call it once the instance is in its slot (its bytes counted there)."""
+    async def load(
+        self, slot: Backoff, watch: Callable[[], Watch | None] = lambda: None
+    ) -> tuple[Runnable, Watch | None, int, Callable[[], None]]:
+        """A new instance for ``slot`` (after its backoff), the watch on its files that
+        ``watch`` opened on the load's thread right after it (``FileWatches.open``), when
+        its load started (``time.time_ns``, after the backoff), and what gives back the
+        memory room held for it: call it once the instance is in its slot (its bytes
+        counted there). A watch that fails to open fails the load (its instance is
+        closed); a load cancelled while its thread runs closes what that thread made."""
         delay = slot.retry_at - self._clock.now()
         if delay > 0:  # backing off after failures
             slot.backing_off = True
@@ -140,7 +191,15 @@ class Loads:
                 load = functools.partial(self._load_instance, version, executor)
             else:  # the load's pins from here
                 load, prepared = functools.partial(launch.load, version, executor, prepared), None
-            instance = await loop.run_in_executor(executor, load)
+            made = asyncio.wrap_future(executor.submit(_watched, load, watch))
+            try:
+                instance, opened, unwatched = await asyncio.shield(made)
+            except asyncio.CancelledError:
+                made.add_done_callback(_close_made)  # the thread goes on: closed after
+                raise
+            if unwatched is not None:  # an instance whose files nothing watches: not served
+                await asyncio.shield(asyncio.to_thread(release_instance, instance))
+                raise unwatched
         except BaseException as exc:
             if launch is not None and prepared is not None:
                 launch.give_back(prepared)  # never loaded: its files are unpinned
@@ -167,7 +226,7 @@ class Loads:
             error = LoadError(self._name, error_id, describe_failure(exc))
             stats.last_load_error = error.message
             raise error from exc
-        return instance, started_ns, release
+        return instance, opened, started_ns, release
 
     def loaded(self, slot: Backoff, instance: Runnable, started_ns: int) -> None:
         """Count and tell a load that ended with ``instance`` in ``slot``."""
@@ -178,7 +237,7 @@ class Loads:
         # out of the collector so per-request garbage never triggers such a pause
         # (the p99 of a busy function). A worker's model lives in its process, which
         # freezes its own: nothing is frozen here for it, so its unload needs no
-        # full collection of this process to free what was frozen (pool._release).
+        # full collection of this process to free what was frozen (release_instance).
         if not isinstance(instance, ProcessInstance):
             COLLECTOR.freeze()
         stats.loads += 1

@@ -38,16 +38,15 @@ from fnrt.functions.handler import Request
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Ran, Runnable, add_first_batch
 from fnrt.loader.memory import MakeRoom, no_room
-from fnrt.loader.process import ProcessInstance
 from fnrt.loader.staging import Staged
 from fnrt.runtime.clock import Clock
-from fnrt.runtime.collector import COLLECTOR, empty_device_cache
 from fnrt.runtime.events import Events
 from fnrt.runtime.loads import (
     LoadInstance,
     Loads,
     describe_failure,
     new_error_id,
+    release_instance,
     remote_traceback,
 )
 from fnrt.runtime.scaler import Scaler
@@ -241,7 +240,7 @@ class InstancePool:
         release = no_room  # what gives back the memory room held for the load
         try:
             try:
-                instance, started_ns, release = await self.loads.load(slot)
+                loaded = await self.loads.load(slot, self._watches.open)
             except FnrtError:
                 if not slot.primary:  # an extra slot whose load failed is given up: the
                     slot.retired = True  # others serve (and the queue may ask for another)
@@ -249,11 +248,8 @@ class InstancePool:
                         self.slots.remove(slot)
                     self.changed()
                 raise
-            try:
-                await self._watches.start(slot, instance)
-            except BaseException:  # no slot holds it: end it here (a worker would run on)
-                await asyncio.shield(asyncio.to_thread(_release, instance))
-                raise
+            instance, watch, started_ns, release = loaded
+            self._watches.adopt(slot, instance, watch)
             slot.instance = instance
         finally:
             slot.loading = None
@@ -279,7 +275,7 @@ class InstancePool:
         log.error(
             "%s %s retired instance %d: %s", self.name, self.version.version, slot.index, reason
         )
-        await asyncio.to_thread(_release, instance)
+        await asyncio.to_thread(release_instance, instance)
         self.changed()
         if reload and not slot.retired:
             self.load_in_background(slot)
@@ -444,7 +440,7 @@ class InstancePool:
             self.slots.remove(slot)
             self.changed()
         log.info("unloaded %s %s (instance %d)", self.name, self.version.version, slot.index)
-        await asyncio.to_thread(_release, instance)
+        await asyncio.to_thread(release_instance, instance)
 
     async def close(self) -> None:
         """Wait for loads under way, then unload every instance."""
@@ -490,23 +486,3 @@ def _quiet(future: asyncio.Future[Runnable]) -> None:
     """Retrieve a background load's error (it is logged where it happened)."""
     if not future.cancelled():
         future.exception()
-
-
-def _release(instance: Runnable) -> None:
-    """Close an instance and, when its objects live in this process, have them collected
-    (runs off the event loop).
-
-    A thread instance's objects (its model's) were frozen after its load: what they
-    hold in reference cycles is freed by a full collection (unfrozen first), which the
-    unloads of a moment share (:mod:`fnrt.runtime.collector`; a load runs it first).
-    A worker process's model goes with the process, and nothing was frozen here for
-    it (``Loads.loaded``): no collection. (A full collection walks every object of
-    the server, holding the GIL: it grows with every function a node has served.)
-    """
-    instance.close()
-    if isinstance(instance, ProcessInstance):
-        return
-    del instance  # (closed, it holds nothing of the handler's: its model is freed now
-    # by reference count, but for what it holds in cycles)
-    empty_device_cache()
-    COLLECTOR.unloaded()

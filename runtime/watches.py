@@ -1,6 +1,9 @@
 """The watches on the files a version's live instances map (``fnrt.loader.scrub``).
 
-After a load the pool hands the instance here; a change found by the scrub's
+A load opens its instance's watch on the load's own thread, right after the
+instance is made (:meth:`FileWatches.open`: no thread hop of its own on a cold
+start), and the pool hands both here once the instance is in its slot
+(:meth:`FileWatches.adopt`); a change found by the scrub's
 thread comes back to the event loop, where an idle instance is retired at once
 (a running one when its batch ends, whose answers are not served: the pool
 asks :meth:`FileWatches.found` after each batch and before handing out an
@@ -37,22 +40,19 @@ class FileWatches:
         self._by_slot: dict[int, Watch] = {}
         self._retiring: set[asyncio.Future[None]] = set()  # instances whose files changed
 
-    async def start(self, slot: SlotView, instance: Runnable) -> None:
-        """Watch the files ``instance``, just loaded into ``slot``, maps; a change found
-        retires it at once."""
+    def open(self) -> Watch | None:
+        """Start watching the files an instance of the version maps (blocking: on the
+        load's own thread, right after the load), or None when nothing watches them."""
         if self._watch_files is None:
-            return
-        loop = asyncio.get_running_loop()
-        starting = asyncio.ensure_future(asyncio.to_thread(self._watch_files, self._version))
-        try:
-            watch = await asyncio.shield(starting)
-        except asyncio.CancelledError:
-            # the load was cancelled: its thread goes on, and the watch it registers with
-            # the scrub has nobody to close it, so it is closed when it comes
-            starting.add_done_callback(_close_started)
-            raise
+            return None
+        return self._watch_files(self._version)
+
+    def adopt(self, slot: SlotView, instance: Runnable, watch: Watch | None) -> None:
+        """Keep ``watch`` (:meth:`open`'s) for ``instance``, just loaded into ``slot``: a
+        change found retires it at once."""
         if watch is None:
             return
+        loop = asyncio.get_running_loop()
         self._by_slot[slot.index] = watch
 
         def changed(reason: str) -> None:  # from the scrub's thread
@@ -84,11 +84,3 @@ class FileWatches:
             return None
         watch.close()
         return watch.reason or None
-
-
-def _close_started(starting: asyncio.Future[Watch | None]) -> None:
-    """Close the watch a cancelled start registered (a failed start registered none)."""
-    if not starting.cancelled() and starting.exception() is None:
-        watch = starting.result()
-        if watch is not None:
-            watch.close()

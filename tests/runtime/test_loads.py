@@ -20,6 +20,7 @@ from fnrt.loader.device import detect_device
 from fnrt.loader.instance import STAGES, InstanceLoader, Prepared, Runnable
 from fnrt.loader.launch import Launch
 from fnrt.loader.repository import Repository
+from fnrt.loader.scrub import Watch
 from fnrt.loader.stores import FileStore
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.events import NoEvents
@@ -44,6 +45,7 @@ class Recorded(Launch):
 
     steps: list[str] = field(default_factory=list)
     gate: threading.Event | None = None
+    made: list[Runnable] = field(default_factory=list)  # the instances its loads made
 
     def prepare(self, vm: VersionManifest) -> Prepared:
         self.steps.append("prepare")
@@ -53,7 +55,9 @@ class Recorded(Launch):
 
     def load(self, vm: VersionManifest, executor: Executor, prepared: Prepared) -> Runnable:
         self.steps.append("load")
-        return super().load(vm, executor, prepared)
+        instance = super().load(vm, executor, prepared)
+        self.made.append(instance)
+        return instance
 
     def give_back(self, prepared: Prepared) -> None:
         self.steps.append("give back")
@@ -96,7 +100,7 @@ def test_a_load_readies_its_files_before_it_makes_room_and_counts_the_wait(
     _, vm, launch = _parts(tmp_path)
     loads = _loads(vm, launch, lambda *_: asyncio.sleep(0.05))  # evictions take a while
 
-    instance, _, release = asyncio.run(loads.load(Slot()))
+    instance, _, _, release = asyncio.run(loads.load(Slot()))
     try:
         release()
         assert launch.steps == ["prepare", "room", "load", "release"]
@@ -201,3 +205,78 @@ def test_a_handler_whose_load_raises_a_cancel_failed_and_was_not_cancelled(
     with pytest.raises(LoadError, match="CancelledError"):
         asyncio.run(loads.load(slot))
     assert stats.load_failures == 1 and slot.failures == 1
+
+
+def test_a_load_opens_its_watch_on_its_own_thread_right_after_the_instance(
+    tmp_path: Path,
+) -> None:
+    """The watch on the files is opened by the load's thread (no hop back to the loop in
+    between), and handed back with the instance."""
+    _, vm, launch = _parts(tmp_path)
+    loads = _loads(vm, launch, lambda *_: None)
+    opened: list[tuple[str, str]] = []
+    watch = Watch([])
+
+    def open_watch() -> Watch:
+        opened.append((threading.current_thread().name, launch.steps[-1]))
+        return watch
+
+    instance, got, _, release = asyncio.run(loads.load(Slot(), open_watch))
+    try:
+        release()
+        assert got is watch
+        assert opened == [(f"fnrt-{vm.name}-0_0", "load")]  # the instance's own thread
+    finally:
+        instance.close()
+
+
+def test_a_watch_that_fails_to_open_fails_the_load_and_closes_its_instance(
+    tmp_path: Path,
+) -> None:
+    _, vm, launch = _parts(tmp_path)
+    stats = Stats()
+    loads = _loads(vm, launch, lambda *_: None, stats)
+
+    def open_watch() -> Watch:
+        raise OSError("the scrub cannot read the file")
+
+    with pytest.raises(LoadError, match="the scrub cannot read the file"):
+        asyncio.run(loads.load(Slot(), open_watch))
+    assert launch.steps == ["prepare", "room", "load", "release"]
+    assert [i.alive for i in launch.made] == [False]
+    assert stats.load_failures == 1
+
+
+def test_a_load_cancelled_while_its_thread_runs_closes_what_the_thread_made(
+    tmp_path: Path,
+) -> None:
+    """Cancelled while its thread loads and opens the watch (a node that stops), the
+    thread goes on: the instance it made (a worker would run on) and the watch it
+    registered with the scrub (which would re-read files nothing serves) are closed
+    once it is done, not left behind."""
+    _, vm, launch = _parts(tmp_path)
+    loads = _loads(vm, launch, lambda *_: None)
+    entered, gate = threading.Event(), threading.Event()
+    closed: list[Watch] = []
+    watch = Watch([], closed.append)  # what the scrub would stop watching
+
+    def open_watch() -> Watch:
+        entered.set()
+        gate.wait(10)
+        return watch
+
+    async def attempt() -> None:
+        task = asyncio.ensure_future(loads.load(Slot(), open_watch))
+        await asyncio.to_thread(entered.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.set()
+        for _ in range(500):
+            if closed and launch.made and not launch.made[0].alive:
+                return
+            await asyncio.sleep(0.01)
+
+    asyncio.run(attempt())
+    assert closed == [watch]
+    assert [i.alive for i in launch.made] == [False]
