@@ -3,15 +3,24 @@ when that changed."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from fnrt.functions.errors import CorruptBlob
 from fnrt.loader import integrity
-from fnrt.loader.integrity import Verifier, fingerprint, quick_digest
+from fnrt.loader.integrity import (
+    Verifier,
+    bundle_files,
+    fingerprint,
+    quick_digest,
+    tree_differences,
+)
 
 
 def test_one_read_gives_both_digests(tmp_path: Path) -> None:
@@ -132,3 +141,37 @@ def test_a_blob_first_verified_is_made_read_only(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o444
     record = integrity.read_record(tmp_path / "verified" / hashlib.sha256(data).hexdigest())
     assert record is not None and record.unchanged(path)  # not read again at the next load
+
+
+def test_a_code_tree_differs_from_its_bundle_where_a_file_changed_went_or_came(
+    tmp_path: Path,
+) -> None:
+    """``tree_differences``, the check of the unpacked code at every load: each file
+    changed, missing or added is named, at any depth; ``__pycache__`` is not code; a
+    link to a folder (which no bundle unpacks) is a difference of its own."""
+    source = {"handler.py": b"x = 1\n", "pkg/__init__.py": b"", "pkg/deep/model.py": b"y = 2\n"}
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in source.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    expected = bundle_files(gzip.compress(raw.getvalue()))
+    tree = tmp_path / "code"
+    for name, data in source.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(data)
+    (tree / "pkg" / "__pycache__").mkdir()
+    (tree / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"compiled")
+    assert tree_differences(tree, expected) == []
+
+    (tree / "pkg" / "deep" / "model.py").write_bytes(b"y = 3\n")
+    (tree / "handler.py").unlink()
+    (tree / "extra.py").write_bytes(b"")
+    (tree / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    assert tree_differences(tree, expected) == [
+        "elsewhere",
+        "extra.py",
+        "handler.py",
+        "pkg/deep/model.py",
+    ]
