@@ -113,12 +113,13 @@ class Instance:
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
         """:meth:`run`, also timing the handler and the checking of its results; spans the
         handler makes through the OpenTelemetry API go under ``trace`` (the batch's span)."""
-        if self.call is _closed:
+        call = self.call  # read once: an unload on another thread may close it meanwhile
+        if call is _closed:
             raise self.stopped()
         if trace is None:  # not traced (the common case): nothing to set up per batch
-            return run_checked(self.call, self.version, batch)
+            return run_checked(call, self.version, batch)
         with capture(trace) as spans:
-            ran = run_checked(self.call, self.version, batch)
+            ran = run_checked(call, self.version, batch)
         return replace(ran, spans=spans) if spans else ran
 
     def run_soon(

@@ -261,25 +261,36 @@ def bundle_files(bundle: bytes) -> dict[str, str]:
 def tree_differences(folder: Path, expected: Mapping[str, str]) -> list[str]:
     """Files of ``folder`` that differ from ``expected`` (:func:`bundle_files` of the
     bundle it was unpacked from): changed, missing or added (``__pycache__`` aside).
-    Empty when it is intact. A link to a folder, which no bundle unpacks, is a
-    difference of its own. Walked with ``os.scandir`` (every load checks it: ``pathlib``'s
-    ``rglob`` took twice as long for a handler's few files)."""
+    Empty when it is intact. A link to a folder, which no bundle unpacks, and an entry
+    that cannot be read (a link loop, a folder or file gone meanwhile) are differences
+    of their own, so the tree is unpacked again; a link to a file counts as that file,
+    a broken link as nothing. Walked with ``os.scandir`` (every load checks it:
+    ``pathlib``'s ``rglob`` took three times as long for a handler's few files)."""
     found: dict[str, str] = {}
     pending = [(os.fspath(folder), "")]
     while pending:
         where, prefix = pending.pop()
-        with os.scandir(where) as entries:
-            for entry in entries:
-                name = prefix + entry.name
-                if entry.name == "__pycache__":
-                    continue
+        try:
+            with os.scandir(where) as listed:
+                entries = list(listed)
+        except OSError as exc:  # gone or unreadable: what it held counts as missing
+            if prefix:
+                found[prefix.rstrip("/")] = f"unreadable: {exc.strerror}"
+            continue
+        for entry in entries:
+            if entry.name == "__pycache__":
+                continue
+            name = prefix + entry.name
+            try:
                 if entry.is_dir(follow_symlinks=False):
                     pending.append((entry.path, name + "/"))
-                elif entry.is_dir():  # a link to a folder
+                elif entry.is_dir():
                     found[name] = "a link to a folder"
                 elif entry.is_file():
                     with open(entry.path, "rb") as f:
                         found[name] = xxhash.xxh3_128_hexdigest(f.read())
+            except OSError as exc:
+                found[name] = f"unreadable: {exc.strerror}"
     return sorted(
         name for name in expected.keys() | found.keys() if expected.get(name) != found.get(name)
     )

@@ -21,10 +21,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Protocol
 
-from fnrt.functions.errors import FnrtError, InstanceLost, LoadError
+from fnrt.functions.errors import FnrtError, InstanceLost, LoadError, Unavailable
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.instance import Prepared, Runnable
 from fnrt.loader.launch import Launch
@@ -85,9 +85,11 @@ async def _prepared(launch: Launch, version: VersionManifest, executor: Executor
         raise
 
 
-def _watched(
-    load: Callable[[], Runnable], watch: Callable[[], Watch | None]
-) -> tuple[Runnable, Watch | None, Exception | None]:
+#: What a load's thread made: the instance, the watch on its files, what the watch raised.
+Made = tuple[Runnable, Watch | None, Exception | None]
+
+
+def _watched(load: Callable[[], Runnable], watch: Callable[[], Watch | None]) -> Made:
     """``load()``, then ``watch()`` on the same thread (one hop back to the event loop for
     both), and what the watch raised: the caller closes the instance then (a thread
     instance's close runs its ``unload`` on this very thread)."""
@@ -98,15 +100,21 @@ def _watched(
         return instance, None, exc
 
 
-def _close_made(made: asyncio.Future[tuple[Runnable, Watch | None, Exception | None]]) -> None:
-    """Close what a cancelled load's thread made (an instance a worker of which would run
-    on, the watch it registered with the scrub)."""
-    if made.cancelled() or made.exception() is not None:
-        return
-    instance, watch, _ = made.result()
-    if watch is not None:
-        watch.close()
-    threading.Thread(target=release_instance, args=(instance,), daemon=True).start()
+def _close_made(executor: ThreadPoolExecutor, made: Future[Made]) -> None:
+    """What a cancelled load's thread made (an instance, a worker of which would run on;
+    the watch it registered with the scrub), closed once it is done, and the load's
+    executor shut down after: on a thread of its own (a thread instance's ``unload``
+    runs on that executor), with no event loop (it may have ended: a node that stops)."""
+
+    def close() -> None:
+        if not made.cancelled() and made.exception() is None:
+            instance, watch, _ = made.result()
+            if watch is not None:
+                watch.close()
+            release_instance(instance)
+        executor.shutdown(wait=False)
+
+    threading.Thread(target=close, name="fnrt-close-cancelled", daemon=True).start()
 
 
 def release_instance(instance: Runnable) -> None:
@@ -162,8 +170,10 @@ class Loads:
         ``watch`` opened on the load's thread right after it (``FileWatches.open``), when
         its load started (``time.time_ns``, after the backoff), and what gives back the
         memory room held for it: call it once the instance is in its slot (its bytes
-        counted there). A watch that fails to open fails the load (its instance is
-        closed); a load cancelled while its thread runs closes what that thread made."""
+        counted there). A watch that fails to open fails the load (Unavailable: its
+        instance is closed, and the slot does not back off: the node's files are at
+        fault, not the handler); a load cancelled while its thread runs closes what
+        that thread made once it is done."""
         delay = slot.retry_at - self._clock.now()
         if delay > 0:  # backing off after failures
             slot.backing_off = True
@@ -177,6 +187,7 @@ class Loads:
         stats, version, launch = self._stats, self._version, self._launch
         release = no_room
         prepared: Prepared | None = None  # readied, not handed to its load yet
+        handed_off = False  # the executor, to what closes a cancelled load's instance
         try:
             if launch is not None:  # its files (and environment) first: they hold no room
                 prepared = await _prepared(launch, version, executor)
@@ -191,20 +202,27 @@ class Loads:
                 load = functools.partial(self._load_instance, version, executor)
             else:  # the load's pins from here
                 load, prepared = functools.partial(launch.load, version, executor, prepared), None
-            made = asyncio.wrap_future(executor.submit(_watched, load, watch))
+            running = executor.submit(_watched, load, watch)
             try:
-                instance, opened, unwatched = await asyncio.shield(made)
-            except asyncio.CancelledError:
-                made.add_done_callback(_close_made)  # the thread goes on: closed after
+                instance, opened, unwatched = await asyncio.shield(asyncio.wrap_future(running))
+            except asyncio.CancelledError:  # the thread goes on: what it makes is closed
+                running.add_done_callback(functools.partial(_close_made, executor))
+                handed_off = True
                 raise
             if unwatched is not None:  # an instance whose files nothing watches: not served
                 await asyncio.shield(asyncio.to_thread(release_instance, instance))
-                raise unwatched
+                why = describe_failure(unwatched)  # the node's files, not the handler: 503
+                raise Unavailable(
+                    f"function '{self._name}': the watch on its files could not start "
+                    f"({why}); retry",
+                    function=self._name,
+                ) from unwatched
         except BaseException as exc:
             if launch is not None and prepared is not None:
                 launch.give_back(prepared)  # never loaded: its files are unpinned
             release()  # the room goes back to the loads after it
-            executor.shutdown(wait=False)
+            if not handed_off:
+                executor.shutdown(wait=False)
             task = asyncio.current_task()
             if isinstance(exc, asyncio.CancelledError) and task and task.cancelling():
                 raise  # stopped (the loop's end), not failed: no backoff, nothing logged

@@ -163,7 +163,19 @@ def test_a_code_tree_differs_from_its_bundle_where_a_file_changed_went_or_came(
         (tree / name).write_bytes(data)
     (tree / "pkg" / "__pycache__").mkdir()
     (tree / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"compiled")
+    (tree / "__pycache__").write_bytes(b"")  # a file of that name: not code either
+    (tree / "dangling").symlink_to(tmp_path / "nowhere")  # a broken link: nothing
     assert tree_differences(tree, expected) == []
+    (tree / "pkg" / "__init__.py").unlink()  # a link to a file counts as that file
+    (tree / "pkg" / "__init__.py").symlink_to(tree / "dangling-target")
+    (tree / "dangling-target").write_bytes(b"")
+    assert tree_differences(tree, expected) == ["dangling-target"]
+    (tree / "dangling-target").unlink()
+    (tree / "pkg" / "__init__.py").unlink()
+    (tree / "pkg" / "__init__.py").write_bytes(b"")
+    (tree / "loop").symlink_to(tree / "loop")  # a link loop: unreadable, a difference
+    assert tree_differences(tree, expected) == ["loop"]
+    (tree / "loop").unlink()
 
     (tree / "pkg" / "deep" / "model.py").write_bytes(b"y = 3\n")
     (tree / "handler.py").unlink()

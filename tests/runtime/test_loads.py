@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fnrt_test_gates  # type: ignore[import-not-found]
 import pytest
 
-from fnrt.functions.errors import BlobNotFound, LoadError
+from fnrt.functions.errors import BlobNotFound, LoadError, Unavailable
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.device import detect_device
@@ -28,6 +30,15 @@ from fnrt.runtime.loads import Loads
 from fnrt.runtime.stats import Stats
 from support import WEIGHTED_HANDLER, WEIGHTED_MANIFEST, assert_stages_add_up, publish
 from support import write_function as write
+
+#: WEIGHTED_HANDLER with an ``unload`` that says it ran (``fnrt_test_gates.unloads``).
+UNLOADED_HANDLER = (
+    WEIGHTED_HANDLER
+    + """
+    def unload(self):
+        fnrt_test_gates.unloads.append(1)
+"""
+)
 
 
 @dataclass
@@ -233,18 +244,24 @@ def test_a_load_opens_its_watch_on_its_own_thread_right_after_the_instance(
 def test_a_watch_that_fails_to_open_fails_the_load_and_closes_its_instance(
     tmp_path: Path,
 ) -> None:
-    _, vm, launch = _parts(tmp_path)
+    """The node's files could not be watched (a blob gone before its record was read):
+    503, the instance closed (its unload run), and no backoff: the handler did nothing
+    wrong, and its breaker must not count it."""
+    _, vm, launch = _parts(tmp_path, handler=UNLOADED_HANDLER)
     stats = Stats()
     loads = _loads(vm, launch, lambda *_: None, stats)
+    slot = Slot()
+    fnrt_test_gates.unloads = []
 
     def open_watch() -> Watch:
-        raise OSError("the scrub cannot read the file")
+        raise FileNotFoundError("the blob went before its record was read")
 
-    with pytest.raises(LoadError, match="the scrub cannot read the file"):
-        asyncio.run(loads.load(Slot(), open_watch))
+    with pytest.raises(Unavailable, match="the watch on its files could not start"):
+        asyncio.run(loads.load(slot, open_watch))
     assert launch.steps == ["prepare", "room", "load", "release"]
     assert [i.alive for i in launch.made] == [False]
-    assert stats.load_failures == 1
+    assert fnrt_test_gates.unloads == [1]
+    assert stats.load_failures == 1 and slot.failures == 0  # no backoff
 
 
 def test_a_load_cancelled_while_its_thread_runs_closes_what_the_thread_made(
@@ -254,8 +271,9 @@ def test_a_load_cancelled_while_its_thread_runs_closes_what_the_thread_made(
     thread goes on: the instance it made (a worker would run on) and the watch it
     registered with the scrub (which would re-read files nothing serves) are closed
     once it is done, not left behind."""
-    _, vm, launch = _parts(tmp_path)
+    _, vm, launch = _parts(tmp_path, handler=UNLOADED_HANDLER)
     loads = _loads(vm, launch, lambda *_: None)
+    fnrt_test_gates.unloads = []
     entered, gate = threading.Event(), threading.Event()
     closed: list[Watch] = []
     watch = Watch([], closed.append)  # what the scrub would stop watching
@@ -273,10 +291,46 @@ def test_a_load_cancelled_while_its_thread_runs_closes_what_the_thread_made(
             await task
         gate.set()
         for _ in range(500):
-            if closed and launch.made and not launch.made[0].alive:
+            if closed and fnrt_test_gates.unloads:
                 return
             await asyncio.sleep(0.01)
 
     asyncio.run(attempt())
     assert closed == [watch]
+    assert [i.alive for i in launch.made] == [False]
+    assert fnrt_test_gates.unloads == [1]  # its handler's unload ran (on its own thread)
+
+
+def test_a_load_cut_off_by_the_end_of_its_event_loop_still_closes_what_it_made(
+    tmp_path: Path,
+) -> None:
+    """The node stops (``asyncio.run`` ends, cancelling the load) while the load's thread
+    is still at work: with no event loop left, what that thread makes is closed all the
+    same (a worker process would run on, the scrub would keep re-reading its files)."""
+    _, vm, launch = _parts(tmp_path, handler=UNLOADED_HANDLER)
+    loads = _loads(vm, launch, lambda *_: None)
+    fnrt_test_gates.unloads = []
+    entered, gate = threading.Event(), threading.Event()
+    closed: list[Watch] = []
+    watch = Watch([], closed.append)
+
+    def open_watch() -> Watch:
+        entered.set()
+        gate.wait(10)
+        return watch
+
+    loading: list[asyncio.Future[object]] = []
+
+    async def main() -> None:
+        loading.append(asyncio.ensure_future(loads.load(Slot(), open_watch)))
+        await asyncio.to_thread(entered.wait, 10)  # then the loop ends, the load unfinished
+
+    asyncio.run(main())
+    assert loading[0].cancelled()
+    gate.set()
+    deadline = time.monotonic() + 10
+    while not (closed and fnrt_test_gates.unloads) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert closed == [watch]
+    assert fnrt_test_gates.unloads == [1]
     assert [i.alive for i in launch.made] == [False]

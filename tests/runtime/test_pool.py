@@ -21,7 +21,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from fnrt.functions.errors import FnrtError, HandlerTimeout, LoadError
+from fnrt.functions.errors import FnrtError, HandlerTimeout, LoadError, Unavailable
 from fnrt.functions.handler import Request
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
@@ -336,8 +336,8 @@ def test_a_gpu_with_no_room_for_another_instance_gets_none(tmp_path: Path) -> No
 
 def test_a_worker_whose_file_watch_fails_to_start_is_stopped(tmp_path: Path) -> None:
     """The load started a worker process; starting the watch on its mapped files then
-    raised (a blob gone before its record was read): the load fails (a LoadError that
-    says why) and the worker ends with it, not left running with no slot holding it."""
+    raised (a blob gone before its record was read): the load fails (503, saying why)
+    and the worker ends with it, not left running with no slot holding it."""
     repository = Repository(FileStore(tmp_path / "store"))
     fields = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
     vm = publish(repository, write_function(tmp_path / "src", "w", HANDLER, ISOLATED, **fields))
@@ -353,7 +353,7 @@ def test_a_worker_whose_file_watch_fails_to_start_is_stopped(tmp_path: Path) -> 
 
     async def scenario() -> None:
         pool = InstancePool(vm, load, ManualClock(), Stats(), NoEvents(), watch_files=watch_files)
-        with pytest.raises(LoadError, match="the blob went before its record was read"):
+        with pytest.raises(Unavailable, match="the blob went before its record was read"):
             await pool.ensure(pool.slots[0])
         assert pool.slots[0].instance is None and pool.slots[0].loading is None
         await pool.close()
