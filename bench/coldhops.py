@@ -20,11 +20,12 @@ below are wrapped, which adds a call to each):
    ``load``, printed apart from the load's recorded stages);
 6. in its slot: ``InstancePool._load`` returned (the watch on its files, the
    hop back to the event loop);
-7. first batch sent: ``ProcessInstance._send`` returned;
+7. first batch sent: ``ProcessInstance._send`` returned (right behind the load
+   message: before 5);
 8. reply read: the first batch's reply (its part: the forward);
 9. response start, 10. app returned: the answer.
 
-Printed: each round's hops, then each hop's median, the wake's median against
+Printed: each round's hops in the order they came, then each hop's median, the wake's median against
 the floor's, and the worker's recorded parts. Wall-clock: run it on a quiet
 machine, and compare trees with ``coldstart_ab.py``.
 """
@@ -174,7 +175,7 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
             floor = floor_in_process(weights, args.layers, x)
             wakes.append((marks["10 app returned"] - started) / 1e9)
             floors.append(floor)
-            ordered = sorted(marks.items(), key=lambda kv: int(kv[0].split()[0]))
+            ordered = sorted(marks.items(), key=lambda kv: kv[1])  # in the order they came
             times = [started] + [v for _, v in ordered]
             hops = " ".join(
                 f"{k.split()[0]}:{(v - times[i]) / 1e6:.2f}" for i, (k, v) in enumerate(ordered)
@@ -184,7 +185,11 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
                 f"hops (ms from the one before) {hops}",
                 flush=True,
             )
-    labels = sorted({k for _, m in rows for k in m}, key=lambda k: int(k.split()[0]))
+
+    def when(label: str) -> float:
+        return statistics.median(m[label] - t for t, m in rows if label in m)
+
+    labels = sorted({k for _, m in rows for k in m}, key=when)  # in the order they came
     print(f"\n{args.rounds} cold starts from L2 ({args.layers} layers), median ms\n")
     print(f"{'hop':<22} {'from start':>11} {'from before':>12}")
     before = ""

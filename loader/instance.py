@@ -136,8 +136,9 @@ class Instance:
         """A handler with forward(): its requests' inputs must agree on rows."""
         return self.stager is not None
 
-    def stage_soon(self, batch: list[Request]) -> asyncio.Future[Staged]:
-        """Stage ``batch`` on the stager's host lane while this instance computes another."""
+    def stage_soon(self, batch: list[Request], traced: bool = True) -> asyncio.Future[Staged]:
+        """Stage ``batch`` on the stager's host lane while this instance computes another
+        (``traced``: a worker's concern; a thread's handler spans go under its batch's)."""
         stager = self.stager
         assert stager is not None
         return asyncio.get_running_loop().run_in_executor(stager.host_lane, stager.stage, batch)
@@ -330,8 +331,10 @@ class Runnable(Protocol):
         ``forward`` handler) or a worker's second pair of arenas (every worker process)."""
         ...
 
-    def stage_soon(self, batch: list[Request]) -> asyncio.Future[Staged]:
-        """Stage ``batch`` ahead (only when ``stager`` is set), while another computes."""
+    def stage_soon(self, batch: list[Request], traced: bool = True) -> asyncio.Future[Staged]:
+        """Stage ``batch`` ahead (only when ``stager`` is set), while another computes;
+        ``traced``: its batch may be traced (the node traces), so its handler's spans
+        are recorded, to be put under that batch's span when it runs."""
         ...
 
     def run_staged_soon(

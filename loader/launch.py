@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,9 @@ from fnrt.loader.spares import end, start_worker
 
 log = logging.getLogger("fnrt.loader")
 
+#: Told, on the load's thread, the worker instance whose load message was just sent.
+OnSent = Callable[[ProcessInstance], None]
+
 MIB = 1 << 20
 FIGURES_KEPT = 64  # the figures of workers' own memory a node keeps (steady_bytes)
 
@@ -44,9 +47,12 @@ def spawn(
     vm: VersionManifest,
     executor: Executor,
     prepared: Prepared | None = None,
+    on_sent: OnSent | None = None,
 ) -> Runnable:
     """Start a worker process for ``vm`` and load its handler there (blocking), from
     what :func:`prepare` readied (now when None); the instance owns its pins.
+    ``on_sent`` is handed the instance once its load message is sent (a first batch
+    may follow it then: ``ProcessInstance.send_early``).
 
     The files are materialised by :func:`prepare` (fetched, verified, pinned in
     the disk cache); the worker maps them itself. RemoteError if the handler's import or
@@ -114,7 +120,8 @@ def spawn(
                 # its weights mapped ahead, their page tables filled beside the handler's
                 # import and load, when a core is idle now to do it
                 "map_ahead": map_ahead_now(),
-            }
+            },
+            on_sent,
         )
     except BaseException:
         instance.abandon()
@@ -253,11 +260,13 @@ def launch(
     vm: VersionManifest,
     executor: Executor,
     prepared: Prepared | None = None,
+    on_sent: OnSent | None = None,
 ) -> Runnable:
     """An instance of ``vm`` where ``kind`` says: a thread here, or a worker process;
-    from what :func:`prepare` readied (now when None)."""
+    from what :func:`prepare` readied (now when None). ``on_sent``: :func:`spawn`'s
+    (a thread's load sends nothing)."""
     if kind is IsolationMode.PROCESS:
-        return spawn(loader, vm, executor, prepared)
+        return spawn(loader, vm, executor, prepared, on_sent)
     return loader.load(vm, executor, prepared)
 
 
@@ -274,9 +283,16 @@ class Launch:
     def prepare(self, vm: VersionManifest) -> Prepared:
         return prepare(self.loader, self.kind, vm)
 
-    def load(self, vm: VersionManifest, executor: Executor, prepared: Prepared) -> Runnable:
-        """The instance, from ``prepared`` (its pins are the instance's from here)."""
-        return launch(self.loader, self.kind, vm, executor, prepared)
+    def load(
+        self,
+        vm: VersionManifest,
+        executor: Executor,
+        prepared: Prepared,
+        on_sent: OnSent | None = None,
+    ) -> Runnable:
+        """The instance, from ``prepared`` (its pins are the instance's from here);
+        ``on_sent``: :func:`spawn`'s."""
+        return launch(self.loader, self.kind, vm, executor, prepared, on_sent)
 
     def worker_bytes(self) -> int:
         """What its instances hold besides their model's (:func:`worker_bytes`)."""

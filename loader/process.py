@@ -168,6 +168,11 @@ class _Reply(asyncio.Future[R]):
         return True
 
 
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
 def _dropped(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # retrieved: no "never retrieved" warning
@@ -235,6 +240,12 @@ class ProcessInstance:
         self._last: asyncio.Future[Any] | None = None  # the exchange sent last
         # the exchange whose reply the loop's reader callback reads, and how to stop it
         self._reading: tuple[asyncio.Future[Any] | None, Callable[[], None]] = (None, _nothing)
+        # a batch sent while the worker loads (send_early): its reply, read once the
+        # load's is; whether the load's reply has been read (or the load failed)
+        self._early_lock = threading.Lock()
+        self._early: tuple[asyncio.Future[Ran], int] | None = None
+        self._loaded = False
+        self.sent_during_load = 0  # batches sent right behind the load message
         self._losing: asyncio.Future[None] | None = None  # finding why a worker was lost
         self._using: list[asyncio.Future[Any] | None] = [None, None]  # per pair
         self.stager: SentAhead | None = SentAhead(self)
@@ -268,15 +279,68 @@ class ProcessInstance:
 
     # --- serving ------------------------------------------------------------------------
 
-    def start(self, start: dict[str, Any]) -> dict[str, Any]:
-        """Send the load message; the worker's answer (blocking)."""
+    def start(
+        self, start: dict[str, Any], on_sent: Callable[[ProcessInstance], None] | None = None
+    ) -> dict[str, Any]:
+        """Send the load message; the worker's answer (blocking). ``on_sent`` is told
+        once the message is sent: a batch may then follow it at once
+        (:meth:`send_early`), for the worker to run as soon as its load returns."""
         start = {
             **start,
             "requests": [str(arena.path) for arena in self._requests],
             "responses": [str(arena.path) for arena in self._responses],
         }
         self._channel.send(start)
-        return _checked(self._receive(max(LOAD_TIMEOUT_S, self._isolation.timeout_s)))
+        if on_sent is not None:
+            on_sent(self)
+        try:
+            reply = _checked(self._receive(max(LOAD_TIMEOUT_S, self._isolation.timeout_s)))
+        except BaseException as exc:
+            self._load_read(exc)
+            raise
+        self._load_read(None)
+        return reply
+
+    def send_early(self, batch: list[Request], traced: bool = True) -> Staged:
+        """Send ``batch`` right behind the load message, while the worker loads (from the
+        event loop): written into a request arena and sent now, so the worker runs it as
+        soon as its load returns, with no round trip between. Its reply is read on the
+        loop once the load's reply is in (the load's thread reads that one); a load that
+        fails ends it with the load's error. After the load's reply, as
+        :meth:`stage_soon` (``traced``: its)."""
+        assert self.stager is not None
+        started = time.perf_counter()
+        with self._early_lock:
+            loaded = self._loaded
+            if not loaded:
+                replied: asyncio.Future[Ran] = _Reply(asyncio.get_running_loop(), self._given_up)
+                pair = self._sent & 1
+                self._sent += 1
+                trace = AHEAD_TRACE if traced else None
+                self._send(pair, {"op": "run", "trace": trace}, batch)  # False: the
+                # worker is gone, which the load's thread finds and ends ``replied`` with
+                self._early = (replied, pair)
+                self._last = self._using[pair] = replied
+        if loaded:
+            return self.stage_soon(batch, traced).result()
+        self.sent_during_load += 1
+        elapsed = time.perf_counter() - started
+        return Staged(None, [0] * len(batch), {}, elapsed, self.stager, replied)
+
+    def _load_read(self, error: BaseException | None) -> None:
+        """The load's reply is read (``error``: or the load failed), on the load's thread:
+        the reply to a batch sent during the load is read on the loop from now."""
+        with self._early_lock:
+            self._loaded = True
+            early, self._early = self._early, None
+        if early is None:
+            return
+        replied, pair = early
+        with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits for it
+            if error is None:
+                replied.get_loop().call_soon_threadsafe(self._read_reply, replied, pair, _ran)
+            else:
+                replied.get_loop().call_soon_threadsafe(_fail, replied, error)
 
     def run_timed(self, batch: list[Request], trace: TraceParent | None = None) -> Ran:
         """One batch, blocking (the instance's thread; nothing in flight from the loop)."""
@@ -293,14 +357,17 @@ class ProcessInstance:
         reply unread: the instance is then given up."""
         return self._soon({"op": "run", "trace": trace}, batch, _ran)
 
-    def stage_soon(self, batch: list[Request]) -> asyncio.Future[Staged]:
+    def stage_soon(self, batch: list[Request], traced: bool = True) -> asyncio.Future[Staged]:
         """Send ``batch`` ahead while the worker computes the one before: written into the
         other request arena and its message sent now (the worker reads it as soon as it
-        has answered, with no round trip between). Its handler's spans are recorded
-        under :data:`AHEAD_TRACE`, moved under its batch's span when it runs."""
+        has answered, with no round trip between). ``traced`` (the node traces): its
+        handler's spans are recorded under :data:`AHEAD_TRACE`, moved under its batch's
+        span when it runs; else none are (the worker then sets up no span context,
+        nor, the first time, OpenTelemetry's: about 5 ms of a worker's first such
+        batch)."""
         assert self.stager is not None
         start = time.perf_counter()
-        sent = self._soon({"op": "run", "trace": AHEAD_TRACE}, batch, _ran)
+        sent = self._soon({"op": "run", "trace": AHEAD_TRACE if traced else None}, batch, _ran)
         self.sent_ahead += 1
         rows = [0] * len(batch)  # the batcher counts its rows itself
         staged = Staged(None, rows, {}, time.perf_counter() - start, self.stager, sent)
@@ -399,6 +466,17 @@ class ProcessInstance:
         if not self._send(pair, message, arrays):
             self._lose_soon(replied, self._died)
             return replied
+        self._read_reply(replied, pair, answer)
+        return replied
+
+    def _read_reply(
+        self, replied: asyncio.Future[R], pair: int, answer: Callable[[Arena, dict[str, Any]], R]
+    ) -> None:
+        """Read the reply to the exchange sent on ``pair`` in the loop's reader callback,
+        into ``replied`` (``answer`` reads the response arena)."""
+        if replied.done():  # cancelled before its reply could be read: given up already
+            return
+        loop = replied.get_loop()
         responses = self._responses[pair]
         timer: asyncio.TimerHandle | None = None
 
@@ -426,7 +504,6 @@ class ProcessInstance:
                     self._lose_soon(replied, lambda: self._timed_out(timeout_s))
 
             timer = loop.call_later(timeout_s, timed_out)
-        return replied
 
     def _lose_soon(self, replied: asyncio.Future[Any], find: Callable[[], InstanceLost]) -> None:
         """End ``replied`` with the InstanceLost that ``find`` says (it waits for the worker

@@ -21,6 +21,7 @@ from typing import Any
 from fnrt.functions.errors import FnrtError, Unavailable
 from fnrt.functions.handler import Request
 from fnrt.loader.instance import Ran, Runnable
+from fnrt.loader.process import ProcessInstance
 from fnrt.loader.staging import Staged, rows_disagree
 from fnrt.runtime.batching import (
     Plan,
@@ -156,7 +157,10 @@ class Batcher(Intake):
                 ahead = None
                 continue
             try:
-                instance = await pool.ensure(slot)
+                if ahead is None and slot.instance is None:  # a cold start: see its load
+                    instance, ahead = await self._load_sending_early(slot)
+                else:
+                    instance = await pool.ensure(slot)
             except FnrtError as exc:
                 if ahead is not None:  # staged on an instance that was lost; none comes
                     ahead[1].release()
@@ -206,6 +210,56 @@ class Batcher(Intake):
                 pause = job_pause_s(ended - started, self.arrivals.rate_per_s(ended))
                 if pause > 0:
                     await self._yield_to_live(pause)
+
+    async def _load_sending_early(self, slot: Slot) -> tuple[Runnable, tuple[Taken, Staged] | None]:
+        """The slot's instance, loaded now, and the first batch, sent to its worker right
+        behind the load message (``ProcessInstance.send_early``) to run as soon as its
+        load returns, with no round trip between (about a millisecond of a cold start's
+        hops): the requests queued when the message went, as the plan sizes a batch (the
+        load is their wait); those arriving during the load make the next batch, sent
+        ahead while the first runs. A thread's load, which sends nothing, loads first
+        and takes its batch after, as before. A load that fails fails the batch sent
+        with its error."""
+        early: list[tuple[Taken, Staged]] = []
+        waiting = True
+
+        def sent(instance: Runnable) -> None:  # on the loop, when the load message went
+            if waiting and not early and isinstance(instance, ProcessInstance):
+                sending = self._send_early(slot, instance)
+                if sending is not None:
+                    early.append(sending)
+
+        try:
+            instance = await self._pool.ensure(slot, sent)
+        except BaseException as exc:
+            waiting = False
+            if early:
+                (taken, staged) = early[0]
+                staged.release()
+                error = (
+                    exc
+                    if isinstance(exc, FnrtError)
+                    else Unavailable(f"function '{self.name}': stopped before the batch ran; retry")
+                )
+                self._fail(taken.batch, taken.rows, error)
+            raise
+        waiting = False
+        return instance, (early[0] if early else None)
+
+    def _send_early(self, slot: Slot, instance: ProcessInstance) -> tuple[Taken, Staged] | None:
+        """Take the first batch and send it to ``instance``'s worker while it loads."""
+        if not self._queue or self.closing or slot.retired:
+            return None
+        now = self._clock.now()
+        taken = self._take(self._plan(now).size, now)
+        if not taken.batch:
+            return None
+        inputs = _rows(taken.batch) if taken.blocks else [p.inputs for p in taken.batch]
+        try:
+            return taken, instance.send_early(inputs, self._events.traced)
+        except Exception as exc:  # the arena could not hold it (no memory), say
+            self._fail(taken.batch, taken.rows, run_failure(exc, self.version, "sending"))
+            return None
 
     async def _run_staging_ahead(
         self, slot: Slot, instance: Runnable, taken: Taken, staged: Staged | None
@@ -348,7 +402,7 @@ class Batcher(Intake):
                     continue
                 inputs = _rows(taken.batch) if taken.blocks else [p.inputs for p in taken.batch]
                 try:
-                    staged = await instance.stage_soon(inputs)
+                    staged = await instance.stage_soon(inputs, self._events.traced)
                 except Exception as exc:
                     self._fail(taken.batch, taken.rows, run_failure(exc, self.version, "staging"))
                     continue

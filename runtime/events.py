@@ -110,6 +110,12 @@ class Events:
     def deleted(self, name: str) -> None:
         """Function ``name`` was deleted, its versions closed: what is kept of it goes."""
 
+    @property
+    def traced(self) -> bool:
+        """Whether batches may be traced (a batch sent ahead then records its handler's
+        spans, to go under its span when it runs)."""
+        return False
+
     def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
         """The batch's span, open while it runs (None when not traced)."""
         return None
@@ -207,6 +213,10 @@ class TelemetryEvents(Events):
         self.telemetry.metrics.forget(name)
         for key in [key for key in self._loads if key[0] == name]:
             del self._loads[key]
+
+    @property
+    def traced(self) -> bool:
+        return self.telemetry.tracing.enabled
 
     def batch_started(self, vm: VersionManifest, batch: Sequence[Call], started_ns: int) -> Any:
         tracing = self.telemetry.tracing

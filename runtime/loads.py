@@ -15,6 +15,7 @@ this returns; this part owns the loads' stats, events and log lines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -83,6 +84,17 @@ async def _prepared(launch: Launch, version: VersionManifest, executor: Executor
 
         future.add_done_callback(give_back)
         raise
+
+
+def _announce(sent: asyncio.Future[Runnable], instance: ProcessInstance) -> None:
+    """Set ``sent`` (from the load's thread) to the instance its load message went to."""
+    with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits for it
+        sent.get_loop().call_soon_threadsafe(_resolve, sent, instance)
+
+
+def _resolve(sent: asyncio.Future[Runnable], instance: ProcessInstance) -> None:
+    if not sent.done():
+        sent.set_result(instance)
 
 
 #: What a load's thread made: the instance, the watch on its files, what the watch raised.
@@ -164,7 +176,10 @@ class Loads:
         self.died: Callable[[str, float, str], None] = lambda cause, retry_at, reason: None
 
     async def load(
-        self, slot: Backoff, watch: Callable[[], Watch | None] = lambda: None
+        self,
+        slot: Backoff,
+        watch: Callable[[], Watch | None] = lambda: None,
+        sent: asyncio.Future[Runnable] | None = None,
     ) -> tuple[Runnable, Watch | None, int, Callable[[], None]]:
         """A new instance for ``slot`` (after its backoff), the watch on its files that
         ``watch`` opened on the load's thread right after it (``FileWatches.open``), when
@@ -173,7 +188,9 @@ class Loads:
         counted there). A watch that fails to open fails the load (Unavailable: its
         instance is closed, and the slot does not back off: the node's files are at
         fault, not the handler); a load cancelled while its thread runs closes what
-        that thread made once it is done."""
+        that thread made once it is done. ``sent`` is set to a worker instance as soon as
+        its load message is sent (a first batch may follow it: ``ProcessInstance.send_early``);
+        it stays unset for a thread's load."""
         delay = slot.retry_at - self._clock.now()
         if delay > 0:  # backing off after failures
             slot.backing_off = True
@@ -201,7 +218,9 @@ class Loads:
             if launch is None or prepared is None:
                 load = functools.partial(self._load_instance, version, executor)
             else:  # the load's pins from here
-                load, prepared = functools.partial(launch.load, version, executor, prepared), None
+                on_sent = None if sent is None else functools.partial(_announce, sent)
+                load = functools.partial(launch.load, version, executor, prepared, on_sent)
+                prepared = None
             running = executor.submit(_watched, load, watch)
             try:
                 instance, opened, unwatched = await asyncio.shield(asyncio.wrap_future(running))

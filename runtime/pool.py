@@ -97,6 +97,9 @@ class Slot:
     running_future: asyncio.Future[Any] | None = field(default=None, repr=False)  # its batch
     stop_reason: str | None = None  # why its running batch is being stopped (stop_running)
     first_batch: bool = False  # its instance is new: its first batch is a cold start's stage
+    #: while it loads, the worker instance its load message went to, once sent (a first
+    #: batch may follow it: :meth:`InstancePool.ensure`); never set for a thread's load
+    sent: asyncio.Future[Runnable] | None = field(default=None, repr=False)
 
     @property
     def primary(self) -> bool:
@@ -208,24 +211,31 @@ class InstancePool:
         self.slots.append(slot)
         return slot
 
-    async def ensure(self, slot: Slot) -> Runnable:
+    async def ensure(self, slot: Slot, sent: Callable[[Runnable], None] | None = None) -> Runnable:
         """The slot's instance, loaded now if there is none (shares a load under way). One
         found dead (a worker killed while idle) is replaced first, as a batch that lost
-        it would have replaced it, and the batch waits for the new one."""
+        it would have replaced it, and the batch waits for the new one. ``sent`` is
+        called, on the loop, with a worker instance as soon as its load message is sent,
+        for a first batch to follow it while the worker loads
+        (``ProcessInstance.send_early``): not for a thread's load, which sends nothing,
+        nor once the load has sent it."""
         instance = slot.instance
         if instance is not None:
             if self._watches.found(slot) is not None:
                 await self._retire_changed(slot, instance, reload=False)
-                return await self.ensure(slot)
+                return await self.ensure(slot, sent)
             if instance.alive:
                 return instance
             lost = await asyncio.to_thread(instance.ended)
             if slot.instance is instance:  # not replaced meanwhile by another caller
                 await self._lose(slot, instance, lost)
-            return await self.ensure(slot)
+            return await self.ensure(slot, sent)
         if slot.loading is None:
+            slot.sent = asyncio.get_running_loop().create_future()
             slot.loading = asyncio.ensure_future(self._load(slot))
             self._held()
+        if sent is not None and slot.sent is not None and not slot.sent.done():
+            slot.sent.add_done_callback(functools.partial(_told, sent))
         return await asyncio.shield(slot.loading)
 
     def load_in_background(self, slot: Slot) -> None:
@@ -240,7 +250,7 @@ class InstancePool:
         release = no_room  # what gives back the memory room held for the load
         try:
             try:
-                loaded = await self.loads.load(slot, self._watches.open)
+                loaded = await self.loads.load(slot, self._watches.open, slot.sent)
             except FnrtError:
                 if not slot.primary:  # an extra slot whose load failed is given up: the
                     slot.retired = True  # others serve (and the queue may ask for another)
@@ -253,6 +263,9 @@ class InstancePool:
             slot.instance = instance
         finally:
             slot.loading = None
+            if slot.sent is not None:
+                slot.sent.cancel()  # (a load that sent nothing: nobody waits for it now)
+                slot.sent = None
             self._held()
             release()  # counted as the slot's now (or given up)
         slot.first_batch = True
@@ -480,6 +493,12 @@ def run_failure(exc: Exception, vm: VersionManifest, what: str) -> FnrtError:
         exc_info=exc,
     )
     return HandlerFailed(vm.name, error_id, describe_failure(exc))
+
+
+def _told(sent: Callable[[Runnable], None], future: asyncio.Future[Runnable]) -> None:
+    """Call ``sent`` with the instance a load message went to (not when none was)."""
+    if not future.cancelled():
+        sent(future.result())
 
 
 def _quiet(future: asyncio.Future[Runnable]) -> None:

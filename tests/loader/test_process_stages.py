@@ -78,8 +78,11 @@ def test_a_cold_starts_first_batch_is_a_stage_and_the_stages_add_up(
         assert r.status_code == 200 and r.headers["x-fnrt-cold-start"]
         timings = c.get("/v1/functions/lazy").json()["instance"]["last_load_timings_s"]
         # before, the first batch was in no stage: the 0.3 s of lazy set-up of this
-        # handler (torch's first forward, say) left the total short of the first call
-        assert timings["first_batch_s"] >= 0.3
+        # handler (torch's first forward, say) left the total short of the first call.
+        # (A worker starts its first batch as its load returns, sent right behind the
+        # load message; the stage counts from when the server has the instance, a few
+        # milliseconds on, where the load's stages end.)
+        assert timings["first_batch_s"] >= (0.25 if mode == "process" else 0.3)
         assert_stages_add_up(timings)
         metrics = c.get("/metrics").text
         assert 'fnrt_load_stage_duration_seconds_count{stage="first_batch"} 1.0' in metrics

@@ -18,15 +18,21 @@ from test_pool import Loads
 from fnrt.functions.errors import (
     DeadlineExceeded,
     HandlerFailed,
+    LoadError,
     Overloaded,
     Unavailable,
     VersionRetired,
 )
 from fnrt.functions.handler import Request
-from fnrt.functions.manifest import TensorSpec
+from fnrt.functions.manifest import IsolationMode, TensorSpec
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.instance import Instance
+from fnrt.loader.device import detect_device
+from fnrt.loader.instance import Instance, InstanceLoader
+from fnrt.loader.launch import Launch
+from fnrt.loader.process import ProcessInstance
+from fnrt.loader.repository import Repository
 from fnrt.loader.staging import Stager
+from fnrt.loader.stores import FileStore
 from fnrt.loader.streams import Lanes
 from fnrt.runtime.batcher import Batcher, answers_written
 from fnrt.runtime.batching import JOB_YIELD, job_pause_s
@@ -35,7 +41,8 @@ from fnrt.runtime.events import NoEvents
 from fnrt.runtime.intake import Admission
 from fnrt.runtime.pool import InstancePool
 from fnrt.runtime.stats import Stats
-from support import instances_up, packed, past_backoffs, write_function
+from support import ISOLATED_MANIFEST as ISOLATED
+from support import instances_up, packed, past_backoffs, publish, write_function
 
 MANIFEST = """
 name = "{name}"
@@ -488,5 +495,90 @@ def test_what_is_still_queued_when_every_slot_has_ended_is_answered_503(tmp_path
         for q in queued[4:]:
             with pytest.raises(Unavailable, match="closed before it ran"):
                 q.result()
+
+    asyncio.run(scenario())
+
+
+#: A worker's handler whose ``load`` says it began (a file) and waits for a gate file,
+#: then loads, or raises when the gate says so; ``__call__`` echoes ``x + 1``.
+GATED_LOAD = """
+import os, time
+
+class H:
+    def load(self, artifacts, device):
+        open({began!r}, "w").close()
+        deadline = time.monotonic() + 20
+        while not os.path.exists({gate!r}) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if open({gate!r}).read() == "fail":
+            raise ValueError("weights are corrupt")
+
+    def __call__(self, batch):
+        return [{{"y": r["x"] + 1}} for r in batch]
+"""
+
+
+def _worker_parts(tmp_path: Path) -> tuple[Parts, Path, Path]:
+    """A batcher over a pool that loads real worker processes (the node's own load),
+    and the files the handler's load signals on: (parts, began, gate)."""
+    began, gate = tmp_path / "began", tmp_path / "gate"
+    handler = GATED_LOAD.format(began=str(began), gate=str(gate))
+    fields = {"mode": "process", "timeout_s": 0, "memory_limit_bytes": 0}
+    repository = Repository(FileStore(tmp_path / "store"))
+    vm = publish(repository, write_function(tmp_path / "src", "w", handler, ISOLATED, **fields))
+    loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+    clock, stats = ManualClock(), Stats()
+    pool = InstancePool(vm, Launch(loader, IsolationMode.PROCESS), clock, stats, NoEvents())
+    return Parts(Batcher(vm, pool, clock, stats, NoEvents()), pool, clock, stats), began, gate
+
+
+async def _until_exists(path: Path) -> None:
+    for _ in range(2000):
+        if path.exists():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{path} never came")
+
+
+def test_a_cold_starts_first_batch_is_sent_while_its_worker_loads(tmp_path: Path) -> None:
+    """The first batch follows the load message at once (its worker runs it as soon as
+    its load returns, with no round trip between): the requests queued then; those
+    arriving during the load come in the batches after, and all are answered."""
+
+    async def scenario() -> tuple[list[float], int]:
+        parts, began, gate = _worker_parts(tmp_path)
+        batcher = parts.batcher
+        first = asyncio.ensure_future(_submit(batcher, 1))
+        await _until_exists(began)  # the worker is in the handler's load
+        later = [asyncio.ensure_future(_submit(batcher, i)) for i in (2, 3, 4)]
+        await asyncio.sleep(0.05)
+        gate.write_text("go")
+        out = await asyncio.gather(first, *later)
+        instance = parts.pool.slots[0].instance
+        assert isinstance(instance, ProcessInstance)
+        sent = instance.sent_during_load
+        await batcher.close()
+        await parts.pool.close()
+        return [float(o.outputs["y"][0, 0]) for o in out], sent
+
+    answers, sent_during_load = asyncio.run(scenario())
+    assert answers == [2, 3, 4, 5]
+    assert sent_during_load == 1
+
+
+def test_a_batch_sent_to_a_worker_whose_load_then_fails_gets_the_loads_error(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        parts, began, gate = _worker_parts(tmp_path)
+        batcher = parts.batcher
+        first = asyncio.ensure_future(_submit(batcher, 1))
+        await _until_exists(began)
+        gate.write_text("fail")
+        with pytest.raises(LoadError, match="weights are corrupt"):
+            await asyncio.wait_for(first, 20)
+        assert batcher.queued == 0
+        await batcher.close()
+        await parts.pool.close()
 
     asyncio.run(scenario())

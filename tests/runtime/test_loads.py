@@ -20,7 +20,7 @@ from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.version import VersionManifest
 from fnrt.loader.device import detect_device
 from fnrt.loader.instance import STAGES, InstanceLoader, Prepared, Runnable
-from fnrt.loader.launch import Launch
+from fnrt.loader.launch import Launch, OnSent
 from fnrt.loader.repository import Repository
 from fnrt.loader.scrub import Watch
 from fnrt.loader.stores import FileStore
@@ -64,9 +64,15 @@ class Recorded(Launch):
             self.gate.wait(10)
         return super().prepare(vm)
 
-    def load(self, vm: VersionManifest, executor: Executor, prepared: Prepared) -> Runnable:
+    def load(
+        self,
+        vm: VersionManifest,
+        executor: Executor,
+        prepared: Prepared,
+        on_sent: OnSent | None = None,
+    ) -> Runnable:
         self.steps.append("load")
-        instance = super().load(vm, executor, prepared)
+        instance = super().load(vm, executor, prepared, on_sent)
         self.made.append(instance)
         return instance
 
