@@ -245,6 +245,7 @@ class ProcessInstance:
         self._early_lock = threading.Lock()
         self._early: tuple[asyncio.Future[Ran], int] | None = None
         self._loaded = False
+        self._load_failed: BaseException | None = None
         self.sent_during_load = 0  # batches sent right behind the load message
         self._losing: asyncio.Future[None] | None = None  # finding why a worker was lost
         self._using: list[asyncio.Future[Any] | None] = [None, None]  # per pair
@@ -309,9 +310,13 @@ class ProcessInstance:
         fails ends it with the load's error. After the load's reply, as
         :meth:`stage_soon` (``traced``: its)."""
         assert self.stager is not None
-        started = time.perf_counter()
+        started, sent_ns = time.perf_counter(), time.time_ns()
         with self._early_lock:
-            loaded = self._loaded
+            loaded, failed = self._loaded, self._load_failed
+            if failed is not None:  # its arenas may be gone: nothing is sent
+                refused: asyncio.Future[Ran] = asyncio.get_running_loop().create_future()
+                refused.set_exception(failed)  # the load's own error answers the batch
+                return Staged(None, [0] * len(batch), {}, 0.0, self.stager, refused)
             if not loaded:
                 replied: asyncio.Future[Ran] = _Reply(asyncio.get_running_loop(), self._given_up)
                 pair = self._sent & 1
@@ -325,13 +330,13 @@ class ProcessInstance:
             return self.stage_soon(batch, traced).result()
         self.sent_during_load += 1
         elapsed = time.perf_counter() - started
-        return Staged(None, [0] * len(batch), {}, elapsed, self.stager, replied)
+        return Staged(None, [0] * len(batch), {}, elapsed, self.stager, replied, sent_ns)
 
     def _load_read(self, error: BaseException | None) -> None:
         """The load's reply is read (``error``: or the load failed), on the load's thread:
         the reply to a batch sent during the load is read on the loop from now."""
         with self._early_lock:
-            self._loaded = True
+            self._loaded, self._load_failed = True, error
             early, self._early = self._early, None
         if early is None:
             return
@@ -649,6 +654,12 @@ class ProcessInstance:
     def close(self) -> None:
         """Let the handler ``unload`` in the worker, then end the worker and its arenas."""
         if self._closed:
+            return
+        last = self._last
+        if last is not None and not last.done():
+            # a batch in flight, its reply read by the loop (a first batch sent during a
+            # load that then failed to be served): no second reader on the socket
+            self._end()
             return
         if self.alive:
             try:

@@ -87,6 +87,9 @@ class Staged:
     stack_s: float
     stager: Ahead
     sent: Any = None  # a worker's: the future of its reply
+    #: a worker's first batch, sent during its load: when (``time.time_ns``), the start
+    #: of its batch's span (the worker may run it before the batcher looks again)
+    sent_ns: int = 0
 
     def release(self) -> None:
         """Give the slot back without computing the batch (its instance was lost)."""

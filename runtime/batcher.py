@@ -43,6 +43,11 @@ log = logging.getLogger("fnrt.batcher")
 __all__ = ["Admission", "Batcher"]
 
 
+#: How long a version's first load is taken to last, for the deadlines of the
+#: requests its first batch would send during it (later loads: the last one's).
+FIRST_LOAD_GUESS_S = 5.0
+
+
 class Batcher(Intake):
     """Queue and batch loop of one function version."""
 
@@ -51,6 +56,10 @@ class Batcher(Intake):
         # by slot index: what an arrival starts once the queue may make the next batch,
         # while the slot runs a lone request's batch (:meth:`_run_watching`)
         self._on_arrival: dict[int, Callable[[], None]] = {}
+        # bytes inputs travel in a worker's message, not its arena: none is sent early
+        self._inline_inputs = any(
+            spec.dtype == "bytes" for spec in self.version.manifest.inputs.values()
+        )
 
     # --- admission ---------------------------------------------------------------------
 
@@ -247,11 +256,19 @@ class Batcher(Intake):
         return instance, (early[0] if early else None)
 
     def _send_early(self, slot: Slot, instance: ProcessInstance) -> tuple[Taken, Staged] | None:
-        """Take the first batch and send it to ``instance``'s worker while it loads."""
-        if not self._queue or self.closing or slot.retired:
+        """Take the first batch and send it to ``instance``'s worker while it loads; not
+        for a version with ``bytes`` inputs (they travel in the message itself, which
+        the loop would then write into a socket nobody reads until the load ends), nor
+        while a request it would take may reach its deadline before the load is
+        expected to end (it waits in the queue, answered 504 on time)."""
+        if not self._queue or self.closing or slot.retired or self._inline_inputs:
             return None
         now = self._clock.now()
-        taken = self._take(self._plan(now).size, now)
+        size = self._plan(now).size
+        expected_s = self._stats.last_load_timings_s.get("total_s", FIRST_LOAD_GUESS_S)
+        if not may_send_ahead(self._queue.earliest_deadline(size), now, expected_s):
+            return None
+        taken = self._take(size, now)
         if not taken.batch:
             return None
         inputs = _rows(taken.batch) if taken.blocks else [p.inputs for p in taken.batch]
@@ -486,7 +503,7 @@ class Batcher(Intake):
         or a batch staged ahead, the slot goes on at once (yielding there cost 0.59x at
         32 connections)."""
         started = self._clock.now()
-        started_ns = time.time_ns()
+        started_ns = staged.sent_ns if staged is not None and staged.sent_ns else time.time_ns()
         failure: BaseException | None = None
         stats = self._stats
         totals = stats.totals

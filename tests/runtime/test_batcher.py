@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -31,10 +32,11 @@ from fnrt.loader.instance import Instance, InstanceLoader
 from fnrt.loader.launch import Launch
 from fnrt.loader.process import ProcessInstance
 from fnrt.loader.repository import Repository
+from fnrt.loader.scrub import Watch
 from fnrt.loader.staging import Stager
 from fnrt.loader.stores import FileStore
 from fnrt.loader.streams import Lanes
-from fnrt.runtime.batcher import Batcher, answers_written
+from fnrt.runtime.batcher import FIRST_LOAD_GUESS_S, Batcher, answers_written
 from fnrt.runtime.batching import JOB_YIELD, job_pause_s
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.events import NoEvents
@@ -518,7 +520,9 @@ class H:
 """
 
 
-def _worker_parts(tmp_path: Path) -> tuple[Parts, Path, Path]:
+def _worker_parts(
+    tmp_path: Path, watch_files: Callable[[VersionManifest], Watch | None] | None = None
+) -> tuple[Parts, Path, Path]:
     """A batcher over a pool that loads real worker processes (the node's own load),
     and the files the handler's load signals on: (parts, began, gate)."""
     began, gate = tmp_path / "began", tmp_path / "gate"
@@ -528,7 +532,8 @@ def _worker_parts(tmp_path: Path) -> tuple[Parts, Path, Path]:
     vm = publish(repository, write_function(tmp_path / "src", "w", handler, ISOLATED, **fields))
     loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
     clock, stats = ManualClock(), Stats()
-    pool = InstancePool(vm, Launch(loader, IsolationMode.PROCESS), clock, stats, NoEvents())
+    launch = Launch(loader, IsolationMode.PROCESS)
+    pool = InstancePool(vm, launch, clock, stats, NoEvents(), watch_files=watch_files)
     return Parts(Batcher(vm, pool, clock, stats, NoEvents()), pool, clock, stats), began, gate
 
 
@@ -582,3 +587,66 @@ def test_a_batch_sent_to_a_worker_whose_load_then_fails_gets_the_loads_error(
         await parts.pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_request_whose_deadline_may_pass_during_the_load_is_not_sent_with_it(
+    tmp_path: Path,
+) -> None:
+    """Its deadline is sooner than the load is expected to take (a first load: a guess):
+    it waits in the queue, where its deadline is watched, not in a worker's socket."""
+
+    async def scenario() -> int:
+        parts, began, gate = _worker_parts(tmp_path)
+        batcher = parts.batcher
+        assert FIRST_LOAD_GUESS_S > 1
+        first = asyncio.ensure_future(_submit(batcher, 1, timeout_s=1.0))
+        await _until_exists(began)
+        await asyncio.sleep(0.05)
+        gate.write_text("go")
+        out = await first
+        assert float(out.outputs["y"][0, 0]) == 2
+        instance = parts.pool.slots[0].instance
+        assert isinstance(instance, ProcessInstance)
+        await batcher.close()
+        await parts.pool.close()
+        return instance.sent_during_load
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_a_worker_whose_first_batch_is_in_flight_when_its_load_fails_to_be_served_ends_now(
+    tmp_path: Path,
+) -> None:
+    """The load returns, but the watch on its files cannot start: the instance is closed
+    while the batch sent with its load is still running in it. It is ended at once (no
+    graceful close racing the loop for the worker's socket, and no 10 s wait for a
+    close reply that the batch's reply would stand in front of); the batch gets the 503."""
+
+    def watch_files(vm: VersionManifest) -> Watch | None:
+        raise FileNotFoundError("the blob went before its record was read")
+
+    async def scenario() -> ProcessInstance:
+        parts, began, gate = _worker_parts(tmp_path, watch_files)
+        batcher = parts.batcher
+        first = asyncio.ensure_future(_submit(batcher, 1))
+        await _until_exists(began)
+        gate.write_text("go")
+        with pytest.raises(Unavailable, match="could not start"):
+            await asyncio.wait_for(first, 5)
+        await batcher.close()
+        await parts.pool.close()
+        return cast(ProcessInstance, loaded[0])
+
+    loaded: list[Any] = []
+    original = ProcessInstance.send_early
+
+    def recorded(self: ProcessInstance, batch: list[Request], traced: bool = True) -> Any:
+        loaded.append(self)
+        return original(self, batch, traced)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ProcessInstance, "send_early", recorded)
+        started = time.monotonic()
+        instance = asyncio.run(scenario())
+    assert time.monotonic() - started < 5
+    assert instance.sent_during_load == 1 and not instance.alive
