@@ -51,6 +51,7 @@ import numpy as np
 import orjson
 import uvloop
 from coldstart import SPARE_READY_S, build_models, floor_in_process
+from lone import print_stages
 
 from fnrt.loader import launch, process
 from fnrt.loader.process import ProcessInstance
@@ -191,16 +192,7 @@ async def measure(args: argparse.Namespace, work: Path) -> None:
 
     labels = sorted({k for _, m in rows for k in m}, key=when)  # in the order they came
     print(f"\n{args.rounds} cold starts from L2 ({args.layers} layers), median ms\n")
-    print(f"{'hop':<22} {'from start':>11} {'from before':>12}")
-    before = ""
-    for label in labels:
-        total = [(m[label] - t) / 1e6 for t, m in rows if label in m]
-        step = [(m[label] - m[before]) / 1e6 for _, m in rows if label in m and before in m]
-        print(
-            f"{label:<22} {statistics.median(total):>11.2f} "
-            f"{statistics.median(step or total):>12.2f}"
-        )
-        before = label
+    print_stages(rows, labels, "hop", 1_000_000, 2)
     ratios = [w / f for w, f in zip(wakes, floors, strict=True)]
     print(
         f"\nwake {statistics.median(wakes) * 1e3:.1f} ms, floor "

@@ -134,17 +134,25 @@ async def measure(args: argparse.Namespace, work: Path, example: Path, collector
         rows = [await lone(app, scope, message) for _ in range(args.requests)]
     labels = sorted({k for _, m in rows for k in m}, key=lambda k: int(k.split()[0]))
     print(f"\n{args.variant}: {args.requests} lone requests, median microseconds\n")
-    print(f"{'stage':<22} {'from start':>11} {'from before':>12}")
-    before = None
+    print_stages(rows, labels, "stage", 1000, 1)
+    print(f"\nthe worker's handler (infer_s + output_s): {statistics.median(handler_us):.1f}")
+
+
+def print_stages(
+    rows: list[tuple[int, dict[str, int]]], labels: list[str], head: str, per: int, digits: int
+) -> None:
+    """Each stage's median (its ``perf_counter_ns`` stamps divided by ``per``) from the
+    start of its row and from the stage before, in the order of ``labels``."""
+    print(f"{head:<22} {'from start':>11} {'from before':>12}")
+    before = ""
     for label in labels:
-        total = [(m[label] - t) / 1000 for t, m in rows if label in m]
-        step = [(m[label] - m[before]) / 1000 for _, m in rows if label in m and before in m]
+        total = [(m[label] - t) / per for t, m in rows if label in m]
+        step = [(m[label] - m[before]) / per for _, m in rows if label in m and before in m]
         print(
-            f"{label:<22} {statistics.median(total):>11.1f} "
-            f"{statistics.median(step or total):>12.1f}"
+            f"{label:<22} {statistics.median(total):>11.{digits}f} "
+            f"{statistics.median(step or total):>12.{digits}f}"
         )
         before = label
-    print(f"\nthe worker's handler (infer_s + output_s): {statistics.median(handler_us):.1f}")
 
 
 def main() -> None:
