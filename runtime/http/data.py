@@ -470,7 +470,12 @@ async def _rest(
 
 
 async def _raise(exc: Exception) -> Any:
-    raise exc
+    try:
+        raise exc
+    finally:
+        # its traceback holds this frame: without the name, no cycle is left for the
+        # garbage collector (at 17,000 refusals a second, a collection every few ms)
+        del exc
 
 
 async def _done(answer: Answer) -> Answer:
