@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
@@ -38,6 +39,10 @@ from fnrt.loader.changes import FEED_KEY, Feed
 from fnrt.loader.stores.base import KeyNotFound, ObjectStore, PreconditionFailed, Written
 
 _CAS_ATTEMPTS = 16
+#: What a version id may look like (fnrt makes ``v-`` and 12 hex digits): anything else
+#: a client names (a header, a path) is no stored version, and is not looked for (a
+#: name past the file system's limit failed the read with an OSError, a 500).
+VERSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: The feed is one object every deploy writes: more tries, with jittered waits.
 _FEED_ATTEMPTS = 64
 _FEED_BACKOFF_S = 0.02
@@ -172,6 +177,8 @@ class Repository:
     def read_version(self, name: str, version: str) -> dict[str, Any]:
         """A version manifest as stored, unchecked: for a glance (a listing, whether it
         loads at start); :meth:`get_version` checks what it serves."""
+        if not VERSION_ID.fullmatch(version):
+            raise VersionNotFound(name, version)
         try:
             data, _ = self.store.get(f"functions/{check_name(name)}/versions/{version}.json")
             found = json.loads(data)

@@ -10,7 +10,7 @@ read whose routing could not be applied is rewound, so it is read again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from fnrt.loader.repository import Repository
@@ -37,15 +37,22 @@ class FeedCursor:
         """Back to ``position``: what was read since is read again next time."""
         self._generation, self._etag = position
 
-    async def moved(self, served: Mapping[str, T]) -> list[T] | None:
+    async def moved(
+        self,
+        served: Mapping[str, T],
+        written: Callable[[Iterable[str] | None], object] | None = None,
+    ) -> list[T] | None:
         """Read the feed if it moved: those of ``served`` (by function name) that changed
         since the last read (all of them when the feed no longer reaches back, or at the
-        first read), or None when it did not move."""
+        first read), or None when it did not move. ``written`` is told the names of
+        every function that changed, served here or not (None: any may have)."""
         polled = await asyncio.to_thread(self._repository.read_feed, self._etag)
         if polled is None:
             return None
         feed, etag = polled
         names = feed.since(self._generation) if self._etag else None
+        if written is not None:
+            written(names)
         if names is None:  # first read, or too far behind: everything served here
             targets = list(served.values())
         else:

@@ -34,6 +34,7 @@ from fnrt.loader.repository import Repository
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.feed import FeedCursor
+from fnrt.runtime.lookups import Lookups
 from fnrt.runtime.scheduler import Scheduler, SchedulerFactory
 from fnrt.runtime.served import Rollbacks, ServedFunction
 
@@ -74,7 +75,8 @@ class Registry:
         self._functions: dict[str, ServedFunction] = {}
         #: the functions keeping a version warm for a rollback, noted as routing changes
         self.rollbacks = Rollbacks(self._functions)
-        self._lock = asyncio.Lock()
+        #: reads of functions not served here, and the names the store did not hold
+        self.lookups = Lookups(self._functions, clock)
         self._tasks: set[asyncio.Task[Any]] = set()
         #: where this node stopped reading the store's change feed
         self.feed = FeedCursor(repository)
@@ -92,8 +94,8 @@ class Registry:
         the keeper has learned (it may pre-warm them). The others cost nothing here
         until their first call, which reads them again; what their code imports is
         told to ``imports_seen`` (the spare workers learn it)."""
-        await self.feed.moved(self._functions)  # before the routing: a change made
-        # meanwhile is seen again
+        # the feed before the routing: a change made meanwhile is seen again
+        await self.feed.moved(self._functions, self.lookups.stored)
         names = await asyncio.to_thread(
             starting, self.repository, self._keeper, self._imports_seen, preload
         )
@@ -110,23 +112,24 @@ class Registry:
 
     async def close(self) -> None:
         schedulers = self.loaded()
-        self._functions = {}
+        self._functions.clear()  # (the lookups and the rollbacks hold it too)
         closing = (sched.close(s) for s in schedulers)
         await asyncio.gather(*closing, *self._tasks, return_exceptions=True)
 
     # --- finding versions --------------------------------------------------------------
 
-    async def entry(self, name: str) -> ServedFunction:
-        """The function ``name`` as this node serves it (read from the store once)."""
+    async def entry(self, name: str, *, fresh: bool = True) -> ServedFunction:
+        """The function ``name`` as this node serves it (read from the store once).
+
+        Not ``fresh`` (the data path's requests): a name the store did not hold a
+        moment ago is FunctionNotFound with no read (``lookups.py``)."""
         entry = self._functions.get(name)
         if entry is not None:
             return entry
         if not NAME_PATTERN.match(name):
             raise FunctionNotFound(name)
-        async with self._lock:
-            entry = self._functions.get(name)
-            if entry is not None:
-                return entry
+
+        async def read() -> ServedFunction:
             routing, etag = await asyncio.to_thread(self.repository.get_routing, name)
             schedulers = {}
             for version in routing.traffic:
@@ -134,6 +137,8 @@ class Registry:
                 schedulers[version] = self.new_scheduler(vm)
             entry = self._functions[name] = ServedFunction(name, routing, etag, schedulers)
             return entry
+
+        return await self.lookups.find(name, read, fresh=fresh)
 
     def entries(self) -> list[ServedFunction]:
         return list(self._functions.values())
@@ -158,7 +163,7 @@ class Registry:
         header the primary version's manifest names in ``sticky_header``, else
         ``x-fnrt-sticky`` (what ``fnrt.client`` sends); without one, a random draw.
         """
-        return (await self.entry(name)).choose(headers)
+        return (await self.entry(name, fresh=False)).choose(headers)
 
     def route_now(self, name: str, headers: Mapping[str, str] | None = None) -> Scheduler | None:
         """:meth:`route` without a wait, for a function already served here (the
@@ -171,12 +176,19 @@ class Registry:
 
         Raises FunctionNotFound or VersionNotFound.
         """
-        entry = await self.entry(name)
+        entry = await self.entry(name, fresh=False)
         scheduler = entry.schedulers.get(version)
         if scheduler is not None and not scheduler.batcher.closing:
             return scheduler
-        vm = await asyncio.to_thread(self.repository.get_version, name, version)
-        return self.held(entry, vm)
+
+        async def read() -> Scheduler:
+            held = entry.schedulers.get(version)  # read while this waited
+            if held is not None and not held.batcher.closing:
+                return held
+            vm = await asyncio.to_thread(self.repository.get_version, name, version)
+            return self.held(entry, vm)
+
+        return await self.lookups.find_version(name, version, read)
 
     def held(self, entry: ServedFunction, vm: VersionManifest) -> Scheduler:
         """The open scheduler ``entry`` holds for ``vm``, made if there is none."""
@@ -223,7 +235,7 @@ class Registry:
         The read happens under the lock, so a slow read (a watch poll) can never
         apply an older routing over a newer one a write here applied meanwhile.
         """
-        async with self._lock:
+        async with self.lookups.locked(entry.name):
             routing, etag = await asyncio.to_thread(self.repository.get_routing, entry.name)
             if etag == entry.etag:
                 return False
@@ -258,7 +270,7 @@ class Registry:
         --store``): one conditional GET of the change feed, then a read of each
         function it names that is served here. The names of those that changed."""
         position = self.feed.position
-        targets = await self.feed.moved(self._functions)
+        targets = await self.feed.moved(self._functions, self.lookups.stored)
         changed: list[str] = []
         try:
             for entry in targets or ():

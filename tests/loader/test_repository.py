@@ -41,6 +41,13 @@ def test_versions_and_layout(tmp_path: Path) -> None:
     assert (tmp_path / "store" / "blobs" / "sha256" / vm.bundle.digest).is_file()
     with pytest.raises(VersionNotFound):
         repo.get_version("echo", "v-000000000000")
+    # what a client may name in a header or a path: refused before any read (a name past
+    # the file system's limit was an OSError, a 500)
+    reads = repo.store.requests["GetObject"]
+    for odd in ("x" * 3000, "../../routing", "a/b", "", ".hidden", "v 1"):
+        with pytest.raises(VersionNotFound):
+            repo.get_version("echo", odd)
+    assert repo.store.requests["GetObject"] == reads
 
 
 def test_concurrent_routing_updates_all_land(tmp_path: Path) -> None:

@@ -346,6 +346,41 @@ def test_a_watch_reads_the_feed_then_only_the_functions_that_moved(tmp_path: Pat
             )
 
 
+def test_a_name_nobody_deployed_costs_one_store_read_until_the_feed_names_it(
+    tmp_path: Path,
+) -> None:
+    # The cheapest request that cost the most: each invoke of an unknown name read the
+    # store (a thread hop and a GET), one at a time behind every other first request.
+    node = make_node(tmp_path)
+    other = Repository(FileStore(tmp_path / "store"))  # another node, `fnrt deploy --store`
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        store = node.repository.store
+        srv.call(node.registry.watch())  # the feed read once, as a node's sweep reads it
+        before = store.requests.copy()
+        for _ in range(20):
+            answer = c.post("/v1/functions/later/invoke", json={"x": X})
+            assert answer.status_code == 404
+            assert answer.json()["function"] == "later"
+        assert store.requests - before == {"GetObject": 1}  # its routing, once
+        vm = publish(other, write_function(tmp_path / "src", "later"))
+        other.put_version(vm)
+        other.update_routing("later", lambda _: Routing({vm.version: 100}))
+        assert c.post("/v1/functions/later/invoke", json={"x": X}).status_code == 404
+        srv.call(node.registry.watch())  # the feed names it: read again at the next call
+        assert c.post("/v1/functions/later/invoke", json={"x": X}).status_code == 200
+        # a version asked for by an id the store does not hold: one read too
+        pinned = {"x-fnrt-version": "no-such-version"}
+        before = store.requests.copy()
+        for _ in range(10):
+            answer = c.post("/v1/functions/later/invoke", json={"x": X}, headers=pinned)
+            assert answer.status_code == 404 and answer.json()["version"] == "no-such-version"
+        assert store.requests - before == {"GetObject": 1}
+        # a deploy through this node reads the store whatever was noted
+        assert c.post("/v1/functions/fresh/invoke", json={"x": X}).status_code == 404
+        assert srv.deploy(write_function(tmp_path / "src2", "fresh")).version
+        assert c.post("/v1/functions/fresh/invoke", json={"x": X}).status_code == 200
+
+
 # --- the function table alone: no server -----------------------------------------------
 
 

@@ -1,0 +1,206 @@
+"""Reads of functions not served yet (``runtime/lookups.py``): no server, a manual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from fnrt.functions.errors import FunctionNotFound, VersionNotFound
+from fnrt.runtime.clock import ManualClock
+from fnrt.runtime.lookups import MISSING_FOR_S, READS_AT_ONCE, Lookups
+
+
+class Store:
+    """A store holding ``names``; counts the reads of each name, each read waiting on
+    ``gate`` when one is given."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = set(names)
+        self.reads: dict[str, int] = {}
+        self.table: dict[str, str] = {}
+        self.gate: asyncio.Event | None = None
+        self.at_once = 0
+        self.most_at_once = 0
+
+    def reader(self, name: str) -> Callable[[], Awaitable[str]]:
+        async def read() -> str:
+            self.reads[name] = self.reads.get(name, 0) + 1
+            self.at_once += 1
+            self.most_at_once = max(self.most_at_once, self.at_once)
+            try:
+                if self.gate is not None:
+                    await self.gate.wait()
+                await asyncio.sleep(0)
+                if name not in self.names:
+                    raise FunctionNotFound(name)
+                self.table[name] = f"served {name}"
+                return self.table[name]
+            finally:
+                self.at_once -= 1
+
+        return read
+
+
+def lookups(store: Store, clock: ManualClock, **options: int) -> Lookups[str]:
+    return Lookups(store.table, clock, **options)
+
+
+def test_a_missing_name_is_answered_without_a_read_until_its_note_runs_out() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store("f")
+        found = lookups(store, clock)
+        for _ in range(3):
+            with pytest.raises(FunctionNotFound):
+                await found.find("nope", store.reader("nope"), fresh=False)
+        assert store.reads == {"nope": 1}
+        # a deploy through this node reads it again, whatever was noted
+        with pytest.raises(FunctionNotFound):
+            await found.find("nope", store.reader("nope"), fresh=True)
+        assert store.reads == {"nope": 2}
+        clock.advance(MISSING_FOR_S)
+        with pytest.raises(FunctionNotFound):
+            await found.find("nope", store.reader("nope"), fresh=False)
+        assert store.reads == {"nope": 3}
+        assert await found.find("f", store.reader("f"), fresh=False) == "served f"
+        assert found.names_locked() == 0  # each name's lock goes with its last user
+
+    asyncio.run(run())
+
+
+def test_the_change_feed_drops_the_notes_of_the_names_it_names() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store()
+        found = lookups(store, clock)
+        for name in ("a", "b", "c"):
+            with pytest.raises(FunctionNotFound):
+                await found.find(name, store.reader(name), fresh=False)
+        store.names |= {"a", "b", "c"}  # deployed by another node
+        found.stored(["a"])
+        assert await found.find("a", store.reader("a"), fresh=False) == "served a"
+        with pytest.raises(FunctionNotFound):  # still noted: the feed named only a
+            await found.find("b", store.reader("b"), fresh=False)
+        found.stored(None)  # the feed could not say which: every note goes
+        assert await found.find("b", store.reader("b"), fresh=False) == "served b"
+        assert await found.find("c", store.reader("c"), fresh=False) == "served c"
+        assert store.reads == {"a": 2, "b": 2, "c": 2}
+
+    asyncio.run(run())
+
+
+def test_a_read_that_began_before_the_feed_named_the_name_notes_nothing() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store()
+        found = lookups(store, clock)
+        store.gate = asyncio.Event()
+        first = asyncio.ensure_future(found.find("f", store.reader("f"), fresh=False))
+        await asyncio.sleep(0.01)
+        found.stored(["f"])  # deployed while its read was on its way
+        store.gate.set()
+        with pytest.raises(FunctionNotFound):
+            await first
+        store.names.add("f")
+        assert await found.find("f", store.reader("f"), fresh=False) == "served f"
+
+    asyncio.run(run())
+
+
+def test_requests_for_one_name_share_its_read() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store("f")
+        found = lookups(store, clock)
+        store.gate = asyncio.Event()
+        calls = [
+            asyncio.ensure_future(found.find(n, store.reader(n), fresh=False))
+            for n in ["f"] * 10 + ["nope"] * 10
+        ]
+        await asyncio.sleep(0.01)
+        store.gate.set()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert results[:10] == ["served f"] * 10
+        assert all(isinstance(r, FunctionNotFound) for r in results[10:])
+        assert store.reads == {"f": 1, "nope": 1}
+        assert found.names_locked() == 0
+
+    asyncio.run(run())
+
+
+def test_a_few_names_are_read_at_once_and_a_slow_one_holds_up_no_other() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store("f")
+        found = lookups(store, clock)
+        store.gate = asyncio.Event()  # the store hangs for every name but f
+        names = [f"nope-{i}" for i in range(READS_AT_ONCE - 1)]
+        hanging = [
+            asyncio.ensure_future(found.find(n, store.reader(n), fresh=False)) for n in names
+        ]
+        await asyncio.sleep(0.01)
+
+        async def read_f() -> str:  # f's read does not wait on the gate
+            store.reads["f"] = 1
+            store.table["f"] = "served f"
+            return "served f"
+
+        # one read's room is left: another function's first request goes through
+        assert await asyncio.wait_for(found.find("f", read_f, fresh=False), 1) == "served f"
+        more = [
+            asyncio.ensure_future(found.find(f"more-{i}", store.reader(f"more-{i}"), fresh=False))
+            for i in range(5)
+        ]
+        await asyncio.sleep(0.01)
+        assert store.most_at_once == READS_AT_ONCE  # the rest wait for room
+        store.gate.set()
+        results = await asyncio.gather(*hanging, *more, return_exceptions=True)
+        assert all(isinstance(r, FunctionNotFound) for r in results)
+        assert store.most_at_once == READS_AT_ONCE
+
+    asyncio.run(run())
+
+
+def test_the_notes_are_bounded() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store()
+        found = lookups(store, clock, most_missing=3)
+        for i in range(4):  # the fourth forgets the first three
+            with pytest.raises(FunctionNotFound):
+                await found.find(f"n{i}", store.reader(f"n{i}"), fresh=False)
+        assert found.missing("n3") and not any(found.missing(f"n{i}") for i in range(3))
+
+    asyncio.run(run())
+
+
+def test_a_version_the_store_did_not_hold_is_noted_until_the_feed_names_its_function() -> None:
+    async def run() -> None:
+        clock, reads = ManualClock(), []
+        found = Lookups[str]({}, clock)
+        stored = {"v1"}
+
+        def reader(version: str) -> Callable[[], Awaitable[str]]:
+            async def read() -> str:
+                reads.append(version)
+                if version not in stored:
+                    raise VersionNotFound("f", version)
+                return version
+
+            return read
+
+        for _ in range(3):
+            with pytest.raises(VersionNotFound):
+                await found.find_version("f", "v2", reader("v2"))
+        assert await found.find_version("f", "v1", reader("v1")) == "v1"
+        assert reads == ["v2", "v1"]
+        stored.add("v2")
+        found.stored(["g"])  # another function's change: v2 of f stays noted
+        with pytest.raises(VersionNotFound):
+            await found.find_version("f", "v2", reader("v2"))
+        found.stored(["f"])
+        assert await found.find_version("f", "v2", reader("v2")) == "v2"
+        with pytest.raises(VersionNotFound):
+            await found.find_version("f", "v3", reader("v3"))
+        clock.advance(MISSING_FOR_S)  # or its note runs out
+        stored.add("v3")
+        assert await found.find_version("f", "v3", reader("v3")) == "v3"
+        assert reads == ["v2", "v1", "v2", "v3", "v3"]
+
+    asyncio.run(run())
