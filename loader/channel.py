@@ -42,6 +42,10 @@ def _delivered(message: Received) -> None:
     """What a reader delivers to once it has delivered (never called: it reads once)."""
 
 
+def _stopped() -> None:
+    """What a reader stops with once it has delivered (stopped already)."""
+
+
 class Channel:
     """One end of a connected socket pair, carrying one message at a time."""
 
@@ -158,7 +162,7 @@ class Channel:
                 self._on_readable = None  # still registered: the next batch's read reuses it
 
         def readable() -> None:
-            nonlocal length, deliver
+            nonlocal length, deliver, stop
             try:
                 while True:
                     want = (_HEADER.size if length < 0 else length) - len(buffer)
@@ -182,8 +186,9 @@ class Channel:
                 message = ChannelClosed(str(exc))
             stop()
             # delivered once: this reader (which ``stop`` and the loop's registration
-            # may outlive) holds neither the reply nor its instance after it
-            delivered, deliver = deliver, _delivered
+            # may outlive) holds neither the reply nor its instance after it, nor
+            # ``stop``, which holds it (a cycle a batch, left to the garbage collector)
+            delivered, deliver, stop = deliver, _delivered, _stopped
             delivered(message)
 
         try:

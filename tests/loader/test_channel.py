@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+import types
 
 import msgpack
 import pytest
@@ -49,6 +51,40 @@ def test_read_soon_reads_one_message_in_pieces_and_leaves_the_next_in_the_socket
         got = asyncio.run(scenario())
         assert got == [{"n": 1, "pad": "x" * 300}]
         assert channel.recv(1.0) == {"n": 2}  # the next message is still there, whole
+    finally:
+        channel.close()
+        theirs.close()
+
+
+def test_a_reader_that_delivered_leaves_no_cycle_for_the_garbage_collector() -> None:
+    # its ``stop`` and its reader held each other: a cycle a batch, freed only by the
+    # collector (whose passes, on the event loop's thread, are a batch's latency)
+    channel, theirs = _pair()
+
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for n in range(20):
+                done: asyncio.Future[Received] = loop.create_future()
+                stop = channel.read_soon(loop, done.set_result)
+                theirs.sendall(_frame({"n": n}))
+                assert await done == {"n": n}
+                stop()  # as a batch's wait does when its reply came
+                del stop, done
+            gc.collect()
+            return [
+                o
+                for o in gc.garbage
+                if isinstance(o, types.FunctionType) and o.__module__ == Channel.__module__
+            ]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+
+    try:
+        assert asyncio.run(scenario()) == []
     finally:
         channel.close()
         theirs.close()
