@@ -12,13 +12,16 @@ reads. So:
 
 - reads of one name go one at a time (a lock per name: the second request finds
   what the first read), and at most ``READS_AT_ONCE`` names are read at once;
-- a name the store did not hold is answered ``FunctionNotFound`` (404) by the
-  data path without another read for ``MISSING_FOR_S``, unless the store's change
+- a name the store did not hold is answered ``FunctionNotFound`` (404) to
+  requests (invokes, inferences, the protocol's public model routes, split
+  plans) without another read for ``MISSING_FOR_S``, unless the store's change
   feed names it first (a deploy by another node, ``fnrt deploy --store``); a
-  deploy through this node reads it again whatever was noted (``fresh``);
+  deploy through this node, the admin views and a job's records read it again
+  whatever was noted (``fresh``);
 - so is a version asked for by its id (``x-fnrt-version``, OIP's
   ``/versions/{v}``) that the store did not hold: ``VersionNotFound``, until the
-  feed names its function or ``MISSING_FOR_S`` passes;
+  feed names its function or ``MISSING_FOR_S`` passes (an id no deploy could
+  make is refused before it gets here: ``Registry.get_version``);
 - at most ``MISSING_NAMES`` names are noted (past it they are forgotten at once:
   a flood of distinct names costs a read each, as before, and no memory).
 """
@@ -121,14 +124,27 @@ class Lookups(Generic[T]):
             self._missing.pop(name, None)
             return made
 
-    async def find_version(self, name: str, version: str, read: Callable[[], Awaitable[V]]) -> V:
-        """``read()``: a stored version of a function served here, one read of it at a
-        time; a version the store did not hold a moment ago raises VersionNotFound
-        with no read."""
+    async def find_version(
+        self,
+        name: str,
+        version: str,
+        held: Callable[[], V | None],
+        read: Callable[[], Awaitable[V]],
+    ) -> V:
+        """A stored version of a function served here: ``held()`` when it is held here
+        (looked at again once this has waited for a read of it), else ``read()``, one
+        read of it at a time; a version the store did not hold a moment ago raises
+        VersionNotFound with no read."""
         key = f"{name} {version}"  # (a name holds no space)
+        found = held()
+        if found is not None:
+            return found
         if self.missing(key):
             raise VersionNotFound(name, version)
         async with self.locked(key):
+            found = held()  # read, or deployed here, while this waited
+            if found is not None:
+                return found
             if self.missing(key):  # the read before this one found none
                 raise VersionNotFound(name, version)
             return await self._read(key, read, VersionNotFound)

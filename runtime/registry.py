@@ -26,11 +26,11 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, Protocol
 
-from fnrt.functions.errors import FunctionNotFound
+from fnrt.functions.errors import FunctionNotFound, VersionNotFound
 from fnrt.functions.manifest import NAME_PATTERN
 from fnrt.functions.routing import Routing
 from fnrt.functions.version import VersionManifest
-from fnrt.loader.repository import Repository
+from fnrt.loader.repository import VERSION_ID, Repository
 from fnrt.runtime import scheduler as sched
 from fnrt.runtime.clock import Clock
 from fnrt.runtime.feed import FeedCursor
@@ -171,24 +171,29 @@ class Registry:
         entry = self._functions.get(name)
         return None if entry is None else entry.choose(headers)
 
-    async def get_version(self, name: str, version: str) -> Scheduler:
+    async def get_version(self, name: str, version: str, *, fresh: bool = False) -> Scheduler:
         """The scheduler of one stored version of ``name``, whatever the routing says.
 
-        Raises FunctionNotFound or VersionNotFound.
-        """
-        entry = await self.entry(name, fresh=False)
+        Raises FunctionNotFound or VersionNotFound; not ``fresh`` (a request's), without
+        a store read for a name or version the store did not hold a moment ago."""
+        if not VERSION_ID.fullmatch(version):
+            raise VersionNotFound(name, version)  # no deploy makes such an id
+        entry = await self.entry(name, fresh=fresh)
         scheduler = entry.schedulers.get(version)
         if scheduler is not None and not scheduler.batcher.closing:
             return scheduler
 
+        def held() -> Scheduler | None:
+            scheduler = entry.schedulers.get(version)
+            return scheduler if scheduler is not None and not scheduler.batcher.closing else None
+
         async def read() -> Scheduler:
-            held = entry.schedulers.get(version)  # read while this waited
-            if held is not None and not held.batcher.closing:
-                return held
             vm = await asyncio.to_thread(self.repository.get_version, name, version)
             return self.held(entry, vm)
 
-        return await self.lookups.find_version(name, version, read)
+        if fresh:
+            return held() or await read()
+        return await self.lookups.find_version(name, version, held, read)
 
     def held(self, entry: ServedFunction, vm: VersionManifest) -> Scheduler:
         """The open scheduler ``entry`` holds for ``vm``, made if there is none."""
@@ -197,15 +202,27 @@ class Registry:
             scheduler = entry.schedulers[vm.version] = self.new_scheduler(vm)
         return scheduler
 
-    async def version_manifest(self, name: str, version: str | None = None) -> VersionManifest:
-        """The routed version of ``name``, or the stored version ``version``; nothing loads."""
-        entry = await self.entry(name)
+    async def version_manifest(
+        self, name: str, version: str | None = None, *, fresh: bool = True
+    ) -> VersionManifest:
+        """The routed version of ``name``, or the stored version ``version``; nothing loads.
+        Not ``fresh`` (a public route's), as :meth:`get_version` reads."""
+        entry = await self.entry(name, fresh=fresh)
         if version is None:
             return entry.primary.version
-        held = entry.schedulers.get(version)
-        if held is not None:
-            return held.version
-        return await asyncio.to_thread(self.repository.get_version, name, version)
+        if not VERSION_ID.fullmatch(version):
+            raise VersionNotFound(name, version)
+
+        def held() -> VersionManifest | None:
+            scheduler = entry.schedulers.get(version)
+            return None if scheduler is None else scheduler.version
+
+        async def read() -> VersionManifest:
+            return await asyncio.to_thread(self.repository.get_version, name, version)
+
+        if fresh:
+            return held() or await read()
+        return await self.lookups.find_version(name, version, held, read)
 
     def new_scheduler(self, vm: VersionManifest) -> Scheduler:
         """A scheduler of ``vm`` (loading now when it keeps instances at all times)."""

@@ -43,8 +43,11 @@ ACTIVATION = "activation"
 class Versions(Protocol):
     """What splits need of the function table (the registry)."""
 
-    async def version_manifest(self, name: str, version: str | None = None) -> VersionManifest:
-        """The routed version of ``name`` (None), or the stored version ``version``."""
+    async def version_manifest(
+        self, name: str, version: str | None = None, *, fresh: bool = True
+    ) -> VersionManifest:
+        """The routed version of ``name`` (None), or the stored version ``version``
+        (``fresh``: read from the store whatever it said of it a moment ago)."""
         ...
 
     def versions_of(self, name: str) -> list[Scheduler]: ...
@@ -143,7 +146,7 @@ class Splits:
 
     async def version(self, name: str, version: str | None = None) -> SplitVersion:
         """The split side of ``version`` (the routed one when None), made once."""
-        vm = await self._table.version_manifest(name, version)
+        vm = await self._table.version_manifest(name, version, fresh=False)  # a request's
         if not vm.manifest.split.enabled:
             raise NoSuchSplit(name, "has no split points (see [split] in docs/edge.md)")
         return await self._made(vm)

@@ -309,7 +309,9 @@ class JobRunner:
         results: list[Outcome | None] = [None] * len(records)
         errors: dict[int, FnrtError] = {}
         try:
-            scheduler = await self._registry.get_version(function, version)
+            # read from the store whatever a request's 404 noted: a job's function may
+            # have been deployed through another node a moment ago
+            scheduler = await self._registry.get_version(function, version, fresh=True)
         except NotFound as exc:  # the function or its version was deleted
             return [failed_outcome(exc) for _ in records]
         size = scheduler.version.manifest.batching.max_batch_size
@@ -361,7 +363,7 @@ class JobRunner:
         queue is full rather than failing them."""
         retired = 0
         while True:
-            scheduler = await self._registry.get_version(function, version)
+            scheduler = await self._registry.get_version(function, version, fresh=True)
             try:
                 if scheduler.sequencer is not None:
                     return [await self._generate(scheduler, records[0])]

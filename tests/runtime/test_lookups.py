@@ -65,6 +65,12 @@ def test_a_missing_name_is_answered_without_a_read_until_its_note_runs_out() -> 
         assert store.reads == {"nope": 3}
         assert await found.find("f", store.reader("f"), fresh=False) == "served f"
         assert found.names_locked() == 0  # each name's lock goes with its last user
+        # a read that finds it (a deploy through this node) drops the note at once
+        with pytest.raises(FunctionNotFound):
+            await found.find("later", store.reader("later"), fresh=False)
+        store.names.add("later")
+        assert await found.find("later", store.reader("later"), fresh=True) == "served later"
+        assert not found.missing("later")
 
     asyncio.run(run())
 
@@ -185,22 +191,30 @@ def test_a_version_the_store_did_not_hold_is_noted_until_the_feed_names_its_func
 
             return read
 
+        def none() -> str | None:
+            return None
+
         for _ in range(3):
             with pytest.raises(VersionNotFound):
-                await found.find_version("f", "v2", reader("v2"))
-        assert await found.find_version("f", "v1", reader("v1")) == "v1"
+                await found.find_version("f", "v2", none, reader("v2"))
+        assert await found.find_version("f", "v1", none, reader("v1")) == "v1"
         assert reads == ["v2", "v1"]
         stored.add("v2")
         found.stored(["g"])  # another function's change: v2 of f stays noted
         with pytest.raises(VersionNotFound):
-            await found.find_version("f", "v2", reader("v2"))
+            await found.find_version("f", "v2", none, reader("v2"))
         found.stored(["f"])
-        assert await found.find_version("f", "v2", reader("v2")) == "v2"
+        assert await found.find_version("f", "v2", none, reader("v2")) == "v2"
         with pytest.raises(VersionNotFound):
-            await found.find_version("f", "v3", reader("v3"))
+            await found.find_version("f", "v3", none, reader("v3"))
         clock.advance(MISSING_FOR_S)  # or its note runs out
         stored.add("v3")
-        assert await found.find_version("f", "v3", reader("v3")) == "v3"
+        assert await found.find_version("f", "v3", none, reader("v3")) == "v3"
         assert reads == ["v2", "v1", "v2", "v3", "v3"]
+        # noted, but held here now (deployed through this node): held wins, no read
+        with pytest.raises(VersionNotFound):
+            await found.find_version("f", "v4", none, reader("v4"))
+        assert await found.find_version("f", "v4", lambda: "held v4", reader("v4")) == "held v4"
+        assert reads[-1] == "v4" and reads.count("v4") == 1
 
     asyncio.run(run())

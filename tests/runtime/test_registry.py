@@ -351,7 +351,8 @@ def test_a_name_nobody_deployed_costs_one_store_read_until_the_feed_names_it(
 ) -> None:
     # The cheapest request that cost the most: each invoke of an unknown name read the
     # store (a thread hop and a GET), one at a time behind every other first request.
-    node = make_node(tmp_path)
+    # The feed is read only when the test says (no sweeper's poll), on a manual clock.
+    node = make_node(tmp_path, ManualClock(), watch_interval_s=3600)
     other = Repository(FileStore(tmp_path / "store"))  # another node, `fnrt deploy --store`
     with live_server(tmp_path, node=node) as srv, srv.client() as c:
         store = node.repository.store
@@ -362,6 +363,11 @@ def test_a_name_nobody_deployed_costs_one_store_read_until_the_feed_names_it(
             assert answer.status_code == 404
             assert answer.json()["function"] == "later"
         assert store.requests - before == {"GetObject": 1}  # its routing, once
+        before = store.requests.copy()
+        for path in ("/v2/models/later", "/v2/models/later/ready", "/v2/models/later/config"):
+            for _ in range(5):  # the protocol's public model routes: the same note
+                assert c.get(path).status_code == 404
+        assert store.requests - before == {}
         vm = publish(other, write_function(tmp_path / "src", "later"))
         other.put_version(vm)
         other.update_routing("later", lambda _: Routing({vm.version: 100}))
@@ -374,7 +380,12 @@ def test_a_name_nobody_deployed_costs_one_store_read_until_the_feed_names_it(
         for _ in range(10):
             answer = c.post("/v1/functions/later/invoke", json={"x": X}, headers=pinned)
             assert answer.status_code == 404 and answer.json()["version"] == "no-such-version"
+            assert c.get("/v2/models/later/versions/no-such-version").status_code == 404
         assert store.requests - before == {"GetObject": 1}
+        # an id no deploy could make is not looked for at all (a long one was a 500)
+        long = {"x-fnrt-version": "v" * 3000}
+        answer = c.post("/v1/functions/later/invoke", json={"x": X}, headers=long)
+        assert answer.status_code == 404 and store.requests - before == {"GetObject": 1}
         # a deploy through this node reads the store whatever was noted
         assert c.post("/v1/functions/fresh/invoke", json={"x": X}).status_code == 404
         assert srv.deploy(write_function(tmp_path / "src2", "fresh")).version

@@ -71,7 +71,7 @@ def _may_see(request: Request) -> str:
 async def model(request: Request) -> Response:
     registry = node_of(request).registry
     name, version = _may_see(request), _version(request)
-    vm = await registry.version_manifest(name, version)
+    vm = await registry.version_manifest(name, version, fresh=False)
     versions = [vm.version] if version is not None else await views.stored_versions(registry, name)
     return JSONResponse(model_metadata(vm, versions))
 
@@ -79,7 +79,7 @@ async def model(request: Request) -> Response:
 async def model_ready(request: Request) -> Response:
     registry = node_of(request).registry
     name, version = _may_see(request), _version(request)
-    vm = await registry.version_manifest(name, version)
+    vm = await registry.version_manifest(name, version, fresh=False)
     failing = [
         s.stats.last_load_error
         for s in registry.versions_of(name)
@@ -94,7 +94,7 @@ async def model_ready(request: Request) -> Response:
 
 async def config(request: Request) -> Response:
     node = node_of(request)
-    vm = await node.registry.version_manifest(_may_see(request), _version(request))
+    vm = await node.registry.version_manifest(_may_see(request), _version(request), fresh=False)
     return JSONResponse(model_config(vm, node.loader.device.kind))
 
 
@@ -111,7 +111,7 @@ async def statistics(request: Request) -> Response:
         keys, headers = node.invoke_keys, request.headers
         schedulers = [s for s in node.schedulers() if allows(keys, s.name, headers)]
     elif version is None:
-        await registry.get(name)
+        await registry.entry(name, fresh=False)
         schedulers = registry.versions_of(name)
     else:
         schedulers = [await registry.get_version(name, version)]

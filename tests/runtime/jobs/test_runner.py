@@ -43,7 +43,8 @@ class Pinned:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
-    async def get_version(self, function: str, version: str) -> Scheduler:
+    async def get_version(self, function: str, version: str, *, fresh: bool = False) -> Scheduler:
+        assert fresh  # a job's chunk reads the store whatever a request's 404 noted
         if (function, version) != (self.scheduler.name, self.scheduler.version.version):
             raise NotFound(f"function '{function}' has no version {version}")
         return self.scheduler
