@@ -192,7 +192,8 @@ class Registry:
             return self.held(entry, vm)
 
         if fresh:
-            return held() or await read()
+            found = held()
+            return found if found is not None else await read()
         return await self.lookups.find_version(name, version, held, read)
 
     def held(self, entry: ServedFunction, vm: VersionManifest) -> Scheduler:
@@ -221,7 +222,8 @@ class Registry:
             return await asyncio.to_thread(self.repository.get_version, name, version)
 
         if fresh:
-            return held() or await read()
+            found = held()
+            return found if found is not None else await read()
         return await self.lookups.find_version(name, version, held, read)
 
     def new_scheduler(self, vm: VersionManifest) -> Scheduler:
