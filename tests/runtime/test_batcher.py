@@ -537,6 +537,15 @@ def _worker_parts(
     return Parts(Batcher(vm, pool, clock, stats, NoEvents()), pool, clock, stats), began, gate
 
 
+def _open(gate: Path, word: str) -> None:
+    """Let the gated load go on (``go``) or fail (``fail``): the file appears whole (a
+    rename), so the handler, which reads it as soon as it exists, never reads it empty
+    (written in place, a ``fail`` read before its bytes were in was a load that passed)."""
+    written = gate.with_name(gate.name + ".tmp")
+    written.write_text(word)
+    written.replace(gate)
+
+
 async def _until_exists(path: Path) -> None:
     for _ in range(2000):
         if path.exists():
@@ -557,7 +566,7 @@ def test_a_cold_starts_first_batch_is_sent_while_its_worker_loads(tmp_path: Path
         await _until_exists(began)  # the worker is in the handler's load
         later = [asyncio.ensure_future(_submit(batcher, i)) for i in (2, 3, 4)]
         await asyncio.sleep(0.05)
-        gate.write_text("go")
+        _open(gate, "go")
         out = await asyncio.gather(first, *later)
         instance = parts.pool.slots[0].instance
         assert isinstance(instance, ProcessInstance)
@@ -579,7 +588,7 @@ def test_a_batch_sent_to_a_worker_whose_load_then_fails_gets_the_loads_error(
         batcher = parts.batcher
         first = asyncio.ensure_future(_submit(batcher, 1))
         await _until_exists(began)
-        gate.write_text("fail")
+        _open(gate, "fail")
         with pytest.raises(LoadError, match="weights are corrupt"):
             await asyncio.wait_for(first, 20)
         assert batcher.queued == 0
@@ -602,7 +611,7 @@ def test_a_request_whose_deadline_may_pass_during_the_load_is_not_sent_with_it(
         first = asyncio.ensure_future(_submit(batcher, 1, timeout_s=1.0))
         await _until_exists(began)
         await asyncio.sleep(0.05)
-        gate.write_text("go")
+        _open(gate, "go")
         out = await first
         assert float(out.outputs["y"][0, 0]) == 2
         instance = parts.pool.slots[0].instance
@@ -630,7 +639,7 @@ def test_a_worker_whose_first_batch_is_in_flight_when_its_load_fails_to_be_serve
         batcher = parts.batcher
         first = asyncio.ensure_future(_submit(batcher, 1))
         await _until_exists(began)
-        gate.write_text("go")
+        _open(gate, "go")
         with pytest.raises(Unavailable, match="could not start"):
             await asyncio.wait_for(first, 5)
         await batcher.close()
