@@ -22,14 +22,24 @@ reads. So:
   ``/versions/{v}``) that the store did not hold: ``VersionNotFound``, until the
   feed names its function or ``MISSING_FOR_S`` passes (an id no deploy could
   make is refused before it gets here: ``Registry.get_version``);
-- at most ``MISSING_NAMES`` names are noted (past it they are forgotten at once:
-  a flood of distinct names costs a read each, as before, and no memory).
+- at most ``MISSING_NAMES`` names are noted (past it they are forgotten at once);
+- a flood of distinct made-up names would still cost a read each, and queue
+  before the first calls of real functions. So the node keeps the names the
+  store listed when it started (``listed``) and those the change feed has named
+  since (``stored``): a name among them is read in a lane of its own, and one
+  outside them (made up, or deployed elsewhere since the last feed poll), like a
+  version id not held here, in a second lane of ``READS_AT_ONCE`` reads where at
+  most ``UNLISTED_WAITING`` names wait; past that a request for another such name
+  is answered 404 with no read. When the feed no longer reaches back to where this node read
+  it, the names are listed again (``relist``), every read in the first lane
+  meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Generic, TypeVar
 
@@ -39,13 +49,20 @@ from fnrt.runtime.clock import Clock
 T = TypeVar("T")
 V = TypeVar("V")
 
+log = logging.getLogger("fnrt.registry")
+
 #: How long the data path answers a name the store did not hold without reading it
 #: again (the change feed drops the note as soon as it names the function).
 MISSING_FOR_S = 2.0
 #: Names noted as missing at most; past it, all are forgotten.
 MISSING_NAMES = 4096
-#: Names read from the store at once (one thread each, from the loop's default pool).
+#: Names read from the store at once in each lane (one thread each, from the loop's
+#: default pool).
 READS_AT_ONCE = 4
+#: Names the store did not list and the feed did not name, and version ids not held
+#: here, waiting for a read at once (or being read; the requests for one name share its
+#: read); past it, a request for another is answered 404 with no read.
+UNLISTED_WAITING = 64
 
 
 class _NameLock:
@@ -67,6 +84,8 @@ class Lookups(Generic[T]):
         missing_for_s: float = MISSING_FOR_S,
         most_missing: int = MISSING_NAMES,
         reads_at_once: int = READS_AT_ONCE,
+        unlisted_waiting: int = UNLISTED_WAITING,
+        relist: Callable[[], Awaitable[Iterable[str]]] | None = None,
     ) -> None:
         self._table = table
         self._clock = clock
@@ -76,22 +95,80 @@ class Lookups(Generic[T]):
         self._locks: dict[str, _NameLock] = {}
         self._reads = asyncio.Semaphore(reads_at_once)
         self._told = 0  # calls of stored(): a read that began before one notes nothing
+        #: the names the store listed and the feed named since (None: not listed yet,
+        #: or being listed again: every name is read in the first lane)
+        self._listed: set[str] | None = None
+        self._unlisted = asyncio.Semaphore(reads_at_once)  # the second lane
+        self._most_unlisted = unlisted_waiting
+        self._unlisted_now = 0  # names in the second lane, waiting or being read
+        self.refused = 0  # requests answered 404 because the second lane was full
+        self._relist = relist
+        self._relisting: asyncio.Task[list[str]] | None = None
+        self._named: set[str] = set()  # what the feed named while the names were listed
+        self._keeps_names = False  # listed once (then listed again when the feed cannot say)
 
     def missing(self, name: str) -> bool:
         """Whether the store did not hold ``name`` within the last ``missing_for_s``."""
         at = self._missing.get(name)
         return at is not None and self._clock.now() - at < self._missing_for_s
 
+    def listed(self, names: Iterable[str]) -> None:
+        """The names the store holds, as listed (at the node's start): from now on a name
+        neither among them nor named by the feed since is read in the second lane."""
+        self._listed = set(names) | self._named
+        self._named = set()
+        self._keeps_names = True
+
     def stored(self, names: Iterable[str] | None) -> None:
         """``names`` were written to the store (None: any may have been): read them
-        again when asked."""
+        again when asked, in the first lane. None, once the names were listed: they are
+        listed again (``relist``), every name read in the first lane meanwhile."""
         self._told += 1
         if names is None:
             self._missing.clear()
+            if self._keeps_names:  # listed once: listed again (a failed listing too)
+                self._listed = None
+                self._start_relisting()
             return
         named = set(names)
         for key in [k for k in self._missing if k.partition(" ")[0] in named]:
             del self._missing[key]  # the function, and its versions ("name version")
+        if self._listed is not None:
+            self._listed |= named
+        elif self._relisting is not None:
+            self._named |= named
+
+    def _start_relisting(self) -> None:
+        if self._relisting is not None:
+            self._relisting.cancel()  # its listing may miss what the feed could not name
+            self._relisting = None
+        self._named = set()
+        if self._relist is not None:
+            relisting = asyncio.ensure_future(self._list_again(self._relist))
+            self._relisting = relisting
+            relisting.add_done_callback(self._relisted)
+
+    @staticmethod
+    async def _list_again(relist: Callable[[], Awaitable[Iterable[str]]]) -> list[str]:
+        return list(await relist())
+
+    def _relisted(self, relisting: asyncio.Task[list[str]]) -> None:
+        if relisting is not self._relisting:
+            return  # cancelled, and another listing under way or none wanted
+        self._relisting = None
+        if relisting.cancelled():
+            return
+        error = relisting.exception()
+        if error is not None:  # the store failed: every name stays in the first lane
+            log.warning("listing the store's functions again failed: %s", error)
+            return
+        self.listed(relisting.result())
+
+    def close(self) -> None:
+        """Stop a listing under way."""
+        if self._relisting is not None:
+            self._relisting.cancel()
+            self._relisting = None
 
     @contextlib.asynccontextmanager
     async def locked(self, name: str) -> AsyncIterator[None]:
@@ -120,7 +197,8 @@ class Lookups(Generic[T]):
                 return found
             if not fresh and self.missing(name):  # the read before this one found none
                 raise FunctionNotFound(name)
-            made = await self._read(name, read, FunctionNotFound)
+            listed = fresh or self._listed is None or name in self._listed
+            made = await self._read(name, read, FunctionNotFound, listed)
             self._missing.pop(name, None)
             return made
 
@@ -147,12 +225,46 @@ class Lookups(Generic[T]):
                 return found
             if self.missing(key):  # the read before this one found none
                 raise VersionNotFound(name, version)
-            return await self._read(key, read, VersionNotFound)
+            return await self._read(key, read, VersionNotFound, listed=False)
 
-    async def _read(self, key: str, read: Callable[[], Awaitable[V]], absent: type[Exception]) -> V:
-        """``read()`` when there is room for it; ``key`` noted missing if it raised
-        ``absent`` and the feed said nothing meanwhile."""
-        async with self._reads:
+    async def _read(
+        self,
+        key: str,
+        read: Callable[[], Awaitable[V]],
+        absent: type[FunctionNotFound | VersionNotFound],
+        listed: bool,
+    ) -> V:
+        """``read()`` when there is room for it in its lane (the first for a ``listed``
+        name); ``key`` noted missing if it raised ``absent`` and the feed said nothing
+        meanwhile. In the second lane, past ``UNLISTED_WAITING`` names, ``absent`` with
+        no read."""
+        if listed:
+            return await self._read_in(self._reads, key, read, absent)
+        if self._unlisted_now >= self._most_unlisted:
+            self.refused += 1
+            if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+                log.warning(
+                    "%d requests for names the store did not list (or version ids not held "
+                    "here) answered 404 unread: %d such names were waiting for a read",
+                    self.refused,
+                    self._most_unlisted,
+                )
+            name, _, version = key.partition(" ")
+            raise VersionNotFound(name, version) if version else FunctionNotFound(name)
+        self._unlisted_now += 1
+        try:
+            return await self._read_in(self._unlisted, key, read, absent)
+        finally:
+            self._unlisted_now -= 1
+
+    async def _read_in(
+        self,
+        lane: asyncio.Semaphore,
+        key: str,
+        read: Callable[[], Awaitable[V]],
+        absent: type[Exception],
+    ) -> V:
+        async with lane:
             told = self._told
             try:
                 return await read()

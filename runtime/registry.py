@@ -76,7 +76,9 @@ class Registry:
         #: the functions keeping a version warm for a rollback, noted as routing changes
         self.rollbacks = Rollbacks(self._functions)
         #: reads of functions not served here, and the names the store did not hold
-        self.lookups = Lookups(self._functions, clock)
+        self.lookups = Lookups(
+            self._functions, clock, relist=lambda: asyncio.to_thread(repository.list_functions)
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         #: where this node stopped reading the store's change feed
         self.feed = FeedCursor(repository)
@@ -96,9 +98,10 @@ class Registry:
         told to ``imports_seen`` (the spare workers learn it)."""
         # the feed before the routing: a change made meanwhile is seen again
         await self.feed.moved(self._functions, self.lookups.stored)
-        names = await asyncio.to_thread(
+        stored, names = await asyncio.to_thread(
             starting, self.repository, self._keeper, self._imports_seen, preload
         )
+        self.lookups.listed(stored)  # a name outside these and the feed's: the second lane
         warming: list[asyncio.Future[None]] = []
         for name in names:
             try:
@@ -111,6 +114,7 @@ class Registry:
         return warming
 
     async def close(self) -> None:
+        self.lookups.close()
         schedulers = self.loaded()
         self._functions.clear()  # (the lookups and the rollbacks hold it too)
         closing = (sched.close(s) for s in schedulers)
@@ -369,11 +373,12 @@ def starting(
     keeper: Planned | None,
     imports_seen: Callable[[Iterable[str]], object] | None,
     preload: bool,
-) -> list[str]:
-    """The functions served from the start (blocking: store reads)."""
+) -> tuple[list[str], list[str]]:
+    """The functions the store holds, and those served from the start (blocking: store
+    reads)."""
     names = repository.list_functions()
     if preload:
-        return names
+        return names, names
     chosen = []
     for name in names:
         if keeper is not None and keeper.knows(name):
@@ -396,4 +401,4 @@ def starting(
         scaling = stored["manifest"].get("scaling")
         if isinstance(scaling, dict) and scaling.get("load_at_start") is True:
             chosen.append(name)  # checked in full when it is served, below
-    return chosen
+    return names, chosen

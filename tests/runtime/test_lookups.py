@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import pytest
 
@@ -43,7 +45,7 @@ class Store:
         return read
 
 
-def lookups(store: Store, clock: ManualClock, **options: int) -> Lookups[str]:
+def lookups(store: Store, clock: ManualClock, **options: Any) -> Lookups[str]:
     return Lookups(store.table, clock, **options)
 
 
@@ -216,5 +218,162 @@ def test_a_version_the_store_did_not_hold_is_noted_until_the_feed_names_its_func
             await found.find_version("f", "v4", none, reader("v4"))
         assert await found.find_version("f", "v4", lambda: "held v4", reader("v4")) == "held v4"
         assert reads[-1] == "v4" and reads.count("v4") == 1
+
+    asyncio.run(run())
+
+
+def test_made_up_names_wait_in_a_lane_of_their_own_and_past_its_bound_are_not_read() -> None:
+    # A flood of distinct made-up names cost a read each and queued before the first
+    # calls of real functions. The names the store listed, or the feed named since,
+    # are read in a lane of their own; the others wait in a second, bounded lane.
+    async def run() -> None:
+        clock, store = ManualClock(), Store("f", "g")
+        found = lookups(store, clock, reads_at_once=2, unlisted_waiting=3)
+        found.listed(["f"])
+        store.gate = asyncio.Event()  # the store hangs for every name read through it
+        made_up = [f"made-up-{i}" for i in range(3)]
+        hanging = [
+            asyncio.ensure_future(found.find(n, store.reader(n), fresh=False)) for n in made_up
+        ]
+        await asyncio.sleep(0.01)
+        assert store.most_at_once == 2  # two reading, one waiting: the lane is full
+        with pytest.raises(FunctionNotFound):  # past the bound: 404, no read, no note
+            await asyncio.wait_for(
+                found.find("made-up-x", store.reader("made-up-x"), fresh=False), 1
+            )
+        assert "made-up-x" not in store.reads and not found.missing("made-up-x")
+        assert found.refused == 1
+
+        async def read(name: str) -> str:  # a read that does not wait on the gate
+            store.reads[name] = store.reads.get(name, 0) + 1
+            store.table[name] = f"served {name}"
+            return store.table[name]
+
+        # a listed name, a name the feed named, and a deploy through this node (fresh)
+        # go through the first lane at once
+        assert await asyncio.wait_for(found.find("f", lambda: read("f"), fresh=False), 1)
+        found.stored(["g"])
+        assert await asyncio.wait_for(found.find("g", lambda: read("g"), fresh=False), 1)
+        assert await asyncio.wait_for(found.find("h", lambda: read("h"), fresh=True), 1)
+        store.gate.set()
+        results = await asyncio.gather(*hanging, return_exceptions=True)
+        assert all(isinstance(r, FunctionNotFound) for r in results)
+        assert store.reads == {
+            "made-up-0": 1,
+            "made-up-1": 1,
+            "made-up-2": 1,
+            "f": 1,
+            "g": 1,
+            "h": 1,
+        }
+        # the lane emptied: a made-up name is read (and noted) again
+        with pytest.raises(FunctionNotFound):
+            await found.find("made-up-y", store.reader("made-up-y"), fresh=False)
+        assert store.reads["made-up-y"] == 1 and found.missing("made-up-y")
+
+    asyncio.run(run())
+
+
+def test_before_the_store_is_listed_every_name_is_read_as_before() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store("f")
+        found = lookups(store, clock, unlisted_waiting=0)  # the second lane takes no one
+        for name in ("a", "b", "f"):  # not listed yet (a registry that has not started)
+            with contextlib.suppress(FunctionNotFound):
+                await found.find(name, store.reader(name), fresh=False)
+        assert store.reads == {"a": 1, "b": 1, "f": 1} and found.refused == 0
+
+    asyncio.run(run())
+
+
+def test_version_ids_not_held_here_wait_in_the_second_lane() -> None:
+    async def run() -> None:
+        clock, reads = ManualClock(), []
+        found = Lookups[str]({}, clock, reads_at_once=1, unlisted_waiting=2)
+        gate = asyncio.Event()
+
+        def reader(version: str) -> Callable[[], Awaitable[str]]:
+            async def read() -> str:
+                reads.append(version)
+                await gate.wait()
+                raise VersionNotFound("f", version)
+
+            return read
+
+        def none() -> str | None:
+            return None
+
+        hanging = [asyncio.ensure_future(found.find_version("f", v, none, reader(v))) for v in "ab"]
+        await asyncio.sleep(0.01)
+        with pytest.raises(VersionNotFound) as refused:
+            await found.find_version("f", "c", none, reader("c"))
+        assert refused.value.fields["version"] == "c" and reads == ["a"]
+        gate.set()
+        await asyncio.gather(*hanging, return_exceptions=True)
+        assert reads == ["a", "b"]
+
+    asyncio.run(run())
+
+
+def test_when_the_feed_cannot_say_what_changed_the_names_are_listed_again() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store("a", "b", "c", "d")
+        listing = asyncio.Event()
+        lists = []
+
+        async def relist() -> Iterable[str]:
+            lists.append(len(lists))
+            await listing.wait()
+            return ["a", "b"]
+
+        # unlisted_waiting=0: a name outside the listed ones is refused at once
+        found = lookups(store, clock, unlisted_waiting=0, relist=relist)
+        found.stored(None)  # the feed's first read, before the start's listing: no listing
+        assert lists == []
+        found.listed(["a"])
+        with pytest.raises(FunctionNotFound):
+            await found.find("b", store.reader("b"), fresh=False)
+        assert "b" not in store.reads
+        found.stored(None)  # too far behind: listed again, every name read meanwhile
+        await asyncio.sleep(0)
+        assert lists == [0]
+        assert await found.find("b", store.reader("b"), fresh=False) == "served b"
+        found.stored(["c"])  # named while the listing runs: kept beside it
+        listing.set()
+        await asyncio.sleep(0.01)
+        assert await found.find("c", store.reader("c"), fresh=False) == "served c"
+        with pytest.raises(FunctionNotFound):  # neither listed nor named
+            await found.find("d", store.reader("d"), fresh=False)
+        assert "d" not in store.reads and found.refused == 2
+        found.close()
+
+    asyncio.run(run())
+
+
+def test_a_listing_that_fails_leaves_every_name_in_the_first_lane_until_the_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store("a", "b")
+        failing = [True]
+
+        async def relist() -> Iterable[str]:
+            if failing[0]:
+                raise OSError("the store is down")
+            return ["a"]
+
+        found = lookups(store, clock, unlisted_waiting=0, relist=relist)
+        found.listed(["a"])
+        found.stored(None)
+        await asyncio.sleep(0.01)
+        assert "listing the store's functions again failed" in caplog.text
+        assert await found.find("b", store.reader("b"), fresh=False) == "served b"
+        failing[0] = False
+        found.stored(None)  # the next time the feed cannot say: listed again
+        await asyncio.sleep(0.01)
+        store.table.pop("b")
+        with pytest.raises(FunctionNotFound):
+            await found.find("b", store.reader("b"), fresh=False)
+        assert store.reads["b"] == 1
 
     asyncio.run(run())

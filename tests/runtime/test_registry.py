@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from fnrt.functions.errors import FunctionNotFound
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.routing import Routing
 from fnrt.loader.device import detect_device
@@ -24,6 +25,7 @@ from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.deployment import cut_over, store_version
 from fnrt.runtime.events import NoEvents
 from fnrt.runtime.intake import Admission
+from fnrt.runtime.lookups import READS_AT_ONCE, UNLISTED_WAITING
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.scheduler import SchedulerFactory
 from fnrt.runtime.sweeper import rollback_over
@@ -418,6 +420,68 @@ async def _table(tmp_path: Path) -> tuple[Registry, ManualClock, list[str]]:
             await registry.entry("f")  # served here with the first version routed
     await registry.refresh(await registry.entry("f"))  # the second takes the traffic
     return registry, clock, versions
+
+
+class _Hanging(FileStore):
+    """A folder store whose reads of made-up functions' routing hang until ``opened``."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.opened = threading.Event()
+        self.made_up_reads = 0
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        if key.startswith("functions/made-up-"):
+            self.made_up_reads += 1
+            self.opened.wait(10)
+        return super().get(key)
+
+
+def test_a_flood_of_made_up_names_holds_up_no_stored_functions_first_call(
+    tmp_path: Path,
+) -> None:
+    # Each request for a name nobody deployed read the store, a few at once, the rest
+    # queued before the first calls of real functions: distinct made-up names from one
+    # client could hold every first call up for as long as they kept coming. The
+    # registry lists the store's functions at its start; a name outside them (and the
+    # feed's) waits in a bounded lane of its own, and past it is answered unread.
+    async def scenario() -> None:
+        store = _Hanging(tmp_path / "store")
+        repository = Repository(store)
+        loader = InstanceLoader(repository, tmp_path / "cache", detect_device("cpu"))
+        clock = ManualClock()
+        factory = SchedulerFactory(
+            loader, clock, NoEvents(), Admission(100), isolation=IsolationMode.THREAD
+        )
+        folder = write_function(tmp_path / "src", "f")
+        _, vm = await asyncio.to_thread(
+            store_version, repository, loader, publish(repository, folder)
+        )
+        await asyncio.to_thread(cut_over, repository, vm)
+        registry = Registry(repository, factory, clock)
+        await registry.start()  # f is listed, not served: its first call reads it
+        try:
+            flood = [
+                asyncio.ensure_future(registry.entry(f"made-up-{i}", fresh=False))
+                for i in range(UNLISTED_WAITING)
+            ]
+            for _ in range(500):  # the lane's reads on their threads, the rest waiting
+                if store.made_up_reads == READS_AT_ONCE:
+                    break
+                await asyncio.sleep(0.01)
+            with pytest.raises(FunctionNotFound):  # the lane is full: 404, unread
+                await asyncio.wait_for(registry.entry("made-up-x", fresh=False), 5)
+            entry = await asyncio.wait_for(registry.entry("f", fresh=False), 5)
+            assert entry.name == "f" and store.made_up_reads == READS_AT_ONCE
+            store.opened.set()
+            results = await asyncio.gather(*flood, return_exceptions=True)
+            assert all(isinstance(r, FunctionNotFound) for r in results)
+            assert store.made_up_reads == UNLISTED_WAITING  # each read once, none past it
+        finally:
+            store.opened.set()
+            await registry.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_version_past_its_rollback_window_is_retired_by_the_registry(tmp_path: Path) -> None:
