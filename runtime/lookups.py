@@ -29,10 +29,12 @@ reads. So:
   since (``stored``): a name among them is read in a lane of its own, and one
   outside them (made up, or deployed elsewhere since the last feed poll), like a
   version id not held here, in a second lane of ``READS_AT_ONCE`` reads where at
-  most ``UNLISTED_WAITING`` names wait; past that a request for another such name
-  is answered 404 with no read. When the feed no longer reaches back to where this node read
-  it, the names are listed again (``relist``), every read in the first lane
-  meanwhile.
+  most ``UNLISTED_WAITING`` names wait or are read; past that a request for
+  another such name is answered ``Overloaded`` (429, retry after a second) with
+  no read: the name was not looked for. When the feed no longer reaches back to
+  where this node read it, the names are listed again (``relist``, one listing
+  at a time, retried after ``RELIST_RETRY_S`` if the store failed), every name
+  read in the first lane meanwhile.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
-from fnrt.functions.errors import FunctionNotFound, VersionNotFound
+from fnrt.functions.errors import FunctionNotFound, Overloaded, VersionNotFound
 from fnrt.runtime.clock import Clock
 
 T = TypeVar("T")
@@ -60,9 +62,13 @@ MISSING_NAMES = 4096
 #: default pool).
 READS_AT_ONCE = 4
 #: Names the store did not list and the feed did not name, and version ids not held
-#: here, waiting for a read at once (or being read; the requests for one name share its
-#: read); past it, a request for another is answered 404 with no read.
+#: here, waiting for a read or being read at once (the requests for one name wait for
+#: its read); past it, a request for another is answered Overloaded (429) unread.
 UNLISTED_WAITING = 64
+#: How long after a listing of the store's functions failed it is tried again.
+RELIST_RETRY_S = 30.0
+#: The refusals of the second lane are logged at most this often.
+REFUSALS_LOGGED_EVERY_S = 60.0
 
 
 class _NameLock:
@@ -86,6 +92,7 @@ class Lookups(Generic[T]):
         reads_at_once: int = READS_AT_ONCE,
         unlisted_waiting: int = UNLISTED_WAITING,
         relist: Callable[[], Awaitable[Iterable[str]]] | None = None,
+        relist_retry_s: float = RELIST_RETRY_S,
     ) -> None:
         self._table = table
         self._clock = clock
@@ -101,9 +108,14 @@ class Lookups(Generic[T]):
         self._unlisted = asyncio.Semaphore(reads_at_once)  # the second lane
         self._most_unlisted = unlisted_waiting
         self._unlisted_now = 0  # names in the second lane, waiting or being read
-        self.refused = 0  # requests answered 404 because the second lane was full
+        self.refused = 0  # requests refused because the second lane was full
+        self._logged_refused = 0  # ``refused`` when last logged
+        self._logged_at = -REFUSALS_LOGGED_EVERY_S  # when (the clock's now)
         self._relist = relist
+        self._relist_retry_s = relist_retry_s
         self._relisting: asyncio.Task[list[str]] | None = None
+        self._again = False  # the feed could not say again while a listing ran
+        self._retry: asyncio.TimerHandle | None = None  # a failed listing's next try
         self._named: set[str] = set()  # what the feed named while the names were listed
         self._keeps_names = False  # listed once (then listed again when the feed cannot say)
 
@@ -139,9 +151,12 @@ class Lookups(Generic[T]):
             self._named |= named
 
     def _start_relisting(self) -> None:
+        """List the store's names again: now, or once the listing under way ends (which
+        may miss what the feed could not name since it began): one at a time."""
         if self._relisting is not None:
-            self._relisting.cancel()  # its listing may miss what the feed could not name
-            self._relisting = None
+            self._again = True
+            return
+        self._again = False
         self._named = set()
         if self._relist is not None:
             relisting = asyncio.ensure_future(self._list_again(self._relist))
@@ -153,22 +168,36 @@ class Lookups(Generic[T]):
         return list(await relist())
 
     def _relisted(self, relisting: asyncio.Task[list[str]]) -> None:
+        error = None if relisting.cancelled() else relisting.exception()
         if relisting is not self._relisting:
-            return  # cancelled, and another listing under way or none wanted
+            return  # closed
         self._relisting = None
-        if relisting.cancelled():
-            return
-        error = relisting.exception()
-        if error is not None:  # the store failed: every name stays in the first lane
-            log.warning("listing the store's functions again failed: %s", error)
-            return
-        self.listed(relisting.result())
+        if self._again:  # the feed could not say again meanwhile
+            self._start_relisting()
+        elif error is not None:  # every name stays in the first lane until it is listed
+            log.warning(
+                "listing the store's functions again failed (tried again in %.0f s): %s",
+                self._relist_retry_s,
+                error,
+            )
+            loop = asyncio.get_running_loop()
+            self._retry = loop.call_later(self._relist_retry_s, self._retry_listing)
+        elif not relisting.cancelled():
+            self.listed(relisting.result())
+
+    def _retry_listing(self) -> None:
+        self._retry = None
+        if self._listed is None and self._relisting is None:
+            self._start_relisting()
 
     def close(self) -> None:
-        """Stop a listing under way."""
+        """Stop a listing under way, or one to come."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._relisting is not None:
-            self._relisting.cancel()
-            self._relisting = None
+            relisting, self._relisting = self._relisting, None
+            relisting.cancel()
 
     @contextlib.asynccontextmanager
     async def locked(self, name: str) -> AsyncIterator[None]:
@@ -236,26 +265,36 @@ class Lookups(Generic[T]):
     ) -> V:
         """``read()`` when there is room for it in its lane (the first for a ``listed``
         name); ``key`` noted missing if it raised ``absent`` and the feed said nothing
-        meanwhile. In the second lane, past ``UNLISTED_WAITING`` names, ``absent`` with
+        meanwhile. In the second lane, past ``UNLISTED_WAITING`` names, Overloaded with
         no read."""
         if listed:
             return await self._read_in(self._reads, key, read, absent)
         if self._unlisted_now >= self._most_unlisted:
-            self.refused += 1
-            if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
-                log.warning(
-                    "%d requests for names the store did not list (or version ids not held "
-                    "here) answered 404 unread: %d such names were waiting for a read",
-                    self.refused,
-                    self._most_unlisted,
-                )
-            name, _, version = key.partition(" ")
-            raise VersionNotFound(name, version) if version else FunctionNotFound(name)
+            self._refuse()
         self._unlisted_now += 1
         try:
             return await self._read_in(self._unlisted, key, read, absent)
         finally:
             self._unlisted_now -= 1
+
+    def _refuse(self) -> NoReturn:
+        """Overloaded: the second lane is full (logged at most once a minute)."""
+        self.refused += 1
+        now = self._clock.now()
+        if now - self._logged_at >= REFUSALS_LOGGED_EVERY_S:
+            log.warning(
+                "%d requests for names the store did not list (or version ids not held "
+                "here) refused unread (429) since the last such line: %d such names were "
+                "waiting for a store read",
+                self.refused - self._logged_refused,
+                self._most_unlisted,
+            )
+            self._logged_refused, self._logged_at = self.refused, now
+        raise Overloaded(
+            f"{self._most_unlisted} names this node does not know (not deployed, or "
+            "deployed a moment ago elsewhere) are waiting for a store read: retry",
+            retry_after_s=1.0,
+        )
 
     async def _read_in(
         self,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import pytest
 
-from fnrt.functions.errors import FunctionNotFound, VersionNotFound
+from fnrt.functions.errors import FunctionNotFound, Overloaded, VersionNotFound
 from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.lookups import MISSING_FOR_S, READS_AT_ONCE, Lookups
 
@@ -222,7 +223,9 @@ def test_a_version_the_store_did_not_hold_is_noted_until_the_feed_names_its_func
     asyncio.run(run())
 
 
-def test_made_up_names_wait_in_a_lane_of_their_own_and_past_its_bound_are_not_read() -> None:
+def test_made_up_names_wait_in_a_lane_of_their_own_and_past_its_bound_are_not_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # A flood of distinct made-up names cost a read each and queued before the first
     # calls of real functions. The names the store listed, or the feed named since,
     # are read in a lane of their own; the others wait in a second, bounded lane.
@@ -230,6 +233,7 @@ def test_made_up_names_wait_in_a_lane_of_their_own_and_past_its_bound_are_not_re
         clock, store = ManualClock(), Store("f", "g")
         found = lookups(store, clock, reads_at_once=2, unlisted_waiting=3)
         found.listed(["f"])
+        found.stored(["g"])  # deployed elsewhere since: the feed named it
         store.gate = asyncio.Event()  # the store hangs for every name read through it
         made_up = [f"made-up-{i}" for i in range(3)]
         hanging = [
@@ -237,12 +241,13 @@ def test_made_up_names_wait_in_a_lane_of_their_own_and_past_its_bound_are_not_re
         ]
         await asyncio.sleep(0.01)
         assert store.most_at_once == 2  # two reading, one waiting: the lane is full
-        with pytest.raises(FunctionNotFound):  # past the bound: 404, no read, no note
-            await asyncio.wait_for(
-                found.find("made-up-x", store.reader("made-up-x"), fresh=False), 1
-            )
-        assert "made-up-x" not in store.reads and not found.missing("made-up-x")
-        assert found.refused == 1
+        for name in ("made-up-x", "made-up-z"):  # past the bound: 429, no read, no note
+            with pytest.raises(Overloaded) as refused:
+                await asyncio.wait_for(found.find(name, store.reader(name), fresh=False), 1)
+            assert refused.value.retry_after_s == 1.0
+            assert name not in store.reads and not found.missing(name)
+        assert found.refused == 2
+        assert caplog.text.count("refused unread (429)") == 1  # a line a minute at most
 
         async def read(name: str) -> str:  # a read that does not wait on the gate
             store.reads[name] = store.reads.get(name, 0) + 1
@@ -252,11 +257,16 @@ def test_made_up_names_wait_in_a_lane_of_their_own_and_past_its_bound_are_not_re
         # a listed name, a name the feed named, and a deploy through this node (fresh)
         # go through the first lane at once
         assert await asyncio.wait_for(found.find("f", lambda: read("f"), fresh=False), 1)
-        found.stored(["g"])
         assert await asyncio.wait_for(found.find("g", lambda: read("g"), fresh=False), 1)
         assert await asyncio.wait_for(found.find("h", lambda: read("h"), fresh=True), 1)
+        # requests for a name already waiting share its read, whatever the bound
+        again = asyncio.ensure_future(
+            found.find("made-up-0", store.reader("made-up-0"), fresh=False)
+        )
+        await asyncio.sleep(0.01)
+        assert not again.done()
         store.gate.set()
-        results = await asyncio.gather(*hanging, return_exceptions=True)
+        results = await asyncio.gather(*hanging, again, return_exceptions=True)
         assert all(isinstance(r, FunctionNotFound) for r in results)
         assert store.reads == {
             "made-up-0": 1,
@@ -271,7 +281,8 @@ def test_made_up_names_wait_in_a_lane_of_their_own_and_past_its_bound_are_not_re
             await found.find("made-up-y", store.reader("made-up-y"), fresh=False)
         assert store.reads["made-up-y"] == 1 and found.missing("made-up-y")
 
-    asyncio.run(run())
+    with caplog.at_level(logging.WARNING, "fnrt.registry"):
+        asyncio.run(run())
 
 
 def test_before_the_store_is_listed_every_name_is_read_as_before() -> None:
@@ -305,9 +316,9 @@ def test_version_ids_not_held_here_wait_in_the_second_lane() -> None:
 
         hanging = [asyncio.ensure_future(found.find_version("f", v, none, reader(v))) for v in "ab"]
         await asyncio.sleep(0.01)
-        with pytest.raises(VersionNotFound) as refused:
-            await found.find_version("f", "c", none, reader("c"))
-        assert refused.value.fields["version"] == "c" and reads == ["a"]
+        with pytest.raises(Overloaded):
+            await asyncio.wait_for(found.find_version("f", "c", none, reader("c")), 1)
+        assert reads == ["a"]
         gate.set()
         await asyncio.gather(*hanging, return_exceptions=True)
         assert reads == ["a", "b"]
@@ -319,7 +330,7 @@ def test_when_the_feed_cannot_say_what_changed_the_names_are_listed_again() -> N
     async def run() -> None:
         clock, store = ManualClock(), Store("a", "b", "c", "d")
         listing = asyncio.Event()
-        lists = []
+        lists: list[int] = []
 
         async def relist() -> Iterable[str]:
             lists.append(len(lists))
@@ -331,7 +342,7 @@ def test_when_the_feed_cannot_say_what_changed_the_names_are_listed_again() -> N
         found.stored(None)  # the feed's first read, before the start's listing: no listing
         assert lists == []
         found.listed(["a"])
-        with pytest.raises(FunctionNotFound):
+        with pytest.raises(Overloaded):
             await found.find("b", store.reader("b"), fresh=False)
         assert "b" not in store.reads
         found.stored(None)  # too far behind: listed again, every name read meanwhile
@@ -342,7 +353,7 @@ def test_when_the_feed_cannot_say_what_changed_the_names_are_listed_again() -> N
         listing.set()
         await asyncio.sleep(0.01)
         assert await found.find("c", store.reader("c"), fresh=False) == "served c"
-        with pytest.raises(FunctionNotFound):  # neither listed nor named
+        with pytest.raises(Overloaded):  # neither listed nor named
             await found.find("d", store.reader("d"), fresh=False)
         assert "d" not in store.reads and found.refused == 2
         found.close()
@@ -350,30 +361,65 @@ def test_when_the_feed_cannot_say_what_changed_the_names_are_listed_again() -> N
     asyncio.run(run())
 
 
-def test_a_listing_that_fails_leaves_every_name_in_the_first_lane_until_the_next(
+def test_one_listing_runs_at_a_time_however_often_the_feed_cannot_say() -> None:
+    async def run() -> None:
+        clock, store = ManualClock(), Store("a", "b")
+        listing = asyncio.Event()
+        lists: list[int] = []
+
+        async def relist() -> Iterable[str]:
+            lists.append(len(lists))
+            await listing.wait()
+            return ["a"]
+
+        found = lookups(store, clock, unlisted_waiting=0, relist=relist)
+        found.listed(["a"])
+        for _ in range(5):  # polls that each could not say (each a feed gap)
+            found.stored(None)
+            await asyncio.sleep(0)
+        assert lists == [0]  # one listing; one more once it ends (it may miss a gap's)
+        listing.set()
+        await asyncio.sleep(0.01)
+        assert lists == [0, 1]
+        with pytest.raises(Overloaded):  # listed: b is outside
+            await found.find("b", store.reader("b"), fresh=False)
+        found.close()
+
+    asyncio.run(run())
+
+
+def test_a_listing_that_fails_is_tried_again_every_name_read_meanwhile(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def run() -> None:
         clock, store = ManualClock(), Store("a", "b")
         failing = [True]
+        lists: list[int] = []
 
         async def relist() -> Iterable[str]:
+            lists.append(len(lists))
             if failing[0]:
                 raise OSError("the store is down")
             return ["a"]
 
-        found = lookups(store, clock, unlisted_waiting=0, relist=relist)
+        found = lookups(store, clock, unlisted_waiting=0, relist=relist, relist_retry_s=0.05)
         found.listed(["a"])
         found.stored(None)
         await asyncio.sleep(0.01)
         assert "listing the store's functions again failed" in caplog.text
         assert await found.find("b", store.reader("b"), fresh=False) == "served b"
         failing[0] = False
-        found.stored(None)  # the next time the feed cannot say: listed again
+        for _ in range(100):  # tried again after relist_retry_s
+            if len(lists) == 2:
+                break
+            await asyncio.sleep(0.01)
         await asyncio.sleep(0.01)
+        assert lists == [0, 1]
         store.table.pop("b")
-        with pytest.raises(FunctionNotFound):
+        with pytest.raises(Overloaded):  # listed again: b is outside
             await found.find("b", store.reader("b"), fresh=False)
         assert store.reads["b"] == 1
+        found.close()
 
-    asyncio.run(run())
+    with caplog.at_level(logging.WARNING, "fnrt.registry"):
+        asyncio.run(run())

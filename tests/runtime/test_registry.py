@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fnrt.functions.errors import FunctionNotFound
+from fnrt.functions.errors import FunctionNotFound, Overloaded
 from fnrt.functions.manifest import IsolationMode
 from fnrt.functions.routing import Routing
 from fnrt.loader.device import detect_device
@@ -429,11 +429,13 @@ class _Hanging(FileStore):
         super().__init__(root)
         self.opened = threading.Event()
         self.made_up_reads = 0
+        self._counting = threading.Lock()  # reads run on the loop's threads
 
     def get(self, key: str) -> tuple[bytes, str]:
         if key.startswith("functions/made-up-"):
-            self.made_up_reads += 1
-            self.opened.wait(10)
+            with self._counting:
+                self.made_up_reads += 1
+            self.opened.wait(30)
         return super().get(key)
 
 
@@ -444,7 +446,7 @@ def test_a_flood_of_made_up_names_holds_up_no_stored_functions_first_call(
     # queued before the first calls of real functions: distinct made-up names from one
     # client could hold every first call up for as long as they kept coming. The
     # registry lists the store's functions at its start; a name outside them (and the
-    # feed's) waits in a bounded lane of its own, and past it is answered unread.
+    # feed's) waits in a bounded lane of its own, and past it is refused unread (429).
     async def scenario() -> None:
         store = _Hanging(tmp_path / "store")
         repository = Repository(store)
@@ -469,7 +471,7 @@ def test_a_flood_of_made_up_names_holds_up_no_stored_functions_first_call(
                 if store.made_up_reads == READS_AT_ONCE:
                     break
                 await asyncio.sleep(0.01)
-            with pytest.raises(FunctionNotFound):  # the lane is full: 404, unread
+            with pytest.raises(Overloaded):  # the lane is full: 429, unread
                 await asyncio.wait_for(registry.entry("made-up-x", fresh=False), 5)
             entry = await asyncio.wait_for(registry.entry("f", fresh=False), 5)
             assert entry.name == "f" and store.made_up_reads == READS_AT_ONCE
