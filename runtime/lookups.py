@@ -23,6 +23,9 @@ reads. So:
   feed names its function or ``MISSING_FOR_S`` passes (an id no deploy could
   make is refused before it gets here: ``Registry.get_version``);
 - at most ``MISSING_NAMES`` names are noted (past it they are forgotten at once);
+- a function's stored version ids, which OIP's model metadata lists (a store
+  listing, an S3 LIST), are listed again at most every ``MISSING_FOR_S`` or once
+  the feed names the function (``versions``);
 - a flood of distinct made-up names would still cost a read each, and queue
   before the first calls of real functions. So the node keeps the names the
   store listed when it started (``listed``) and those the change feed has named
@@ -118,6 +121,8 @@ class Lookups(Generic[T]):
         self._retry: asyncio.TimerHandle | None = None  # a failed listing's next try
         self._named: set[str] = set()  # what the feed named while the names were listed
         self._keeps_names = False  # listed once (then listed again when the feed cannot say)
+        #: each function's stored version ids as a public route last read them, and when
+        self._versions: dict[str, tuple[float, list[str]]] = {}
 
     def missing(self, name: str) -> bool:
         """Whether the store did not hold ``name`` within the last ``missing_for_s``."""
@@ -138,6 +143,7 @@ class Lookups(Generic[T]):
         self._told += 1
         if names is None:
             self._missing.clear()
+            self._versions.clear()
             if self._keeps_names:  # listed once: listed again (a failed listing too)
                 self._listed = None
                 self._start_relisting()
@@ -145,6 +151,8 @@ class Lookups(Generic[T]):
         named = set(names)
         for key in [k for k in self._missing if k.partition(" ")[0] in named]:
             del self._missing[key]  # the function, and its versions ("name version")
+        for name in named:
+            self._versions.pop(name, None)
         if self._listed is not None:
             self._listed |= named
         elif self._relisting is not None:
@@ -255,6 +263,26 @@ class Lookups(Generic[T]):
             if self.missing(key):  # the read before this one found none
                 raise VersionNotFound(name, version)
             return await self._read(key, read, VersionNotFound, listed=False)
+
+    async def versions(self, name: str, read: Callable[[], Awaitable[list[str]]]) -> list[str]:
+        """The version ids ``read()`` lists for ``name`` (a store listing, for a public
+        route: OIP's model metadata), listed again at most every ``missing_for_s`` or
+        once the feed names the function, one listing of a name at a time."""
+        kept = self._versions.get(name)
+        if kept is not None and self._clock.now() - kept[0] < self._missing_for_s:
+            return kept[1]
+        async with self.locked(f"{name} /versions"):  # (no version id holds a "/")
+            kept = self._versions.get(name)  # listed while this waited
+            if kept is not None and self._clock.now() - kept[0] < self._missing_for_s:
+                return kept[1]
+            told = self._told
+            async with self._reads:
+                listed = await read()
+            if told == self._told:  # else the feed may have named it meanwhile
+                if len(self._versions) >= self._most_missing:
+                    self._versions.clear()
+                self._versions[name] = (self._clock.now(), listed)
+            return listed
 
     async def _read(
         self,

@@ -40,6 +40,9 @@ from fnrt.runtime.served import Rollbacks, ServedFunction
 
 log = logging.getLogger("fnrt.registry")
 
+#: Version manifests kept that no scheduler holds (read for a public route).
+MANIFESTS_KEPT = 256
+
 
 class Planned(Protocol):
     """The keep-alive keeper's view of a function's plan (``describe`` shows it)."""
@@ -80,6 +83,10 @@ class Registry:
             self._functions, clock, relist=lambda: asyncio.to_thread(repository.list_functions)
         )
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: version manifests read and held by no scheduler (a public route's: OIP's model
+        #: metadata of a version not served here), the last MANIFESTS_KEPT; a version id
+        #: names its content, so a manifest read never changes
+        self._manifests: dict[tuple[str, str], VersionManifest] = {}
         #: where this node stopped reading the store's change feed
         self.feed = FeedCursor(repository)
 
@@ -220,10 +227,14 @@ class Registry:
 
         def held() -> VersionManifest | None:
             scheduler = entry.schedulers.get(version)
-            return None if scheduler is None else scheduler.version
+            return self._manifests.get((name, version)) if scheduler is None else scheduler.version
 
         async def read() -> VersionManifest:
-            return await asyncio.to_thread(self.repository.get_version, name, version)
+            vm = await asyncio.to_thread(self.repository.get_version, name, version)
+            if len(self._manifests) >= MANIFESTS_KEPT:
+                del self._manifests[next(iter(self._manifests))]  # the first read goes
+            self._manifests[name, version] = vm
+            return vm
 
         if fresh:
             found = held()
@@ -249,6 +260,7 @@ class Registry:
             )
 
         await asyncio.to_thread(write)
+        self.lookups.stored([entry.name])  # what was noted or listed of it is read again
         await self.refresh(entry)
         return entry.routing
 
@@ -334,6 +346,8 @@ class Registry:
         await self.forget(name)
 
     async def forget(self, name: str) -> None:
+        for kept in [key for key in self._manifests if key[0] == name]:
+            del self._manifests[kept]
         entry = self._functions.pop(name, None)
         if entry is None:
             return  # a canary of it stops at its next step (Deployer: is_current)

@@ -423,3 +423,36 @@ def test_a_listing_that_fails_is_tried_again_every_name_read_meanwhile(
 
     with caplog.at_level(logging.WARNING, "fnrt.registry"):
         asyncio.run(run())
+
+
+def test_a_functions_version_list_is_kept_a_moment_and_dropped_when_the_feed_names_it() -> None:
+    async def run() -> None:
+        clock, lists = ManualClock(), []
+        found = Lookups[str]({}, clock)
+        gate = asyncio.Event()
+
+        async def listing() -> list[str]:
+            lists.append(1)
+            await gate.wait()
+            return ["v1", "v2"]
+
+        # requests at once share one listing
+        calls = [asyncio.ensure_future(found.versions("f", listing)) for _ in range(5)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        assert await asyncio.gather(*calls) == [["v1", "v2"]] * 5
+        assert await found.versions("f", listing) == ["v1", "v2"] and len(lists) == 1
+        clock.advance(MISSING_FOR_S)  # kept MISSING_FOR_S
+        await found.versions("f", listing)
+        assert len(lists) == 2
+        found.stored(["g"])  # another function's change: kept
+        await found.versions("f", listing)
+        assert len(lists) == 2
+        found.stored(["f"])  # its own (a deploy, here or elsewhere): listed again
+        await found.versions("f", listing)
+        assert len(lists) == 3
+        found.stored(None)
+        await found.versions("f", listing)
+        assert len(lists) == 4
+
+    asyncio.run(run())

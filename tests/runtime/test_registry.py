@@ -25,7 +25,7 @@ from fnrt.runtime.clock import ManualClock
 from fnrt.runtime.deployment import cut_over, store_version
 from fnrt.runtime.events import NoEvents
 from fnrt.runtime.intake import Admission
-from fnrt.runtime.lookups import READS_AT_ONCE, UNLISTED_WAITING
+from fnrt.runtime.lookups import MISSING_FOR_S, READS_AT_ONCE, UNLISTED_WAITING
 from fnrt.runtime.registry import Registry
 from fnrt.runtime.scheduler import SchedulerFactory
 from fnrt.runtime.sweeper import rollback_over
@@ -393,6 +393,37 @@ def test_a_name_nobody_deployed_costs_one_store_read_until_the_feed_names_it(
         assert c.post("/v1/functions/fresh/invoke", json={"x": X}).status_code == 404
         assert srv.deploy(write_function(tmp_path / "src2", "fresh")).version
         assert c.post("/v1/functions/fresh/invoke", json={"x": X}).status_code == 200
+
+
+def test_the_protocols_model_metadata_reads_the_store_once_not_at_every_request(
+    tmp_path: Path,
+) -> None:
+    # GET /v2/models/{name} listed the function's versions in the store (an S3 LIST) at
+    # every request, and a version stored but served nowhere was read (a GET) at every
+    # request for its metadata: public routes, open to any caller of a function
+    # without invoke keys.
+    clock = ManualClock()
+    node = make_node(tmp_path, clock, watch_interval_s=3600)
+    other = Repository(FileStore(tmp_path / "store"))  # another node
+    with live_server(tmp_path, node=node) as srv, srv.client() as c:
+        deployed = srv.deploy(write_function(tmp_path / "src", "m")).version
+        stored = publish(other, write_function(tmp_path / "src2", "m", keep_alive_s=301))
+        other.put_version(stored)  # stored, routed nowhere: served by no scheduler here
+        store = node.repository.store
+        before = store.requests.copy()
+        for _ in range(10):
+            listed = c.get("/v2/models/m").json()["versions"]
+            assert sorted(listed) == sorted([deployed, stored.version])
+            answer = c.get(f"/v2/models/m/versions/{stored.version}")
+            assert answer.status_code == 200 and answer.json()["versions"] == [stored.version]
+        assert store.requests - before == {"ListObjectsV2": 1, "GetObject": 1}
+        clock.advance(MISSING_FOR_S)  # the list is kept 2 s; a version's manifest for good
+        assert sorted(c.get("/v2/models/m").json()["versions"]) == sorted(listed)
+        assert c.get(f"/v2/models/m/versions/{stored.version}").status_code == 200
+        assert store.requests - before == {"ListObjectsV2": 2, "GetObject": 1}
+        # a deploy through this node shows its version at once
+        third = srv.deploy(write_function(tmp_path / "src3", "m", keep_alive_s=302)).version
+        assert third in c.get("/v2/models/m").json()["versions"]
 
 
 # --- the function table alone: no server -----------------------------------------------
