@@ -96,6 +96,7 @@ class Lookups(Generic[T]):
         unlisted_waiting: int = UNLISTED_WAITING,
         relist: Callable[[], Awaitable[Iterable[str]]] | None = None,
         relist_retry_s: float = RELIST_RETRY_S,
+        written: Callable[[set[str] | None], object] | None = None,
     ) -> None:
         self._table = table
         self._clock = clock
@@ -123,6 +124,14 @@ class Lookups(Generic[T]):
         self._keeps_names = False  # listed once (then listed again when the feed cannot say)
         #: each function's stored version ids as a public route last read them, and when
         self._versions: dict[str, tuple[float, list[str]]] = {}
+        #: told the names :meth:`stored` is told (None: any), to drop what it kept of them
+        self._written = written
+
+    @property
+    def told(self) -> int:
+        """How often :meth:`stored` was told of writes: what a read that began before
+        the count moved found may be out of date, and is not kept."""
+        return self._told
 
     def missing(self, name: str) -> bool:
         """Whether the store did not hold ``name`` within the last ``missing_for_s``."""
@@ -141,6 +150,8 @@ class Lookups(Generic[T]):
         again when asked, in the first lane. None, once the names were listed: they are
         listed again (``relist``), every name read in the first lane meanwhile."""
         self._told += 1
+        if self._written is not None:
+            self._written(None if names is None else set(names))
         if names is None:
             self._missing.clear()
             self._versions.clear()
@@ -270,18 +281,17 @@ class Lookups(Generic[T]):
         once the feed names the function, one listing of a name at a time."""
         kept = self._versions.get(name)
         if kept is not None and self._clock.now() - kept[0] < self._missing_for_s:
-            return kept[1]
+            return list(kept[1])
         async with self.locked(f"{name} /versions"):  # (no version id holds a "/")
             kept = self._versions.get(name)  # listed while this waited
             if kept is not None and self._clock.now() - kept[0] < self._missing_for_s:
-                return kept[1]
+                return list(kept[1])
             told = self._told
-            async with self._reads:
-                listed = await read()
+            listed = await read()  # a function served here: no lane (one a name at a time)
             if told == self._told:  # else the feed may have named it meanwhile
                 if len(self._versions) >= self._most_missing:
                     self._versions.clear()
-                self._versions[name] = (self._clock.now(), listed)
+                self._versions[name] = (self._clock.now(), list(listed))
             return listed
 
     async def _read(

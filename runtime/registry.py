@@ -78,15 +78,25 @@ class Registry:
         self._functions: dict[str, ServedFunction] = {}
         #: the functions keeping a version warm for a rollback, noted as routing changes
         self.rollbacks = Rollbacks(self._functions)
-        #: reads of functions not served here, and the names the store did not hold
-        self.lookups = Lookups(
-            self._functions, clock, relist=lambda: asyncio.to_thread(repository.list_functions)
-        )
-        self._tasks: set[asyncio.Task[Any]] = set()
         #: version manifests read and held by no scheduler (a public route's: OIP's model
         #: metadata of a version not served here), the last MANIFESTS_KEPT; a version id
-        #: names its content, so a manifest read never changes
-        self._manifests: dict[tuple[str, str], VersionManifest] = {}
+        #: names its content, so one changes only by going (its function deleted): what
+        #: is kept of a function goes whenever the store is written for it
+        manifests: dict[tuple[str, str], VersionManifest] = {}
+        self._manifests = manifests
+
+        def written(names: set[str] | None) -> None:
+            for key in [k for k in manifests if names is None or k[0] in names]:
+                del manifests[key]
+
+        #: reads of functions not served here, and the names the store did not hold
+        self.lookups = Lookups(
+            self._functions,
+            clock,
+            relist=lambda: asyncio.to_thread(repository.list_functions),
+            written=written,
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
         #: where this node stopped reading the store's change feed
         self.feed = FeedCursor(repository)
 
@@ -230,10 +240,12 @@ class Registry:
             return self._manifests.get((name, version)) if scheduler is None else scheduler.version
 
         async def read() -> VersionManifest:
+            told = self.lookups.told
             vm = await asyncio.to_thread(self.repository.get_version, name, version)
-            if len(self._manifests) >= MANIFESTS_KEPT:
-                del self._manifests[next(iter(self._manifests))]  # the first read goes
-            self._manifests[name, version] = vm
+            if told == self.lookups.told and self._functions.get(name) is entry:
+                if len(self._manifests) >= MANIFESTS_KEPT:  # (kept unless written meanwhile)
+                    del self._manifests[next(iter(self._manifests))]  # the first read goes
+                self._manifests[name, version] = vm
             return vm
 
         if fresh:
@@ -343,11 +355,10 @@ class Registry:
 
     async def delete(self, name: str) -> None:
         await asyncio.to_thread(self.repository.delete_function, name)
+        self.lookups.stored([name])  # what was kept of it (its versions' list, manifests)
         await self.forget(name)
 
     async def forget(self, name: str) -> None:
-        for kept in [key for key in self._manifests if key[0] == name]:
-            del self._manifests[kept]
         entry = self._functions.pop(name, None)
         if entry is None:
             return  # a canary of it stops at its next step (Deployer: is_current)

@@ -454,5 +454,23 @@ def test_a_functions_version_list_is_kept_a_moment_and_dropped_when_the_feed_nam
         found.stored(None)
         await found.versions("f", listing)
         assert len(lists) == 4
+        # a listing under way when the feed names the function is answered, not kept
+        gate.clear()
+        clock.advance(MISSING_FOR_S)
+        during = asyncio.ensure_future(found.versions("f", listing))
+        await asyncio.sleep(0.01)
+        found.stored(["f"])
+        gate.set()
+        assert await during == ["v1", "v2"]
+        await found.versions("f", listing)
+        assert len(lists) == 6
 
     asyncio.run(run())
+
+
+def test_whoever_keeps_what_was_read_of_a_function_is_told_when_it_is_written() -> None:
+    told: list[set[str] | None] = []
+    found = Lookups[str]({}, ManualClock(), written=told.append)
+    found.stored(["f", "g"])
+    found.stored(None)
+    assert told == [{"f", "g"}, None]

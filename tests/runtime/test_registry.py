@@ -424,6 +424,16 @@ def test_the_protocols_model_metadata_reads_the_store_once_not_at_every_request(
         # a deploy through this node shows its version at once
         third = srv.deploy(write_function(tmp_path / "src3", "m", keep_alive_s=302)).version
         assert third in c.get("/v2/models/m").json()["versions"]
+        assert c.get(f"/v2/models/m/versions/{stored.version}").status_code == 200  # kept
+        # another node deletes m and deploys it again: what was kept of m goes once the
+        # feed names it (a kept manifest outlived its version)
+        other.delete_function("m")
+        again = publish(other, write_function(tmp_path / "src4", "m", keep_alive_s=303))
+        other.put_version(again)
+        other.update_routing("m", lambda _: Routing({again.version: 100}))
+        srv.call(node.registry.watch())
+        assert c.get(f"/v2/models/m/versions/{stored.version}").status_code == 404
+        assert c.get("/v2/models/m").json()["versions"] == [again.version]
 
 
 # --- the function table alone: no server -----------------------------------------------
