@@ -25,8 +25,9 @@ log = logging.getLogger("fnrt.registry")
 
 async def stored_versions(registry: Registry, name: str) -> list[str]:
     """Every version id of ``name`` in the store, for a public route (OIP's model
-    metadata): listed again at most every 2 s, or once the change feed names the
-    function (``Lookups.versions``); FunctionNotFound if it has none."""
+    metadata): listed again at most every 2 s, or once the function is written (the
+    change feed names it, or this node wrote it: ``Lookups.versions``);
+    FunctionNotFound if it has none."""
     await registry.entry(name, fresh=False)
     return await registry.lookups.versions(
         name, lambda: asyncio.to_thread(registry.repository.list_versions, name)
