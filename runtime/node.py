@@ -260,7 +260,9 @@ def build_node(
     )
     telemetry.metrics.watch(lambda: function_states(node.schedulers(), holders()))
     telemetry.metrics.watch_devices(lambda: instance_devices(holders()))
-    telemetry.metrics.watch_store(lambda: repository.store.requests)
+    telemetry.metrics.watch_store(
+        lambda: repository.store.requests, lambda: node.registry.lookups.refused
+    )
     telemetry.metrics.watch_jobs(lambda: jobs.queued_records, lambda: jobs.running)
     spares = loader.spares
     if spares is not None:

@@ -208,8 +208,11 @@ class _States:
 
 
 class _StoreCollector:
-    def __init__(self, requests: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(
+        self, requests: Callable[[], Mapping[str, int]], refused: Callable[[], int] | None
+    ) -> None:
         self._requests = requests
+        self._refused = refused
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
@@ -218,6 +221,13 @@ class _StoreCollector:
         for operation, count in sorted(self._requests().items()):
             family.add_metric([operation], count)
         yield family
+        if self._refused is not None:
+            yield CounterMetricFamily(
+                "fnrt_store_reads_refused",
+                "Requests refused unread (429): too many names the store did not list, or "
+                "version ids not held here, were waiting for a store read",
+                value=self._refused(),
+            )
 
 
 class _JobCollector:
@@ -467,9 +477,12 @@ class Metrics:
         """Report each loaded version's instances by device at every scrape."""
         self.registry.register(_DeviceCollector(source))
 
-    def watch_store(self, requests: Callable[[], Mapping[str, int]]) -> None:
-        """Report the store's request counts by operation at every scrape."""
-        self.registry.register(_StoreCollector(requests))
+    def watch_store(
+        self, requests: Callable[[], Mapping[str, int]], refused: Callable[[], int] | None = None
+    ) -> None:
+        """Report the store's request counts by operation at every scrape, and the
+        requests refused a read of it (``Lookups.refused``)."""
+        self.registry.register(_StoreCollector(requests, refused))
 
     def watch_jobs(
         self, queued: Callable[[], Mapping[str, int]], running: Callable[[], int]

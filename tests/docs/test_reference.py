@@ -35,7 +35,7 @@ def test_the_status_table_read_from_source_is_the_one_the_server_uses() -> None:
 def test_every_series_the_registry_serves_is_in_the_table() -> None:
     metrics = Metrics(gpu=False)
     metrics.watch(lambda: [FunctionState("f", "v-1", 1, 0)])
-    metrics.watch_store(lambda: {"get": 1})
+    metrics.watch_store(lambda: {"get": 1}, lambda: 0)
     metrics.watch_jobs(lambda: {"f": 1}, lambda: 0)
     metrics.watch_spares(lambda: 0, lambda: 0)
     served = {

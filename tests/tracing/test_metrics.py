@@ -251,3 +251,17 @@ def test_a_batch_of_observations_counts_as_each_one_would() -> None:
     each.observe_each(each.child(("a",)), waits)
     assert each.series == one.series
     assert each.series[("a",)][:4] == [3, 0, 1, 1]  # le 0.005 (bounds are inclusive), ..., +Inf
+
+
+def test_the_store_series_count_its_requests_and_the_reads_refused() -> None:
+    refused = [0]
+    metrics = Metrics(gpu=False)
+    metrics.watch_store(lambda: {"GetObject": 2}, lambda: refused[0])
+    refused[0] = 3  # read at the scrape
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for s in family.samples
+    }
+    assert samples[("fnrt_store_requests_total", (("operation", "GetObject"),))] == 2
+    assert samples[("fnrt_store_reads_refused_total", ())] == 3
