@@ -150,16 +150,16 @@ class Lookups(Generic[T]):
         again when asked, in the first lane. None, once the names were listed: they are
         listed again (``relist``), every name read in the first lane meanwhile."""
         self._told += 1
+        named = None if names is None else set(names)  # (once: ``names`` may be an iterator)
         if self._written is not None:
-            self._written(None if names is None else set(names))
-        if names is None:
+            self._written(named)
+        if named is None:
             self._missing.clear()
             self._versions.clear()
             if self._keeps_names:  # listed once: listed again (a failed listing too)
                 self._listed = None
                 self._start_relisting()
             return
-        named = set(names)
         for key in [k for k in self._missing if k.partition(" ")[0] in named]:
             del self._missing[key]  # the function, and its versions ("name version")
         for name in named:
